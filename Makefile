@@ -1,0 +1,65 @@
+# Two commands for a fresh machine:
+#   make run    set up (.venv with torch, system packages), build everything, run the main job
+#   make test   build, then every C++ (ctest) and Python (pytest) test
+# Both are idempotent. On a machine whose own python already has a (CUDA) torch:
+#   make run PYTHON=python3      (no .venv; CUDA kernels are built when that torch has CUDA)
+
+VENV    ?= .venv
+PYTHON  ?= $(VENV)/bin/python
+BUILD   ?= build
+JOBS    ?= $(shell nproc)
+TORCH_VERSION ?= 2.13.0
+PY_REQS := numpy pytest
+PYTHON_ABS = $(if $(findstring /,$(PYTHON)),$(abspath $(PYTHON)),$(shell command -v $(PYTHON)))
+
+.PHONY: run test build setup sysdeps venv bench accuracy clean
+
+run: build
+	$(BUILD)/tempo env
+	mkdir -p $(BUILD)/results
+	$(BUILD)/bench_activation --csv $(BUILD)/results/activation_speed.csv --json $(BUILD)/results/activation_speed.json
+
+test: build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+	$(PYTHON) -m pytest -q tests/python
+
+setup: sysdeps venv
+
+# System packages: a C++ toolchain, CMake, Ninja, GoogleTest; ccache when available.
+sysdeps:
+	@missing=""; \
+	command -v cmake >/dev/null || missing="$$missing cmake"; \
+	command -v ninja >/dev/null || missing="$$missing ninja-build"; \
+	command -v g++ >/dev/null || missing="$$missing g++"; \
+	command -v ccache >/dev/null || missing="$$missing ccache"; \
+	[ -f /usr/include/gtest/gtest.h ] || missing="$$missing libgtest-dev"; \
+	python3 -c "import venv" 2>/dev/null || missing="$$missing python3-venv"; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing"; \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=""; else SUDO=sudo; fi; \
+	  $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q $$missing; \
+	fi
+
+# The virtual environment (skipped when PYTHON points elsewhere).
+venv:
+	@if [ "$(PYTHON)" = "$(VENV)/bin/python" ]; then \
+	  [ -x $(PYTHON) ] || python3 -m venv $(VENV); \
+	  $(PYTHON) -c "import torch, numpy, pytest; assert torch.__version__.startswith('$(TORCH_VERSION)')" 2>/dev/null || \
+	    $(PYTHON) -m pip install -q torch==$(TORCH_VERSION) $(PY_REQS); \
+	fi
+	@# `import tempo` from the source tree: a .pth file in that python's site-packages.
+	@$(PYTHON) -c "import site, sys, os; d = site.getsitepackages()[0]; p = os.path.join(d, 'tempo-dev.pth'); open(p, 'w').write(os.path.abspath('python') + '\n')" 2>/dev/null || \
+	  echo "note: could not write tempo-dev.pth; use PYTHONPATH=$$(pwd)/python"
+
+$(BUILD)/build.ninja: | setup
+	cmake -S . -B $(BUILD) -G Ninja -DPython_EXECUTABLE=$(PYTHON_ABS)
+
+build: setup $(BUILD)/build.ninja
+	cmake --build $(BUILD) -j $(JOBS)
+
+# The accuracy sweep behind docs/accuracy.md.
+accuracy: build
+	$(PYTHON) benchmarks/activation_accuracy.py --markdown docs/accuracy.md --csv $(BUILD)/results/activation_accuracy.csv
+
+clean:
+	rm -rf $(BUILD)

@@ -1,0 +1,50 @@
+// In-place activations (GELU erf/tanh, SiLU): the forward keeps the output and one bit per
+// element, m = [x >= x*] with x* the activation's argmin; the backward recovers f'(x) from
+// (y, m). Kernel core API: plain parameters, caller-allocated outputs, explicit stream.
+#pragma once
+
+#include "tempo/common.h"
+
+namespace tempo {
+
+enum class Activation : int32_t { kGeluErf = 0, kGeluTanh = 1, kSilu = 2 };
+
+const char* activation_name(Activation act);
+
+// The mask holds bit (i % 8) of byte (i / 8) for element i (least significant bit first).
+TEMPO_HD int64_t activation_mask_bytes(int64_t numel) { return (numel + 7) / 8; }
+
+struct ActivationForwardParams {
+  Activation act = Activation::kGeluErf;
+  DType dtype = DType::kFloat32;
+  const void* x = nullptr;     // numel elements, contiguous
+  const void* bias = nullptr;  // optional: bias_size elements, added along the last dim
+  int64_t bias_size = 0;       // numel must be a multiple of it
+  void* y = nullptr;           // out: numel elements, f(x + bias)
+  uint8_t* mask = nullptr;     // out: activation_mask_bytes(numel) bytes
+  int64_t numel = 0;
+};
+
+struct ActivationBackwardParams {
+  Activation act = Activation::kGeluErf;
+  DType dtype = DType::kFloat32;
+  const void* y = nullptr;       // the forward output
+  const uint8_t* mask = nullptr;  // the forward mask
+  const void* grad_y = nullptr;
+  void* grad_x = nullptr;  // out: grad_y * f'(f^-1(y, m)); may alias grad_y
+  int64_t numel = 0;
+};
+
+Status activation_forward_cpu(const ActivationForwardParams& p);
+Status activation_backward_cpu(const ActivationBackwardParams& p);
+
+// `stream` is a cudaStream_t. Without CUDA in the build these return an error.
+Status activation_forward_cuda(const ActivationForwardParams& p, void* stream);
+Status activation_backward_cuda(const ActivationBackwardParams& p, void* stream);
+
+namespace detail {
+Status validate(const ActivationForwardParams& p);
+Status validate(const ActivationBackwardParams& p);
+}  // namespace detail
+
+}  // namespace tempo

@@ -1,0 +1,53 @@
+// Shared definitions of the framework-free kernel core: dtypes, the status type that core
+// entry points return, and the host/device qualifier for math shared by CPU and CUDA.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#if defined(__CUDACC__)
+#define TEMPO_HD __host__ __device__ __forceinline__
+#else
+#define TEMPO_HD inline
+#endif
+
+namespace tempo {
+
+// Element types the kernels accept. 16-bit types are computed in fp32.
+enum class DType : int32_t { kFloat32 = 0, kFloat64 = 1, kBFloat16 = 2, kFloat16 = 3 };
+
+const char* dtype_name(DType dtype);
+
+// Result of a core entry point: ok, or an error with a message for the caller to raise.
+// The core never throws.
+class Status {
+ public:
+  static Status Ok() { return Status(); }
+  static Status Error(std::string message) { return Status(std::move(message)); }
+  bool ok() const { return ok_; }
+  const std::string& message() const { return message_; }
+
+ private:
+  Status() = default;
+  explicit Status(std::string message) : ok_(false), message_(std::move(message)) {}
+  bool ok_ = true;
+  std::string message_;
+};
+
+// What the core was built with (for `tempo env`).
+struct BuildInfo {
+  const char* version;
+  bool cuda_compiled;  // CUDA kernels linked into this build
+  bool openmp;         // CPU kernels parallelised with OpenMP
+  int max_threads;     // OpenMP threads available (1 without OpenMP)
+};
+BuildInfo build_info();
+
+}  // namespace tempo
+
+// Validation inside the core: return an error Status instead of asserting.
+#define TEMPO_CORE_CHECK(cond, msg)                                \
+  do {                                                             \
+    if (!(cond)) return ::tempo::Status::Error(std::string(msg));  \
+  } while (0)

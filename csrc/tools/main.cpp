@@ -1,0 +1,60 @@
+// The `tempo` command line: `tempo --version`, `tempo env`.
+#include <ATen/Parallel.h>
+#include <torch/cuda.h>
+#include <torch/version.h>
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "tempo/common.h"
+
+namespace {
+
+void usage(FILE* out) {
+  std::fprintf(out,
+               "usage: tempo <command>\n"
+               "  --version   print the version\n"
+               "  env         versions, threads, CUDA built and present\n"
+               "  help        this text\n");
+}
+
+int env() {
+  const tempo::BuildInfo info = tempo::build_info();
+  std::printf("tempo             %s\n", info.version);
+  std::printf("libtorch          %s\n", TORCH_VERSION);
+#if defined(__clang__)
+  std::printf("compiler          clang %s\n", __clang_version__);
+#elif defined(__GNUC__)
+  std::printf("compiler          gcc %d.%d.%d\n", __GNUC__, __GNUC_MINOR__, __GNUC_PATCHLEVEL__);
+#endif
+  std::printf("cpu threads       %d (ATen intra-op), %d (tempo OpenMP%s)\n", at::get_num_threads(), info.max_threads,
+              info.openmp ? "" : ", not built");
+  std::printf("cuda kernels      %s\n", info.cuda_compiled ? "built" : "not built (CPU-only torch)");
+  const bool present = torch::cuda::is_available();
+  std::printf("cuda devices      %s\n",
+              present ? std::to_string(torch::cuda::device_count()).c_str() : "none available");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    usage(stderr);
+    return 2;
+  }
+  const std::string cmd = argv[1];
+  if (cmd == "--version" || cmd == "version") {
+    std::printf("tempo %s\n", tempo::build_info().version);
+    return 0;
+  }
+  if (cmd == "env") return env();
+  if (cmd == "help" || cmd == "--help" || cmd == "-h") {
+    usage(stdout);
+    return 0;
+  }
+  std::fprintf(stderr, "tempo: unknown command '%s'\n", cmd.c_str());
+  usage(stderr);
+  return 2;
+}

@@ -1,0 +1,72 @@
+// Autograd kernels of tempo::gelu and tempo::silu: a C++ autograd Function below the
+// Autograd dispatch key, so the same backward serves LibTorch C++ and Python. It saves the
+// output y (the tensor the next layer keeps anyway) and the 1-bit mask, nothing else.
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/library.h>
+
+#include "tempo/ops/activation.h"
+
+namespace tempo {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// The gradient of the bias (broadcast over all but the last dim) is the sum of grad_x.
+at::Tensor bias_grad(const at::Tensor& gx, bool has_bias) {
+  if (!has_bias) return at::Tensor();
+  return gx.reshape({-1, gx.size(-1)}).sum(0);
+}
+
+class GeluFunction : public torch::autograd::Function<GeluFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, c10::string_view approximate,
+                            const std::optional<at::Tensor>& bias) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto [y, mask] = gelu_forward(x, approximate, bias);
+    ctx->save_for_backward({y, mask});
+    ctx->saved_data["approximate"] = std::string(approximate);
+    ctx->saved_data["has_bias"] = bias.has_value() && bias->defined();
+    return y;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const std::string approximate = ctx->saved_data["approximate"].toStringRef();
+    at::Tensor gx = gelu_backward(grads[0], saved[0], saved[1], approximate);
+    at::Tensor gb = bias_grad(gx, ctx->saved_data["has_bias"].toBool());
+    return {gx, at::Tensor(), gb};
+  }
+};
+
+class SiluFunction : public torch::autograd::Function<SiluFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const std::optional<at::Tensor>& bias) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto [y, mask] = silu_forward(x, bias);
+    ctx->save_for_backward({y, mask});
+    ctx->saved_data["has_bias"] = bias.has_value() && bias->defined();
+    return y;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    at::Tensor gx = silu_backward(grads[0], saved[0], saved[1]);
+    at::Tensor gb = bias_grad(gx, ctx->saved_data["has_bias"].toBool());
+    return {gx, gb};
+  }
+};
+
+at::Tensor gelu_autograd(const at::Tensor& x, c10::string_view approximate, const std::optional<at::Tensor>& bias) {
+  return GeluFunction::apply(x, approximate, bias);
+}
+at::Tensor silu_autograd(const at::Tensor& x, const std::optional<at::Tensor>& bias) {
+  return SiluFunction::apply(x, bias);
+}
+
+}  // namespace
+}  // namespace tempo
+
+TORCH_LIBRARY_IMPL(tempo, Autograd, m) {
+  m.impl("gelu", tempo::gelu_autograd);
+  m.impl("silu", tempo::silu_autograd);
+}

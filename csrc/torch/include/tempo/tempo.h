@@ -1,0 +1,6 @@
+// Everything a LibTorch program needs from Tempo: ops and modules.
+#pragma once
+
+#include "tempo/common.h"
+#include "tempo/nn/activation.h"
+#include "tempo/ops/activation.h"

@@ -1,0 +1,216 @@
+// Schemas, argument checks, kernels and the C++ API of tempo::gelu and tempo::silu.
+// One device-generic kernel per op (registered as CompositeExplicitAutograd) serves CPU,
+// CUDA and Meta: it checks the arguments, allocates the outputs and hands the core the
+// pointers (and the current CUDA stream); on Meta/fake tensors it only allocates. The
+// autograd kernel of gelu/silu lives in ../autograd/activation.cpp.
+#include "activation.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+#include <torch/library.h>
+
+#include "dtype.h"
+#include "tempo/ops/activation.h"
+
+TORCH_LIBRARY_FRAGMENT(tempo, m) {
+  m.def("gelu(Tensor x, str approximate='none', Tensor? bias=None) -> Tensor");
+  m.def("gelu_forward(Tensor x, str approximate, Tensor? bias) -> (Tensor, Tensor)");
+  m.def("gelu_backward(Tensor grad, Tensor y, Tensor mask, str approximate) -> Tensor");
+  m.def("silu(Tensor x, Tensor? bias=None) -> Tensor");
+  m.def("silu_forward(Tensor x, Tensor? bias) -> (Tensor, Tensor)");
+  m.def("silu_backward(Tensor grad, Tensor y, Tensor mask) -> Tensor");
+}
+
+namespace tempo {
+namespace torch_impl {
+
+Activation gelu_kind(c10::string_view approximate, const char* op) {
+  if (approximate == "none") return Activation::kGeluErf;
+  if (approximate == "tanh") return Activation::kGeluTanh;
+  TORCH_CHECK(false, op, ": argument 'approximate' must be 'none' or 'tanh', got '", std::string(approximate), "'");
+}
+
+namespace {
+
+void check_floating(const at::Tensor& t, const char* op, const char* arg) {
+  TORCH_CHECK(t.defined(), op, ": argument '", arg, "' is undefined");
+  TORCH_CHECK(supported_dtype(t.scalar_type()), op, ": argument '", arg,
+              "' must be float32, float64, bfloat16 or float16, got ", t.scalar_type());
+}
+
+void* stream_of(const at::Tensor& t) {
+  if (!t.is_cuda()) return nullptr;
+  c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
+  return impl.getStream(t.device()).native_handle();
+}
+
+void raise_if_error(const Status& s, const char* op) { TORCH_CHECK(s.ok(), op, ": ", s.message()); }
+
+void check_device(const at::Tensor& t, const char* op, const char* arg) {
+  TORCH_CHECK(t.is_cpu() || t.is_cuda() || t.is_meta(), op, ": argument '", arg,
+              "' must be on a CPU or CUDA device, got ", t.device());
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> activation_forward(const at::Tensor& x, const std::optional<at::Tensor>& bias,
+                                                      Activation act, const char* op) {
+  check_floating(x, op, "x");
+  check_device(x, op, "x");
+  const bool has_bias = bias.has_value() && bias->defined();
+  if (has_bias) {
+    const at::Tensor& b = *bias;
+    check_floating(b, op, "bias");
+    TORCH_CHECK(x.dim() >= 1, op, ": argument 'bias' needs x with at least one dimension, got a scalar x");
+    TORCH_CHECK(b.dim() == 1 && b.size(0) == x.size(-1), op, ": argument 'bias' must have shape [", x.size(-1),
+                "] (the last dimension of x), got ", b.sizes());
+    TORCH_CHECK(b.scalar_type() == x.scalar_type(), op, ": argument 'bias' must have the dtype of x (",
+                x.scalar_type(), "), got ", b.scalar_type());
+    TORCH_CHECK(b.device() == x.device(), op, ": argument 'bias' must be on the device of x (", x.device(),
+                "), got ", b.device());
+  }
+  at::Tensor y = at::empty_like(x, at::MemoryFormat::Contiguous);
+  at::Tensor mask = at::empty_symint({(x.sym_numel() + 7) / 8}, x.options().dtype(at::kByte));
+  if (x.is_meta() || x.numel() == 0) return {y, mask};
+
+  c10::OptionalDeviceGuard guard(x.device());
+  const at::Tensor xc = x.contiguous();
+  const at::Tensor bc = has_bias ? bias->contiguous() : at::Tensor();
+  ActivationForwardParams p;
+  p.act = act;
+  p.dtype = to_core_dtype(x.scalar_type());
+  p.x = xc.const_data_ptr();
+  p.bias = has_bias ? bc.const_data_ptr() : nullptr;
+  p.bias_size = has_bias ? bc.numel() : 0;
+  p.y = y.mutable_data_ptr();
+  p.mask = mask.mutable_data_ptr<uint8_t>();
+  p.numel = x.numel();
+  raise_if_error(x.is_cuda() ? activation_forward_cuda(p, stream_of(x)) : activation_forward_cpu(p), op);
+  return {y, mask};
+}
+
+at::Tensor activation_backward(const at::Tensor& grad, const at::Tensor& y, const at::Tensor& mask,
+                               Activation act, const char* op) {
+  check_floating(grad, op, "grad");
+  check_floating(y, op, "y");
+  check_device(y, op, "y");
+  TORCH_CHECK(grad.sym_sizes() == y.sym_sizes(), op, ": argument 'grad' must have the shape of y ", y.sym_sizes(),
+              ", got ", grad.sym_sizes());
+  TORCH_CHECK(grad.scalar_type() == y.scalar_type(), op, ": argument 'grad' must have the dtype of y (",
+              y.scalar_type(), "), got ", grad.scalar_type());
+  TORCH_CHECK(mask.scalar_type() == at::kByte && mask.dim() == 1, op,
+              ": argument 'mask' must be a 1-D uint8 tensor of packed bits, got ", mask.scalar_type(), " of shape ",
+              mask.sym_sizes());
+  TORCH_CHECK(mask.sym_numel() == (y.sym_numel() + 7) / 8, op, ": argument 'mask' must hold ceil(numel(y) / 8) = ",
+              (y.sym_numel() + 7) / 8, " bytes, got ", mask.sym_numel());
+  TORCH_CHECK(grad.device() == y.device() && mask.device() == y.device(), op,
+              ": arguments 'grad', 'y' and 'mask' must be on one device, got ", grad.device(), ", ", y.device(),
+              ", ", mask.device());
+  at::Tensor dx = at::empty_like(y, at::MemoryFormat::Contiguous);
+  if (y.is_meta() || y.numel() == 0) return dx;
+
+  c10::OptionalDeviceGuard guard(y.device());
+  const at::Tensor yc = y.contiguous();
+  const at::Tensor gc = grad.contiguous();
+  const at::Tensor mc = mask.contiguous();
+  ActivationBackwardParams p;
+  p.act = act;
+  p.dtype = to_core_dtype(y.scalar_type());
+  p.y = yc.const_data_ptr();
+  p.mask = mc.const_data_ptr<uint8_t>();
+  p.grad_y = gc.const_data_ptr();
+  p.grad_x = dx.mutable_data_ptr();
+  p.numel = y.numel();
+  raise_if_error(y.is_cuda() ? activation_backward_cuda(p, stream_of(y)) : activation_backward_cpu(p), op);
+  return dx;
+}
+
+}  // namespace torch_impl
+
+namespace {
+using torch_impl::activation_backward;
+using torch_impl::activation_forward;
+using torch_impl::gelu_kind;
+
+std::tuple<at::Tensor, at::Tensor> gelu_forward_kernel(const at::Tensor& x, c10::string_view approximate,
+                                                       const std::optional<at::Tensor>& bias) {
+  return activation_forward(x, bias, gelu_kind(approximate, "tempo::gelu"), "tempo::gelu");
+}
+at::Tensor gelu_backward_kernel(const at::Tensor& grad, const at::Tensor& y, const at::Tensor& mask,
+                                c10::string_view approximate) {
+  return activation_backward(grad, y, mask, gelu_kind(approximate, "tempo::gelu_backward"), "tempo::gelu_backward");
+}
+std::tuple<at::Tensor, at::Tensor> silu_forward_kernel(const at::Tensor& x, const std::optional<at::Tensor>& bias) {
+  return activation_forward(x, bias, Activation::kSilu, "tempo::silu");
+}
+at::Tensor silu_backward_kernel(const at::Tensor& grad, const at::Tensor& y, const at::Tensor& mask) {
+  return activation_backward(grad, y, mask, Activation::kSilu, "tempo::silu_backward");
+}
+// Below autograd (no_grad, inference, tracing of the forward alone): the output only.
+at::Tensor gelu_kernel(const at::Tensor& x, c10::string_view approximate, const std::optional<at::Tensor>& bias) {
+  return std::get<0>(gelu_forward_kernel(x, approximate, bias));
+}
+at::Tensor silu_kernel(const at::Tensor& x, const std::optional<at::Tensor>& bias) {
+  return std::get<0>(silu_forward_kernel(x, bias));
+}
+}  // namespace
+
+TORCH_LIBRARY_IMPL(tempo, CompositeExplicitAutograd, m) {
+  m.impl("gelu", gelu_kernel);
+  m.impl("gelu_forward", gelu_forward_kernel);
+  m.impl("gelu_backward", gelu_backward_kernel);
+  m.impl("silu", silu_kernel);
+  m.impl("silu_forward", silu_forward_kernel);
+  m.impl("silu_backward", silu_backward_kernel);
+}
+
+// ---- C++ API: through the dispatcher, so autograd and every backend apply ------------------
+
+namespace {
+template <typename Sig>
+c10::TypedOperatorHandle<Sig> op_handle(const char* name) {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Sig>();
+}
+}  // namespace
+
+at::Tensor gelu(const at::Tensor& x, c10::string_view approximate, const std::optional<at::Tensor>& bias) {
+  static auto op =
+      op_handle<at::Tensor(const at::Tensor&, c10::string_view, const std::optional<at::Tensor>&)>("tempo::gelu");
+  return op.call(x, approximate, bias);
+}
+
+at::Tensor silu(const at::Tensor& x, const std::optional<at::Tensor>& bias) {
+  static auto op = op_handle<at::Tensor(const at::Tensor&, const std::optional<at::Tensor>&)>("tempo::silu");
+  return op.call(x, bias);
+}
+
+std::tuple<at::Tensor, at::Tensor> gelu_forward(const at::Tensor& x, c10::string_view approximate,
+                                                const std::optional<at::Tensor>& bias) {
+  static auto op = op_handle<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, c10::string_view,
+                                                                const std::optional<at::Tensor>&)>("tempo::gelu_forward");
+  return op.call(x, approximate, bias);
+}
+
+at::Tensor gelu_backward(const at::Tensor& grad, const at::Tensor& y, const at::Tensor& mask,
+                         c10::string_view approximate) {
+  static auto op = op_handle<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, c10::string_view)>(
+      "tempo::gelu_backward");
+  return op.call(grad, y, mask, approximate);
+}
+
+std::tuple<at::Tensor, at::Tensor> silu_forward(const at::Tensor& x, const std::optional<at::Tensor>& bias) {
+  static auto op =
+      op_handle<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const std::optional<at::Tensor>&)>(
+          "tempo::silu_forward");
+  return op.call(x, bias);
+}
+
+at::Tensor silu_backward(const at::Tensor& grad, const at::Tensor& y, const at::Tensor& mask) {
+  static auto op =
+      op_handle<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&)>("tempo::silu_backward");
+  return op.call(grad, y, mask);
+}
+
+}  // namespace tempo

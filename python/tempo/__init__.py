@@ -1,0 +1,16 @@
+"""Tempo: drop-in layers that keep less for the backward pass (PyTorch front end).
+
+The ops are ``torch.ops.tempo.*`` from the same shared library the C++ API uses; the
+functions here are thin, typed wrappers, and ``tempo.nn`` holds the modules.
+"""
+import torch
+
+from ._library import library_path, load_library
+
+load_library()
+
+from . import nn  # noqa: E402
+from .ops import gelu, silu  # noqa: E402
+
+__version__ = "0.1.0"
+__all__ = ["gelu", "silu", "nn", "library_path"]

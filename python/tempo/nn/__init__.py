@@ -1,0 +1,4 @@
+"""Drop-in modules."""
+from .activation import GELU, SiLU
+
+__all__ = ["GELU", "SiLU"]

@@ -1,0 +1,337 @@
+// Kernel-core tests of the in-place activations, without LibTorch: every result is checked
+// against scalar double-precision formulas written out here (C library erfc/exp/tanh).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "tempo/activation.h"
+
+namespace {
+
+using tempo::Activation;
+using tempo::DType;
+
+// ---- independent references ------------------------------------------------------------------
+double ref_f(Activation a, double x) {
+  switch (a) {
+    case Activation::kGeluErf: return 0.5 * x * std::erfc(-x / std::sqrt(2.0));
+    // 0.5 (1 + tanh(a)) written as 1 / (1 + e^{-2a}) so that the reference does not cancel for x << 0.
+    case Activation::kGeluTanh: return x / (1 + std::exp(-2 * std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
+    case Activation::kSilu: return x / (1 + std::exp(-x));
+  }
+  return 0;
+}
+double ref_df(Activation a, double x) {
+  switch (a) {
+    case Activation::kGeluErf: return 0.5 * std::erfc(-x / std::sqrt(2.0)) + x * std::exp(-x * x / 2) / std::sqrt(2 * M_PI);
+    case Activation::kGeluTanh: {
+      const double c = std::sqrt(2 / M_PI), t = std::tanh(c * (x + 0.044715 * x * x * x));
+      return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * c * (1 + 3 * 0.044715 * x * x);
+    }
+    case Activation::kSilu: {
+      const double s = 1 / (1 + std::exp(-x));
+      return s * (1 + x * (1 - s));
+    }
+  }
+  return 0;
+}
+double ref_d2f(Activation a, double x) { return (ref_df(a, x + 1e-5) - ref_df(a, x - 1e-5)) / 2e-5; }
+// Argmins from the design notes (independent of the generated tables).
+double ref_xstar(Activation a) {
+  switch (a) {
+    case Activation::kGeluErf: return -0.7517915246935645;
+    case Activation::kGeluTanh: return -0.7524614224867321;
+    case Activation::kSilu: return -1.2784645439248923;
+  }
+  return 0;
+}
+
+// ---- element types as raw bits ---------------------------------------------------------------
+int mantissa_bits(DType d) {
+  switch (d) {
+    case DType::kFloat32: return 24;
+    case DType::kFloat64: return 53;
+    case DType::kBFloat16: return 8;
+    case DType::kFloat16: return 11;
+  }
+  return 0;
+}
+int min_exponent(DType d) { return d == DType::kFloat16 ? -14 : d == DType::kFloat64 ? -1022 : -126; }
+size_t elem_size(DType d) { return d == DType::kFloat64 ? 8 : d == DType::kFloat32 ? 4 : 2; }
+
+// Half an ulp of v in dtype d (round to nearest).
+double half_ulp(DType d, double v) {
+  const double a = std::fabs(v);
+  int e = a > 0 ? static_cast<int>(std::floor(std::log2(a))) : min_exponent(d);
+  e = std::max(e, min_exponent(d));
+  return std::ldexp(0.5, e - mantissa_bits(d) + 1);
+}
+
+// Round a double to dtype d, round to nearest even, by scaling (normal and subnormal range).
+double round_to(DType d, double v) {
+  if (d == DType::kFloat64) return v;
+  if (d == DType::kFloat32) return static_cast<float>(v);
+  if (!std::isfinite(v) || v == 0) return v;
+  int e = static_cast<int>(std::floor(std::log2(std::fabs(v))));
+  e = std::max(e, min_exponent(d));
+  const double q = std::ldexp(1.0, e - mantissa_bits(d) + 1);
+  return std::nearbyint(v / q) * q;
+}
+
+// Encode/decode doubles exactly representable in d.
+std::vector<unsigned char> encode(DType d, const std::vector<double>& v) {
+  std::vector<unsigned char> out(v.size() * elem_size(d));
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (d == DType::kFloat64) {
+      std::memcpy(&out[i * 8], &v[i], 8);
+    } else {
+      const float f = static_cast<float>(v[i]);
+      uint32_t u;
+      std::memcpy(&u, &f, 4);
+      if (d == DType::kFloat32) {
+        std::memcpy(&out[i * 4], &u, 4);
+      } else if (d == DType::kBFloat16) {
+        const uint16_t h = static_cast<uint16_t>(u >> 16);  // exact for bf16-representable values
+        std::memcpy(&out[i * 2], &h, 2);
+      } else {
+        // fp16 from a representable value: sign, exponent and 10 mantissa bits.
+        uint16_t h;
+        const double a = std::fabs(v[i]);
+        const uint16_t sign = std::signbit(v[i]) ? 0x8000 : 0;
+        if (std::isnan(v[i])) h = 0x7e00;
+        else if (std::isinf(v[i])) h = sign | 0x7c00;
+        else if (a < std::ldexp(1.0, -14)) h = sign | static_cast<uint16_t>(a / std::ldexp(1.0, -24));
+        else {
+          const int e = static_cast<int>(std::floor(std::log2(a)));
+          const uint16_t m = static_cast<uint16_t>((a / std::ldexp(1.0, e) - 1) * 1024);
+          h = sign | static_cast<uint16_t>((e + 15) << 10) | m;
+        }
+        std::memcpy(&out[i * 2], &h, 2);
+      }
+    }
+  }
+  return out;
+}
+std::vector<double> decode(DType d, const std::vector<unsigned char>& b) {
+  const size_t n = b.size() / elem_size(d);
+  std::vector<double> out(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (d == DType::kFloat64) {
+      std::memcpy(&out[i], &b[i * 8], 8);
+    } else if (d == DType::kFloat32) {
+      float f;
+      std::memcpy(&f, &b[i * 4], 4);
+      out[i] = f;
+    } else {
+      uint16_t h;
+      std::memcpy(&h, &b[i * 2], 2);
+      if (d == DType::kBFloat16) {
+        const uint32_t u = static_cast<uint32_t>(h) << 16;
+        float f;
+        std::memcpy(&f, &u, 4);
+        out[i] = f;
+      } else {
+        const int e = (h >> 10) & 0x1f, m = h & 0x3ff;
+        const double s = (h & 0x8000) ? -1 : 1;
+        if (e == 0) out[i] = s * m * std::ldexp(1.0, -24);
+        else if (e == 31) out[i] = m ? std::numeric_limits<double>::quiet_NaN() : s * INFINITY;
+        else out[i] = s * (1 + m / 1024.0) * std::ldexp(1.0, e - 15);
+      }
+    }
+  }
+  return out;
+}
+
+struct Result {
+  std::vector<double> y, dx;
+  std::vector<uint8_t> mask;
+};
+
+// Forward then backward (grad_y = 1) through the CPU kernels in dtype d.
+Result run(Activation a, DType d, const std::vector<double>& x, const std::vector<double>* bias = nullptr) {
+  const int64_t n = static_cast<int64_t>(x.size());
+  auto xb = encode(d, x);
+  std::vector<unsigned char> bb = bias ? encode(d, *bias) : std::vector<unsigned char>();
+  std::vector<unsigned char> yb(xb.size()), gb(xb.size()), dxb(xb.size());
+  Result r;
+  r.mask.assign(tempo::activation_mask_bytes(n), 0xAB);
+  tempo::ActivationForwardParams fp;
+  fp.act = a;
+  fp.dtype = d;
+  fp.x = xb.data();
+  fp.bias = bias ? bb.data() : nullptr;
+  fp.bias_size = bias ? static_cast<int64_t>(bias->size()) : 0;
+  fp.y = yb.data();
+  fp.mask = r.mask.data();
+  fp.numel = n;
+  tempo::Status s = tempo::activation_forward_cpu(fp);
+  EXPECT_TRUE(s.ok()) << s.message();
+  gb = encode(d, std::vector<double>(n, 1.0));
+  tempo::ActivationBackwardParams bp;
+  bp.act = a;
+  bp.dtype = d;
+  bp.y = yb.data();
+  bp.mask = r.mask.data();
+  bp.grad_y = gb.data();
+  bp.grad_x = dxb.data();
+  bp.numel = n;
+  s = tempo::activation_backward_cpu(bp);
+  EXPECT_TRUE(s.ok()) << s.message();
+  r.y = decode(d, yb);
+  r.dx = decode(d, dxb);
+  return r;
+}
+
+std::vector<double> sweep(DType d, Activation a) {
+  std::vector<double> x;
+  const int n = 400000;
+  for (int i = 0; i < n; ++i) x.push_back(round_to(d, -20.0 + 40.0 * i / (n - 1)));
+  const double xs = ref_xstar(a);
+  for (int i = 0; i < 20000; ++i) x.push_back(round_to(d, xs - 1e-2 + 2e-2 * i / 19999));
+  x.push_back(round_to(d, xs));
+  return x;
+}
+
+const Activation kActs[] = {Activation::kGeluErf, Activation::kGeluTanh, Activation::kSilu};
+const DType kTypes[] = {DType::kFloat32, DType::kFloat64, DType::kBFloat16, DType::kFloat16};
+
+TEST(ActivationCore, ForwardMatchesReferenceWithinOneRounding) {
+  for (Activation a : kActs) {
+    for (DType d : kTypes) {
+      const auto x = sweep(d, a);
+      const Result r = run(a, d, x);
+      for (size_t i = 0; i < x.size(); ++i) {
+        const double ref = ref_f(a, x[i]);
+        // One rounding to the storage type (plus one to fp32 first for 16-bit types), and
+        // the reference's own error (the tanh form's 1 + tanh cancels for x << 0).
+        double tol = 2 * half_ulp(d, ref) * (d == DType::kFloat64 ? 4 : 1.01) + 1e-300;
+        if (d != DType::kFloat64) tol += half_ulp(DType::kFloat32, ref);
+        // In the left tail f is ill-conditioned (relative condition number ~x^2, ~|x|^3 for
+        // the tanh form): one rounding inside either formula moves the value by that much.
+        tol += std::fabs(ref) * (1 + x[i] * x[i] + std::fabs(x[i] * x[i] * x[i])) * 4e-16;
+        ASSERT_LE(std::fabs(r.y[i] - ref), tol) << tempo::activation_name(a) << " " << tempo::dtype_name(d)
+                                                << " x=" << x[i];
+      }
+    }
+  }
+}
+
+TEST(ActivationCore, MaskIsPackedBranchBit) {
+  for (Activation a : kActs) {
+    std::vector<double> x;
+    for (int i = 0; i < 1003; ++i) x.push_back(-3.0 + 6.0 * i / 1002);  // odd length: a partial last byte
+    const Result r = run(a, DType::kFloat64, x);
+    ASSERT_EQ(r.mask.size(), 126u);
+    for (size_t i = 0; i < x.size(); ++i) {
+      const bool bit = (r.mask[i / 8] >> (i % 8)) & 1;
+      ASSERT_EQ(bit, x[i] >= ref_xstar(a)) << tempo::activation_name(a) << " x=" << x[i];
+    }
+    for (size_t i = x.size(); i < r.mask.size() * 8; ++i) ASSERT_EQ((r.mask[i / 8] >> (i % 8)) & 1, 0);
+  }
+}
+
+// The recovery bound: |g - f'(x)| <= 2 b(x) + 2 u(f'(x)) + 1e-6 with
+// b(x) = min(|f''(x)| u(y) / |f'(x)|, sqrt(2 |f''(x*)| u(y*))).
+TEST(ActivationCore, GradientWithinRecoveryBound) {
+  for (Activation a : kActs) {
+    const double xs = ref_xstar(a);
+    const double d2s = ref_d2f(a, xs);
+    for (DType d : kTypes) {
+      const auto x = sweep(d, a);
+      const Result r = run(a, d, x);
+      double worst = 0;
+      for (size_t i = 0; i < x.size(); ++i) {
+        const double exact = ref_df(a, x[i]);
+        const double uy = half_ulp(d, ref_f(a, x[i]));
+        const double cap = std::sqrt(2 * std::fabs(d2s) * half_ulp(d, ref_f(a, xs)));
+        const double b = exact != 0 ? std::min(std::fabs(ref_d2f(a, x[i])) * uy / std::fabs(exact), cap) : cap;
+        const double bound = 2 * b + 2 * half_ulp(d, exact) + 1e-6;
+        const double err = std::fabs(r.dx[i] - exact);
+        worst = std::max(worst, err / bound);
+        ASSERT_TRUE(std::isfinite(r.dx[i]));
+        ASSERT_LE(err, bound) << tempo::activation_name(a) << " " << tempo::dtype_name(d) << " x=" << x[i]
+                              << " y=" << r.y[i] << " got " << r.dx[i] << " exact " << exact;
+      }
+      std::printf("%-26s %-9s worst error / bound = %.3f\n", tempo::activation_name(a), tempo::dtype_name(d), worst);
+    }
+  }
+}
+
+TEST(ActivationCore, Float64GradientNearlyExact) {
+  for (Activation a : kActs) {
+    std::vector<double> x;
+    for (int i = 0; i < 20001; ++i) x.push_back(-20.0 + 40.0 * i / 20000);
+    const Result r = run(a, DType::kFloat64, x);
+    for (size_t i = 0; i < x.size(); ++i) {
+      const double xs = ref_xstar(a);
+      if (std::fabs(x[i] - xs) < 1e-3) continue;  // recovery there is limited by the rounding of y
+      ASSERT_NEAR(r.dx[i], ref_df(a, x[i]), 1e-9) << tempo::activation_name(a) << " x=" << x[i];
+    }
+  }
+}
+
+TEST(ActivationCore, BiasIsAddedAlongTheLastDimension) {
+  const int rows = 5, cols = 7;  // 35 elements: a partial mask byte, bias not a multiple of 8
+  std::vector<double> x, bias;
+  for (int i = 0; i < rows * cols; ++i) x.push_back(std::sin(i) * 2);
+  for (int j = 0; j < cols; ++j) bias.push_back(0.25 * j - 0.5);
+  for (Activation a : kActs) {
+    const Result r = run(a, DType::kFloat64, x, &bias);
+    for (int i = 0; i < rows * cols; ++i) {
+      const double z = x[i] + bias[i % cols];
+      ASSERT_NEAR(r.y[i], ref_f(a, z), 1e-14);
+      ASSERT_NEAR(r.dx[i], ref_df(a, z), 1e-9);
+      ASSERT_EQ((r.mask[i / 8] >> (i % 8)) & 1, z >= ref_xstar(a) ? 1 : 0);
+    }
+  }
+}
+
+TEST(ActivationCore, NonFiniteInputs) {
+  const double inf = INFINITY, nan = NAN;
+  for (Activation a : kActs) {
+    for (DType d : kTypes) {
+      const Result r = run(a, d, {nan, inf, -inf, -1e30, 1e30});
+      EXPECT_TRUE(std::isnan(r.y[0]));
+      EXPECT_TRUE(std::isnan(r.dx[0]));
+      EXPECT_EQ(r.y[1], inf);
+      EXPECT_TRUE(std::isnan(r.dx[1]));  // as PyTorch: the gradient at +-inf is NaN
+      EXPECT_TRUE(std::isnan(r.y[2]));   // as PyTorch: -inf * 0
+      EXPECT_TRUE(std::isnan(r.dx[2]));
+      if (d == DType::kFloat32 || d == DType::kFloat64) {
+        EXPECT_EQ(r.dx[3], 0.0);
+        EXPECT_EQ(r.dx[4], 1.0);
+      }
+    }
+  }
+}
+
+TEST(ActivationCore, EmptyAndInvalid) {
+  tempo::ActivationForwardParams fp;
+  fp.numel = 0;
+  EXPECT_TRUE(tempo::activation_forward_cpu(fp).ok());
+  fp.numel = 4;
+  tempo::Status s = tempo::activation_forward_cpu(fp);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("non-null"), std::string::npos);
+  float x[4] = {0, 1, 2, 3}, y[4], b[3] = {0, 0, 0};
+  uint8_t m[1];
+  fp.x = x;
+  fp.y = y;
+  fp.mask = m;
+  fp.bias = b;
+  fp.bias_size = 3;
+  s = tempo::activation_forward_cpu(fp);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("bias_size"), std::string::npos);
+  tempo::ActivationBackwardParams bp;
+  bp.numel = -1;
+  EXPECT_FALSE(tempo::activation_backward_cpu(bp).ok());
+  EXPECT_FALSE(tempo::activation_forward_cuda(tempo::ActivationForwardParams{}, nullptr).ok() &&
+               !tempo::build_info().cuda_compiled);
+}
+
+}  // namespace
