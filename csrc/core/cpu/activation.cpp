@@ -57,14 +57,27 @@ void forward_block(const ActivationForwardParams& p, int64_t start, int64_t end)
 
 template <Activation A, typename T>
 void backward_block(const ActivationBackwardParams& p, int64_t start, int64_t end) {
-  const T* y = static_cast<const T*>(p.y);
-  const T* dy = static_cast<const T*>(p.grad_y);
-  T* dx = static_cast<T*>(p.grad_x);
-  const uint8_t* mask = p.mask;
+  using Acc = acc_t<T>;
+  const T* y = static_cast<const T*>(p.y) + start;
+  const T* dy = static_cast<const T*>(p.grad_y) + start;
+  T* dx = static_cast<T*>(p.grad_x) + start;
+  const uint8_t* mask = p.mask + start / 8;
+  const int len = static_cast<int>(end - start);
+  // Unpack the branch bits and widen y into contiguous buffers first, so that the main
+  // loop below reads only unit-stride data.
+  alignas(64) int32_t right[kBlock];
+  alignas(64) Acc yf[kBlock];
+  for (int j = 0; j < (len + 7) / 8; ++j) {
+    const int32_t byte = mask[j];
 #pragma omp simd
-  for (int64_t i = start; i < end; ++i) {
-    const auto g = math::act_grad_from_output<A>(math::to_float(y[i]), math::mask_bit(mask, i));
-    math::store(dx + i, math::to_float(dy[i]) * g);
+    for (int q = 0; q < 8; ++q) right[8 * j + q] = (byte >> q) & 1;
+  }
+#pragma omp simd
+  for (int k = 0; k < len; ++k) yf[k] = math::to_float(y[k]);
+#pragma omp simd
+  for (int k = 0; k < len; ++k) {
+    const Acc g = math::act_grad_from_output<A>(yf[k], right[k] != 0);
+    math::store(dx + k, math::to_float(dy[k]) * g);
   }
 }
 

@@ -65,13 +65,22 @@ TEMPO_HD double exp_fast(double x) {
   return p * s1 * s2;
 }
 
+#if defined(__CUDACC__)
+__device__ __constant__ const double kPhiQDevice[kPhiQDegree + 1] = TEMPO_PHI_Q_COEF;
+#endif
+constexpr double kPhiQHost[kPhiQDegree + 1] = TEMPO_PHI_Q_COEF;
+
 // Standard normal CDF with small relative error also far in the left tail:
 // Phi(-a) = exp(-a^2/2) Q(t), a = |x|, Q fitted in activation_tables.h (rel. error 4e-10).
 TEMPO_HD double phi_fast(double x) {
+#if defined(__CUDA_ARCH__)
+  const double* kQ = kPhiQDevice;  // the same coefficients for every thread: constant memory
+#else
+  const double* kQ = kPhiQHost;
+#endif
   const double a = x < 0.0 ? x : -x;  // -|x|, NaN stays NaN
   const double t = 1.0 / (1.0 - a * (1.0 / kPhiQScale));
   const double u = (2.0 * t - 1.0 - kPhiTLo) * (1.0 / (1.0 - kPhiTLo));
-  constexpr double kQ[] = TEMPO_PHI_Q_COEF;
   double q = kQ[0];
 #if defined(__CUDA_ARCH__)
 #pragma unroll
@@ -194,21 +203,21 @@ TEMPO_HD float act_grad_from_output(float y, bool right) {
   const float tmax = right ? static_cast<float>(kActNearRight) - 1.0f : static_cast<float>(kActNearLeft) - 1.0f;
   float ti = t < tmax ? t : tmax;
   ti = ti > 0.0f ? ti : 0.0f;
-  int idx = static_cast<int>(ti);
-  float u = 2.0f * (t - static_cast<float>(idx)) - 1.0f;
-  if (right) idx += kActNearLeft;  // left pieces come first, stored from s = kSLo up to 0
+  const int near_idx = static_cast<int>(ti);
+  float u = 2.0f * (t - static_cast<float>(near_idx)) - 1.0f;
+  int idx = right ? near_idx + kActNearLeft : near_idx;  // left pieces come first, from s = kSLo up to 0
   // Tails: one piece per binade of |y|; u from the mantissa.
   const uint32_t bits = float_bits(y);
   const int expo = static_cast<int>((bits >> 23) & 0xffu) - 127;
   const float mant_u = 2.0f * bits_float((bits & 0x7fffffu) | 0x3f800000u) - 3.0f;
-  const bool right_tail = right && y >= static_cast<float>(1 << kActRightLog2Lo);
-  const bool left_tail = !right && y > -1.0f / static_cast<float>(1 << kActLeftLog2Hi);
+  const bool right_tail = right & y >= static_cast<float>(1 << kActRightLog2Lo);
+  const bool left_tail = !right & y > -1.0f / static_cast<float>(1 << kActLeftLog2Hi);
   int tail_idx = right_tail ? kActNearLeft + kActNearRight + (expo - kActRightLog2Lo)
                             : kActNearLeft + kActNearRight + kActRightBinades + (-expo - kActLeftLog2Hi - 1);
   // Beyond the tables (and a non-negative y on the left branch, which no forward produces).
   const bool beyond = right_tail ? expo >= kActRightLog2Lo + kActRightBinades
-                                 : ((-expo - kActLeftLog2Hi - 1) >= kActLeftBinades || y >= 0.0f);
-  const bool tail = right_tail || left_tail;
+                                 : (((-expo - kActLeftLog2Hi - 1) >= kActLeftBinades) | (y >= 0.0f));
+  const bool tail = right_tail | left_tail;
   tail_idx = beyond ? 0 : tail_idx;
   idx = tail ? tail_idx : idx;
   u = tail ? mant_u : u;
@@ -216,9 +225,11 @@ TEMPO_HD float act_grad_from_output(float y, bool right) {
   float g = c[0];
 #if defined(__CUDA_ARCH__)
 #pragma unroll
+#elif defined(__GNUC__) && !defined(__clang__)
+#pragma GCC unroll 16
 #endif
   for (int k = 1; k <= kActDegree; ++k) g = fmaf(g, u, c[k]);
-  g = (tail && beyond) ? (right ? 1.0f : 0.0f) : g;
+  g = (tail & beyond) ? (right ? 1.0f : 0.0f) : g;
   const bool finite = fabsf(y) <= 3.402823466e38f;  // false for inf and NaN
   return finite ? g : (y - y) * 0.0f;                  // NaN
 }
