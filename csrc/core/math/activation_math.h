@@ -195,9 +195,11 @@ TEMPO_HD bool act_branch(F x) {
 template <Activation A>
 TEMPO_HD float act_grad_from_output(float y, bool right) {
   using T = typename ActMath<A>::Table;
-  float d = (y - T::kYStarHi) - T::kYStarLo;  // y - y*, exact near y*
-  d = d > 0.0f ? d : 0.0f;
-  const float s = sqrtf(d);
+  const float d = (y - T::kYStarHi) - T::kYStarLo;  // y - y*, exact near y*
+  // sqrt first, clamp after (a negative d gives NaN, mapped to 0): keeping the sqrt out of a
+  // conditional lets the compiler vectorise the caller's loop.
+  float s = sqrtf(d);
+  s = s > 0.0f ? s : 0.0f;
   // Near the minimum: uniform pieces in s (left pieces run from s = kSLo up to 0).
   float t = right ? s * T::kRightInvWidth : (T::kSLo + s) * -T::kLeftInvWidth;
   const float tmax = right ? static_cast<float>(kActNearRight) - 1.0f : static_cast<float>(kActNearLeft) - 1.0f;
