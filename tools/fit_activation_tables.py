@@ -175,7 +175,6 @@ def main():
         w("  static constexpr float kYStarLo = %s;" % fmt(ylo))
         w("  static constexpr double kD2AtXStar = %.9g;  // f''(x*)" % d2)
         w("  static constexpr float kSLo = %s;" % fmt(s_lo))
-        w("  static constexpr float kSHi = %s;" % fmt(s_hi))
         w("  static constexpr float kLeftInvWidth = %s;" % fmt(NEAR_LEFT / -s_lo))
         w("  static constexpr float kRightInvWidth = %s;" % fmt(NEAR_RIGHT / s_hi))
         w("};")

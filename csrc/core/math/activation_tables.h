@@ -21,7 +21,6 @@ struct GeluErfTable {
   static constexpr float kYStarLo = 5.264809033e-09;
   static constexpr double kD2AtXStar = 0.431493992;  // f''(x*)
   static constexpr float kSLo = -3.278280199e-01;
-  static constexpr float kSHi = 2.858316183e+00;
   static constexpr float kLeftInvWidth = 1.220151997e+01;
   static constexpr float kRightInvWidth = 5.597701073e+00;
 };
@@ -86,7 +85,6 @@ struct GeluTanhTable {
   static constexpr float kYStarLo = 5.892750288e-09;
   static constexpr double kD2AtXStar = 0.430400091;  // f''(x*)
   static constexpr float kSLo = -3.279340565e-01;
-  static constexpr float kSHi = 2.858328342e+00;
   static constexpr float kLeftInvWidth = 1.219757366e+01;
   static constexpr float kRightInvWidth = 5.597677231e+00;
 };
@@ -151,7 +149,6 @@ struct SiluTable {
   static constexpr float kYStarLo = 1.297928254e-08;
   static constexpr double kD2AtXStar = 0.217811706;  // f''(x*)
   static constexpr float kSLo = -4.647198617e-01;
-  static constexpr float kSHi = 2.877232075e+00;
   static constexpr float kLeftInvWidth = 8.607336044e+00;
   static constexpr float kRightInvWidth = 5.560900211e+00;
 };

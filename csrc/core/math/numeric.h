@@ -90,9 +90,6 @@ TEMPO_HD fp16_t from_float<fp16_t>(float v) {
   return fp16_t{static_cast<uint16_t>(sign | h)};
 }
 
-// Branch bit i of a packed mask (least significant bit first).
-TEMPO_HD bool mask_bit(const uint8_t* mask, int64_t i) { return (mask[i >> 3] >> (i & 7)) & 1u; }
-
 }  // namespace tempo::math
 
 namespace tempo::math {
