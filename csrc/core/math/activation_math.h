@@ -195,11 +195,9 @@ TEMPO_HD bool act_branch(F x) {
 template <Activation A>
 TEMPO_HD float act_grad_from_output(float y, bool right) {
   using T = typename ActMath<A>::Table;
-  const float d = (y - T::kYStarHi) - T::kYStarLo;  // y - y*, exact near y*
-  // sqrt first, clamp after (a negative d gives NaN, mapped to 0): keeping the sqrt out of a
-  // conditional lets the compiler vectorise the caller's loop.
-  float s = sqrtf(d);
-  s = s > 0.0f ? s : 0.0f;
+  float d = (y - T::kYStarHi) - T::kYStarLo;  // y - y*, exact near y*
+  d = d > 0.0f ? d : 0.0f;                     // NaN too
+  const float s = sqrtf(d);
   // Near the minimum: uniform pieces in s (left pieces run from s = kSLo up to 0).
   float t = right ? s * T::kRightInvWidth : (T::kSLo + s) * -T::kLeftInvWidth;
   const float tmax = right ? static_cast<float>(kActNearRight) - 1.0f : static_cast<float>(kActNearLeft) - 1.0f;
@@ -212,14 +210,14 @@ TEMPO_HD float act_grad_from_output(float y, bool right) {
   const uint32_t bits = float_bits(y);
   const int expo = static_cast<int>((bits >> 23) & 0xffu) - 127;
   const float mant_u = 2.0f * bits_float((bits & 0x7fffffu) | 0x3f800000u) - 3.0f;
-  const bool right_tail = right & y >= static_cast<float>(1 << kActRightLog2Lo);
-  const bool left_tail = !right & y > -1.0f / static_cast<float>(1 << kActLeftLog2Hi);
+  const bool right_tail = right && y >= static_cast<float>(1 << kActRightLog2Lo);
+  const bool left_tail = !right && y > -1.0f / static_cast<float>(1 << kActLeftLog2Hi);
   int tail_idx = right_tail ? kActNearLeft + kActNearRight + (expo - kActRightLog2Lo)
                             : kActNearLeft + kActNearRight + kActRightBinades + (-expo - kActLeftLog2Hi - 1);
   // Beyond the tables (and a non-negative y on the left branch, which no forward produces).
   const bool beyond = right_tail ? expo >= kActRightLog2Lo + kActRightBinades
-                                 : (((-expo - kActLeftLog2Hi - 1) >= kActLeftBinades) | (y >= 0.0f));
-  const bool tail = right_tail | left_tail;
+                                 : ((-expo - kActLeftLog2Hi - 1) >= kActLeftBinades || y >= 0.0f);
+  const bool tail = right_tail || left_tail;
   tail_idx = beyond ? 0 : tail_idx;
   idx = tail ? tail_idx : idx;
   u = tail ? mant_u : u;
@@ -227,11 +225,9 @@ TEMPO_HD float act_grad_from_output(float y, bool right) {
   float g = c[0];
 #if defined(__CUDA_ARCH__)
 #pragma unroll
-#elif defined(__GNUC__) && !defined(__clang__)
-#pragma GCC unroll 16
 #endif
   for (int k = 1; k <= kActDegree; ++k) g = fmaf(g, u, c[k]);
-  g = (tail & beyond) ? (right ? 1.0f : 0.0f) : g;
+  g = (tail && beyond) ? (right ? 1.0f : 0.0f) : g;
   const bool finite = fabsf(y) <= 3.402823466e38f;  // false for inf and NaN
   return finite ? g : (y - y) * 0.0f;                  // NaN
 }
