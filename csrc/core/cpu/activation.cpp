@@ -1,10 +1,13 @@
 // CPU kernels of the in-place activations: blocks of kBlock elements (whole mask bytes)
-// spread over OpenMP threads; inner loops written for the auto-vectoriser.
+// spread over OpenMP threads. The forward's inner loops are written for the
+// auto-vectoriser; the fp32 backward has AVX-512 and AVX2 versions (activation_simd.h),
+// chosen at run time, beside the scalar definition in activation_math.h.
 #include "tempo/activation.h"
 
 #include <algorithm>
 
 #include "../math/activation_math.h"
+#include "activation_simd.h"
 
 namespace tempo {
 namespace {
@@ -55,31 +58,56 @@ void forward_block(const ActivationForwardParams& p, int64_t start, int64_t end)
   }
 }
 
+int g_simd_cap = 2;  // 0: scalar only, 1: up to AVX2, 2: up to AVX-512 (detail::set_cpu_simd)
+
+// g(y, m) for a block of fp32 outputs; len is a multiple of 16 except in the last block.
+template <Activation A>
+void grad_block(const float* y, const uint8_t* mask, float* g, int len) {
+  int done = 0;
+#ifdef TEMPO_HAVE_SIMD_KERNELS
+  const cpu_simd::Isa isa = cpu_simd::best_isa();
+  if (isa == cpu_simd::Isa::kAvx512 && g_simd_cap >= 2) {
+    cpu_simd::grad_from_output_avx512<A>(y, mask, g, len / 16);
+    done = len / 16 * 16;
+  } else if (isa != cpu_simd::Isa::kScalar && g_simd_cap >= 1) {
+    cpu_simd::grad_from_output_avx2<A>(y, mask, g, len / 8);
+    done = len / 8 * 8;
+  }
+#endif
+  for (int k = done; k < len; ++k) g[k] = math::act_grad_from_output<A>(y[k], ((mask[k >> 3] >> (k & 7)) & 1) != 0);
+}
+
+// GCC 12 cannot see that grad_block reads only the len elements written into g.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 template <Activation A, typename T>
 void backward_block(const ActivationBackwardParams& p, int64_t start, int64_t end) {
-  using Acc = acc_t<T>;
   const T* y = static_cast<const T*>(p.y) + start;
   const T* dy = static_cast<const T*>(p.grad_y) + start;
   T* dx = static_cast<T*>(p.grad_x) + start;
   const uint8_t* mask = p.mask + start / 8;
   const int len = static_cast<int>(end - start);
-  // Unpack the branch bits and widen y into contiguous buffers first, so that the main
-  // loop below reads only unit-stride data.
-  alignas(64) int32_t right[kBlock];
-  alignas(64) Acc yf[kBlock];
-  for (int j = 0; j < (len + 7) / 8; ++j) {
-    const int32_t byte = mask[j];
+  if constexpr (std::is_same_v<T, double>) {
+    for (int k = 0; k < len; ++k)
+      dx[k] = dy[k] * math::act_grad_from_output<A>(y[k], ((mask[k >> 3] >> (k & 7)) & 1) != 0);
+  } else {
+    alignas(64) float g[kBlock];
+    const float* yf;
+    if constexpr (std::is_same_v<T, float>) {
+      yf = y;
+    } else {
+      // 16-bit outputs: widen into g first; grad_block may write g over its input.
 #pragma omp simd
-    for (int q = 0; q < 8; ++q) right[8 * j + q] = (byte >> q) & 1;
-  }
+      for (int k = 0; k < len; ++k) g[k] = math::to_float(y[k]);
+      yf = g;
+    }
+    grad_block<A>(yf, mask, g, len);
 #pragma omp simd
-  for (int k = 0; k < len; ++k) yf[k] = math::to_float(y[k]);
-#pragma omp simd
-  for (int k = 0; k < len; ++k) {
-    const Acc g = math::act_grad_from_output<A>(yf[k], right[k] != 0);
-    math::store(dx + k, math::to_float(dy[k]) * g);
+    for (int k = 0; k < len; ++k) math::store(dx + k, math::to_float(dy[k]) * g[k]);
   }
 }
+
+#pragma GCC diagnostic pop
 
 template <typename Block, typename P>
 void run_blocks(const P& p, Block block) {
@@ -118,6 +146,14 @@ struct Backward {
 };
 
 }  // namespace
+
+namespace detail {
+int set_cpu_simd(int max_level) {
+  const int previous = g_simd_cap;
+  g_simd_cap = max_level;
+  return previous;
+}
+}  // namespace detail
 
 Status activation_forward_cpu(const ActivationForwardParams& p) {
   Status s = detail::validate(p);

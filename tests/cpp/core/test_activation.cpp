@@ -261,6 +261,32 @@ TEST(ActivationCore, GradientWithinRecoveryBound) {
   }
 }
 
+// The CPU backward has SIMD versions (AVX-512, AVX2) of the scalar g(y, m); each must give
+// the scalar definition's results bit for bit, on the sweep and on non-finite values.
+TEST(ActivationCore, SimdPathsMatchScalar) {
+  for (Activation a : kActs) {
+    for (DType d : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
+      auto x = sweep(d, a);
+      for (double v : {double(NAN), double(INFINITY), double(-INFINITY), 0.0, -0.0, 1e30, -1e30}) x.push_back(v);
+      const int saved = tempo::detail::set_cpu_simd(0);
+      const Result scalar = run(a, d, x);
+      for (int level : {1, 2}) {
+        tempo::detail::set_cpu_simd(level);
+        const Result simd = run(a, d, x);
+        for (size_t i = 0; i < x.size(); ++i) {
+          if (std::isnan(scalar.dx[i])) {
+            ASSERT_TRUE(std::isnan(simd.dx[i])) << "level " << level << " x=" << x[i];
+          } else {
+            ASSERT_EQ(simd.dx[i], scalar.dx[i]) << tempo::activation_name(a) << " " << tempo::dtype_name(d)
+                                                << " level " << level << " x=" << x[i];
+          }
+        }
+      }
+      tempo::detail::set_cpu_simd(saved);
+    }
+  }
+}
+
 TEST(ActivationCore, Float64GradientNearlyExact) {
   for (Activation a : kActs) {
     std::vector<double> x;

@@ -45,6 +45,9 @@ Status activation_backward_cuda(const ActivationBackwardParams& p, void* stream)
 namespace detail {
 Status validate(const ActivationForwardParams& p);
 Status validate(const ActivationBackwardParams& p);
+// Tests: cap the CPU kernels' SIMD code paths (0: scalar only, 1: up to AVX2, 2: up to
+// AVX-512; the best one the processor has within the cap runs). Returns the previous cap.
+int set_cpu_simd(int max_level);
 }  // namespace detail
 
 }  // namespace tempo
