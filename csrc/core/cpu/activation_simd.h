@@ -12,9 +12,11 @@
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define TEMPO_HAVE_SIMD_KERNELS 1
-// GCC 12's AVX-512 intrinsic headers trip -Wmaybe-uninitialized (their _mm512_undefined_*).
+// GCC 12's AVX-512 intrinsic headers trip -Wmaybe-uninitialized (their _mm512_undefined_*);
+// -Wpsabi notes that the internal vector helpers pass __m512 by value (they are all inlined).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wpsabi"
 #include <immintrin.h>
 
 #include <array>
