@@ -81,10 +81,22 @@ int main(int argc, char** argv) {
     else if (k == "--reps") a.reps = std::stoi(next());
     else if (k == "--csv") a.csv = next();
     else if (k == "--json") a.json = next();
-    else {
+    else if (k == "--help" || k == "-h") {
+      std::printf("usage: bench_activation [--tokens 4096,16384] [--features 4096] [--dtype float32|bfloat16|float16]\n"
+                  "                        [--device cpu|cuda] [--reps 5] [--csv FILE] [--json FILE]\n");
+      return 0;
+    } else {
       std::fprintf(stderr, "bench_activation: unknown argument %s\n", k.c_str());
       return 2;
     }
+  }
+  if (a.dtype != "float32" && a.dtype != "bfloat16" && a.dtype != "float16") {
+    std::fprintf(stderr, "bench_activation: --dtype must be float32, bfloat16 or float16, got %s\n", a.dtype.c_str());
+    return 2;
+  }
+  if (a.tokens.empty() || a.features <= 0 || a.reps <= 0) {
+    std::fprintf(stderr, "bench_activation: --tokens, --features and --reps must be positive\n");
+    return 2;
   }
   const at::ScalarType dt = a.dtype == "bfloat16" ? at::kBFloat16 : a.dtype == "float16" ? at::kHalf : at::kFloat;
   const at::Device dev(a.device);
