@@ -7,6 +7,7 @@
 
 #include "tempo/activation.h"
 #include "../math/activation_math.h"
+#include "common.cuh"
 
 namespace tempo {
 
@@ -18,7 +19,10 @@ using math::acc_t;
 using math::bf16_t;
 using math::fp16_t;
 
-constexpr int kThreads = 256;
+using cuda::aligned16;
+using cuda::grid_for;
+using cuda::kThreads;
+using cuda::launch_status;
 
 // 8 consecutive elements of T, moved as 16-byte words when `vec` holds.
 template <typename T>
@@ -100,19 +104,6 @@ __global__ void backward_kernel(ActivationBackwardParams p, bool vec) {
     }
     store8(dx, i0, p.numel, vec, out);
   }
-}
-
-bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
-
-int grid_for(int64_t bytes) {
-  const int64_t blocks = (bytes + kThreads - 1) / kThreads;
-  return static_cast<int>(std::min<int64_t>(blocks, 1 << 16));
-}
-
-Status launch_status(const char* what) {
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) return Status::Error(std::string(what) + ": CUDA launch failed: " + cudaGetErrorString(err));
-  return Status::Ok();
 }
 
 template <typename F>

@@ -1,6 +1,8 @@
 // Compiled instead of the CUDA sources when the build has no CUDA: the CUDA entry points
 // exist and say why they cannot run.
 #include "tempo/activation.h"
+#include "tempo/dropout.h"
+#include "tempo/norm.h"
 
 namespace tempo {
 
@@ -11,6 +13,19 @@ Status activation_forward_cuda(const ActivationForwardParams&, void*) {
 }
 Status activation_backward_cuda(const ActivationBackwardParams&, void*) {
   return Status::Error("activation backward: this build of tempo has no CUDA kernels");
+}
+
+Status dropout_forward_cuda(const DropoutForwardParams&, void*) {
+  return Status::Error("dropout forward: this build of tempo has no CUDA kernels");
+}
+Status dropout_backward_cuda(const DropoutBackwardParams&, void*) {
+  return Status::Error("dropout backward: this build of tempo has no CUDA kernels");
+}
+Status norm_forward_cuda(const NormForwardParams&, void*) {
+  return Status::Error("norm forward: this build of tempo has no CUDA kernels");
+}
+Status norm_backward_cuda(const NormBackwardParams&, void*) {
+  return Status::Error("norm backward: this build of tempo has no CUDA kernels");
 }
 
 }  // namespace tempo

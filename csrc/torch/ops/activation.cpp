@@ -8,9 +8,9 @@
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/DeviceGuard.h>
-#include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/library.h>
 
+#include "common.h"
 #include "dtype.h"
 #include "tempo/ops/activation.h"
 
@@ -32,28 +32,6 @@ Activation gelu_kind(c10::string_view approximate, const char* op) {
   TORCH_CHECK(false, op, ": argument 'approximate' must be 'none' or 'tanh', got '", std::string(approximate), "'");
 }
 
-namespace {
-
-void check_floating(const at::Tensor& t, const char* op, const char* arg) {
-  TORCH_CHECK(t.defined(), op, ": argument '", arg, "' is undefined");
-  TORCH_CHECK(supported_dtype(t.scalar_type()), op, ": argument '", arg,
-              "' must be float32, float64, bfloat16 or float16, got ", t.scalar_type());
-}
-
-void* stream_of(const at::Tensor& t) {
-  if (!t.is_cuda()) return nullptr;
-  c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
-  return impl.getStream(t.device()).native_handle();
-}
-
-void raise_if_error(const Status& s, const char* op) { TORCH_CHECK(s.ok(), op, ": ", s.message()); }
-
-void check_device(const at::Tensor& t, const char* op, const char* arg) {
-  TORCH_CHECK(t.is_cpu() || t.is_cuda() || t.is_meta(), op, ": argument '", arg,
-              "' must be on a CPU or CUDA device, got ", t.device());
-}
-
-}  // namespace
 
 std::tuple<at::Tensor, at::Tensor> activation_forward(const at::Tensor& x, const std::optional<at::Tensor>& bias,
                                                       Activation act, const char* op) {
@@ -168,12 +146,7 @@ TORCH_LIBRARY_IMPL(tempo, CompositeExplicitAutograd, m) {
 
 // ---- C++ API: through the dispatcher, so autograd and every backend apply ------------------
 
-namespace {
-template <typename Sig>
-c10::TypedOperatorHandle<Sig> op_handle(const char* name) {
-  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Sig>();
-}
-}  // namespace
+using torch_impl::op_handle;
 
 at::Tensor gelu(const at::Tensor& x, c10::string_view approximate, const std::optional<at::Tensor>& bias) {
   static auto op =

@@ -1,0 +1,95 @@
+// CPU kernels of dropout: blocks of kBlock elements (whole mask bytes) over OpenMP threads.
+// Keep bits are drawn by Philox four at a time (math/philox.h), the same draws as on CUDA.
+#include "tempo/dropout.h"
+
+#include <algorithm>
+
+#include "../math/numeric.h"
+#include "../math/philox.h"
+#include "dropout_bits.h"
+
+namespace tempo {
+namespace {
+
+using math::bf16_t;
+using math::fp16_t;
+
+constexpr int64_t kBlock = 2048;
+constexpr int64_t kParallelMin = 1 << 15;
+
+template <typename T>
+void forward_block(const DropoutForwardParams& p, int64_t start, int64_t end) {
+  using Acc = math::acc_t<T>;
+  const T* x = static_cast<const T*>(p.x) + start;
+  T* y = static_cast<T*>(p.y) + start;
+  const int len = static_cast<int>(end - start);
+  uint8_t bytes[kBlock / 8];
+  cpu::keep_bits(p.rng, math::keep_threshold(p.p), start, len, bytes);
+  const Acc scale = static_cast<Acc>(dropout_scale(p.p));
+#pragma omp simd
+  for (int k = 0; k < len; ++k) {
+    const Acc keep = static_cast<Acc>((bytes[k >> 3] >> (k & 7)) & 1);
+    math::store(y + k, math::to_float(x[k]) * (keep * scale));
+  }
+  if (p.mask) std::copy(bytes, bytes + (len + 7) / 8, p.mask + start / 8);
+}
+
+template <typename T>
+void backward_block(const DropoutBackwardParams& p, int64_t start, int64_t end) {
+  using Acc = math::acc_t<T>;
+  const T* dy = static_cast<const T*>(p.grad_y) + start;
+  T* dx = static_cast<T*>(p.grad_x) + start;
+  const int len = static_cast<int>(end - start);
+  uint8_t regenerated[kBlock / 8];
+  const uint8_t* bytes = p.mask ? p.mask + start / 8 : regenerated;
+  if (!p.mask) cpu::keep_bits(p.rng, math::keep_threshold(p.p), start, len, regenerated);
+  const Acc scale = static_cast<Acc>(dropout_scale(p.p));
+#pragma omp simd
+  for (int k = 0; k < len; ++k) {
+    const Acc keep = static_cast<Acc>((bytes[k >> 3] >> (k & 7)) & 1);
+    math::store(dx + k, math::to_float(dy[k]) * (keep * scale));
+  }
+}
+
+template <typename P, typename Block>
+void run_blocks(const P& p, Block block) {
+  const int64_t blocks = (p.numel + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static) if (p.numel >= kParallelMin)
+  for (int64_t b = 0; b < blocks; ++b) block(p, b * kBlock, std::min(p.numel, (b + 1) * kBlock));
+}
+
+template <typename P, template <typename> class Launch>
+void by_dtype(const P& p) {
+  switch (p.dtype) {
+    case DType::kFloat32: Launch<float>::run(p); break;
+    case DType::kFloat64: Launch<double>::run(p); break;
+    case DType::kBFloat16: Launch<bf16_t>::run(p); break;
+    case DType::kFloat16: Launch<fp16_t>::run(p); break;
+  }
+}
+template <typename T>
+struct Forward {
+  static void run(const DropoutForwardParams& p) { run_blocks(p, forward_block<T>); }
+};
+template <typename T>
+struct Backward {
+  static void run(const DropoutBackwardParams& p) { run_blocks(p, backward_block<T>); }
+};
+
+}  // namespace
+
+Status dropout_forward_cpu(const DropoutForwardParams& p) {
+  Status s = detail::validate(p);
+  if (!s.ok() || p.numel == 0) return s;
+  by_dtype<DropoutForwardParams, Forward>(p);
+  return Status::Ok();
+}
+
+Status dropout_backward_cpu(const DropoutBackwardParams& p) {
+  Status s = detail::validate(p);
+  if (!s.ok() || p.numel == 0) return s;
+  by_dtype<DropoutBackwardParams, Backward>(p);
+  return Status::Ok();
+}
+
+}  // namespace tempo

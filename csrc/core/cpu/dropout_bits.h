@@ -1,0 +1,40 @@
+// Packed Philox keep bits on the CPU, shared by the dropout kernels and the fused
+// bias-dropout-residual-LayerNorm.
+#pragma once
+
+#include <cstdint>
+
+#include "tempo/dropout.h"
+#include "../math/philox.h"
+
+namespace tempo::cpu {
+
+// Keep bits of elements start .. start+len-1 into out[0 .. ceil(len/8)); start is a multiple of 8.
+inline void keep_bits(const PhiloxState& rng, uint64_t threshold, int64_t start, int len, uint8_t* out) {
+  const int64_t b0 = start / 8;
+  const int nbytes = (len + 7) / 8;
+  // Element-parallel form the vectoriser turns into 32-bit lanes: one Philox group per lane.
+  constexpr int kChunk = 64;  // groups per pass
+  uint32_t draws[4 * kChunk];
+  const int64_t groups = static_cast<int64_t>(nbytes) * 2;
+  for (int64_t g0 = 0; g0 < groups; g0 += kChunk) {
+    const int n = static_cast<int>(groups - g0 < kChunk ? groups - g0 : kChunk);
+#pragma omp simd
+    for (int j = 0; j < n; ++j) {
+      const math::Philox4 r = math::philox_group(rng.seed, rng.offset, static_cast<uint64_t>(2 * b0 + g0 + j));
+      draws[4 * j] = r.v[0];
+      draws[4 * j + 1] = r.v[1];
+      draws[4 * j + 2] = r.v[2];
+      draws[4 * j + 3] = r.v[3];
+    }
+    for (int j = 0; j < n; j += 2) {
+      uint32_t bits = 0;
+      for (int q = 0; q < 8; ++q) bits |= (static_cast<uint64_t>(draws[4 * j + q]) < threshold ? 1u : 0u) << q;
+      out[(g0 + j) / 2] = static_cast<uint8_t>(bits);
+    }
+  }
+  // Bits past the end of the tensor are zero.
+  if (len % 8) out[nbytes - 1] &= static_cast<uint8_t>((1u << (len % 8)) - 1u);
+}
+
+}  // namespace tempo::cpu

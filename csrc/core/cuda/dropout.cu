@@ -1,0 +1,82 @@
+// CUDA kernels of dropout: one thread per mask byte (8 elements), grid-stride, 64-bit
+// indexing. The keep bits are the same Philox draws as on the CPU (math/philox.h).
+#include "tempo/dropout.h"
+#include "../math/philox.h"
+#include "common.cuh"
+
+namespace tempo {
+namespace {
+
+template <typename T>
+__global__ void dropout_forward_kernel(DropoutForwardParams p, uint64_t threshold, float scale) {
+  const T* x = static_cast<const T*>(p.x);
+  T* y = static_cast<T*>(p.y);
+  using Acc = math::acc_t<T>;
+  const PhiloxState rng = cuda::resolve(p.rng);
+  const int64_t bytes = dropout_mask_bytes(p.numel);
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; b < bytes; b += stride) {
+    uint32_t bits = math::keep_byte(rng.seed, rng.offset, b, threshold);
+    const int64_t i0 = b * 8;
+#pragma unroll
+    for (int q = 0; q < 8; ++q) {
+      const int64_t i = i0 + q;
+      if (i >= p.numel) {
+        bits &= ~(1u << q);
+        continue;
+      }
+      const Acc keep = static_cast<Acc>((bits >> q) & 1u);
+      math::store(y + i, math::to_float(x[i]) * (keep * static_cast<Acc>(scale)));
+    }
+    if (p.mask) p.mask[b] = static_cast<uint8_t>(bits);
+  }
+}
+
+template <typename T>
+__global__ void dropout_backward_kernel(DropoutBackwardParams p, uint64_t threshold, float scale) {
+  const T* dy = static_cast<const T*>(p.grad_y);
+  T* dx = static_cast<T*>(p.grad_x);
+  using Acc = math::acc_t<T>;
+  const PhiloxState rng = cuda::resolve(p.rng);
+  const int64_t bytes = dropout_mask_bytes(p.numel);
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; b < bytes; b += stride) {
+    const uint32_t bits = p.mask ? p.mask[b] : math::keep_byte(rng.seed, rng.offset, b, threshold);
+    const int64_t i0 = b * 8;
+#pragma unroll
+    for (int q = 0; q < 8; ++q) {
+      const int64_t i = i0 + q;
+      if (i >= p.numel) break;
+      const Acc keep = static_cast<Acc>((bits >> q) & 1u);
+      math::store(dx + i, math::to_float(dy[i]) * (keep * static_cast<Acc>(scale)));
+    }
+  }
+}
+
+}  // namespace
+
+Status dropout_forward_cuda(const DropoutForwardParams& p, void* stream) {
+  Status s = detail::validate(p);
+  if (!s.ok() || p.numel == 0) return s;
+  auto st = static_cast<cudaStream_t>(stream);
+  const int grid = cuda::grid_for(dropout_mask_bytes(p.numel));
+  cuda::by_dtype(p.dtype, [&](auto t) {
+    dropout_forward_kernel<decltype(t)><<<grid, cuda::kThreads, 0, st>>>(p, math::keep_threshold(p.p),
+                                                                        dropout_scale(p.p));
+  });
+  return cuda::launch_status("dropout forward");
+}
+
+Status dropout_backward_cuda(const DropoutBackwardParams& p, void* stream) {
+  Status s = detail::validate(p);
+  if (!s.ok() || p.numel == 0) return s;
+  auto st = static_cast<cudaStream_t>(stream);
+  const int grid = cuda::grid_for(dropout_mask_bytes(p.numel));
+  cuda::by_dtype(p.dtype, [&](auto t) {
+    dropout_backward_kernel<decltype(t)><<<grid, cuda::kThreads, 0, st>>>(p, math::keep_threshold(p.p),
+                                                                         dropout_scale(p.p));
+  });
+  return cuda::launch_status("dropout backward");
+}
+
+}  // namespace tempo

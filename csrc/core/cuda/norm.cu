@@ -1,0 +1,209 @@
+// CUDA kernels of LayerNorm / RMSNorm and the fused bias-dropout-residual prologue.
+// Forward: one block per row (grid-stride over rows), block reductions in the math type.
+// Backward: kGroups row groups, each block accumulating its columns' partial sums of
+// dgamma / dbeta / dpre_bias in the workspace, then one thread per column adds the groups.
+#include "tempo/norm.h"
+#include "../math/philox.h"
+#include "common.cuh"
+
+namespace tempo {
+namespace {
+
+constexpr int kGroups = 512;  // as in norm_backward_workspace_elems
+
+template <typename Acc>
+__device__ Acc block_sum(Acc v, Acc* shared) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();  // shared is reused between calls
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  Acc total = 0;
+  for (int w = 0; w < static_cast<int>(blockDim.x >> 5); ++w) total += shared[w];
+  return total;
+}
+
+template <typename T>
+__device__ math::acc_t<T> round_acc(math::acc_t<T> v) {
+  T out;
+  math::store(&out, v);
+  return math::to_float(out);
+}
+
+// The element's keep bit: from the mask, or drawn by Philox (the same draw as keep_byte).
+// `rng` is resolved (cuda::resolve) by the caller.
+__device__ bool keep_bit(const PhiloxState& rng, const uint8_t* mask, int64_t e, uint64_t threshold) {
+  if (mask) return ((mask[e >> 3] >> (e & 7)) & 1u) != 0;
+  const math::Philox4 r = math::philox_group(rng.seed, rng.offset, static_cast<uint64_t>(e >> 2));
+  return static_cast<uint64_t>(r.v[e & 3]) < threshold;
+}
+
+// h = residual + dropout(x + pre_bias), each step rounded to T as the unfused ops store it;
+// or x without the prologue.
+template <typename T>
+__device__ math::acc_t<T> load_h(const NormForwardParams& p, const PhiloxState& rng, int64_t r, int64_t j,
+                                 uint64_t threshold, math::acc_t<T> scale) {
+  using Acc = math::acc_t<T>;
+  const int64_t e = r * p.cols + j;
+  const Acc xv = math::to_float(static_cast<const T*>(p.x)[e]);
+  if (!p.prologue.residual) return xv;
+  const T* pb = static_cast<const T*>(p.prologue.bias);
+  Acc v = round_acc<T>(xv + (pb ? math::to_float(pb[j]) : Acc(0)));
+  if (p.prologue.p > 0.0) v = round_acc<T>(v * (keep_bit(rng, p.mask, e, threshold) ? scale : Acc(0)));
+  return round_acc<T>(math::to_float(static_cast<const T*>(p.prologue.residual)[e]) + v);
+}
+
+__global__ void mask_kernel(NormPrologue pr, uint8_t* mask, int64_t numel, uint64_t threshold) {
+  const int64_t bytes = dropout_mask_bytes(numel);
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; b < bytes; b += stride) {
+    const PhiloxState rng = cuda::resolve(pr.rng);
+    uint32_t bits = math::keep_byte(rng.seed, rng.offset, b, threshold);
+    const int64_t valid = numel - b * 8;
+    if (valid < 8) bits &= (1u << valid) - 1u;
+    mask[b] = static_cast<uint8_t>(bits);
+  }
+}
+
+template <typename T>
+__global__ void norm_forward_kernel(NormForwardParams p, uint64_t threshold, float scale_f) {
+  using Acc = math::acc_t<T>;
+  __shared__ Acc shared[32];
+  const Acc scale = static_cast<Acc>(scale_f);
+  const PhiloxState rng = cuda::resolve(p.prologue.rng);
+  const T* w = static_cast<const T*>(p.weight);
+  const T* b = static_cast<const T*>(p.bias);
+  T* y = static_cast<T*>(p.y);
+  const int64_t M = p.cols;
+  for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
+    Acc mean = 0;
+    if (p.kind == NormKind::kLayerNorm) {
+      Acc s = 0;
+      for (int64_t j = threadIdx.x; j < M; j += blockDim.x) s += load_h<T>(p, rng, r, j, threshold, scale);
+      mean = block_sum(s, shared) / static_cast<Acc>(M);
+    }
+    Acc ss = 0;
+    for (int64_t j = threadIdx.x; j < M; j += blockDim.x) {
+      const Acc d = load_h<T>(p, rng, r, j, threshold, scale) - mean;
+      ss += d * d;
+    }
+    const Acc var = block_sum(ss, shared) / static_cast<Acc>(M);
+    const Acc rstd = static_cast<Acc>(1) / sqrt(var + static_cast<Acc>(p.eps));
+    if (threadIdx.x == 0) static_cast<Acc*>(p.rstd)[r] = rstd;
+    for (int64_t j = threadIdx.x; j < M; j += blockDim.x) {
+      Acc v = (load_h<T>(p, rng, r, j, threshold, scale) - mean) * rstd;
+      if (w) v *= math::to_float(w[j]);
+      if (b) v += math::to_float(b[j]);
+      math::store(y + r * M + j, v);
+    }
+  }
+}
+
+template <typename T>
+__global__ void norm_backward_kernel(NormBackwardParams p, uint64_t threshold, float scale_f) {
+  using Acc = math::acc_t<T>;
+  __shared__ Acc shared[32];
+  const Acc scale = static_cast<Acc>(scale_f);
+  const PhiloxState rng = cuda::resolve(p.prologue.rng);
+  const int64_t M = p.cols;
+  const T* dy = static_cast<const T*>(p.grad_y);
+  const T* y = static_cast<const T*>(p.y);
+  const T* w = static_cast<const T*>(p.weight);
+  const T* b = static_cast<const T*>(p.bias);
+  const Acc* rstd = static_cast<const Acc*>(p.rstd);
+  Acc* part = static_cast<Acc*>(p.workspace) + static_cast<int64_t>(blockIdx.x) * 3 * M;
+  const bool prologue = p.grad_residual != nullptr;
+  const bool dropout = prologue && p.prologue.p > 0.0;
+  const Acc xhat_max = sqrt(static_cast<Acc>(M));
+  for (int64_t j = threadIdx.x; j < 3 * M; j += blockDim.x) part[j] = 0;
+  for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
+    Acc c1 = 0, c2 = 0;
+    for (int64_t j = threadIdx.x; j < M; j += blockDim.x) {
+      const Acc g = math::to_float(dy[r * M + j]);
+      c1 += g * (math::to_float(y[r * M + j]) - (b ? math::to_float(b[j]) : Acc(0)));
+      c2 += g * (w ? math::to_float(w[j]) : Acc(1));
+    }
+    const Acc m1 = block_sum(c1, shared) / static_cast<Acc>(M);
+    const Acc m2 = p.kind == NormKind::kLayerNorm ? block_sum(c2, shared) / static_cast<Acc>(M) : Acc(0);
+    const Acc rs = rstd[r];
+    for (int64_t j = threadIdx.x; j < M; j += blockDim.x) {
+      const int64_t e = r * M + j;
+      const Acc g = math::to_float(dy[e]);
+      const Acc gamma = w ? math::to_float(w[j]) : Acc(1);
+      const Acc yb = math::to_float(y[e]) - (b ? math::to_float(b[j]) : Acc(0));
+      const Acc mag = fmax(fabs(gamma), static_cast<Acc>(kNormGammaMin));
+      Acc xhat = yb / copysign(mag, gamma);
+      xhat = fmin(fmax(xhat, -xhat_max), xhat_max);
+      const Acc dh = rs * (g * gamma - xhat * m1 - m2);
+      part[j] += g * xhat;
+      part[M + j] += g;
+      if (prologue) {
+        math::store(static_cast<T*>(p.grad_residual) + e, dh);
+        Acc d = round_acc<T>(dh);
+        if (dropout) d = d * (keep_bit(rng, p.mask, e, threshold) ? scale : Acc(0));
+        math::store(static_cast<T*>(p.grad_x) + e, d);
+        part[2 * M + j] += round_acc<T>(d);
+      } else {
+        math::store(static_cast<T*>(p.grad_x) + e, dh);
+      }
+    }
+  }
+}
+
+template <typename T>
+__global__ void column_sum_kernel(NormBackwardParams p, int groups) {
+  using Acc = math::acc_t<T>;
+  const int64_t M = p.cols;
+  const Acc* ws = static_cast<const Acc*>(p.workspace);
+  T* outs[3] = {p.weight ? static_cast<T*>(p.grad_weight) : nullptr, p.bias ? static_cast<T*>(p.grad_bias) : nullptr,
+                static_cast<T*>(p.grad_pre_bias)};
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < 3 * M; j += stride) {
+    T* out = outs[j / M];
+    if (!out) continue;
+    Acc s = 0;
+    for (int g = 0; g < groups; ++g) s += ws[static_cast<int64_t>(g) * 3 * M + j];
+    math::store(out + j % M, s);
+  }
+}
+
+}  // namespace
+
+Status norm_forward_cuda(const NormForwardParams& p, void* stream) {
+  Status s = detail::validate(p);
+  if (!s.ok() || p.rows * p.cols == 0) return s;
+  auto st = static_cast<cudaStream_t>(stream);
+  const uint64_t threshold = math::keep_threshold(p.prologue.p);
+  const bool dropout = p.prologue.residual && p.prologue.p > 0.0;
+  NormForwardParams q = p;
+  if (!dropout || p.prologue.mode != DropoutMode::kBits) q.mask = nullptr;  // philox: draw in place
+  if (q.mask) {
+    mask_kernel<<<cuda::grid_for(dropout_mask_bytes(p.rows * p.cols)), cuda::kThreads, 0, st>>>(
+        p.prologue, q.mask, p.rows * p.cols, threshold);
+  }
+  const int grid = static_cast<int>(p.rows < 65535 ? p.rows : 65535);
+  cuda::by_dtype(p.dtype, [&](auto t) {
+    norm_forward_kernel<decltype(t)><<<grid, cuda::kThreads, 0, st>>>(q, threshold, dropout_scale(p.prologue.p));
+  });
+  return cuda::launch_status("norm forward");
+}
+
+Status norm_backward_cuda(const NormBackwardParams& p, void* stream) {
+  Status s = detail::validate(p);
+  if (!s.ok()) return s;
+  if (p.cols == 0) return s;
+  TEMPO_CORE_CHECK(p.workspace, "norm backward: the CUDA backward needs its workspace");
+  auto st = static_cast<cudaStream_t>(stream);
+  const uint64_t threshold = math::keep_threshold(p.prologue.p);
+  NormBackwardParams q = p;
+  if (!(p.grad_residual && p.prologue.p > 0.0 && p.prologue.mode == DropoutMode::kBits)) q.mask = nullptr;
+  const int groups = static_cast<int>(p.rows < kGroups ? (p.rows > 0 ? p.rows : 1) : kGroups);
+  cuda::by_dtype(p.dtype, [&](auto t) {
+    using T = decltype(t);
+    norm_backward_kernel<T><<<groups, cuda::kThreads, 0, st>>>(q, threshold, dropout_scale(p.prologue.p));
+    column_sum_kernel<T><<<cuda::grid_for(3 * p.cols), cuda::kThreads, 0, st>>>(q, groups);
+  });
+  return cuda::launch_status("norm backward");
+}
+
+}  // namespace tempo

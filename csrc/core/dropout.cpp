@@ -1,0 +1,28 @@
+// Backend-independent parts of dropout: parameter validation.
+#include "tempo/dropout.h"
+
+namespace tempo::detail {
+
+namespace {
+bool known(DType d) {
+  return d == DType::kFloat32 || d == DType::kFloat64 || d == DType::kBFloat16 || d == DType::kFloat16;
+}
+}  // namespace
+
+Status validate(const DropoutForwardParams& p) {
+  TEMPO_CORE_CHECK(known(p.dtype), "dropout forward: unsupported dtype");
+  TEMPO_CORE_CHECK(p.p >= 0.0 && p.p <= 1.0, "dropout forward: p must be in [0, 1]");
+  TEMPO_CORE_CHECK(p.numel >= 0, "dropout forward: numel must be non-negative");
+  if (p.numel > 0) TEMPO_CORE_CHECK(p.x && p.y, "dropout forward: x and y must be non-null");
+  return Status::Ok();
+}
+
+Status validate(const DropoutBackwardParams& p) {
+  TEMPO_CORE_CHECK(known(p.dtype), "dropout backward: unsupported dtype");
+  TEMPO_CORE_CHECK(p.p >= 0.0 && p.p <= 1.0, "dropout backward: p must be in [0, 1]");
+  TEMPO_CORE_CHECK(p.numel >= 0, "dropout backward: numel must be non-negative");
+  if (p.numel > 0) TEMPO_CORE_CHECK(p.grad_y && p.grad_x, "dropout backward: grad_y and grad_x must be non-null");
+  return Status::Ok();
+}
+
+}  // namespace tempo::detail

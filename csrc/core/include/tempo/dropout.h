@@ -1,0 +1,58 @@
+// Dropout with a 1-bit packed mask, or with no stored mask at all: the keep bit of element i
+// is drawn by Philox from (seed, offset, i) (math/philox.h), so "bits" mode stores it packed
+// and "philox" mode regenerates it in backward. y = x * keep / (1 - p), p = 1 gives zeros.
+// The same (seed, offset) gives the same mask on CPU and CUDA.
+#pragma once
+
+#include "tempo/common.h"
+
+namespace tempo {
+
+enum class DropoutMode : int32_t { kBits = 0, kPhilox = 1 };
+
+// Where the keep bits come from: Philox key `seed`, counter high word `offset`.
+// CUDA kernels read (seed, offset) from `device`, when set, instead of the two fields: the
+// backward then needs no copy of the state to the host.
+struct PhiloxState {
+  uint64_t seed = 0;
+  uint64_t offset = 0;
+  const uint64_t* device = nullptr;  // CUDA only: {seed, offset} in device memory
+};
+
+// Bit (i % 8) of byte (i / 8) is element i's keep bit, as for the activation masks.
+TEMPO_HD int64_t dropout_mask_bytes(int64_t numel) { return (numel + 7) / 8; }
+
+struct DropoutForwardParams {
+  DType dtype = DType::kFloat32;
+  const void* x = nullptr;  // numel elements, contiguous
+  void* y = nullptr;        // out: numel elements
+  uint8_t* mask = nullptr;  // out, optional: dropout_mask_bytes(numel) packed keep bits
+  double p = 0.5;           // drop probability in [0, 1]
+  PhiloxState rng;
+  int64_t numel = 0;
+};
+
+struct DropoutBackwardParams {
+  DType dtype = DType::kFloat32;
+  const void* grad_y = nullptr;
+  void* grad_x = nullptr;         // out: grad_y * keep / (1 - p); may alias grad_y
+  const uint8_t* mask = nullptr;  // the forward's bits; null: regenerate them from rng
+  double p = 0.5;
+  PhiloxState rng;
+  int64_t numel = 0;
+};
+
+Status dropout_forward_cpu(const DropoutForwardParams& p);
+Status dropout_backward_cpu(const DropoutBackwardParams& p);
+Status dropout_forward_cuda(const DropoutForwardParams& p, void* stream);
+Status dropout_backward_cuda(const DropoutBackwardParams& p, void* stream);
+
+// The scale applied to kept elements: 1 / (1 - p), and 0 for p = 1.
+TEMPO_HD float dropout_scale(double p) { return p < 1.0 ? static_cast<float>(1.0 / (1.0 - p)) : 0.0f; }
+
+namespace detail {
+Status validate(const DropoutForwardParams& p);
+Status validate(const DropoutBackwardParams& p);
+}  // namespace detail
+
+}  // namespace tempo

@@ -1,0 +1,40 @@
+// Autograd kernel of tempo::dropout: saves the packed keep bits ("bits") or only the
+// 16-byte Philox state ("philox"), never x or a byte mask.
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/library.h>
+
+#include "tempo/ops/dropout.h"
+
+namespace tempo {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+class DropoutFunction : public torch::autograd::Function<DropoutFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, double p, c10::string_view mode) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto [y, mask, state] = dropout_forward(x, p, mode);
+    ctx->save_for_backward({mask, state});
+    ctx->saved_data["p"] = p;
+    ctx->saved_data["mode"] = std::string(mode);
+    return y;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto s = ctx->get_saved_variables();
+    at::Tensor gx = dropout_backward(grads[0], s[0], s[1], ctx->saved_data["p"].toDouble(),
+                                     ctx->saved_data["mode"].toStringRef());
+    return {gx, at::Tensor(), at::Tensor()};
+  }
+};
+
+at::Tensor dropout_autograd(const at::Tensor& x, double p, c10::string_view mode) {
+  return DropoutFunction::apply(x, p, mode);
+}
+
+}  // namespace
+}  // namespace tempo
+
+TORCH_LIBRARY_IMPL(tempo, Autograd, m) { m.impl("dropout", tempo::dropout_autograd); }

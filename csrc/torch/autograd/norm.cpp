@@ -1,0 +1,112 @@
+// Autograd kernels of tempo::layer_norm, tempo::rms_norm and
+// tempo::bias_dropout_add_layer_norm: C++ autograd Functions at the Autograd key. Each saves
+// y (the tensor the next layer keeps anyway), rstd (4 bytes per row), the parameters and,
+// for the fused op, the dropout bits or the 16-byte Philox state. Never x.
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/library.h>
+
+#include "tempo/ops/norm.h"
+
+namespace tempo {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+std::optional<at::Tensor> opt(const at::Tensor& t) {
+  return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
+}
+at::Tensor defined_or_empty(const std::optional<at::Tensor>& t) { return t.has_value() ? *t : at::Tensor(); }
+// Absent gradients come from the ops as empty tensors: undefined for autograd.
+at::Tensor grad_or_none(const at::Tensor& g, bool present) { return present ? g : at::Tensor(); }
+
+class LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, at::IntArrayRef shape,
+                            const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+                            double eps) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto [y, rstd] = layer_norm_forward(x, shape, weight, bias, eps);
+    ctx->save_for_backward({y, rstd, defined_or_empty(weight), defined_or_empty(bias)});
+    ctx->saved_data["shape"] = shape.vec();
+    return y;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto s = ctx->get_saved_variables();
+    const auto shape = ctx->saved_data["shape"].toIntVector();
+    auto [gx, gw, gb] = layer_norm_backward(grads[0], s[0], s[1], shape, opt(s[2]), opt(s[3]));
+    return {gx, at::Tensor(), grad_or_none(gw, s[2].defined()), grad_or_none(gb, s[3].defined()), at::Tensor()};
+  }
+};
+
+class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, at::IntArrayRef shape,
+                            const std::optional<at::Tensor>& weight, std::optional<double> eps) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto [y, rstd] = rms_norm_forward(x, shape, weight, eps);
+    ctx->save_for_backward({y, rstd, defined_or_empty(weight)});
+    ctx->saved_data["shape"] = shape.vec();
+    return y;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto s = ctx->get_saved_variables();
+    const auto shape = ctx->saved_data["shape"].toIntVector();
+    auto [gx, gw] = rms_norm_backward(grads[0], s[0], s[1], shape, opt(s[2]));
+    return {gx, at::Tensor(), grad_or_none(gw, s[2].defined()), at::Tensor()};
+  }
+};
+
+class BiasDropoutAddLayerNormFunction : public torch::autograd::Function<BiasDropoutAddLayerNormFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const std::optional<at::Tensor>& bias,
+                            const at::Tensor& residual, double p, const std::optional<at::Tensor>& weight,
+                            const std::optional<at::Tensor>& beta, double eps, c10::string_view mode) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto [y, rstd, mask, state] = bias_dropout_add_layer_norm_forward(x, bias, residual, p, weight, beta, eps, mode);
+    ctx->save_for_backward({y, rstd, mask, state, defined_or_empty(weight), defined_or_empty(beta)});
+    ctx->saved_data["p"] = p;
+    ctx->saved_data["mode"] = std::string(mode);
+    ctx->saved_data["has_bias"] = bias.has_value() && bias->defined();
+    return y;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto s = ctx->get_saved_variables();
+    const bool has_bias = ctx->saved_data["has_bias"].toBool();
+    auto [gx, gbias, gres, gw, gbeta] =
+        bias_dropout_add_layer_norm_backward(grads[0], s[0], s[1], s[2], s[3], ctx->saved_data["p"].toDouble(),
+                                             ctx->saved_data["mode"].toStringRef(), opt(s[4]), opt(s[5]), has_bias);
+    return {gx,
+            grad_or_none(gbias, has_bias),
+            gres,
+            at::Tensor(),
+            grad_or_none(gw, s[4].defined()),
+            grad_or_none(gbeta, s[5].defined()),
+            at::Tensor(),
+            at::Tensor()};
+  }
+};
+
+at::Tensor layer_norm_autograd(const at::Tensor& x, at::IntArrayRef shape, const std::optional<at::Tensor>& weight,
+                               const std::optional<at::Tensor>& bias, double eps) {
+  return LayerNormFunction::apply(x, shape, weight, bias, eps);
+}
+at::Tensor rms_norm_autograd(const at::Tensor& x, at::IntArrayRef shape, const std::optional<at::Tensor>& weight,
+                             std::optional<double> eps) {
+  return RmsNormFunction::apply(x, shape, weight, eps);
+}
+at::Tensor bdrln_autograd(const at::Tensor& x, const std::optional<at::Tensor>& bias, const at::Tensor& residual,
+                          double p, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& beta,
+                          double eps, c10::string_view mode) {
+  return BiasDropoutAddLayerNormFunction::apply(x, bias, residual, p, weight, beta, eps, mode);
+}
+
+}  // namespace
+}  // namespace tempo
+
+TORCH_LIBRARY_IMPL(tempo, Autograd, m) {
+  m.impl("layer_norm", tempo::layer_norm_autograd);
+  m.impl("rms_norm", tempo::rms_norm_autograd);
+  m.impl("bias_dropout_add_layer_norm", tempo::bdrln_autograd);
+}

@@ -1,0 +1,52 @@
+// C++ API of tempo's in-place norms. Values and gradients as torch's layer_norm / rms_norm;
+// the backward keeps only the output y (shared with the next layer), one rstd per row and
+// the parameters, and recovers xhat from y (see tempo/norm.h for the gamma-near-zero rule).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/string_view.h>
+
+#include <optional>
+#include <tuple>
+
+namespace tempo {
+
+at::Tensor layer_norm(const at::Tensor& x, at::IntArrayRef normalized_shape,
+                      const std::optional<at::Tensor>& weight = std::nullopt,
+                      const std::optional<at::Tensor>& bias = std::nullopt, double eps = 1e-5);
+// eps = nullopt: the machine epsilon of x's dtype, as torch's rms_norm.
+at::Tensor rms_norm(const at::Tensor& x, at::IntArrayRef normalized_shape,
+                    const std::optional<at::Tensor>& weight = std::nullopt, std::optional<double> eps = std::nullopt);
+// LayerNorm(residual + dropout(x + bias)) over the last dimension, in one pass; keeps y,
+// rstd and the dropout bits ("bits") or the Philox state ("philox"). !train or p = 0: no dropout.
+at::Tensor bias_dropout_add_layer_norm(const at::Tensor& x, const std::optional<at::Tensor>& bias,
+                                       const at::Tensor& residual, double p,
+                                       const std::optional<at::Tensor>& weight,
+                                       const std::optional<at::Tensor>& beta, double eps = 1e-5,
+                                       c10::string_view mode = "bits", bool train = true);
+
+// The forward/backward ops. Absent gradients come back as empty (numel 0) tensors.
+std::tuple<at::Tensor, at::Tensor> layer_norm_forward(const at::Tensor& x, at::IntArrayRef normalized_shape,
+                                                      const std::optional<at::Tensor>& weight,
+                                                      const std::optional<at::Tensor>& bias, double eps);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward(const at::Tensor& grad, const at::Tensor& y,
+                                                                   const at::Tensor& rstd,
+                                                                   at::IntArrayRef normalized_shape,
+                                                                   const std::optional<at::Tensor>& weight,
+                                                                   const std::optional<at::Tensor>& bias);
+std::tuple<at::Tensor, at::Tensor> rms_norm_forward(const at::Tensor& x, at::IntArrayRef normalized_shape,
+                                                    const std::optional<at::Tensor>& weight, std::optional<double> eps);
+std::tuple<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& grad, const at::Tensor& y,
+                                                     const at::Tensor& rstd, at::IntArrayRef normalized_shape,
+                                                     const std::optional<at::Tensor>& weight);
+// (y, rstd, mask, state)
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bias_dropout_add_layer_norm_forward(
+    const at::Tensor& x, const std::optional<at::Tensor>& bias, const at::Tensor& residual, double p,
+    const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& beta, double eps, c10::string_view mode);
+// (grad_x, grad_bias, grad_residual, grad_weight, grad_beta)
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> bias_dropout_add_layer_norm_backward(
+    const at::Tensor& grad, const at::Tensor& y, const at::Tensor& rstd, const at::Tensor& mask,
+    const at::Tensor& state, double p, c10::string_view mode, const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& beta, bool has_bias);
+
+}  // namespace tempo

@@ -1,0 +1,407 @@
+// Schemas, kernels and C++ API of tempo::layer_norm, tempo::rms_norm and
+// tempo::bias_dropout_add_layer_norm. Device-generic kernels (CompositeExplicitAutograd):
+// check, allocate, hand the core pointers and the stream; on Meta/fake tensors only allocate.
+// The autograd kernels are in ../autograd/norm.cpp.
+#include "tempo/ops/norm.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
+
+#include "common.h"
+#include "dtype.h"
+#include "tempo/norm.h"
+
+TORCH_LIBRARY_FRAGMENT(tempo, m) {
+  m.def("layer_norm(Tensor x, int[] normalized_shape, Tensor? weight=None, Tensor? bias=None, float eps=1e-05) -> Tensor");
+  m.def("layer_norm_forward(Tensor x, int[] normalized_shape, Tensor? weight, Tensor? bias, float eps) -> (Tensor, Tensor)");
+  m.def("layer_norm_backward(Tensor grad, Tensor y, Tensor rstd, int[] normalized_shape, Tensor? weight, Tensor? bias) "
+        "-> (Tensor, Tensor, Tensor)");
+  m.def("rms_norm(Tensor x, int[] normalized_shape, Tensor? weight=None, float? eps=None) -> Tensor");
+  m.def("rms_norm_forward(Tensor x, int[] normalized_shape, Tensor? weight, float? eps) -> (Tensor, Tensor)");
+  m.def("rms_norm_backward(Tensor grad, Tensor y, Tensor rstd, int[] normalized_shape, Tensor? weight) "
+        "-> (Tensor, Tensor)");
+  m.def("bias_dropout_add_layer_norm(Tensor x, Tensor? bias, Tensor residual, float p, Tensor? weight, Tensor? beta, "
+        "float eps=1e-05, str mode='bits') -> Tensor", {at::Tag::nondeterministic_seeded});
+  m.def("bias_dropout_add_layer_norm_forward(Tensor x, Tensor? bias, Tensor residual, float p, Tensor? weight, "
+        "Tensor? beta, float eps, str mode) -> (Tensor, Tensor, Tensor, Tensor)", {at::Tag::nondeterministic_seeded});
+  m.def("bias_dropout_add_layer_norm_backward(Tensor grad, Tensor y, Tensor rstd, Tensor mask, Tensor state, float p, "
+        "str mode, Tensor? weight, Tensor? beta, bool has_bias) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+}
+
+namespace tempo {
+namespace {
+using namespace torch_impl;
+
+const at::Tensor* get(const std::optional<at::Tensor>& t) { return t.has_value() && t->defined() ? &*t : nullptr; }
+
+// Rows and columns of x normalised over its trailing `normalized_shape`; checks shapes.
+std::pair<c10::SymInt, int64_t> rows_cols(const at::Tensor& x, at::IntArrayRef shape, const char* op) {
+  TORCH_CHECK(!shape.empty(), op, ": argument 'normalized_shape' must not be empty");
+  const int64_t k = static_cast<int64_t>(shape.size());
+  TORCH_CHECK(x.dim() >= k, op, ": argument 'normalized_shape' ", shape, " has more dimensions than x ",
+              x.sym_sizes());
+  int64_t cols = 1;
+  for (int64_t i = 0; i < k; ++i) {
+    TORCH_CHECK(x.sym_size(x.dim() - k + i) == shape[i], op, ": argument 'normalized_shape' ", shape,
+                " does not match the trailing dimensions of x ", x.sym_sizes());
+    cols *= shape[i];
+  }
+  c10::SymInt rows = 1;
+  for (int64_t i = 0; i < x.dim() - k; ++i) rows = rows * x.sym_size(i);
+  return {rows, cols};
+}
+
+void check_param(const at::Tensor* t, const at::Tensor& x, at::IntArrayRef shape, const char* op, const char* arg) {
+  if (!t) return;
+  check_floating(*t, op, arg);
+  check_like(*t, x, op, arg);
+  TORCH_CHECK(t->sizes() == shape, op, ": argument '", arg, "' must have shape ", shape, " (normalized_shape), got ",
+              t->sizes());
+}
+
+const void* data_or_null(const at::Tensor* t, at::Tensor& keep) {
+  if (!t) return nullptr;
+  keep = t->contiguous();
+  return keep.const_data_ptr();
+}
+
+at::ScalarType acc_type(const at::Tensor& x) { return x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat; }
+
+std::tuple<at::Tensor, at::Tensor> norm_forward(NormKind kind, const at::Tensor& x, at::IntArrayRef shape,
+                                                const at::Tensor* w, const at::Tensor* b, double eps,
+                                                const char* op) {
+  check_floating(x, op, "x");
+  check_device(x, op, "x");
+  const auto [rows, cols] = rows_cols(x, shape, op);
+  check_param(w, x, shape, op, "weight");
+  check_param(b, x, shape, op, "bias");
+  TORCH_CHECK(eps >= 0.0, op, ": argument 'eps' must be non-negative, got ", eps);
+  at::Tensor y = at::empty_like(x, at::MemoryFormat::Contiguous);
+  at::Tensor rstd = at::empty_symint({rows}, x.options().dtype(acc_type(x)));
+  if (x.is_meta() || x.numel() == 0) return {y, rstd};
+  c10::OptionalDeviceGuard guard(x.device());
+  const at::Tensor xc = x.contiguous();
+  at::Tensor wc, bc;
+  NormForwardParams prm;
+  prm.kind = kind;
+  prm.dtype = to_core_dtype(x.scalar_type());
+  prm.x = xc.const_data_ptr();
+  prm.weight = data_or_null(w, wc);
+  prm.bias = data_or_null(b, bc);
+  prm.y = y.mutable_data_ptr();
+  prm.rstd = rstd.mutable_data_ptr();
+  prm.rows = rows.expect_int();
+  prm.cols = cols;
+  prm.eps = eps;
+  raise_if_error(x.is_cuda() ? norm_forward_cuda(prm, stream_of(x)) : norm_forward_cpu(prm), op);
+  return {y, rstd};
+}
+
+// Backward of either norm, with or without the bias-dropout-residual prologue. Outputs
+// (grad_x, grad_weight, grad_bias, grad_residual, grad_pre_bias); absent ones are empty.
+struct BackwardOut {
+  at::Tensor dx, dw, db, dres, dpb;
+};
+
+BackwardOut norm_backward(NormKind kind, const at::Tensor& grad, const at::Tensor& y, const at::Tensor& rstd,
+                          int64_t cols, const at::Tensor* w, const at::Tensor* b, const NormPrologue* prologue,
+                          bool has_pre_bias, const at::Tensor* mask, const char* op) {
+  check_floating(grad, op, "grad");
+  check_floating(y, op, "y");
+  check_device(y, op, "y");
+  check_like(grad, y, op, "grad");
+  TORCH_CHECK(grad.sym_sizes() == y.sym_sizes(), op, ": argument 'grad' must have the shape of y ", y.sym_sizes(),
+              ", got ", grad.sym_sizes());
+  TORCH_CHECK(cols > 0 && y.sym_numel() % cols == 0, op, ": y does not hold whole rows of ", cols, " elements");
+  const c10::SymInt rows = y.sym_numel() / cols;
+  TORCH_CHECK(rstd.scalar_type() == acc_type(y) && rstd.sym_numel() == rows && rstd.device() == y.device(), op,
+              ": argument 'rstd' must hold ", rows, " ", acc_type(y), " values on ", y.device(), ", got ",
+              rstd.scalar_type(), " of shape ", rstd.sym_sizes());
+  if (w) check_like(*w, y, op, "weight");
+  if (b) check_like(*b, y, op, "bias");
+  const auto opts = y.options();
+  BackwardOut out;
+  out.dx = at::empty_like(y, at::MemoryFormat::Contiguous);
+  out.dw = w ? at::empty({cols}, opts) : at::empty({0}, opts);
+  out.db = b ? at::empty({cols}, opts) : at::empty({0}, opts);
+  out.dres = prologue ? at::empty_like(y, at::MemoryFormat::Contiguous) : at::empty({0}, opts);
+  out.dpb = has_pre_bias ? at::empty({cols}, opts) : at::empty({0}, opts);
+  if (y.is_meta()) return out;
+  c10::OptionalDeviceGuard guard(y.device());
+  const at::Tensor gc = grad.contiguous(), yc = y.contiguous(), rc = rstd.contiguous();
+  at::Tensor wc, bc;
+  NormBackwardParams prm;
+  prm.kind = kind;
+  prm.dtype = to_core_dtype(y.scalar_type());
+  prm.grad_y = gc.const_data_ptr();
+  prm.y = yc.const_data_ptr();
+  prm.rstd = rc.const_data_ptr();
+  prm.weight = data_or_null(w, wc);
+  prm.bias = data_or_null(b, bc);
+  if (prologue) prm.prologue = *prologue;
+  prm.mask = mask && mask->numel() > 0 ? mask->const_data_ptr<uint8_t>() : nullptr;
+  prm.grad_x = out.dx.mutable_data_ptr();
+  prm.grad_weight = w ? out.dw.mutable_data_ptr() : nullptr;
+  prm.grad_bias = b ? out.db.mutable_data_ptr() : nullptr;
+  prm.grad_residual = prologue ? out.dres.mutable_data_ptr() : nullptr;
+  prm.grad_pre_bias = has_pre_bias ? out.dpb.mutable_data_ptr() : nullptr;
+  prm.rows = rows.expect_int();
+  prm.cols = cols;
+  at::Tensor workspace;
+  if (y.is_cuda()) {
+    workspace = at::empty({norm_backward_workspace_elems(prm.rows, cols)}, opts.dtype(acc_type(y)));
+    prm.workspace = workspace.mutable_data_ptr();
+  }
+  raise_if_error(y.is_cuda() ? norm_backward_cuda(prm, stream_of(y)) : norm_backward_cpu(prm), op);
+  return out;
+}
+
+int64_t numel_of(at::IntArrayRef shape) {
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
+  return n;
+}
+
+// ---- layer_norm / rms_norm ----------------------------------------------------------------
+
+std::tuple<at::Tensor, at::Tensor> layer_norm_forward_kernel(const at::Tensor& x, at::IntArrayRef shape,
+                                                             const std::optional<at::Tensor>& weight,
+                                                             const std::optional<at::Tensor>& bias, double eps) {
+  return norm_forward(NormKind::kLayerNorm, x, shape, get(weight), get(bias), eps, "tempo::layer_norm");
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward_kernel(const at::Tensor& grad, const at::Tensor& y,
+                                                                          const at::Tensor& rstd, at::IntArrayRef shape,
+                                                                          const std::optional<at::Tensor>& weight,
+                                                                          const std::optional<at::Tensor>& bias) {
+  const char* op = "tempo::layer_norm_backward";
+  const auto* w = get(weight);
+  const auto* b = get(bias);
+  if (w) TORCH_CHECK(w->sizes() == shape, op, ": argument 'weight' must have shape ", shape);
+  if (b) TORCH_CHECK(b->sizes() == shape, op, ": argument 'bias' must have shape ", shape);
+  BackwardOut o = norm_backward(NormKind::kLayerNorm, grad, y, rstd, numel_of(shape), w, b, nullptr, false, nullptr, op);
+  return {o.dx, o.dw.view(w ? shape : at::IntArrayRef{0}), o.db.view(b ? shape : at::IntArrayRef{0})};
+}
+
+double rms_eps(const at::Tensor& x, std::optional<double> eps) {
+  if (eps.has_value()) return *eps;
+  switch (x.scalar_type()) {
+    case at::kDouble: return std::numeric_limits<double>::epsilon();
+    case at::kBFloat16: return 0.0078125;
+    case at::kHalf: return 0.0009765625;
+    default: return std::numeric_limits<float>::epsilon();
+  }
+}
+
+std::tuple<at::Tensor, at::Tensor> rms_norm_forward_kernel(const at::Tensor& x, at::IntArrayRef shape,
+                                                           const std::optional<at::Tensor>& weight,
+                                                           std::optional<double> eps) {
+  check_floating(x, "tempo::rms_norm", "x");
+  return norm_forward(NormKind::kRmsNorm, x, shape, get(weight), nullptr, rms_eps(x, eps), "tempo::rms_norm");
+}
+
+std::tuple<at::Tensor, at::Tensor> rms_norm_backward_kernel(const at::Tensor& grad, const at::Tensor& y,
+                                                            const at::Tensor& rstd, at::IntArrayRef shape,
+                                                            const std::optional<at::Tensor>& weight) {
+  const char* op = "tempo::rms_norm_backward";
+  const auto* w = get(weight);
+  if (w) TORCH_CHECK(w->sizes() == shape, op, ": argument 'weight' must have shape ", shape);
+  BackwardOut o = norm_backward(NormKind::kRmsNorm, grad, y, rstd, numel_of(shape), w, nullptr, nullptr, false, nullptr, op);
+  return {o.dx, o.dw.view(w ? shape : at::IntArrayRef{0})};
+}
+
+at::Tensor layer_norm_kernel(const at::Tensor& x, at::IntArrayRef shape, const std::optional<at::Tensor>& weight,
+                             const std::optional<at::Tensor>& bias, double eps) {
+  return std::get<0>(layer_norm_forward_kernel(x, shape, weight, bias, eps));
+}
+at::Tensor rms_norm_kernel(const at::Tensor& x, at::IntArrayRef shape, const std::optional<at::Tensor>& weight,
+                           std::optional<double> eps) {
+  return std::get<0>(rms_norm_forward_kernel(x, shape, weight, eps));
+}
+
+// ---- bias_dropout_add_layer_norm ----------------------------------------------------------
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bdrln_forward_kernel(
+    const at::Tensor& x, const std::optional<at::Tensor>& bias, const at::Tensor& residual, double p,
+    const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& beta, double eps,
+    c10::string_view mode_name) {
+  const char* op = "tempo::bias_dropout_add_layer_norm";
+  check_floating(x, op, "x");
+  check_device(x, op, "x");
+  TORCH_CHECK(x.dim() >= 1, op, ": argument 'x' must have at least one dimension");
+  check_floating(residual, op, "residual");
+  check_like(residual, x, op, "residual");
+  TORCH_CHECK(residual.sym_sizes() == x.sym_sizes(), op, ": argument 'residual' must have the shape of x ",
+              x.sym_sizes(), ", got ", residual.sym_sizes());
+  check_probability(p, op, "p");
+  const DropoutMode mode = dropout_mode(mode_name, op);
+  const int64_t cols = x.size(-1);
+  const std::vector<int64_t> shape{cols};
+  const auto* pb = get(bias);
+  check_param(pb, x, shape, op, "bias");
+  check_param(get(weight), x, shape, op, "weight");
+  check_param(get(beta), x, shape, op, "beta");
+  TORCH_CHECK(eps >= 0.0, op, ": argument 'eps' must be non-negative, got ", eps);
+  const c10::SymInt rows = x.sym_numel() / std::max<int64_t>(cols, 1);
+  at::Tensor y = at::empty_like(x, at::MemoryFormat::Contiguous);
+  at::Tensor rstd = at::empty_symint({rows}, x.options().dtype(acc_type(x)));
+  const bool dropout = p > 0.0;
+  const auto mask_len = dropout && mode == DropoutMode::kBits ? (x.sym_numel() + 7) / 8 : c10::SymInt(0);
+  at::Tensor mask = at::empty_symint({mask_len}, x.options().dtype(at::kByte));
+  at::Tensor state = dropout ? draw_philox_state(x) : at::zeros({2}, x.options().dtype(at::kLong));
+  if (x.is_meta() || x.numel() == 0) return {y, rstd, mask, state};
+  c10::OptionalDeviceGuard guard(x.device());
+  const at::Tensor xc = x.contiguous(), rc = residual.contiguous();
+  at::Tensor pbc, wc, bc;
+  NormForwardParams prm;
+  prm.kind = NormKind::kLayerNorm;
+  prm.dtype = to_core_dtype(x.scalar_type());
+  prm.x = xc.const_data_ptr();
+  prm.weight = data_or_null(get(weight), wc);
+  prm.bias = data_or_null(get(beta), bc);
+  prm.prologue.residual = rc.const_data_ptr();
+  prm.prologue.bias = data_or_null(pb, pbc);
+  prm.prologue.p = p;
+  prm.prologue.mode = mode;
+  const at::Tensor host_state = state.cpu();
+  prm.prologue.rng.seed = static_cast<uint64_t>(host_state.const_data_ptr<int64_t>()[0]);
+  prm.prologue.rng.offset = static_cast<uint64_t>(host_state.const_data_ptr<int64_t>()[1]);
+  prm.y = y.mutable_data_ptr();
+  prm.rstd = rstd.mutable_data_ptr();
+  prm.mask = mask.numel() > 0 ? mask.mutable_data_ptr<uint8_t>() : nullptr;
+  prm.rows = rows.expect_int();
+  prm.cols = cols;
+  prm.eps = eps;
+  raise_if_error(x.is_cuda() ? norm_forward_cuda(prm, stream_of(x)) : norm_forward_cpu(prm), op);
+  return {y, rstd, mask, state};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> bdrln_backward_kernel(
+    const at::Tensor& grad, const at::Tensor& y, const at::Tensor& rstd, const at::Tensor& mask,
+    const at::Tensor& state, double p, c10::string_view mode_name, const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& beta, bool has_bias) {
+  const char* op = "tempo::bias_dropout_add_layer_norm_backward";
+  check_probability(p, op, "p");
+  const DropoutMode mode = dropout_mode(mode_name, op);
+  TORCH_CHECK(y.dim() >= 1, op, ": argument 'y' must have at least one dimension");
+  const bool bits = p > 0.0 && mode == DropoutMode::kBits;
+  if (bits)
+    TORCH_CHECK(mask.scalar_type() == at::kByte && mask.sym_numel() == (y.sym_numel() + 7) / 8 &&
+                    mask.device() == y.device(),
+                op, ": argument 'mask' must hold ceil(numel / 8) uint8 on the device of y");
+  NormPrologue pr;
+  pr.p = p;
+  pr.mode = mode;
+  if (p > 0.0 && !bits) pr.rng = philox_state_of(state, op);
+  BackwardOut o = norm_backward(NormKind::kLayerNorm, grad, y, rstd, y.size(-1), get(weight), get(beta), &pr,
+                                has_bias, bits ? &mask : nullptr, op);
+  return {o.dx, o.dpb, o.dres, o.dw, o.db};
+}
+
+at::Tensor bdrln_kernel(const at::Tensor& x, const std::optional<at::Tensor>& bias, const at::Tensor& residual,
+                        double p, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& beta,
+                        double eps, c10::string_view mode) {
+  return std::get<0>(bdrln_forward_kernel(x, bias, residual, p, weight, beta, eps, mode));
+}
+
+}  // namespace
+
+// ---- C++ API ------------------------------------------------------------------------------
+
+at::Tensor layer_norm(const at::Tensor& x, at::IntArrayRef shape, const std::optional<at::Tensor>& weight,
+                      const std::optional<at::Tensor>& bias, double eps) {
+  static auto op = op_handle<at::Tensor(const at::Tensor&, at::IntArrayRef, const std::optional<at::Tensor>&,
+                                        const std::optional<at::Tensor>&, double)>("tempo::layer_norm");
+  return op.call(x, shape, weight, bias, eps);
+}
+
+at::Tensor rms_norm(const at::Tensor& x, at::IntArrayRef shape, const std::optional<at::Tensor>& weight,
+                    std::optional<double> eps) {
+  static auto op = op_handle<at::Tensor(const at::Tensor&, at::IntArrayRef, const std::optional<at::Tensor>&,
+                                        std::optional<double>)>("tempo::rms_norm");
+  return op.call(x, shape, weight, eps);
+}
+
+at::Tensor bias_dropout_add_layer_norm(const at::Tensor& x, const std::optional<at::Tensor>& bias,
+                                       const at::Tensor& residual, double p, const std::optional<at::Tensor>& weight,
+                                       const std::optional<at::Tensor>& beta, double eps, c10::string_view mode,
+                                       bool train) {
+  check_probability(p, "tempo::bias_dropout_add_layer_norm", "p");
+  static auto op = op_handle<at::Tensor(const at::Tensor&, const std::optional<at::Tensor>&, const at::Tensor&, double,
+                                        const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, double,
+                                        c10::string_view)>("tempo::bias_dropout_add_layer_norm");
+  return op.call(x, bias, residual, train ? p : 0.0, weight, beta, eps, mode);
+}
+
+std::tuple<at::Tensor, at::Tensor> layer_norm_forward(const at::Tensor& x, at::IntArrayRef shape,
+                                                      const std::optional<at::Tensor>& weight,
+                                                      const std::optional<at::Tensor>& bias, double eps) {
+  static auto op = op_handle<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, at::IntArrayRef,
+                                                                const std::optional<at::Tensor>&,
+                                                                const std::optional<at::Tensor>&, double)>(
+      "tempo::layer_norm_forward");
+  return op.call(x, shape, weight, bias, eps);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward(const at::Tensor& grad, const at::Tensor& y,
+                                                                   const at::Tensor& rstd, at::IntArrayRef shape,
+                                                                   const std::optional<at::Tensor>& weight,
+                                                                   const std::optional<at::Tensor>& bias) {
+  static auto op = op_handle<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, at::IntArrayRef, const std::optional<at::Tensor>&,
+      const std::optional<at::Tensor>&)>("tempo::layer_norm_backward");
+  return op.call(grad, y, rstd, shape, weight, bias);
+}
+
+std::tuple<at::Tensor, at::Tensor> rms_norm_forward(const at::Tensor& x, at::IntArrayRef shape,
+                                                    const std::optional<at::Tensor>& weight, std::optional<double> eps) {
+  static auto op = op_handle<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, at::IntArrayRef,
+                                                                const std::optional<at::Tensor>&,
+                                                                std::optional<double>)>("tempo::rms_norm_forward");
+  return op.call(x, shape, weight, eps);
+}
+
+std::tuple<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& grad, const at::Tensor& y,
+                                                     const at::Tensor& rstd, at::IntArrayRef shape,
+                                                     const std::optional<at::Tensor>& weight) {
+  static auto op = op_handle<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
+                                                                const at::Tensor&, at::IntArrayRef,
+                                                                const std::optional<at::Tensor>&)>(
+      "tempo::rms_norm_backward");
+  return op.call(grad, y, rstd, shape, weight);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bias_dropout_add_layer_norm_forward(
+    const at::Tensor& x, const std::optional<at::Tensor>& bias, const at::Tensor& residual, double p,
+    const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& beta, double eps, c10::string_view mode) {
+  static auto op = op_handle<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
+      const at::Tensor&, const std::optional<at::Tensor>&, const at::Tensor&, double, const std::optional<at::Tensor>&,
+      const std::optional<at::Tensor>&, double, c10::string_view)>("tempo::bias_dropout_add_layer_norm_forward");
+  return op.call(x, bias, residual, p, weight, beta, eps, mode);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> bias_dropout_add_layer_norm_backward(
+    const at::Tensor& grad, const at::Tensor& y, const at::Tensor& rstd, const at::Tensor& mask,
+    const at::Tensor& state, double p, c10::string_view mode, const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& beta, bool has_bias) {
+  static auto op = op_handle<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
+      c10::string_view, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, bool)>(
+      "tempo::bias_dropout_add_layer_norm_backward");
+  return op.call(grad, y, rstd, mask, state, p, mode, weight, beta, has_bias);
+}
+
+}  // namespace tempo
+
+TORCH_LIBRARY_IMPL(tempo, CompositeExplicitAutograd, m) {
+  m.impl("layer_norm", tempo::layer_norm_kernel);
+  m.impl("layer_norm_forward", tempo::layer_norm_forward_kernel);
+  m.impl("layer_norm_backward", tempo::layer_norm_backward_kernel);
+  m.impl("rms_norm", tempo::rms_norm_kernel);
+  m.impl("rms_norm_forward", tempo::rms_norm_forward_kernel);
+  m.impl("rms_norm_backward", tempo::rms_norm_backward_kernel);
+  m.impl("bias_dropout_add_layer_norm", tempo::bdrln_kernel);
+  m.impl("bias_dropout_add_layer_norm_forward", tempo::bdrln_forward_kernel);
+  m.impl("bias_dropout_add_layer_norm_backward", tempo::bdrln_backward_kernel);
+}
