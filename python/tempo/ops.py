@@ -12,3 +12,42 @@ def gelu(x: torch.Tensor, approximate: str = "none", bias: Optional[torch.Tensor
 def silu(x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """SiLU(x + bias), as torch.nn.functional.silu; backward keeps the output and 1 bit per element."""
     return torch.ops.tempo.silu(x, bias)
+
+
+def dropout(x: torch.Tensor, p: float = 0.5, training: bool = True, mode: str = "bits") -> torch.Tensor:
+    """As torch.nn.functional.dropout; the backward keeps 1 bit per element ("bits") or only the
+    16-byte Philox state ("philox"). Identity (x itself) when not training or p == 0."""
+    if not 0.0 <= p <= 1.0:
+        raise ValueError("tempo.dropout: argument 'p' must be a probability in [0, 1], got %r" % (p,))
+    if mode not in ("bits", "philox"):
+        raise ValueError("tempo.dropout: argument 'mode' must be 'bits' or 'philox', got %r" % (mode,))
+    if not training or p == 0.0:
+        return x
+    return torch.ops.tempo.dropout(x, p, mode)
+
+
+def layer_norm(x: torch.Tensor, normalized_shape, weight: Optional[torch.Tensor] = None,
+               bias: Optional[torch.Tensor] = None, eps: float = 1e-5) -> torch.Tensor:
+    """As torch.nn.functional.layer_norm; the backward keeps y and one rstd per row, not x."""
+    return torch.ops.tempo.layer_norm(x, _shape(normalized_shape), weight, bias, eps)
+
+
+def rms_norm(x: torch.Tensor, normalized_shape, weight: Optional[torch.Tensor] = None,
+             eps: Optional[float] = None) -> torch.Tensor:
+    """As torch.nn.functional.rms_norm; the backward keeps y and one rstd per row, not x."""
+    return torch.ops.tempo.rms_norm(x, _shape(normalized_shape), weight, eps)
+
+
+def bias_dropout_add_layer_norm(x: torch.Tensor, bias: Optional[torch.Tensor], residual: torch.Tensor, p: float,
+                                weight: Optional[torch.Tensor], beta: Optional[torch.Tensor], eps: float = 1e-5,
+                                mode: str = "bits", training: bool = True) -> torch.Tensor:
+    """layer_norm(residual + dropout(x + bias)) over the last dimension in one pass; keeps y,
+    rstd and the dropout bits (or Philox state)."""
+    return torch.ops.tempo.bias_dropout_add_layer_norm(x, bias, residual, p if training else 0.0, weight, beta, eps,
+                                                       mode)
+
+
+def _shape(normalized_shape):
+    if isinstance(normalized_shape, int):
+        return [normalized_shape]
+    return list(normalized_shape)

@@ -6,6 +6,7 @@ import torch.nn.functional as F
 
 import tempo
 from reference import DTYPES, VARIANTS, exact, half_ulp, recovery_bound, sweep
+from saved import saved_bytes
 
 NAMES = list(VARIANTS)
 
@@ -100,22 +101,6 @@ def test_torch_compile_full_graph(name):
         for a, p in zip(g_compiled, (*lin1.parameters(), *lin2.parameters())):
             torch.testing.assert_close(a, p.grad)
             p.grad = None
-
-
-def saved_bytes(fn, params=()):
-    """Bytes kept for backward by fn(), counting each storage once, parameters excluded."""
-    storages = {}
-    skip = {p.untyped_storage().data_ptr() for p in params}
-
-    def pack(t):
-        st = t.untyped_storage()
-        if st.data_ptr() not in skip:
-            storages[st.data_ptr()] = st.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = fn()
-    return sum(storages.values()), out
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -19,35 +19,33 @@ constexpr int64_t kParallelMin = 1 << 15;
 
 template <typename T>
 void forward_block(const DropoutForwardParams& p, int64_t start, int64_t end) {
-  using Acc = math::acc_t<T>;
   const T* x = static_cast<const T*>(p.x) + start;
   T* y = static_cast<T*>(p.y) + start;
   const int len = static_cast<int>(end - start);
   uint8_t bytes[kBlock / 8];
   cpu::keep_bits(p.rng, math::keep_threshold(p.p), start, len, bytes);
-  const Acc scale = static_cast<Acc>(dropout_scale(p.p));
+  const DropoutScale scale(p.p);
 #pragma omp simd
   for (int k = 0; k < len; ++k) {
-    const Acc keep = static_cast<Acc>((bytes[k >> 3] >> (k & 7)) & 1);
-    math::store(y + k, math::to_float(x[k]) * (keep * scale));
+    const bool keep = (bytes[k >> 3] >> (k & 7)) & 1;
+    math::store(y + k, scale.apply(math::to_float(x[k]), keep));
   }
   if (p.mask) std::copy(bytes, bytes + (len + 7) / 8, p.mask + start / 8);
 }
 
 template <typename T>
 void backward_block(const DropoutBackwardParams& p, int64_t start, int64_t end) {
-  using Acc = math::acc_t<T>;
   const T* dy = static_cast<const T*>(p.grad_y) + start;
   T* dx = static_cast<T*>(p.grad_x) + start;
   const int len = static_cast<int>(end - start);
   uint8_t regenerated[kBlock / 8];
   const uint8_t* bytes = p.mask ? p.mask + start / 8 : regenerated;
   if (!p.mask) cpu::keep_bits(p.rng, math::keep_threshold(p.p), start, len, regenerated);
-  const Acc scale = static_cast<Acc>(dropout_scale(p.p));
+  const DropoutScale scale(p.p);
 #pragma omp simd
   for (int k = 0; k < len; ++k) {
-    const Acc keep = static_cast<Acc>((bytes[k >> 3] >> (k & 7)) & 1);
-    math::store(dx + k, math::to_float(dy[k]) * (keep * scale));
+    const bool keep = (bytes[k >> 3] >> (k & 7)) & 1;
+    math::store(dx + k, scale.apply(math::to_float(dy[k]), keep));
   }
 }
 

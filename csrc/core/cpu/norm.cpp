@@ -72,7 +72,7 @@ void forward_chunk(const NormForwardParams& p, int64_t r0, int64_t r1, std::vect
   T* y = static_cast<T*>(p.y);
   Acc* rstd_out = static_cast<Acc*>(p.rstd);
   const uint8_t* bits = chunk_bits(p.prologue.residual != nullptr, p.prologue, p.mask, nullptr, r0 * M, r1 * M, local);
-  const Acc scale = static_cast<Acc>(dropout_scale(p.prologue.p));
+  const DropoutScale scale(p.prologue.p);
   h.resize(static_cast<size_t>(M));
   for (int64_t r = r0; r < r1; ++r) {
     const T* xr = x + r * M;
@@ -84,7 +84,7 @@ void forward_chunk(const NormForwardParams& p, int64_t r0, int64_t r1, std::vect
         Acc v = round_to_acc<T>(math::to_float(xr[j]) + (pb ? math::to_float(pb[j]) : Acc(0)));
         if (bits) {
           const int64_t e = base + j;
-          v = round_to_acc<T>(v * (((bits[e >> 3] >> (e & 7)) & 1) ? scale : Acc(0)));
+          v = round_to_acc<T>(scale.apply(v, ((bits[e >> 3] >> (e & 7)) & 1) != 0));
         }
         h[j] = round_to_acc<T>(math::to_float(rr[j]) + v);
       }
@@ -133,7 +133,7 @@ void backward_chunk(const NormBackwardParams& p, int64_t r0, int64_t r1, double*
   T* dres = static_cast<T*>(p.grad_residual);
   const bool prologue = p.grad_residual != nullptr;
   const uint8_t* bits = chunk_bits(prologue, p.prologue, nullptr, p.mask, r0 * M, r1 * M, local);
-  const Acc scale = static_cast<Acc>(dropout_scale(p.prologue.p));
+  const DropoutScale scale(p.prologue.p);
   const Acc xhat_max = static_cast<Acc>(std::sqrt(static_cast<double>(M)));
   double* dw = part;
   double* db = part + M;
@@ -171,7 +171,7 @@ void backward_chunk(const NormBackwardParams& p, int64_t r0, int64_t r1, double*
         Acc d = round_to_acc<T>(dh);
         if (bits) {
           const int64_t e = base + j;
-          d = d * (((bits[e >> 3] >> (e & 7)) & 1) ? scale : Acc(0));
+          d = scale.apply(d, ((bits[e >> 3] >> (e & 7)) & 1) != 0);
         }
         math::store(dxr + j, d);
         dpb[j] += round_to_acc<T>(d);

@@ -8,10 +8,9 @@ namespace tempo {
 namespace {
 
 template <typename T>
-__global__ void dropout_forward_kernel(DropoutForwardParams p, uint64_t threshold, float scale) {
+__global__ void dropout_forward_kernel(DropoutForwardParams p, uint64_t threshold, DropoutScale scale) {
   const T* x = static_cast<const T*>(p.x);
   T* y = static_cast<T*>(p.y);
-  using Acc = math::acc_t<T>;
   const PhiloxState rng = cuda::resolve(p.rng);
   const int64_t bytes = dropout_mask_bytes(p.numel);
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -25,18 +24,16 @@ __global__ void dropout_forward_kernel(DropoutForwardParams p, uint64_t threshol
         bits &= ~(1u << q);
         continue;
       }
-      const Acc keep = static_cast<Acc>((bits >> q) & 1u);
-      math::store(y + i, math::to_float(x[i]) * (keep * static_cast<Acc>(scale)));
+      math::store(y + i, scale.apply(math::to_float(x[i]), ((bits >> q) & 1u) != 0));
     }
     if (p.mask) p.mask[b] = static_cast<uint8_t>(bits);
   }
 }
 
 template <typename T>
-__global__ void dropout_backward_kernel(DropoutBackwardParams p, uint64_t threshold, float scale) {
+__global__ void dropout_backward_kernel(DropoutBackwardParams p, uint64_t threshold, DropoutScale scale) {
   const T* dy = static_cast<const T*>(p.grad_y);
   T* dx = static_cast<T*>(p.grad_x);
-  using Acc = math::acc_t<T>;
   const PhiloxState rng = cuda::resolve(p.rng);
   const int64_t bytes = dropout_mask_bytes(p.numel);
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -47,8 +44,7 @@ __global__ void dropout_backward_kernel(DropoutBackwardParams p, uint64_t thresh
     for (int q = 0; q < 8; ++q) {
       const int64_t i = i0 + q;
       if (i >= p.numel) break;
-      const Acc keep = static_cast<Acc>((bits >> q) & 1u);
-      math::store(dx + i, math::to_float(dy[i]) * (keep * static_cast<Acc>(scale)));
+      math::store(dx + i, scale.apply(math::to_float(dy[i]), ((bits >> q) & 1u) != 0));
     }
   }
 }
@@ -62,7 +58,7 @@ Status dropout_forward_cuda(const DropoutForwardParams& p, void* stream) {
   const int grid = cuda::grid_for(dropout_mask_bytes(p.numel));
   cuda::by_dtype(p.dtype, [&](auto t) {
     dropout_forward_kernel<decltype(t)><<<grid, cuda::kThreads, 0, st>>>(p, math::keep_threshold(p.p),
-                                                                        dropout_scale(p.p));
+                                                                        DropoutScale(p.p));
   });
   return cuda::launch_status("dropout forward");
 }
@@ -74,7 +70,7 @@ Status dropout_backward_cuda(const DropoutBackwardParams& p, void* stream) {
   const int grid = cuda::grid_for(dropout_mask_bytes(p.numel));
   cuda::by_dtype(p.dtype, [&](auto t) {
     dropout_backward_kernel<decltype(t)><<<grid, cuda::kThreads, 0, st>>>(p, math::keep_threshold(p.p),
-                                                                         dropout_scale(p.p));
+                                                                         DropoutScale(p.p));
   });
   return cuda::launch_status("dropout backward");
 }

@@ -42,14 +42,14 @@ __device__ bool keep_bit(const PhiloxState& rng, const uint8_t* mask, int64_t e,
 // or x without the prologue.
 template <typename T>
 __device__ math::acc_t<T> load_h(const NormForwardParams& p, const PhiloxState& rng, int64_t r, int64_t j,
-                                 uint64_t threshold, math::acc_t<T> scale) {
+                                 uint64_t threshold, const DropoutScale& scale) {
   using Acc = math::acc_t<T>;
   const int64_t e = r * p.cols + j;
   const Acc xv = math::to_float(static_cast<const T*>(p.x)[e]);
   if (!p.prologue.residual) return xv;
   const T* pb = static_cast<const T*>(p.prologue.bias);
   Acc v = round_acc<T>(xv + (pb ? math::to_float(pb[j]) : Acc(0)));
-  if (p.prologue.p > 0.0) v = round_acc<T>(v * (keep_bit(rng, p.mask, e, threshold) ? scale : Acc(0)));
+  if (p.prologue.p > 0.0) v = round_acc<T>(scale.apply(v, keep_bit(rng, p.mask, e, threshold)));
   return round_acc<T>(math::to_float(static_cast<const T*>(p.prologue.residual)[e]) + v);
 }
 
@@ -66,10 +66,9 @@ __global__ void mask_kernel(NormPrologue pr, uint8_t* mask, int64_t numel, uint6
 }
 
 template <typename T>
-__global__ void norm_forward_kernel(NormForwardParams p, uint64_t threshold, float scale_f) {
+__global__ void norm_forward_kernel(NormForwardParams p, uint64_t threshold, DropoutScale scale) {
   using Acc = math::acc_t<T>;
   __shared__ Acc shared[32];
-  const Acc scale = static_cast<Acc>(scale_f);
   const PhiloxState rng = cuda::resolve(p.prologue.rng);
   const T* w = static_cast<const T*>(p.weight);
   const T* b = static_cast<const T*>(p.bias);
@@ -100,10 +99,9 @@ __global__ void norm_forward_kernel(NormForwardParams p, uint64_t threshold, flo
 }
 
 template <typename T>
-__global__ void norm_backward_kernel(NormBackwardParams p, uint64_t threshold, float scale_f) {
+__global__ void norm_backward_kernel(NormBackwardParams p, uint64_t threshold, DropoutScale scale) {
   using Acc = math::acc_t<T>;
   __shared__ Acc shared[32];
-  const Acc scale = static_cast<Acc>(scale_f);
   const PhiloxState rng = cuda::resolve(p.prologue.rng);
   const int64_t M = p.cols;
   const T* dy = static_cast<const T*>(p.grad_y);
@@ -140,7 +138,7 @@ __global__ void norm_backward_kernel(NormBackwardParams p, uint64_t threshold, f
       if (prologue) {
         math::store(static_cast<T*>(p.grad_residual) + e, dh);
         Acc d = round_acc<T>(dh);
-        if (dropout) d = d * (keep_bit(rng, p.mask, e, threshold) ? scale : Acc(0));
+        if (dropout) d = scale.apply(d, keep_bit(rng, p.mask, e, threshold));
         math::store(static_cast<T*>(p.grad_x) + e, d);
         part[2 * M + j] += round_acc<T>(d);
       } else {
@@ -183,7 +181,7 @@ Status norm_forward_cuda(const NormForwardParams& p, void* stream) {
   }
   const int grid = static_cast<int>(p.rows < 65535 ? p.rows : 65535);
   cuda::by_dtype(p.dtype, [&](auto t) {
-    norm_forward_kernel<decltype(t)><<<grid, cuda::kThreads, 0, st>>>(q, threshold, dropout_scale(p.prologue.p));
+    norm_forward_kernel<decltype(t)><<<grid, cuda::kThreads, 0, st>>>(q, threshold, DropoutScale(p.prologue.p));
   });
   return cuda::launch_status("norm forward");
 }
@@ -200,7 +198,7 @@ Status norm_backward_cuda(const NormBackwardParams& p, void* stream) {
   const int groups = static_cast<int>(p.rows < kGroups ? (p.rows > 0 ? p.rows : 1) : kGroups);
   cuda::by_dtype(p.dtype, [&](auto t) {
     using T = decltype(t);
-    norm_backward_kernel<T><<<groups, cuda::kThreads, 0, st>>>(q, threshold, dropout_scale(p.prologue.p));
+    norm_backward_kernel<T><<<groups, cuda::kThreads, 0, st>>>(q, threshold, DropoutScale(p.prologue.p));
     column_sum_kernel<T><<<cuda::grid_for(3 * p.cols), cuda::kThreads, 0, st>>>(q, groups);
   });
   return cuda::launch_status("norm backward");

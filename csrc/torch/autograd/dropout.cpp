@@ -16,16 +16,16 @@ class DropoutFunction : public torch::autograd::Function<DropoutFunction> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, double p, c10::string_view mode) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    auto [y, mask, state] = dropout_forward(x, p, mode);
-    ctx->save_for_backward({mask, state});
+    auto [y, keep] = dropout_forward(x, p, mode);
+    ctx->save_for_backward({keep});
     ctx->saved_data["p"] = p;
     ctx->saved_data["mode"] = std::string(mode);
     return y;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto s = ctx->get_saved_variables();
-    at::Tensor gx = dropout_backward(grads[0], s[0], s[1], ctx->saved_data["p"].toDouble(),
-                                     ctx->saved_data["mode"].toStringRef());
+    at::Tensor gx =
+        dropout_backward(grads[0], s[0], ctx->saved_data["p"].toDouble(), ctx->saved_data["mode"].toStringRef());
     return {gx, at::Tensor(), at::Tensor()};
   }
 };

@@ -1,7 +1,7 @@
 // Autograd kernels of tempo::layer_norm, tempo::rms_norm and
 // tempo::bias_dropout_add_layer_norm: C++ autograd Functions at the Autograd key. Each saves
 // y (the tensor the next layer keeps anyway), rstd (4 bytes per row), the parameters and,
-// for the fused op, the dropout bits or the 16-byte Philox state. Never x.
+// for the fused op, the dropout bits or the 16-byte Philox state. Never x or h.
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
@@ -64,8 +64,8 @@ class BiasDropoutAddLayerNormFunction : public torch::autograd::Function<BiasDro
                             const at::Tensor& residual, double p, const std::optional<at::Tensor>& weight,
                             const std::optional<at::Tensor>& beta, double eps, c10::string_view mode) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    auto [y, rstd, mask, state] = bias_dropout_add_layer_norm_forward(x, bias, residual, p, weight, beta, eps, mode);
-    ctx->save_for_backward({y, rstd, mask, state, defined_or_empty(weight), defined_or_empty(beta)});
+    auto [y, rstd, keep] = bias_dropout_add_layer_norm_forward(x, bias, residual, p, weight, beta, eps, mode);
+    ctx->save_for_backward({y, rstd, keep, defined_or_empty(weight), defined_or_empty(beta)});
     ctx->saved_data["p"] = p;
     ctx->saved_data["mode"] = std::string(mode);
     ctx->saved_data["has_bias"] = bias.has_value() && bias->defined();
@@ -75,14 +75,14 @@ class BiasDropoutAddLayerNormFunction : public torch::autograd::Function<BiasDro
     const auto s = ctx->get_saved_variables();
     const bool has_bias = ctx->saved_data["has_bias"].toBool();
     auto [gx, gbias, gres, gw, gbeta] =
-        bias_dropout_add_layer_norm_backward(grads[0], s[0], s[1], s[2], s[3], ctx->saved_data["p"].toDouble(),
-                                             ctx->saved_data["mode"].toStringRef(), opt(s[4]), opt(s[5]), has_bias);
+        bias_dropout_add_layer_norm_backward(grads[0], s[0], s[1], s[2], ctx->saved_data["p"].toDouble(),
+                                             ctx->saved_data["mode"].toStringRef(), opt(s[3]), opt(s[4]), has_bias);
     return {gx,
             grad_or_none(gbias, has_bias),
             gres,
             at::Tensor(),
-            grad_or_none(gw, s[4].defined()),
-            grad_or_none(gbeta, s[5].defined()),
+            grad_or_none(gw, s[3].defined()),
+            grad_or_none(gbeta, s[4].defined()),
             at::Tensor(),
             at::Tensor()};
   }

@@ -46,35 +46,61 @@ DropoutMode dropout_mode(c10::string_view mode, const char* op) {
   TORCH_CHECK(false, op, ": argument 'mode' must be 'bits' or 'philox', got '", std::string(mode), "'");
 }
 
-at::Tensor draw_philox_state(const at::Tensor& like) {
-  const auto opts = like.options().dtype(at::kLong);
-  if (like.is_meta()) return at::empty({2}, opts);
-  uint64_t seed;
+DropoutKeep new_dropout_keep(const at::Tensor& x, double p, DropoutMode mode) {
+  DropoutKeep k;
+  const auto opts = x.options();
+  if (p <= 0.0) {
+    k.keep = at::empty({0}, opts.dtype(at::kByte));
+    return k;
+  }
+  if (mode == DropoutMode::kBits) {
+    k.keep = at::empty_symint({(x.sym_numel() + 7) / 8}, opts.dtype(at::kByte));
+  } else {
+    k.keep = at::empty({2}, opts.dtype(at::kLong));
+  }
+  if (x.is_meta()) return k;
   {
     auto gen = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(gen.mutex());
-    seed = gen.get<at::CPUGeneratorImpl>()->random64();
+    k.rng.seed = gen.get<at::CPUGeneratorImpl>()->random64();
   }
-  at::Tensor state = at::empty({2}, opts.device(at::kCPU));
-  state.mutable_data_ptr<int64_t>()[0] = static_cast<int64_t>(seed);
-  state.mutable_data_ptr<int64_t>()[1] = 0;
-  return like.is_cpu() ? state : state.to(like.device());
+  k.rng.offset = 0;
+  if (mode == DropoutMode::kBits) {
+    k.mask = k.keep.mutable_data_ptr<uint8_t>();
+  } else {
+    at::Tensor host = at::empty({2}, opts.dtype(at::kLong).device(at::kCPU));
+    host.mutable_data_ptr<int64_t>()[0] = static_cast<int64_t>(k.rng.seed);
+    host.mutable_data_ptr<int64_t>()[1] = static_cast<int64_t>(k.rng.offset);
+    k.keep.copy_(host);
+  }
+  return k;
 }
 
-PhiloxState philox_state_of(const at::Tensor& state, const char* op) {
-  TORCH_CHECK(state.scalar_type() == at::kLong && state.numel() == 2, op,
-              ": argument 'seed' must be an int64 tensor of 2 elements (seed, offset), got ", state.scalar_type(),
-              " of shape ", state.sizes());
-  PhiloxState s;
-  if (state.is_meta()) return s;
-  const at::Tensor c = state.contiguous();
-  if (c.is_cuda()) {
-    s.device = reinterpret_cast<const uint64_t*>(c.const_data_ptr<int64_t>());
-  } else {
-    s.seed = static_cast<uint64_t>(c.const_data_ptr<int64_t>()[0]);
-    s.offset = static_cast<uint64_t>(c.const_data_ptr<int64_t>()[1]);
+void read_dropout_keep(const at::Tensor& keep, const at::Tensor& like, double p, DropoutMode mode, const char* op,
+                       const uint8_t** mask, PhiloxState* rng) {
+  *mask = nullptr;
+  *rng = PhiloxState{};
+  if (p <= 0.0) return;
+  TORCH_CHECK(keep.device() == like.device(), op, ": argument 'keep' must be on the device of ", like.device(),
+              ", got ", keep.device());
+  if (mode == DropoutMode::kBits) {
+    TORCH_CHECK(keep.scalar_type() == at::kByte && keep.dim() == 1 && keep.sym_numel() == (like.sym_numel() + 7) / 8,
+                op, ": argument 'keep' must hold the ceil(numel / 8) = ", (like.sym_numel() + 7) / 8,
+                " uint8 keep bits of the forward, got ", keep.scalar_type(), " of shape ", keep.sym_sizes());
+    if (!keep.is_meta()) *mask = keep.const_data_ptr<uint8_t>();
+    return;
   }
-  return s;
+  TORCH_CHECK(keep.scalar_type() == at::kLong && keep.sym_numel() == 2, op,
+              ": argument 'keep' must be the int64 Philox state {seed, offset} of the forward, got ",
+              keep.scalar_type(), " of shape ", keep.sym_sizes());
+  if (keep.is_meta()) return;
+  TORCH_CHECK(keep.is_contiguous(), op, ": argument 'keep' must be contiguous");
+  if (keep.is_cuda()) {
+    rng->device = reinterpret_cast<const uint64_t*>(keep.const_data_ptr<int64_t>());
+  } else {
+    rng->seed = static_cast<uint64_t>(keep.const_data_ptr<int64_t>()[0]);
+    rng->offset = static_cast<uint64_t>(keep.const_data_ptr<int64_t>()[1]);
+  }
 }
 
 }  // namespace tempo::torch_impl

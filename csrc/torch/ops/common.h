@@ -23,12 +23,20 @@ void raise_if_error(const Status& s, const char* op);
 void check_probability(double p, const char* op, const char* arg);
 DropoutMode dropout_mode(c10::string_view mode, const char* op);
 
-// A fresh Philox state {seed, offset} as an int64 tensor of shape [2] on like's device,
-// seeded from the default CPU generator (so torch.manual_seed fixes it, and CPU and CUDA
-// tensors draw the same masks). On Meta it is only allocated.
-at::Tensor draw_philox_state(const at::Tensor& like);
-// The core's view of such a tensor: values read on the host for CPU, a device pointer for CUDA.
-PhiloxState philox_state_of(const at::Tensor& state, const char* op);
+// What a dropout forward keeps for its backward ("keep"): the packed keep bits (bits mode,
+// ceil(numel / 8) uint8), the int64 Philox state {seed, offset} on x's device (philox
+// mode), or nothing (p = 0: an empty uint8 tensor). The seed is drawn from the default CPU
+// generator, so torch.manual_seed fixes the masks and CPU and CUDA tensors draw the same
+// ones. `rng` has the drawn values on the host, `mask` points into the bits (null on Meta).
+struct DropoutKeep {
+  at::Tensor keep;
+  PhiloxState rng;
+  uint8_t* mask = nullptr;
+};
+DropoutKeep new_dropout_keep(const at::Tensor& x, double p, DropoutMode mode);
+// The backward's view of `keep` for a tensor like `like`: checks it, sets the mask or rng.
+void read_dropout_keep(const at::Tensor& keep, const at::Tensor& like, double p, DropoutMode mode, const char* op,
+                       const uint8_t** mask, PhiloxState* rng);
 
 // The typed dispatcher handle of a tempo op, for the C++ API (so autograd and every
 // backend apply exactly as from Python).

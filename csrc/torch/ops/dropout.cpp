@@ -13,74 +13,53 @@
 
 TORCH_LIBRARY_FRAGMENT(tempo, m) {
   m.def("dropout(Tensor x, float p, str mode='bits') -> Tensor", {at::Tag::nondeterministic_seeded});
-  m.def("dropout_forward(Tensor x, float p, str mode) -> (Tensor, Tensor, Tensor)",
-        {at::Tag::nondeterministic_seeded});
-  m.def("dropout_backward(Tensor grad, Tensor mask, Tensor state, float p, str mode) -> Tensor");
+  m.def("dropout_forward(Tensor x, float p, str mode) -> (Tensor, Tensor)", {at::Tag::nondeterministic_seeded});
+  m.def("dropout_backward(Tensor grad, Tensor keep, float p, str mode) -> Tensor");
 }
 
 namespace tempo {
 namespace {
 using namespace torch_impl;
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> dropout_forward_kernel(const at::Tensor& x, double p,
-                                                                      c10::string_view mode_name) {
+std::tuple<at::Tensor, at::Tensor> dropout_forward_kernel(const at::Tensor& x, double p, c10::string_view mode_name) {
   const char* op = "tempo::dropout";
   check_floating(x, op, "x");
   check_device(x, op, "x");
   check_probability(p, op, "p");
   const DropoutMode mode = dropout_mode(mode_name, op);
   at::Tensor y = at::empty_like(x, at::MemoryFormat::Contiguous);
-  const auto mask_len = mode == DropoutMode::kBits ? (x.sym_numel() + 7) / 8 : c10::SymInt(0);
-  at::Tensor mask = at::empty_symint({mask_len}, x.options().dtype(at::kByte));
-  at::Tensor state = draw_philox_state(x);
-  if (x.is_meta() || x.numel() == 0) return {y, mask, state};
+  DropoutKeep k = new_dropout_keep(x, p, mode);
+  if (x.is_meta() || x.numel() == 0) return {y, k.keep};
   c10::OptionalDeviceGuard guard(x.device());
   const at::Tensor xc = x.contiguous();
   DropoutForwardParams prm;
   prm.dtype = to_core_dtype(x.scalar_type());
   prm.x = xc.const_data_ptr();
   prm.y = y.mutable_data_ptr();
-  prm.mask = mode == DropoutMode::kBits ? mask.mutable_data_ptr<uint8_t>() : nullptr;
+  prm.mask = k.mask;
   prm.p = p;
-  prm.rng = philox_state_of(state, op);
-  prm.rng.device = nullptr;  // the forward has the values on the host
-  if (x.is_cuda()) {
-    const at::Tensor host = state.cpu();
-    prm.rng.seed = static_cast<uint64_t>(host.const_data_ptr<int64_t>()[0]);
-    prm.rng.offset = static_cast<uint64_t>(host.const_data_ptr<int64_t>()[1]);
-  }
+  prm.rng = k.rng;
   prm.numel = x.numel();
   raise_if_error(x.is_cuda() ? dropout_forward_cuda(prm, stream_of(x)) : dropout_forward_cpu(prm), op);
-  return {y, mask, state};
+  return {y, k.keep};
 }
 
-at::Tensor dropout_backward_kernel(const at::Tensor& grad, const at::Tensor& mask, const at::Tensor& state, double p,
-                                   c10::string_view mode_name) {
+at::Tensor dropout_backward_kernel(const at::Tensor& grad, const at::Tensor& keep, double p, c10::string_view mode_name) {
   const char* op = "tempo::dropout_backward";
   check_floating(grad, op, "grad");
   check_device(grad, op, "grad");
   check_probability(p, op, "p");
   const DropoutMode mode = dropout_mode(mode_name, op);
-  if (mode == DropoutMode::kBits) {
-    TORCH_CHECK(mask.scalar_type() == at::kByte && mask.dim() == 1 && mask.sym_numel() == (grad.sym_numel() + 7) / 8,
-                op, ": argument 'mask' must be a 1-D uint8 tensor of ceil(numel / 8) = ", (grad.sym_numel() + 7) / 8,
-                " bytes, got ", mask.scalar_type(), " of shape ", mask.sym_sizes());
-    TORCH_CHECK(mask.device() == grad.device(), op, ": argument 'mask' must be on the device of grad");
-  }
-  TORCH_CHECK(state.device() == grad.device(), op, ": argument 'state' must be on the device of grad (",
-              grad.device(), "), got ", state.device());
+  DropoutBackwardParams prm;
+  read_dropout_keep(keep, grad, p, mode, op, &prm.mask, &prm.rng);
   at::Tensor dx = at::empty_like(grad, at::MemoryFormat::Contiguous);
   if (grad.is_meta() || grad.numel() == 0) return dx;
   c10::OptionalDeviceGuard guard(grad.device());
   const at::Tensor gc = grad.contiguous();
-  const at::Tensor mc = mask.contiguous();
-  DropoutBackwardParams prm;
   prm.dtype = to_core_dtype(grad.scalar_type());
   prm.grad_y = gc.const_data_ptr();
   prm.grad_x = dx.mutable_data_ptr();
-  prm.mask = mode == DropoutMode::kBits ? mc.const_data_ptr<uint8_t>() : nullptr;
   prm.p = p;
-  prm.rng = philox_state_of(state, op);
   prm.numel = grad.numel();
   raise_if_error(grad.is_cuda() ? dropout_backward_cuda(prm, stream_of(grad)) : dropout_backward_cpu(prm), op);
   return dx;
@@ -100,17 +79,16 @@ at::Tensor dropout(const at::Tensor& x, double p, bool train, c10::string_view m
   return op.call(x, p, mode);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> dropout_forward(const at::Tensor& x, double p, c10::string_view mode) {
-  static auto op = op_handle<std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, double,
-                                                                            c10::string_view)>("tempo::dropout_forward");
+std::tuple<at::Tensor, at::Tensor> dropout_forward(const at::Tensor& x, double p, c10::string_view mode) {
+  static auto op = op_handle<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, double, c10::string_view)>(
+      "tempo::dropout_forward");
   return op.call(x, p, mode);
 }
 
-at::Tensor dropout_backward(const at::Tensor& grad, const at::Tensor& mask, const at::Tensor& state, double p,
-                            c10::string_view mode) {
-  static auto op = op_handle<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
-                                        c10::string_view)>("tempo::dropout_backward");
-  return op.call(grad, mask, state, p, mode);
+at::Tensor dropout_backward(const at::Tensor& grad, const at::Tensor& keep, double p, c10::string_view mode) {
+  static auto op = op_handle<at::Tensor(const at::Tensor&, const at::Tensor&, double, c10::string_view)>(
+      "tempo::dropout_backward");
+  return op.call(grad, keep, p, mode);
 }
 
 }  // namespace tempo

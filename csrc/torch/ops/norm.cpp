@@ -24,9 +24,9 @@ TORCH_LIBRARY_FRAGMENT(tempo, m) {
   m.def("bias_dropout_add_layer_norm(Tensor x, Tensor? bias, Tensor residual, float p, Tensor? weight, Tensor? beta, "
         "float eps=1e-05, str mode='bits') -> Tensor", {at::Tag::nondeterministic_seeded});
   m.def("bias_dropout_add_layer_norm_forward(Tensor x, Tensor? bias, Tensor residual, float p, Tensor? weight, "
-        "Tensor? beta, float eps, str mode) -> (Tensor, Tensor, Tensor, Tensor)", {at::Tag::nondeterministic_seeded});
-  m.def("bias_dropout_add_layer_norm_backward(Tensor grad, Tensor y, Tensor rstd, Tensor mask, Tensor state, float p, "
-        "str mode, Tensor? weight, Tensor? beta, bool has_bias) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+        "Tensor? beta, float eps, str mode) -> (Tensor, Tensor, Tensor)", {at::Tag::nondeterministic_seeded});
+  m.def("bias_dropout_add_layer_norm_backward(Tensor grad, Tensor y, Tensor rstd, Tensor keep, float p, str mode, "
+        "Tensor? weight, Tensor? beta, bool has_bias) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
 }
 
 namespace tempo {
@@ -106,7 +106,7 @@ struct BackwardOut {
 
 BackwardOut norm_backward(NormKind kind, const at::Tensor& grad, const at::Tensor& y, const at::Tensor& rstd,
                           int64_t cols, const at::Tensor* w, const at::Tensor* b, const NormPrologue* prologue,
-                          bool has_pre_bias, const at::Tensor* mask, const char* op) {
+                          bool has_pre_bias, const uint8_t* mask, const char* op) {
   check_floating(grad, op, "grad");
   check_floating(y, op, "y");
   check_device(y, op, "y");
@@ -140,7 +140,7 @@ BackwardOut norm_backward(NormKind kind, const at::Tensor& grad, const at::Tenso
   prm.weight = data_or_null(w, wc);
   prm.bias = data_or_null(b, bc);
   if (prologue) prm.prologue = *prologue;
-  prm.mask = mask && mask->numel() > 0 ? mask->const_data_ptr<uint8_t>() : nullptr;
+  prm.mask = mask;
   prm.grad_x = out.dx.mutable_data_ptr();
   prm.grad_weight = w ? out.dw.mutable_data_ptr() : nullptr;
   prm.grad_bias = b ? out.db.mutable_data_ptr() : nullptr;
@@ -184,14 +184,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward_kernel(const 
   return {o.dx, o.dw.view(w ? shape : at::IntArrayRef{0}), o.db.view(b ? shape : at::IntArrayRef{0})};
 }
 
+// torch's default: the machine epsilon of the math type (fp32 for 16-bit data).
 double rms_eps(const at::Tensor& x, std::optional<double> eps) {
   if (eps.has_value()) return *eps;
-  switch (x.scalar_type()) {
-    case at::kDouble: return std::numeric_limits<double>::epsilon();
-    case at::kBFloat16: return 0.0078125;
-    case at::kHalf: return 0.0009765625;
-    default: return std::numeric_limits<float>::epsilon();
-  }
+  return x.scalar_type() == at::kDouble ? std::numeric_limits<double>::epsilon()
+                                        : static_cast<double>(std::numeric_limits<float>::epsilon());
 }
 
 std::tuple<at::Tensor, at::Tensor> rms_norm_forward_kernel(const at::Tensor& x, at::IntArrayRef shape,
@@ -222,7 +219,7 @@ at::Tensor rms_norm_kernel(const at::Tensor& x, at::IntArrayRef shape, const std
 
 // ---- bias_dropout_add_layer_norm ----------------------------------------------------------
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bdrln_forward_kernel(
+std::tuple<at::Tensor, at::Tensor, at::Tensor> bdrln_forward_kernel(
     const at::Tensor& x, const std::optional<at::Tensor>& bias, const at::Tensor& residual, double p,
     const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& beta, double eps,
     c10::string_view mode_name) {
@@ -236,7 +233,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bdrln_forward_kernel(
               x.sym_sizes(), ", got ", residual.sym_sizes());
   check_probability(p, op, "p");
   const DropoutMode mode = dropout_mode(mode_name, op);
-  const int64_t cols = x.size(-1);
+  const int64_t cols = x.sym_size(-1).guard_int(__FILE__, __LINE__);
   const std::vector<int64_t> shape{cols};
   const auto* pb = get(bias);
   check_param(pb, x, shape, op, "bias");
@@ -246,11 +243,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bdrln_forward_kernel(
   const c10::SymInt rows = x.sym_numel() / std::max<int64_t>(cols, 1);
   at::Tensor y = at::empty_like(x, at::MemoryFormat::Contiguous);
   at::Tensor rstd = at::empty_symint({rows}, x.options().dtype(acc_type(x)));
-  const bool dropout = p > 0.0;
-  const auto mask_len = dropout && mode == DropoutMode::kBits ? (x.sym_numel() + 7) / 8 : c10::SymInt(0);
-  at::Tensor mask = at::empty_symint({mask_len}, x.options().dtype(at::kByte));
-  at::Tensor state = dropout ? draw_philox_state(x) : at::zeros({2}, x.options().dtype(at::kLong));
-  if (x.is_meta() || x.numel() == 0) return {y, rstd, mask, state};
+  DropoutKeep k = new_dropout_keep(x, p, mode);
+  if (x.is_meta() || x.numel() == 0) return {y, rstd, k.keep};
   c10::OptionalDeviceGuard guard(x.device());
   const at::Tensor xc = x.contiguous(), rc = residual.contiguous();
   at::Tensor pbc, wc, bc;
@@ -264,38 +258,31 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bdrln_forward_kernel(
   prm.prologue.bias = data_or_null(pb, pbc);
   prm.prologue.p = p;
   prm.prologue.mode = mode;
-  const at::Tensor host_state = state.cpu();
-  prm.prologue.rng.seed = static_cast<uint64_t>(host_state.const_data_ptr<int64_t>()[0]);
-  prm.prologue.rng.offset = static_cast<uint64_t>(host_state.const_data_ptr<int64_t>()[1]);
+  prm.prologue.rng = k.rng;
   prm.y = y.mutable_data_ptr();
   prm.rstd = rstd.mutable_data_ptr();
-  prm.mask = mask.numel() > 0 ? mask.mutable_data_ptr<uint8_t>() : nullptr;
+  prm.mask = k.mask;
   prm.rows = rows.expect_int();
   prm.cols = cols;
   prm.eps = eps;
   raise_if_error(x.is_cuda() ? norm_forward_cuda(prm, stream_of(x)) : norm_forward_cpu(prm), op);
-  return {y, rstd, mask, state};
+  return {y, rstd, k.keep};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> bdrln_backward_kernel(
-    const at::Tensor& grad, const at::Tensor& y, const at::Tensor& rstd, const at::Tensor& mask,
-    const at::Tensor& state, double p, c10::string_view mode_name, const std::optional<at::Tensor>& weight,
-    const std::optional<at::Tensor>& beta, bool has_bias) {
+    const at::Tensor& grad, const at::Tensor& y, const at::Tensor& rstd, const at::Tensor& keep, double p,
+    c10::string_view mode_name, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& beta,
+    bool has_bias) {
   const char* op = "tempo::bias_dropout_add_layer_norm_backward";
   check_probability(p, op, "p");
-  const DropoutMode mode = dropout_mode(mode_name, op);
   TORCH_CHECK(y.dim() >= 1, op, ": argument 'y' must have at least one dimension");
-  const bool bits = p > 0.0 && mode == DropoutMode::kBits;
-  if (bits)
-    TORCH_CHECK(mask.scalar_type() == at::kByte && mask.sym_numel() == (y.sym_numel() + 7) / 8 &&
-                    mask.device() == y.device(),
-                op, ": argument 'mask' must hold ceil(numel / 8) uint8 on the device of y");
   NormPrologue pr;
   pr.p = p;
-  pr.mode = mode;
-  if (p > 0.0 && !bits) pr.rng = philox_state_of(state, op);
-  BackwardOut o = norm_backward(NormKind::kLayerNorm, grad, y, rstd, y.size(-1), get(weight), get(beta), &pr,
-                                has_bias, bits ? &mask : nullptr, op);
+  pr.mode = dropout_mode(mode_name, op);
+  const uint8_t* mask = nullptr;
+  read_dropout_keep(keep, y, p, pr.mode, op, &mask, &pr.rng);
+  BackwardOut o = norm_backward(NormKind::kLayerNorm, grad, y, rstd, y.sym_size(-1).guard_int(__FILE__, __LINE__),
+                                get(weight), get(beta), &pr, has_bias, mask, op);
   return {o.dx, o.dpb, o.dres, o.dw, o.db};
 }
 
@@ -372,24 +359,24 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& grad, con
   return op.call(grad, y, rstd, shape, weight);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bias_dropout_add_layer_norm_forward(
+std::tuple<at::Tensor, at::Tensor, at::Tensor> bias_dropout_add_layer_norm_forward(
     const at::Tensor& x, const std::optional<at::Tensor>& bias, const at::Tensor& residual, double p,
     const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& beta, double eps, c10::string_view mode) {
-  static auto op = op_handle<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
+  static auto op = op_handle<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
       const at::Tensor&, const std::optional<at::Tensor>&, const at::Tensor&, double, const std::optional<at::Tensor>&,
       const std::optional<at::Tensor>&, double, c10::string_view)>("tempo::bias_dropout_add_layer_norm_forward");
   return op.call(x, bias, residual, p, weight, beta, eps, mode);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> bias_dropout_add_layer_norm_backward(
-    const at::Tensor& grad, const at::Tensor& y, const at::Tensor& rstd, const at::Tensor& mask,
-    const at::Tensor& state, double p, c10::string_view mode, const std::optional<at::Tensor>& weight,
-    const std::optional<at::Tensor>& beta, bool has_bias) {
+    const at::Tensor& grad, const at::Tensor& y, const at::Tensor& rstd, const at::Tensor& keep, double p,
+    c10::string_view mode, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& beta,
+    bool has_bias) {
   static auto op = op_handle<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
-      const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
       c10::string_view, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, bool)>(
       "tempo::bias_dropout_add_layer_norm_backward");
-  return op.call(grad, y, rstd, mask, state, p, mode, weight, beta, has_bias);
+  return op.call(grad, y, rstd, keep, p, mode, weight, beta, has_bias);
 }
 
 }  // namespace tempo

@@ -4,6 +4,8 @@
 // The same (seed, offset) gives the same mask on CPU and CUDA.
 #pragma once
 
+#include <cmath>
+
 #include "tempo/common.h"
 
 namespace tempo {
@@ -48,7 +50,22 @@ Status dropout_forward_cuda(const DropoutForwardParams& p, void* stream);
 Status dropout_backward_cuda(const DropoutBackwardParams& p, void* stream);
 
 // The scale applied to kept elements: 1 / (1 - p), and 0 for p = 1.
-TEMPO_HD float dropout_scale(double p) { return p < 1.0 ? static_cast<float>(1.0 / (1.0 - p)) : 0.0f; }
+TEMPO_HD double dropout_scale(double p) { return p < 1.0 ? 1.0 / (1.0 - p) : 0.0; }
+
+// x * keep * scale rounded once (to within 2^-48 before the rounding): the scale in two
+// floats (hi + lo), one fma, so fp32 math gives the float64 product's rounding without
+// double arithmetic. Dropped elements give x * 0 (NaN for non-finite x, as PyTorch).
+struct DropoutScale {
+  float hi = 0.0f, lo = 0.0f;
+  double full = 0.0;
+  TEMPO_HD explicit DropoutScale(double p) {
+    full = dropout_scale(p);
+    hi = static_cast<float>(full);
+    lo = static_cast<float>(full - static_cast<double>(hi));
+  }
+  TEMPO_HD float apply(float x, bool keep) const { return keep ? fmaf(x, hi, x * lo) : x * 0.0f; }
+  TEMPO_HD double apply(double x, bool keep) const { return keep ? x * full : x * 0.0; }
+};
 
 namespace detail {
 Status validate(const DropoutForwardParams& p);

@@ -3,4 +3,8 @@
 
 #include "tempo/common.h"
 #include "tempo/nn/activation.h"
+#include "tempo/nn/dropout.h"
+#include "tempo/nn/norm.h"
 #include "tempo/ops/activation.h"
+#include "tempo/ops/dropout.h"
+#include "tempo/ops/norm.h"

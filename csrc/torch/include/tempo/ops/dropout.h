@@ -14,10 +14,10 @@ namespace tempo {
 // x * keep / (1 - p). p outside [0, 1] or an unknown mode: an error.
 at::Tensor dropout(const at::Tensor& x, double p, bool train = true, c10::string_view mode = "bits");
 
-// The ops behind it. dropout_forward returns (y, mask, state): mask holds ceil(numel / 8)
-// keep bits in bits mode and nothing in philox mode; state is the int64 {seed, offset}.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> dropout_forward(const at::Tensor& x, double p, c10::string_view mode);
-at::Tensor dropout_backward(const at::Tensor& grad, const at::Tensor& mask, const at::Tensor& state, double p,
-                            c10::string_view mode);
+// The ops behind it. dropout_forward returns (y, keep): keep is what the backward needs, the
+// ceil(numel / 8) packed keep bits (uint8) in bits mode, the int64 Philox state
+// {seed, offset} in philox mode.
+std::tuple<at::Tensor, at::Tensor> dropout_forward(const at::Tensor& x, double p, c10::string_view mode);
+at::Tensor dropout_backward(const at::Tensor& grad, const at::Tensor& keep, double p, c10::string_view mode);
 
 }  // namespace tempo

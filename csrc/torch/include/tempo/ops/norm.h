@@ -14,7 +14,7 @@ namespace tempo {
 at::Tensor layer_norm(const at::Tensor& x, at::IntArrayRef normalized_shape,
                       const std::optional<at::Tensor>& weight = std::nullopt,
                       const std::optional<at::Tensor>& bias = std::nullopt, double eps = 1e-5);
-// eps = nullopt: the machine epsilon of x's dtype, as torch's rms_norm.
+// eps = nullopt: the machine epsilon of the math type (fp32 for 16-bit x), as torch's rms_norm.
 at::Tensor rms_norm(const at::Tensor& x, at::IntArrayRef normalized_shape,
                     const std::optional<at::Tensor>& weight = std::nullopt, std::optional<double> eps = std::nullopt);
 // LayerNorm(residual + dropout(x + bias)) over the last dimension, in one pass; keeps y,
@@ -39,14 +39,14 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_forward(const at::Tensor& x, at::Int
 std::tuple<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& grad, const at::Tensor& y,
                                                      const at::Tensor& rstd, at::IntArrayRef normalized_shape,
                                                      const std::optional<at::Tensor>& weight);
-// (y, rstd, mask, state)
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bias_dropout_add_layer_norm_forward(
+// (y, rstd, keep): keep as for dropout_forward (empty for p = 0)
+std::tuple<at::Tensor, at::Tensor, at::Tensor> bias_dropout_add_layer_norm_forward(
     const at::Tensor& x, const std::optional<at::Tensor>& bias, const at::Tensor& residual, double p,
     const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& beta, double eps, c10::string_view mode);
 // (grad_x, grad_bias, grad_residual, grad_weight, grad_beta)
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> bias_dropout_add_layer_norm_backward(
-    const at::Tensor& grad, const at::Tensor& y, const at::Tensor& rstd, const at::Tensor& mask,
-    const at::Tensor& state, double p, c10::string_view mode, const std::optional<at::Tensor>& weight,
-    const std::optional<at::Tensor>& beta, bool has_bias);
+    const at::Tensor& grad, const at::Tensor& y, const at::Tensor& rstd, const at::Tensor& keep, double p,
+    c10::string_view mode, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& beta,
+    bool has_bias);
 
 }  // namespace tempo

@@ -1,0 +1,347 @@
+"""tempo.layer_norm / rms_norm / bias_dropout_add_layer_norm against torch's ops and float64."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tempo
+from reference import half_ulp
+from saved import saved_bytes
+
+DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
+COLS = [1, 7, 1023, 4097]
+
+
+def params(cols, dtype, tiny=()):
+    w = 1 + 0.3 * torch.randn(cols, dtype=torch.float64)
+    w[list(tiny)] = 1e-6
+    b = 0.1 * torch.randn(cols, dtype=torch.float64)
+    return w.to(dtype), b.to(dtype)
+
+
+def run(fn, x, w, b, g):
+    """(y, dx, dw, db) of fn(x, w, b) under the output gradient g."""
+    x = x.detach().clone().requires_grad_(True)
+    w = w.detach().clone().requires_grad_(True)
+    ps = [x, w]
+    if b is not None:
+        b = b.detach().clone().requires_grad_(True)
+        ps.append(b)
+    y = fn(x, w, b)
+    return [y.detach()] + list(torch.autograd.grad(y, ps, g))
+
+
+def fns(kind, cols):
+    if kind == "layer_norm":
+        return (lambda x, w, b: tempo.layer_norm(x, cols, w, b, 1e-5),
+                lambda x, w, b: F.layer_norm(x, [cols], w, b, 1e-5))
+    return (lambda x, w, b: tempo.rms_norm(x, cols, w, 1e-6), lambda x, w, b: F.rms_norm(x, [cols], w, 1e-6))
+
+
+def recovery_term(kind, y64, w64, b64, g64, rows_rstd, cols, dtype):
+    """Bound on the part of tempo's dx / dgamma error that comes from recovering xhat from the
+    rounded y: e = min(k u(y) / |gamma|, 2 sqrt(cols)) per element (k = 4 covers the forward's
+    own rounding), times rstd |c1| for dx (c1 = mean(dy (y - beta))) and summed with |dy| for
+    dgamma. docs/accuracy.md states the same bound."""
+    yb = y64 - (b64 if b64 is not None else 0)
+    gam = w64.abs().clamp_min(1e-12)
+    e = torch.minimum(4 * half_ulp(y64, dtype) / gam, torch.tensor(2 * math.sqrt(cols), dtype=torch.float64))
+    c1 = (g64 * yb).mean(-1, keepdim=True).abs()
+    return rows_rstd * c1 * e, (g64.abs() * e).sum(0)
+
+
+def check(kind, dtype, cols, tiny=()):
+    rows = 64
+    x = (2 * torch.randn(rows, cols, dtype=torch.float64) + 0.5).to(dtype)
+    w, b = params(cols, dtype, tiny)
+    if kind == "rms_norm":
+        b = None
+    g = torch.randn(rows, cols, dtype=torch.float64).to(dtype)
+    ours_fn, torch_fn = fns(kind, cols)
+    d = lambda t: None if t is None else t.double()
+    ref = run(torch_fn, x.double(), w.double(), d(b), g.double())
+    ours = run(ours_fn, x, w, b, g)
+    theirs = run(torch_fn, x, w, b, g)
+    for t in ours:
+        assert torch.isfinite(t).all()
+    y64 = ours[0].double()
+    x64 = x.double()
+    if kind == "layer_norm":
+        rstd = 1 / torch.sqrt(x64.var(-1, unbiased=False, keepdim=True) + 1e-5)
+    else:
+        rstd = 1 / torch.sqrt(x64.square().mean(-1, keepdim=True) + 1e-6)
+    rec_dx, rec_dw = recovery_term(kind, y64, w.double(), d(b), g.double(), rstd, cols, dtype)
+    good = w.double().abs() >= 0.2  # columns where gamma is well away from zero
+    names = ["y", "dx", "dweight", "dbias"]
+    for name, r, o, t in zip(names, ref, ours, theirs):
+        eo = (o.double() - r).abs()
+        et = (t.double() - r).abs()
+        # Magnitude of the terms the result is computed from (dx = rstd (dy gamma - ...)).
+        scale = r.abs().max().item() + 1
+        if name == "dx":
+            scale = max(scale, (rstd * g.double().abs() * w.double().abs()).max().item())
+        floor = 2 * torch.finfo(dtype).eps * scale  # both at the rounding level: nothing to compare
+        if dtype == torch.float64:  # the reference is torch's own fp64: allow its sum rounding
+            floor += 1e-12 * (g.double().abs().sum(0).max().item() * (math.sqrt(cols) + 1))
+        # Everywhere: torch's error (twice) plus the documented recovery term.
+        extra = {"dx": rec_dx, "dweight": rec_dw}.get(name, torch.zeros(()))
+        assert (eo <= 2 * et.max() + floor + 1.01 * extra).all(), (name, eo.max().item(), et.max().item())
+        # Where gamma is well away from zero (and the row has more than one element:
+        # RMSNorm of one element makes dx = rstd dy (1 - xhat^2), a cancellation the
+        # recovered xhat cannot resolve; docs/accuracy.md), within 2x of torch's error.
+        if cols > 1 and name in ("dx", "dweight"):
+            eo_g = eo[..., good] if name == "dx" else eo[good]
+            et_g = et[..., good] if name == "dx" else et[good]
+            assert eo_g.max() <= 2 * et_g.max() + floor, (name, eo_g.max().item(), et_g.max().item())
+
+
+@pytest.mark.parametrize("cols", COLS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
+def test_values_and_gradients(kind, dtype, cols):
+    check(kind, dtype, cols)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
+def test_tiny_gamma(kind, dtype):
+    """gamma entries of 1e-6 (and one exact 0): finite, within the documented bound there,
+    within 2x of torch's error elsewhere."""
+    check(kind, dtype, 257, tiny=(0, 5, 100, 256))
+    cols = 33
+    x = torch.randn(16, cols, dtype=dtype, requires_grad=True)
+    w = torch.ones(cols, dtype=dtype)
+    w[3] = 0
+    w.requires_grad_(True)
+    fn = fns(kind, cols)[0]
+    y = fn(x, w, torch.zeros(cols, dtype=dtype) if kind == "layer_norm" else None)
+    gx, gw = torch.autograd.grad(y, [x, w], torch.randn_like(y))
+    assert torch.isfinite(gx).all() and torch.isfinite(gw).all()
+
+
+@pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
+def test_without_affine_and_leading_shapes(kind):
+    x = torch.randn(2, 3, 5, 6, dtype=torch.float64, requires_grad=True)
+    g = torch.randn_like(x)
+    if kind == "layer_norm":
+        ours = tempo.layer_norm(x, (5, 6))
+        ref = F.layer_norm(x, (5, 6))
+    else:
+        ours = tempo.rms_norm(x, (5, 6))
+        ref = F.rms_norm(x, (5, 6))
+    torch.testing.assert_close(ours, ref)
+    torch.testing.assert_close(torch.autograd.grad(ours, x, g)[0], torch.autograd.grad(ref, x, g)[0])
+    # weight given, bias absent (LayerNorm(bias=False)); non-contiguous input
+    w = torch.randn(5, 6, dtype=torch.float64, requires_grad=True)
+    xt = x.transpose(0, 1)
+    ours = tempo.layer_norm(xt, (5, 6), w) if kind == "layer_norm" else tempo.rms_norm(xt, (5, 6), w)
+    ref = F.layer_norm(xt, (5, 6), w) if kind == "layer_norm" else F.rms_norm(xt, (5, 6), w)
+    torch.testing.assert_close(ours, ref)
+    for a, c in zip(torch.autograd.grad(ours, [x, w], g.transpose(0, 1)), torch.autograd.grad(ref, [x, w], g.transpose(0, 1))):
+        torch.testing.assert_close(a, c)
+
+
+def test_rms_norm_default_eps_is_dtype_epsilon():
+    for dtype in DTYPES:
+        x = torch.randn(4, 8, dtype=dtype) * 1e-3
+        torch.testing.assert_close(tempo.rms_norm(x, 8), F.rms_norm(x, [8]), rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_saved_bytes_exact(dtype):
+    """Linear -> LayerNorm -> Linear: torch keeps the norm's input x, its output, mean and rstd;
+    tempo keeps the output (shared with the next Linear) and rstd: exactly x + 4 bytes/row less."""
+    rows, cols = 21, 96
+    lin1 = torch.nn.Linear(32, cols, dtype=dtype)
+    lin2 = torch.nn.Linear(cols, 16, dtype=dtype)
+    ln_t = torch.nn.LayerNorm(cols, dtype=dtype)
+    ln_o = tempo.nn.LayerNorm(cols, dtype=dtype)
+    rn_t = torch.nn.RMSNorm(cols, dtype=dtype)
+    rn_o = tempo.nn.RMSNorm(cols, dtype=dtype)
+    params = [*lin1.parameters(), *lin2.parameters(), *ln_t.parameters(), *ln_o.parameters(), *rn_t.parameters(),
+              *rn_o.parameters()]
+    x = torch.randn(rows, 32, dtype=dtype, requires_grad=True)
+    ref, _ = saved_bytes(lambda: lin2(ln_t(lin1(x))), params)
+    ours, _ = saved_bytes(lambda: lin2(ln_o(lin1(x))), params)
+    e = x.element_size()
+    # torch: x, h = lin1(x), mean and rstd (one per row, in x's dtype), y; tempo: x, y, fp32 rstd
+    assert ref == rows * 32 * e + 2 * rows * cols * e + 2 * rows * e
+    assert ours == rows * 32 * e + rows * cols * e + rows * 4
+    assert ref - ours == rows * cols * e + 2 * rows * e - rows * 4
+    ours_rms, _ = saved_bytes(lambda: lin2(rn_o(lin1(x))), params)
+    assert ours_rms == rows * 32 * e + rows * cols * e + rows * 4
+
+
+def test_fused_matches_unfused_sequence():
+    """bias_dropout_add_layer_norm equals layer_norm(residual + dropout(x + bias)) with the
+    same mask (same seed), values and all five gradients, in both dropout modes."""
+    rows, cols = 37, 129
+    x = torch.randn(rows, cols, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(cols, dtype=torch.float64, requires_grad=True)
+    res = torch.randn(rows, cols, dtype=torch.float64, requires_grad=True)
+    w, beta = (t.requires_grad_(True) for t in params(cols, torch.float64))
+    g = torch.randn(rows, cols, dtype=torch.float64)
+    ins = [x, bias, res, w, beta]
+    for mode in ("bits", "philox"):
+        for p in (0.0, 0.1, 0.5, 1.0):
+            torch.manual_seed(7)
+            ours = tempo.bias_dropout_add_layer_norm(x, bias, res, p, w, beta, 1e-5, mode)
+            torch.manual_seed(7)
+            h = res + tempo.dropout(x + bias, p, True, mode)
+            ref = F.layer_norm(h, [cols], w, beta, 1e-5)
+            torch.testing.assert_close(ours, ref)
+            for a, c in zip(torch.autograd.grad(ours, ins, g), torch.autograd.grad(ref, ins, g)):
+                torch.testing.assert_close(a, c)
+    # no bias, eval mode (no dropout, no RNG drawn)
+    state = torch.get_rng_state()
+    ours = tempo.bias_dropout_add_layer_norm(x, None, res, 0.3, w, beta, training=False)
+    assert torch.equal(state, torch.get_rng_state())
+    torch.testing.assert_close(ours, F.layer_norm(res + x, [cols], w, beta))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_fused_low_precision_matches_unfused_torch(dtype):
+    """In 16-bit and fp32 the fused op rounds h as the unfused ops store it; compare with torch's
+    unfused sequence under our mask, within 2x torch's own error against float64."""
+    rows, cols = 64, 1023
+    x = torch.randn(rows, cols).to(dtype)
+    bias = (0.1 * torch.randn(cols)).to(dtype)
+    res = torch.randn(rows, cols).to(dtype)
+    w, beta = params(cols, dtype)
+    g = torch.randn(rows, cols).to(dtype)
+    torch.manual_seed(3)
+    keep = (tempo.dropout(torch.ones(rows, cols, dtype=torch.float64), 0.1) != 0)
+
+    def unfused(x, bias, res, w, beta):
+        return F.layer_norm(res + (x + bias) * keep.to(x.dtype) / 0.9, [cols], w, beta, 1e-5)
+
+    def grads(fn, *args):
+        args = [a.detach().clone().requires_grad_(True) for a in args]
+        y = fn(*args)
+        return [y] + list(torch.autograd.grad(y, args, g.to(y.dtype)))
+
+    torch.manual_seed(3)
+    ours = grads(lambda *a: tempo.bias_dropout_add_layer_norm(a[0], a[1], a[2], 0.1, a[3], a[4]), x, bias, res, w, beta)
+    ref = grads(unfused, *(t.double() for t in (x, bias, res, w, beta)))
+    theirs = grads(unfused, x, bias, res, w, beta)
+    good = w.double().abs() >= 0.2
+    for i, (o, r, t) in enumerate(zip(ours, ref, theirs)):
+        eo, et = (o.double() - r.detach()).abs(), (t.double() - r.detach()).abs()
+        if o.shape[-1] == cols and i in (1, 3):  # dx, dresidual: columns with gamma away from 0
+            eo, et = eo[..., good], et[..., good]
+        floor = 8 * torch.finfo(dtype).eps * (r.abs().max().item() + 1)
+        assert eo.max() <= 2 * et.max() + floor, (i, eo.max().item(), et.max().item())
+
+
+def test_fused_saved_bytes():
+    """The fused op keeps y, rstd and the bits (or the 16-byte state in philox mode)."""
+    rows, cols = 10, 64
+    x = torch.randn(rows, cols, requires_grad=True)
+    res = torch.randn(rows, cols, requires_grad=True)
+    lin = torch.nn.Linear(cols, 8)
+    w, beta = torch.ones(cols, requires_grad=True), torch.zeros(cols, requires_grad=True)
+    ps = [*lin.parameters(), w, beta]
+    bits, _ = saved_bytes(lambda: lin(tempo.bias_dropout_add_layer_norm(x, None, res, 0.1, w, beta)), ps)
+    philox, _ = saved_bytes(lambda: lin(tempo.bias_dropout_add_layer_norm(x, None, res, 0.1, w, beta, mode="philox")), ps)
+    assert bits == rows * cols * 4 + rows * 4 + rows * cols // 8
+    assert philox == rows * cols * 4 + rows * 4 + 16
+    none, _ = saved_bytes(lambda: lin(tempo.bias_dropout_add_layer_norm(x, None, res, 0.1, w, beta, training=False)), ps)
+    assert none == rows * cols * 4 + rows * 4
+
+
+def test_opcheck():
+    x = torch.randn(5, 3, 8, requires_grad=True)
+    w = torch.randn(8, requires_grad=True)
+    b = torch.randn(8, requires_grad=True)
+    torch.library.opcheck(torch.ops.tempo.layer_norm, (x, [8], w, b, 1e-5))
+    torch.library.opcheck(torch.ops.tempo.layer_norm, (x, [3, 8], None, None, 1e-5))
+    torch.library.opcheck(torch.ops.tempo.rms_norm, (x, [8], w, None))
+    torch.library.opcheck(torch.ops.tempo.rms_norm, (x, [8], None, 1e-5))
+    y, rstd = torch.ops.tempo.layer_norm_forward(x.detach(), [8], w.detach(), b.detach(), 1e-5)
+    torch.library.opcheck(torch.ops.tempo.layer_norm_forward, (x.detach(), [8], w.detach(), b.detach(), 1e-5))
+    torch.library.opcheck(torch.ops.tempo.layer_norm_backward, (torch.randn_like(y), y, rstd, [8], w.detach(), b.detach()))
+    y, rstd = torch.ops.tempo.rms_norm_forward(x.detach(), [8], w.detach(), None)
+    torch.library.opcheck(torch.ops.tempo.rms_norm_backward, (torch.randn_like(y), y, rstd, [8], w.detach()))
+    res = torch.randn(5, 3, 8, requires_grad=True)
+    for mode in ("bits", "philox"):
+        torch.library.opcheck(torch.ops.tempo.bias_dropout_add_layer_norm, (x, b, res, 0.2, w, None, 1e-5, mode))
+        out = torch.ops.tempo.bias_dropout_add_layer_norm_forward(x.detach(), b.detach(), res.detach(), 0.2,
+                                                                  w.detach(), None, 1e-5, mode)
+        torch.library.opcheck(torch.ops.tempo.bias_dropout_add_layer_norm_backward,
+                              (torch.randn_like(out[0]), out[0], out[1], out[2], 0.2, mode, w.detach(), None, True))
+
+
+def test_torch_compile_full_graph():
+    lin = torch.nn.Linear(16, 32)
+    ln = tempo.nn.LayerNorm(32)
+    rn = tempo.nn.RMSNorm(32)
+    params = [*lin.parameters(), *ln.parameters(), *rn.parameters()]
+
+    def f(x, r):
+        h = tempo.bias_dropout_add_layer_norm(lin(x), None, r, 0.0, ln.weight, ln.bias)
+        return rn(ln(h)).square().mean()
+
+    compiled = torch.compile(f, backend="aot_eager", fullgraph=True, dynamic=True)
+    for rows in (3, 10):
+        x, r = torch.randn(rows, 16), torch.randn(rows, 32)
+        compiled(x, r).backward()
+        got = [p.grad.clone() for p in params]
+        for p in params:
+            p.grad = None
+        f(x, r).backward()
+        for a, p in zip(got, params):
+            torch.testing.assert_close(a, p.grad)
+            p.grad = None
+
+
+def test_modules_state_dict_compatible():
+    ln_t = torch.nn.LayerNorm(24, eps=1e-6)
+    with torch.no_grad():
+        ln_t.weight.normal_()
+        ln_t.bias.normal_()
+    ln_o = tempo.nn.LayerNorm(24, eps=1e-6)
+    ln_o.load_state_dict(ln_t.state_dict())
+    x = torch.randn(3, 24)
+    torch.testing.assert_close(ln_o(x), ln_t(x))
+    ln_t.load_state_dict(ln_o.state_dict())
+    assert isinstance(ln_o, torch.nn.LayerNorm)
+    rn = tempo.nn.RMSNorm(24)
+    rn.load_state_dict(torch.nn.RMSNorm(24).state_dict())
+    assert list(tempo.nn.LayerNorm(8, elementwise_affine=False).state_dict()) == []
+    assert list(tempo.nn.LayerNorm(8, bias=False).state_dict()) == ["weight"]
+    torch.testing.assert_close(tempo.nn.LayerNorm(8, bias=False)(x[:, :8]), torch.nn.LayerNorm(8, bias=False)(x[:, :8]))
+
+
+def test_bad_input_names_op_and_argument():
+    x = torch.randn(4, 8)
+    with pytest.raises(RuntimeError, match=r"tempo::layer_norm: argument 'normalized_shape' \[7\] does not match"):
+        tempo.layer_norm(x, 7)
+    with pytest.raises(RuntimeError, match=r"tempo::layer_norm: argument 'weight' must have shape \[8\]"):
+        tempo.layer_norm(x, 8, torch.ones(7))
+    with pytest.raises(RuntimeError, match=r"tempo::rms_norm: argument 'weight' must have the dtype of x"):
+        tempo.rms_norm(x, 8, torch.ones(8, dtype=torch.float64))
+    with pytest.raises(RuntimeError, match=r"tempo::layer_norm: argument 'bias' must be on the device of x"):
+        tempo.layer_norm(x, 8, None, torch.ones(8, device="meta"))
+    with pytest.raises(RuntimeError, match=r"tempo::layer_norm: argument 'x' must be float32"):
+        tempo.layer_norm(torch.ones(4, 8, dtype=torch.int64), 8)
+    with pytest.raises(RuntimeError, match=r"tempo::bias_dropout_add_layer_norm: argument 'p' must be a probability"):
+        tempo.bias_dropout_add_layer_norm(x, None, x, 1.5, None, None)
+    with pytest.raises(RuntimeError, match=r"tempo::bias_dropout_add_layer_norm: argument 'residual' must have the shape"):
+        tempo.bias_dropout_add_layer_norm(x, None, x[:2], 0.1, None, None)
+    with pytest.raises(RuntimeError, match=r"tempo::rms_norm: argument 'normalized_shape' \[3, 8\] has more dimensions"):
+        tempo.rms_norm(torch.randn(8), (3, 8))
+
+
+def test_empty_and_non_finite():
+    e = torch.empty(0, 6, requires_grad=True)
+    w = torch.ones(6, requires_grad=True)
+    y = tempo.layer_norm(e, 6, w)
+    y.sum().backward()
+    assert y.shape == (0, 6) and e.grad.shape == (0, 6) and torch.equal(w.grad, torch.zeros(6))
+    x = torch.randn(3, 6)
+    x[1, 2] = float("nan")
+    x[2, 0] = float("inf")
+    ours, ref = tempo.layer_norm(x, 6), F.layer_norm(x, [6])
+    assert torch.equal(torch.isnan(ours), torch.isnan(ref))
+    torch.testing.assert_close(ours[0], ref[0])
