@@ -1,0 +1,267 @@
+// Kernel-core tests of dropout and the norms, without LibTorch: the Philox generator against
+// the published known-answer vectors, dropout against its definition, and LayerNorm /
+// RMSNorm (with the bias-dropout-residual prologue) against scalar double loops.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "../../../csrc/core/math/philox.h"
+#include "tempo/dropout.h"
+#include "tempo/norm.h"
+
+namespace {
+
+using tempo::DType;
+
+// Known-answer vectors of Philox-4x32-10 (Salmon et al., Random123 kat_vectors).
+TEST(Philox, KnownAnswers) {
+  auto r = tempo::math::philox4x32_10(0, 0, 0, 0, 0, 0);
+  EXPECT_EQ(r.v[0], 0x6627e8d5u);
+  EXPECT_EQ(r.v[1], 0xe169c58du);
+  EXPECT_EQ(r.v[2], 0xbc57ac4cu);
+  EXPECT_EQ(r.v[3], 0x9b00dbd8u);
+  r = tempo::math::philox4x32_10(0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu);
+  EXPECT_EQ(r.v[0], 0x408f276du);
+  EXPECT_EQ(r.v[1], 0x41c83b0eu);
+  EXPECT_EQ(r.v[2], 0xa20bc7c6u);
+  EXPECT_EQ(r.v[3], 0x6d5451fdu);
+  r = tempo::math::philox4x32_10(0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u, 0xa4093822u, 0x299f31d0u);
+  EXPECT_EQ(r.v[0], 0xd16cfe09u);
+  EXPECT_EQ(r.v[1], 0x94fdccebu);
+  EXPECT_EQ(r.v[2], 0x5001e420u);
+  EXPECT_EQ(r.v[3], 0x24126ea1u);
+}
+
+// Element i is kept iff its Philox draw is below round((1 - p) 2^32).
+bool ref_keep(uint64_t seed, uint64_t offset, int64_t i, double p) {
+  const auto r = tempo::math::philox_group(seed, offset, static_cast<uint64_t>(i / 4));
+  return static_cast<double>(r.v[i % 4]) < std::floor((1.0 - p) * 4294967296.0 + 0.5);
+}
+
+TEST(DropoutCore, ForwardBackwardMatchDefinition) {
+  for (int64_t n : {1, 7, 8, 9, 4095, 100003}) {
+    std::vector<float> x(n), y(n), g(n), gx(n), gx2(n);
+    std::mt19937 gen(3);
+    std::normal_distribution<float> nd;
+    for (auto& v : x) v = nd(gen);
+    for (auto& v : g) v = nd(gen);
+    std::vector<uint8_t> mask(tempo::dropout_mask_bytes(n));
+    tempo::DropoutForwardParams f;
+    f.x = x.data();
+    f.y = y.data();
+    f.mask = mask.data();
+    f.p = 0.3;
+    f.rng = {1234567, 89};
+    f.numel = n;
+    ASSERT_TRUE(tempo::dropout_forward_cpu(f).ok());
+    tempo::DropoutBackwardParams b;
+    b.grad_y = g.data();
+    b.grad_x = gx.data();
+    b.mask = mask.data();
+    b.p = 0.3;
+    b.numel = n;
+    ASSERT_TRUE(tempo::dropout_backward_cpu(b).ok());
+    b.mask = nullptr;  // philox: regenerate
+    b.rng = f.rng;
+    b.grad_x = gx2.data();
+    ASSERT_TRUE(tempo::dropout_backward_cpu(b).ok());
+    for (int64_t i = 0; i < n; ++i) {
+      const bool keep = ref_keep(1234567, 89, i, 0.3);
+      ASSERT_EQ(((mask[i / 8] >> (i % 8)) & 1) != 0, keep) << i;
+      ASSERT_EQ(y[i], keep ? static_cast<float>(x[i] / 0.7) : 0.0f) << i;
+      ASSERT_EQ(gx[i], keep ? static_cast<float>(g[i] / 0.7) : 0.0f) << i;
+      ASSERT_EQ(gx2[i], gx[i]) << i;
+    }
+    if (n % 8) ASSERT_EQ(mask.back() >> (n % 8), 0) << "bits past the end are zero";
+  }
+}
+
+TEST(DropoutCore, RejectsBadProbability) {
+  tempo::DropoutForwardParams f;
+  f.p = 1.5;
+  EXPECT_FALSE(tempo::dropout_forward_cpu(f).ok());
+  f.p = -0.1;
+  EXPECT_FALSE(tempo::dropout_forward_cpu(f).ok());
+}
+
+// LayerNorm(residual + dropout(x + bias)) and its gradients by scalar double loops.
+struct Ref {
+  std::vector<double> y, dx, dres, dw, db, dpb;
+};
+Ref reference(bool layer, int64_t R, int64_t M, const std::vector<double>& x, const std::vector<double>& res,
+              const std::vector<double>& pb, const std::vector<double>& w, const std::vector<double>& b,
+              const std::vector<double>& g, const std::vector<bool>& keep, double scale, bool prologue, double eps) {
+  Ref o;
+  o.y.resize(R * M);
+  o.dx.resize(R * M);
+  o.dres.resize(R * M);
+  o.dw.assign(M, 0);
+  o.db.assign(M, 0);
+  o.dpb.assign(M, 0);
+  for (int64_t r = 0; r < R; ++r) {
+    std::vector<double> h(M), xh(M), gy(M);
+    for (int64_t j = 0; j < M; ++j) {
+      const int64_t e = r * M + j;
+      h[j] = prologue ? res[e] + (keep[e] ? (x[e] + pb[j]) * scale : 0.0) : x[e];
+    }
+    double mean = 0, var = 0;
+    if (layer) {
+      for (double v : h) mean += v;
+      mean /= M;
+    }
+    for (double v : h) var += (v - mean) * (v - mean);
+    var /= M;
+    const double rstd = 1 / std::sqrt(var + eps);
+    double s1 = 0, s2 = 0;
+    for (int64_t j = 0; j < M; ++j) {
+      xh[j] = (h[j] - mean) * rstd;
+      o.y[r * M + j] = xh[j] * w[j] + (layer ? b[j] : 0);
+      gy[j] = g[r * M + j] * w[j];
+      s1 += gy[j] * xh[j];
+      s2 += gy[j];
+    }
+    for (int64_t j = 0; j < M; ++j) {
+      const int64_t e = r * M + j;
+      const double dh = rstd * (gy[j] - xh[j] * s1 / M - (layer ? s2 / M : 0));
+      o.dres[e] = dh;
+      o.dx[e] = prologue ? (keep[e] ? dh * scale : 0) : dh;
+      o.dw[j] += g[e] * xh[j];
+      o.db[j] += g[e];
+      o.dpb[j] += o.dx[e];
+    }
+  }
+  return o;
+}
+
+void expect_close(const std::vector<double>& a, const std::vector<double>& b, double tol, const char* what) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], b[i], tol * (1 + std::fabs(b[i]))) << what << " " << i;
+}
+
+TEST(NormCore, Float64MatchesScalarReference) {
+  for (bool layer : {true, false}) {
+    for (bool prologue : {false, true}) {
+      if (prologue && !layer) continue;
+      for (int64_t M : {1, 7, 33, 1000}) {
+        const int64_t R = 13;
+        std::mt19937 gen(7);
+        std::normal_distribution<double> nd;
+        std::vector<double> x(R * M), res(R * M), g(R * M), pb(M), w(M), b(M);
+        for (auto* v : {&x, &res, &g, &pb}) for (auto& e : *v) e = nd(gen);
+        for (int64_t j = 0; j < M; ++j) {
+          w[j] = 1 + 0.3 * nd(gen);
+          b[j] = 0.1 * nd(gen);
+        }
+        const double p = prologue ? 0.25 : 0.0;
+        const tempo::PhiloxState rng{42, 7};
+        std::vector<bool> keep(R * M);
+        for (int64_t e = 0; e < R * M; ++e) keep[e] = ref_keep(42, 7, e, p);
+        Ref ref = reference(layer, R, M, x, res, pb, w, b, g, keep, 1 / (1 - p), prologue, 1e-5);
+
+        std::vector<double> y(R * M), rstd(R), dx(R * M), dres(R * M), dw(M), db(M), dpb(M);
+        std::vector<uint8_t> mask(tempo::dropout_mask_bytes(R * M));
+        tempo::NormForwardParams f;
+        f.kind = layer ? tempo::NormKind::kLayerNorm : tempo::NormKind::kRmsNorm;
+        f.dtype = DType::kFloat64;
+        f.x = x.data();
+        f.weight = w.data();
+        f.bias = layer ? b.data() : nullptr;
+        if (prologue) {
+          f.prologue.residual = res.data();
+          f.prologue.bias = pb.data();
+          f.prologue.p = p;
+          f.prologue.rng = rng;
+          f.mask = mask.data();
+        }
+        f.y = y.data();
+        f.rstd = rstd.data();
+        f.rows = R;
+        f.cols = M;
+        f.eps = 1e-5;
+        ASSERT_TRUE(tempo::norm_forward_cpu(f).ok());
+        expect_close(y, ref.y, 1e-12, "y");
+        tempo::NormBackwardParams bp;
+        bp.kind = f.kind;
+        bp.dtype = DType::kFloat64;
+        bp.grad_y = g.data();
+        bp.y = y.data();
+        bp.rstd = rstd.data();
+        bp.weight = w.data();
+        bp.bias = f.bias;
+        bp.grad_x = dx.data();
+        bp.grad_weight = dw.data();
+        bp.grad_bias = db.data();
+        if (prologue) {
+          bp.prologue.p = p;
+          bp.prologue.rng = rng;
+          bp.mask = mask.data();
+          bp.grad_residual = dres.data();
+          bp.grad_pre_bias = dpb.data();
+        }
+        bp.rows = R;
+        bp.cols = M;
+        ASSERT_TRUE(tempo::norm_backward_cpu(bp).ok());
+        expect_close(dx, ref.dx, 1e-10, "dx");
+        expect_close(dw, ref.dw, 1e-10, "dweight");
+        if (layer) expect_close(db, ref.db, 1e-12, "dbias");
+        if (prologue) {
+          expect_close(dres, ref.dres, 1e-10, "dresidual");
+          expect_close(dpb, ref.dpb, 1e-10, "dpre_bias");
+          // philox mode: the same gradients from the regenerated mask
+          std::vector<double> dx2(R * M);
+          bp.mask = nullptr;
+          bp.prologue.mode = tempo::DropoutMode::kPhilox;
+          bp.grad_x = dx2.data();
+          ASSERT_TRUE(tempo::norm_backward_cpu(bp).ok());
+          EXPECT_EQ(dx2, dx);
+        }
+      }
+    }
+  }
+}
+
+TEST(NormCore, ZeroGammaGivesFiniteGradients) {
+  const int64_t R = 4, M = 8;
+  std::vector<float> x(R * M), y(R * M), w(M, 1.0f), g(R * M, 1.0f), dx(R * M), dw(M);
+  std::vector<float> rstd(R);
+  for (int64_t i = 0; i < R * M; ++i) x[i] = static_cast<float>(i % 5) - 2.0f;
+  w[3] = 0.0f;
+  tempo::NormForwardParams f;
+  f.kind = tempo::NormKind::kRmsNorm;
+  f.x = x.data();
+  f.weight = w.data();
+  f.y = y.data();
+  f.rstd = rstd.data();
+  f.rows = R;
+  f.cols = M;
+  ASSERT_TRUE(tempo::norm_forward_cpu(f).ok());
+  tempo::NormBackwardParams b;
+  b.kind = f.kind;
+  b.grad_y = g.data();
+  b.y = y.data();
+  b.rstd = rstd.data();
+  b.weight = w.data();
+  b.grad_x = dx.data();
+  b.grad_weight = dw.data();
+  b.rows = R;
+  b.cols = M;
+  ASSERT_TRUE(tempo::norm_backward_cpu(b).ok());
+  for (float v : dx) EXPECT_TRUE(std::isfinite(v));
+  for (float v : dw) EXPECT_TRUE(std::isfinite(v));
+}
+
+TEST(NormCore, RejectsBadParameters) {
+  tempo::NormForwardParams f;
+  f.kind = tempo::NormKind::kRmsNorm;
+  float v = 0;
+  f.bias = &v;
+  EXPECT_FALSE(tempo::norm_forward_cpu(f).ok());
+  tempo::NormForwardParams g;
+  g.rows = 1;
+  g.cols = 1;
+  EXPECT_FALSE(tempo::norm_forward_cpu(g).ok());  // null pointers
+}
+
+}  // namespace
