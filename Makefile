@@ -60,6 +60,7 @@ build: setup $(BUILD)/build.ninja
 # The accuracy sweep behind docs/accuracy.md.
 accuracy: build
 	$(PYTHON) benchmarks/activation_accuracy.py --markdown docs/accuracy.md --csv $(BUILD)/results/activation_accuracy.csv
+	$(PYTHON) benchmarks/norm_accuracy.py --markdown docs/accuracy.md --csv $(BUILD)/results/norm_accuracy.csv
 
 clean:
 	rm -rf $(BUILD)

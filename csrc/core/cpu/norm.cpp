@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
+#include <type_traits>
 #include <vector>
 
 #include "../math/numeric.h"
@@ -59,139 +61,209 @@ const uint8_t* chunk_bits(bool enabled, const NormPrologue& pr, uint8_t* mask_ou
   return dst;
 }
 
+// Per-column parameters in the math type, converted once per call: gamma (1 when absent),
+// beta (0 when absent) and 1 / gamma with |gamma| clamped from below (kNormGammaMin).
+template <typename Acc>
+struct Columns {
+  std::vector<Acc> w, b, inv_w;
+  template <typename T>
+  Columns(const T* weight, const T* bias, int64_t M) : w(M, Acc(1)), b(M, Acc(0)), inv_w(M, Acc(1)) {
+    for (int64_t j = 0; j < M; ++j) {
+      if (weight) {
+        w[j] = math::to_float(weight[j]);
+        const Acc mag = std::max(std::fabs(w[j]), static_cast<Acc>(kNormGammaMin));
+        inv_w[j] = Acc(1) / std::copysign(mag, w[j]);
+      }
+      if (bias) b[j] = math::to_float(bias[j]);
+    }
+  }
+};
+
+// Row sums: blocks of kSumBlock terms summed in the math type across vector lanes, the
+// block sums added in double (accurate to ~kSumBlock / lanes ulps of the terms' magnitude).
+constexpr int64_t kSumBlock = 512;
+
+template <typename Acc, typename F>
+double row_sum(int64_t M, F term) {
+  double total = 0.0;
+  for (int64_t j0 = 0; j0 < M; j0 += kSumBlock) {
+    const int64_t j1 = std::min(M, j0 + kSumBlock);
+    Acc s = 0;
+#pragma omp simd reduction(+ : s)
+    for (int64_t j = j0; j < j1; ++j) s += term(j);
+    total += static_cast<double>(s);
+  }
+  return total;
+}
+
+// Two row sums in one pass, as row_sum.
+template <typename Acc, typename F, typename G>
+std::pair<double, double> row_sum2(int64_t M, F term1, G term2) {
+  double t1 = 0.0, t2 = 0.0;
+  for (int64_t j0 = 0; j0 < M; j0 += kSumBlock) {
+    const int64_t j1 = std::min(M, j0 + kSumBlock);
+    Acc s1 = 0, s2 = 0;
+#pragma omp simd reduction(+ : s1, s2)
+    for (int64_t j = j0; j < j1; ++j) {
+      s1 += term1(j);
+      s2 += term2(j);
+    }
+    t1 += static_cast<double>(s1);
+    t2 += static_cast<double>(s2);
+  }
+  return {t1, t2};
+}
+
+// The row x (or h) as math-type values: x itself for float/double data without the
+// prologue, else converted (and for the prologue, formed) into h.
 template <typename T>
-void forward_chunk(const NormForwardParams& p, int64_t r0, int64_t r1, std::vector<math::acc_t<T>>& h,
-                   std::vector<uint8_t>& local) {
+const math::acc_t<T>* load_row(const NormForwardParams& p, int64_t r, int64_t r0, const uint8_t* bits,
+                               const DropoutScale& scale, std::vector<math::acc_t<T>>& h) {
   using Acc = math::acc_t<T>;
   const int64_t M = p.cols;
-  const T* x = static_cast<const T*>(p.x);
-  const T* w = static_cast<const T*>(p.weight);
-  const T* b = static_cast<const T*>(p.bias);
+  const T* xr = static_cast<const T*>(p.x) + r * M;
   const T* res = static_cast<const T*>(p.prologue.residual);
+  if (!res) {
+    if constexpr (std::is_same_v<T, Acc>) {
+      return xr;
+    } else {
+#pragma omp simd
+      for (int64_t j = 0; j < M; ++j) h[j] = math::to_float(xr[j]);
+      return h.data();
+    }
+  }
+  // h = residual + dropout(x + pre_bias), each step rounded to T as the unfused ops store it.
+  const T* rr = res + r * M;
   const T* pb = static_cast<const T*>(p.prologue.bias);
+  const int64_t base = (r - r0) * M;
+  for (int64_t j = 0; j < M; ++j) {
+    Acc v = round_to_acc<T>(math::to_float(xr[j]) + (pb ? math::to_float(pb[j]) : Acc(0)));
+    if (bits) {
+      const int64_t e = base + j;
+      v = round_to_acc<T>(scale.apply(v, ((bits[e >> 3] >> (e & 7)) & 1) != 0));
+    }
+    h[j] = round_to_acc<T>(math::to_float(rr[j]) + v);
+  }
+  return h.data();
+}
+
+template <typename T>
+void forward_chunk(const NormForwardParams& p, const Columns<math::acc_t<T>>& col, int64_t r0, int64_t r1,
+                   std::vector<math::acc_t<T>>& h, std::vector<uint8_t>& local) {
+  using Acc = math::acc_t<T>;
+  const int64_t M = p.cols;
   T* y = static_cast<T*>(p.y);
   Acc* rstd_out = static_cast<Acc*>(p.rstd);
   const uint8_t* bits = chunk_bits(p.prologue.residual != nullptr, p.prologue, p.mask, nullptr, r0 * M, r1 * M, local);
   const DropoutScale scale(p.prologue.p);
   h.resize(static_cast<size_t>(M));
+  const Acc* w = col.w.data();
+  const Acc* b = col.b.data();
   for (int64_t r = r0; r < r1; ++r) {
-    const T* xr = x + r * M;
-    if (res) {
-      // h = residual + dropout(x + pre_bias), rounded to T as the unfused sequence stores it.
-      const T* rr = res + r * M;
-      const int64_t base = (r - r0) * M;
-      for (int64_t j = 0; j < M; ++j) {
-        Acc v = round_to_acc<T>(math::to_float(xr[j]) + (pb ? math::to_float(pb[j]) : Acc(0)));
-        if (bits) {
-          const int64_t e = base + j;
-          v = round_to_acc<T>(scale.apply(v, ((bits[e >> 3] >> (e & 7)) & 1) != 0));
-        }
-        h[j] = round_to_acc<T>(math::to_float(rr[j]) + v);
-      }
-    } else {
-#pragma omp simd
-      for (int64_t j = 0; j < M; ++j) h[j] = math::to_float(xr[j]);
-    }
-    double mean = 0.0;
-    if (p.kind == NormKind::kLayerNorm) {
-      double s = 0.0;
-#pragma omp simd reduction(+ : s)
-      for (int64_t j = 0; j < M; ++j) s += static_cast<double>(h[j]);
-      mean = s / static_cast<double>(M);
-    }
-    double ss = 0.0;
-#pragma omp simd reduction(+ : ss)
-    for (int64_t j = 0; j < M; ++j) {
-      const double d = static_cast<double>(h[j]) - mean;
-      ss += d * d;
-    }
-    const double rstd_d = 1.0 / std::sqrt(ss / static_cast<double>(M) + p.eps);
-    const Acc rstd = static_cast<Acc>(rstd_d);
+    const Acc* hr = load_row<T>(p, r, r0, bits, scale, h);
+    // Row statistics: two passes (mean, then squared deviations).
+    const double mean =
+        p.kind == NormKind::kLayerNorm ? row_sum<Acc>(M, [&](int64_t j) { return hr[j]; }) / static_cast<double>(M) : 0.0;
     const Acc mu = static_cast<Acc>(mean);
+    const double ss = row_sum<Acc>(M, [&](int64_t j) {
+      const Acc d = hr[j] - mu;
+      return d * d;
+    });
+    const Acc rstd = static_cast<Acc>(1.0 / std::sqrt(ss / static_cast<double>(M) + p.eps));
     rstd_out[r] = rstd;
     T* yr = y + r * M;
 #pragma omp simd
-    for (int64_t j = 0; j < M; ++j) {
-      Acc v = (h[j] - mu) * rstd;
-      if (w) v *= math::to_float(w[j]);
-      if (b) v += math::to_float(b[j]);
-      math::store(yr + j, v);
-    }
+    for (int64_t j = 0; j < M; ++j) math::store(yr + j, (hr[j] - mu) * rstd * w[j] + b[j]);
   }
 }
 
 template <typename T>
-void backward_chunk(const NormBackwardParams& p, int64_t r0, int64_t r1, double* part, std::vector<uint8_t>& local) {
+void backward_chunk(const NormBackwardParams& p, const Columns<math::acc_t<T>>& col, int64_t r0, int64_t r1,
+                    double* part, std::vector<math::acc_t<T>>& acc, std::vector<uint8_t>& local) {
   using Acc = math::acc_t<T>;
   const int64_t M = p.cols;
   const T* dy = static_cast<const T*>(p.grad_y);
   const T* y = static_cast<const T*>(p.y);
   const Acc* rstd = static_cast<const Acc*>(p.rstd);
-  const T* w = static_cast<const T*>(p.weight);
-  const T* b = static_cast<const T*>(p.bias);
   T* dx = static_cast<T*>(p.grad_x);
   T* dres = static_cast<T*>(p.grad_residual);
   const bool prologue = p.grad_residual != nullptr;
   const uint8_t* bits = chunk_bits(prologue, p.prologue, nullptr, p.mask, r0 * M, r1 * M, local);
   const DropoutScale scale(p.prologue.p);
-  const Acc xhat_max = static_cast<Acc>(std::sqrt(static_cast<double>(M)));
-  double* dw = part;
-  double* db = part + M;
-  double* dpb = part + 2 * M;
+  const Acc xmax = static_cast<Acc>(std::sqrt(static_cast<double>(M)));
+  const Acc* w = col.w.data();
+  const Acc* b = col.b.data();
+  const Acc* inv_w = col.inv_w.data();
+  // Column sums of this chunk in the math type (a few rows), added into the double partials.
+  acc.assign(static_cast<size_t>(3 * M), Acc(0));
+  Acc* aw = acc.data();
+  Acc* ab = aw + M;
+  Acc* apb = aw + 2 * M;
   const bool layer = p.kind == NormKind::kLayerNorm;
   for (int64_t r = r0; r < r1; ++r) {
     const T* dyr = dy + r * M;
     const T* yr = y + r * M;
     // c1 = mean(gy * xhat) = mean(dy * (y - beta)) needs no division; c2 = mean(gy).
-    double c1 = 0.0, c2 = 0.0;
-#pragma omp simd reduction(+ : c1, c2)
-    for (int64_t j = 0; j < M; ++j) {
-      const double g = math::to_float(dyr[j]);
-      const double yb = static_cast<double>(math::to_float(yr[j])) - (b ? math::to_float(b[j]) : 0.0);
-      c1 += g * yb;
-      c2 += g * (w ? static_cast<double>(math::to_float(w[j])) : 1.0);
-    }
+    const auto [c1, c2] = row_sum2<Acc>(
+        M, [&](int64_t j) { return math::to_float(dyr[j]) * (math::to_float(yr[j]) - b[j]); },
+        [&](int64_t j) { return math::to_float(dyr[j]) * w[j]; });
     const Acc m1 = static_cast<Acc>(c1 / static_cast<double>(M));
     const Acc m2 = layer ? static_cast<Acc>(c2 / static_cast<double>(M)) : Acc(0);
     const Acc rs = rstd[r];
     T* dxr = dx + r * M;
+    if (!prologue && !p.weight && !p.bias) {  // no parameter gradients to sum
+#pragma omp simd
+      for (int64_t j = 0; j < M; ++j) {
+        const Acc xhat = std::min(std::max(math::to_float(yr[j]), -xmax), xmax);
+        math::store(dxr + j, rs * (math::to_float(dyr[j]) - xhat * m1 - m2));
+      }
+      continue;
+    }
+    if (!prologue) {
+#pragma omp simd
+      for (int64_t j = 0; j < M; ++j) {
+        const Acc g = math::to_float(dyr[j]);
+        Acc xhat = (math::to_float(yr[j]) - b[j]) * inv_w[j];
+        xhat = std::min(std::max(xhat, -xmax), xmax);
+        math::store(dxr + j, rs * (g * w[j] - xhat * m1 - m2));
+        aw[j] += g * xhat;
+        ab[j] += g;
+      }
+      continue;
+    }
     const int64_t base = (r - r0) * M;
     for (int64_t j = 0; j < M; ++j) {
       const Acc g = math::to_float(dyr[j]);
-      const Acc gamma = w ? math::to_float(w[j]) : Acc(1);
-      const Acc yb = math::to_float(yr[j]) - (b ? math::to_float(b[j]) : Acc(0));
-      const Acc mag = std::max(std::fabs(gamma), static_cast<Acc>(kNormGammaMin));
-      Acc xhat = yb / std::copysign(mag, gamma);
-      xhat = std::min(std::max(xhat, -xhat_max), xhat_max);
-      const Acc dh = rs * (g * gamma - xhat * m1 - m2);
-      dw[j] += static_cast<double>(g) * xhat;
-      db[j] += g;
-      if (prologue) {
-        math::store(dres + r * M + j, dh);
-        Acc d = round_to_acc<T>(dh);
-        if (bits) {
-          const int64_t e = base + j;
-          d = scale.apply(d, ((bits[e >> 3] >> (e & 7)) & 1) != 0);
-        }
-        math::store(dxr + j, d);
-        dpb[j] += round_to_acc<T>(d);
-      } else {
-        math::store(dxr + j, dh);
+      Acc xhat = (math::to_float(yr[j]) - b[j]) * inv_w[j];
+      xhat = std::min(std::max(xhat, -xmax), xmax);
+      const Acc dh = rs * (g * w[j] - xhat * m1 - m2);
+      aw[j] += g * xhat;
+      ab[j] += g;
+      math::store(dres + r * M + j, dh);
+      Acc d = round_to_acc<T>(dh);
+      if (bits) {
+        const int64_t e = base + j;
+        d = scale.apply(d, ((bits[e >> 3] >> (e & 7)) & 1) != 0);
       }
+      math::store(dxr + j, d);
+      apb[j] += round_to_acc<T>(d);
     }
   }
+  for (int64_t j = 0; j < 3 * M; ++j) part[j] += static_cast<double>(aw[j]);
 }
 
 template <typename T>
 void forward(const NormForwardParams& p) {
   const int64_t chunk = chunk_rows(p.rows, p.cols);
   const int64_t chunks = (p.rows + chunk - 1) / chunk;
+  const Columns<math::acc_t<T>> col(static_cast<const T*>(p.weight), static_cast<const T*>(p.bias), p.cols);
 #pragma omp parallel if (p.rows * p.cols >= (1 << 15) && chunks > 1)
   {
     std::vector<math::acc_t<T>> h;
     std::vector<uint8_t> local;
 #pragma omp for schedule(static)
-    for (int64_t c = 0; c < chunks; ++c) forward_chunk<T>(p, c * chunk, std::min(p.rows, (c + 1) * chunk), h, local);
+    for (int64_t c = 0; c < chunks; ++c)
+      forward_chunk<T>(p, col, c * chunk, std::min(p.rows, (c + 1) * chunk), h, local);
   }
 }
 
@@ -211,13 +283,15 @@ void backward(const NormBackwardParams& p) {
   const int threads = parallel ? omp_get_max_threads() : 1;
   // Per-thread column partial sums of dgamma, dbeta and the pre-bias gradient.
   std::vector<double> parts(static_cast<size_t>(threads) * 3 * M, 0.0);
+  const Columns<math::acc_t<T>> col(static_cast<const T*>(p.weight), static_cast<const T*>(p.bias), M);
 #pragma omp parallel num_threads(threads) if (parallel)
   {
     std::vector<uint8_t> local;
+    std::vector<math::acc_t<T>> acc;
     double* part = parts.data() + static_cast<size_t>(omp_get_thread_num()) * 3 * M;
 #pragma omp for schedule(static)
     for (int64_t c = 0; c < chunks; ++c)
-      backward_chunk<T>(p, c * chunk, std::min(p.rows, (c + 1) * chunk), part, local);
+      backward_chunk<T>(p, col, c * chunk, std::min(p.rows, (c + 1) * chunk), part, acc, local);
   }
   for (int t = 1; t < threads; ++t) {
     const double* src = parts.data() + static_cast<size_t>(t) * 3 * M;
