@@ -18,6 +18,7 @@ run: build
 	$(BUILD)/tempo env
 	mkdir -p $(BUILD)/results
 	$(BUILD)/bench_activation --csv $(BUILD)/results/activation_speed.csv --json $(BUILD)/results/activation_speed.json
+	$(BUILD)/bench_norm --csv $(BUILD)/results/norm_speed.csv --json $(BUILD)/results/norm_speed.json
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "common.h"
 #include "tempo/ops/activation.h"
 
 namespace {
@@ -32,14 +33,6 @@ struct Args {
   int reps = 5;
   std::string csv, json;
 };
-
-std::vector<int64_t> parse_list(const std::string& s) {
-  std::vector<int64_t> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) out.push_back(std::stoll(item));
-  return out;
-}
 
 void sync(const at::Device& d) {
   if (d.is_cuda()) torch::cuda::synchronize();
@@ -56,11 +49,6 @@ double time_once(const std::function<at::Tensor(const at::Tensor&)>& f, const at
   return std::chrono::duration<double, std::milli>(t1 - t0).count();
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -74,7 +62,7 @@ int main(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (k == "--tokens") a.tokens = parse_list(next());
+    if (k == "--tokens") a.tokens = bench::parse_list(next());
     else if (k == "--features") a.features = std::stoll(next());
     else if (k == "--dtype") a.dtype = next();
     else if (k == "--device") a.device = next();
@@ -139,7 +127,7 @@ int main(int argc, char** argv) {
         tt.push_back(time_once(v.tempo, x, g));
         tr.push_back(time_once(v.torch, x, g));
       }
-      const double mt = median(tt), mr = median(tr);
+      const double mt = bench::median(tt), mr = bench::median(tr);
       std::printf("%-10s %8lld %6lld %12.2f %12.2f %8.3f %14lld %14lld\n", v.name, (long long)tokens,
                   (long long)a.features, mt, mr, mt / mr, (long long)torch_bytes, (long long)tempo_bytes);
       std::fflush(stdout);

@@ -141,11 +141,16 @@ def test_bad_input_names_op_and_argument():
 
 
 def test_non_finite_propagates():
+    """As PyTorch's x * mask * scale: kept inf stays inf, kept NaN stays NaN, dropped non-finite
+    elements give NaN (x * 0), dropped finite ones 0."""
     x = torch.tensor([float("nan"), float("inf"), -float("inf"), 1.0] * 64)
-    y = tempo.dropout(x, 0.5)
-    kept = y != 0
-    assert torch.isnan(y[0::4][kept[0::4] | torch.isnan(y[0::4])]).all()
-    assert torch.equal(torch.isinf(y), torch.isinf(x) & (torch.isinf(y)))
+    torch.manual_seed(2)
+    y, keep_bits = torch.ops.tempo.dropout_forward(x, 0.3, "bits")
+    keep = unpack(keep_bits, x.numel())
+    ref = x.double() * keep.double() / 0.7
+    assert torch.equal(torch.isnan(y), torch.isnan(ref))
+    finite = ~torch.isnan(ref)
+    assert torch.equal(y[finite].double(), ref[finite].float().double())
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (CPU/CUDA mask agreement)")

@@ -65,10 +65,12 @@ const uint8_t* chunk_bits(bool enabled, const NormPrologue& pr, uint8_t* mask_ou
 // beta (0 when absent) and 1 / gamma with |gamma| clamped from below (kNormGammaMin).
 template <typename Acc>
 struct Columns {
-  std::vector<Acc> w, b, inv_w;
+  std::vector<Acc> w, b, inv_w, pre_bias;  // pre_bias: the prologue's bias (0 when absent)
   template <typename T>
-  Columns(const T* weight, const T* bias, int64_t M) : w(M, Acc(1)), b(M, Acc(0)), inv_w(M, Acc(1)) {
+  Columns(const T* weight, const T* bias, const T* pre, int64_t M)
+      : w(M, Acc(1)), b(M, Acc(0)), inv_w(M, Acc(1)), pre_bias(M, Acc(0)) {
     for (int64_t j = 0; j < M; ++j) {
+      if (pre) pre_bias[j] = math::to_float(pre[j]);
       if (weight) {
         w[j] = math::to_float(weight[j]);
         const Acc mag = std::max(std::fabs(w[j]), static_cast<Acc>(kNormGammaMin));
@@ -116,9 +118,22 @@ std::pair<double, double> row_sum2(int64_t M, F term1, G term2) {
 
 // The row x (or h) as math-type values: x itself for float/double data without the
 // prologue, else converted (and for the prologue, formed) into h.
+// Keep flags (0/1) of elements base .. base+M-1 of a chunk's bits; all 1 without dropout.
+inline void expand_bits(const uint8_t* bits, int64_t base, int64_t M, uint8_t* out) {
+  if (!bits) {
+    std::fill(out, out + M, uint8_t{1});
+    return;
+  }
+  for (int64_t j = 0; j < M; ++j) {
+    const int64_t e = base + j;
+    out[j] = (bits[e >> 3] >> (e & 7)) & 1;
+  }
+}
+
 template <typename T>
-const math::acc_t<T>* load_row(const NormForwardParams& p, int64_t r, int64_t r0, const uint8_t* bits,
-                               const DropoutScale& scale, std::vector<math::acc_t<T>>& h) {
+const math::acc_t<T>* load_row(const NormForwardParams& p, const Columns<math::acc_t<T>>& col, int64_t r, int64_t r0,
+                               const uint8_t* bits, const DropoutScale& scale, std::vector<math::acc_t<T>>& h,
+                               std::vector<uint8_t>& keep) {
   using Acc = math::acc_t<T>;
   const int64_t M = p.cols;
   const T* xr = static_cast<const T*>(p.x) + r * M;
@@ -134,22 +149,22 @@ const math::acc_t<T>* load_row(const NormForwardParams& p, int64_t r, int64_t r0
   }
   // h = residual + dropout(x + pre_bias), each step rounded to T as the unfused ops store it.
   const T* rr = res + r * M;
-  const T* pb = static_cast<const T*>(p.prologue.bias);
-  const int64_t base = (r - r0) * M;
+  const Acc* pb = col.pre_bias.data();
+  uint8_t* kb = keep.data();
+  expand_bits(bits, (r - r0) * M, M, kb);
+  Acc* hd = h.data();
+#pragma omp simd
   for (int64_t j = 0; j < M; ++j) {
-    Acc v = round_to_acc<T>(math::to_float(xr[j]) + (pb ? math::to_float(pb[j]) : Acc(0)));
-    if (bits) {
-      const int64_t e = base + j;
-      v = round_to_acc<T>(scale.apply(v, ((bits[e >> 3] >> (e & 7)) & 1) != 0));
-    }
-    h[j] = round_to_acc<T>(math::to_float(rr[j]) + v);
+    const Acc v = round_to_acc<T>(math::to_float(xr[j]) + pb[j]);
+    const Acc d = round_to_acc<T>(scale.apply(v, kb[j] != 0));
+    hd[j] = round_to_acc<T>(math::to_float(rr[j]) + d);
   }
-  return h.data();
+  return hd;
 }
 
 template <typename T>
 void forward_chunk(const NormForwardParams& p, const Columns<math::acc_t<T>>& col, int64_t r0, int64_t r1,
-                   std::vector<math::acc_t<T>>& h, std::vector<uint8_t>& local) {
+                   std::vector<math::acc_t<T>>& h, std::vector<uint8_t>& keep, std::vector<uint8_t>& local) {
   using Acc = math::acc_t<T>;
   const int64_t M = p.cols;
   T* y = static_cast<T*>(p.y);
@@ -157,10 +172,11 @@ void forward_chunk(const NormForwardParams& p, const Columns<math::acc_t<T>>& co
   const uint8_t* bits = chunk_bits(p.prologue.residual != nullptr, p.prologue, p.mask, nullptr, r0 * M, r1 * M, local);
   const DropoutScale scale(p.prologue.p);
   h.resize(static_cast<size_t>(M));
+  keep.resize(static_cast<size_t>(M));
   const Acc* w = col.w.data();
   const Acc* b = col.b.data();
   for (int64_t r = r0; r < r1; ++r) {
-    const Acc* hr = load_row<T>(p, r, r0, bits, scale, h);
+    const Acc* hr = load_row<T>(p, col, r, r0, bits, scale, h, keep);
     // Row statistics: two passes (mean, then squared deviations).
     const double mean =
         p.kind == NormKind::kLayerNorm ? row_sum<Acc>(M, [&](int64_t j) { return hr[j]; }) / static_cast<double>(M) : 0.0;
@@ -179,7 +195,8 @@ void forward_chunk(const NormForwardParams& p, const Columns<math::acc_t<T>>& co
 
 template <typename T>
 void backward_chunk(const NormBackwardParams& p, const Columns<math::acc_t<T>>& col, int64_t r0, int64_t r1,
-                    double* part, std::vector<math::acc_t<T>>& acc, std::vector<uint8_t>& local) {
+                    double* part, std::vector<math::acc_t<T>>& acc, std::vector<uint8_t>& keep,
+                    std::vector<uint8_t>& local) {
   using Acc = math::acc_t<T>;
   const int64_t M = p.cols;
   const T* dy = static_cast<const T*>(p.grad_y);
@@ -196,6 +213,7 @@ void backward_chunk(const NormBackwardParams& p, const Columns<math::acc_t<T>>& 
   const Acc* inv_w = col.inv_w.data();
   // Column sums of this chunk in the math type (a few rows), added into the double partials.
   acc.assign(static_cast<size_t>(3 * M), Acc(0));
+  keep.resize(static_cast<size_t>(M));
   Acc* aw = acc.data();
   Acc* ab = aw + M;
   Acc* apb = aw + 2 * M;
@@ -231,7 +249,10 @@ void backward_chunk(const NormBackwardParams& p, const Columns<math::acc_t<T>>& 
       }
       continue;
     }
-    const int64_t base = (r - r0) * M;
+    uint8_t* kb = keep.data();
+    expand_bits(bits, (r - r0) * M, M, kb);
+    T* dresr = dres + r * M;
+#pragma omp simd
     for (int64_t j = 0; j < M; ++j) {
       const Acc g = math::to_float(dyr[j]);
       Acc xhat = (math::to_float(yr[j]) - b[j]) * inv_w[j];
@@ -239,14 +260,10 @@ void backward_chunk(const NormBackwardParams& p, const Columns<math::acc_t<T>>& 
       const Acc dh = rs * (g * w[j] - xhat * m1 - m2);
       aw[j] += g * xhat;
       ab[j] += g;
-      math::store(dres + r * M + j, dh);
-      Acc d = round_to_acc<T>(dh);
-      if (bits) {
-        const int64_t e = base + j;
-        d = scale.apply(d, ((bits[e >> 3] >> (e & 7)) & 1) != 0);
-      }
+      math::store(dresr + j, dh);
+      const Acc d = round_to_acc<T>(scale.apply(round_to_acc<T>(dh), kb[j] != 0));
       math::store(dxr + j, d);
-      apb[j] += round_to_acc<T>(d);
+      apb[j] += d;
     }
   }
   for (int64_t j = 0; j < 3 * M; ++j) part[j] += static_cast<double>(aw[j]);
@@ -256,14 +273,15 @@ template <typename T>
 void forward(const NormForwardParams& p) {
   const int64_t chunk = chunk_rows(p.rows, p.cols);
   const int64_t chunks = (p.rows + chunk - 1) / chunk;
-  const Columns<math::acc_t<T>> col(static_cast<const T*>(p.weight), static_cast<const T*>(p.bias), p.cols);
+  const Columns<math::acc_t<T>> col(static_cast<const T*>(p.weight), static_cast<const T*>(p.bias),
+                                     static_cast<const T*>(p.prologue.bias), p.cols);
 #pragma omp parallel if (p.rows * p.cols >= (1 << 15) && chunks > 1)
   {
     std::vector<math::acc_t<T>> h;
-    std::vector<uint8_t> local;
+    std::vector<uint8_t> keep, local;
 #pragma omp for schedule(static)
     for (int64_t c = 0; c < chunks; ++c)
-      forward_chunk<T>(p, col, c * chunk, std::min(p.rows, (c + 1) * chunk), h, local);
+      forward_chunk<T>(p, col, c * chunk, std::min(p.rows, (c + 1) * chunk), h, keep, local);
   }
 }
 
@@ -283,15 +301,16 @@ void backward(const NormBackwardParams& p) {
   const int threads = parallel ? omp_get_max_threads() : 1;
   // Per-thread column partial sums of dgamma, dbeta and the pre-bias gradient.
   std::vector<double> parts(static_cast<size_t>(threads) * 3 * M, 0.0);
-  const Columns<math::acc_t<T>> col(static_cast<const T*>(p.weight), static_cast<const T*>(p.bias), M);
+  const Columns<math::acc_t<T>> col(static_cast<const T*>(p.weight), static_cast<const T*>(p.bias),
+                                     static_cast<const T*>(nullptr), M);
 #pragma omp parallel num_threads(threads) if (parallel)
   {
-    std::vector<uint8_t> local;
+    std::vector<uint8_t> keep, local;
     std::vector<math::acc_t<T>> acc;
     double* part = parts.data() + static_cast<size_t>(omp_get_thread_num()) * 3 * M;
 #pragma omp for schedule(static)
     for (int64_t c = 0; c < chunks; ++c)
-      backward_chunk<T>(p, col, c * chunk, std::min(p.rows, (c + 1) * chunk), part, acc, local);
+      backward_chunk<T>(p, col, c * chunk, std::min(p.rows, (c + 1) * chunk), part, acc, keep, local);
   }
   for (int t = 1; t < threads; ++t) {
     const double* src = parts.data() + static_cast<size_t>(t) * 3 * M;

@@ -63,9 +63,10 @@ TEMPO_HD float from_float<float>(float v) {
 template <>
 TEMPO_HD bf16_t from_float<bf16_t>(float v) {
   const uint32_t u = float_bits(v);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return bf16_t{static_cast<uint16_t>((u >> 16) | 0x40u)};  // quiet NaN
-  const uint32_t rounding = 0x7fffu + ((u >> 16) & 1u);
-  return bf16_t{static_cast<uint16_t>((u + rounding) >> 16)};
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const uint32_t nan = (u >> 16) | 0x40u;  // quiet NaN
+  // A select rather than an early return, so that loops over it vectorise.
+  return bf16_t{static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded)};
 }
 template <>
 TEMPO_HD fp16_t from_float<fp16_t>(float v) {

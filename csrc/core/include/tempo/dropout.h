@@ -54,7 +54,8 @@ TEMPO_HD double dropout_scale(double p) { return p < 1.0 ? 1.0 / (1.0 - p) : 0.0
 
 // x * keep * scale rounded once (to within 2^-48 before the rounding): the scale in two
 // floats (hi + lo), one fma, so fp32 math gives the float64 product's rounding without
-// double arithmetic. Dropped elements give x * 0 (NaN for non-finite x, as PyTorch).
+// double arithmetic. Kept inf stays inf; dropped elements give x * 0 (NaN for non-finite x,
+// as PyTorch's x * mask).
 struct DropoutScale {
   float hi = 0.0f, lo = 0.0f;
   double full = 0.0;
@@ -63,7 +64,10 @@ struct DropoutScale {
     hi = static_cast<float>(full);
     lo = static_cast<float>(full - static_cast<double>(hi));
   }
-  TEMPO_HD float apply(float x, bool keep) const { return keep ? fmaf(x, hi, x * lo) : x * 0.0f; }
+  TEMPO_HD float apply(float x, bool keep) const {
+    const float a = x * hi;  // non-finite: the correction would turn inf into NaN
+    return keep ? (fabsf(a) <= 3.402823466e38f ? fmaf(x, hi, x * lo) : a) : x * 0.0f;
+  }
   TEMPO_HD double apply(double x, bool keep) const { return keep ? x * full : x * 0.0; }
 };
 
