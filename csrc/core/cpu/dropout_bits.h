@@ -1,7 +1,8 @@
-// Packed Philox keep bits on the CPU, shared by the dropout kernels and the fused
-// bias-dropout-residual-LayerNorm.
+// Packed Philox keep bits on the CPU, shared by the kernels that drop out: dropout, the
+// fused bias-dropout-residual-LayerNorm and attention.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "tempo/dropout.h"
@@ -35,6 +36,21 @@ inline void keep_bits(const PhiloxState& rng, uint64_t threshold, int64_t start,
   }
   // Bits past the end of the tensor are zero.
   if (len % 8) out[nbytes - 1] &= static_cast<uint8_t>((1u << (len % 8)) - 1u);
+}
+
+// Rows per work item when each row has `cols` elements and items write packed bits: a
+// multiple of 8 elements per item (so no two threads write one mask byte), about 16k
+// elements, at most `rows` (then a single item).
+inline int64_t mask_chunk_rows(int64_t rows, int64_t cols) {
+  int64_t unit = 8;  // rows per whole number of mask bytes
+  for (int64_t d = 8; d > 1; d /= 2)
+    if (cols % d == 0) {
+      unit = 8 / d;
+      break;
+    }
+  int64_t target = std::max<int64_t>(1, (16384 + cols - 1) / std::max<int64_t>(cols, 1));
+  target = (target + unit - 1) / unit * unit;
+  return std::min(target, std::max<int64_t>(rows, 1));
 }
 
 }  // namespace tempo::cpu

@@ -20,32 +20,6 @@ namespace {
 using math::bf16_t;
 using math::fp16_t;
 
-// Rows per chunk: whole mask bytes per chunk (rows * cols a multiple of 8), about 16k elements.
-int64_t chunk_rows(int64_t rows, int64_t cols) {
-  int64_t unit = 8;
-  for (int64_t d = 8; d > 1; d /= 2)
-    if (cols % d == 0) {
-      unit = 8 / d;
-      break;
-    }
-  int64_t target = std::max<int64_t>(1, (16384 + cols - 1) / cols);
-  target = (target + unit - 1) / unit * unit;
-  return std::min(target, std::max<int64_t>(rows, 1));
-}
-
-template <typename T>
-T round_to(math::acc_t<T> v) {
-  T out;
-  math::store(&out, v);
-  return out;
-}
-
-// v rounded to T's precision, kept in the math type.
-template <typename T>
-math::acc_t<T> round_to_acc(math::acc_t<T> v) {
-  return math::to_float(round_to<T>(v));
-}
-
 // Keep bits of the elements of rows [r0, r1): from the stored mask, or drawn (and stored in
 // bits mode). Returns null when there is no dropout.
 const uint8_t* chunk_bits(bool enabled, const NormPrologue& pr, uint8_t* mask_out, const uint8_t* mask_in, int64_t e0,
@@ -155,9 +129,9 @@ const math::acc_t<T>* load_row(const NormForwardParams& p, const Columns<math::a
   Acc* hd = h.data();
 #pragma omp simd
   for (int64_t j = 0; j < M; ++j) {
-    const Acc v = round_to_acc<T>(math::to_float(xr[j]) + pb[j]);
-    const Acc d = round_to_acc<T>(scale.apply(v, kb[j] != 0));
-    hd[j] = round_to_acc<T>(math::to_float(rr[j]) + d);
+    const Acc v = math::round_to_acc<T>(math::to_float(xr[j]) + pb[j]);
+    const Acc d = math::round_to_acc<T>(scale.apply(v, kb[j] != 0));
+    hd[j] = math::round_to_acc<T>(math::to_float(rr[j]) + d);
   }
   return hd;
 }
@@ -261,7 +235,7 @@ void backward_chunk(const NormBackwardParams& p, const Columns<math::acc_t<T>>& 
       aw[j] += g * xhat;
       ab[j] += g;
       math::store(dresr + j, dh);
-      const Acc d = round_to_acc<T>(scale.apply(round_to_acc<T>(dh), kb[j] != 0));
+      const Acc d = math::round_to_acc<T>(scale.apply(math::round_to_acc<T>(dh), kb[j] != 0));
       math::store(dxr + j, d);
       apb[j] += d;
     }
@@ -271,7 +245,7 @@ void backward_chunk(const NormBackwardParams& p, const Columns<math::acc_t<T>>& 
 
 template <typename T>
 void forward(const NormForwardParams& p) {
-  const int64_t chunk = chunk_rows(p.rows, p.cols);
+  const int64_t chunk = cpu::mask_chunk_rows(p.rows, p.cols);
   const int64_t chunks = (p.rows + chunk - 1) / chunk;
   const Columns<math::acc_t<T>> col(static_cast<const T*>(p.weight), static_cast<const T*>(p.bias),
                                      static_cast<const T*>(p.prologue.bias), p.cols);
@@ -295,7 +269,7 @@ void store_sums(const double* sum, void* out, int64_t M) {
 template <typename T>
 void backward(const NormBackwardParams& p) {
   const int64_t M = p.cols;
-  const int64_t chunk = chunk_rows(p.rows, M);
+  const int64_t chunk = cpu::mask_chunk_rows(p.rows, M);
   const int64_t chunks = (p.rows + chunk - 1) / chunk;
   const bool parallel = p.rows * M >= (1 << 15) && chunks > 1;
   const int threads = parallel ? omp_get_max_threads() : 1;

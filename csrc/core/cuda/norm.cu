@@ -23,13 +23,6 @@ __device__ Acc block_sum(Acc v, Acc* shared) {
   return total;
 }
 
-template <typename T>
-__device__ math::acc_t<T> round_acc(math::acc_t<T> v) {
-  T out;
-  math::store(&out, v);
-  return math::to_float(out);
-}
-
 // The element's keep bit: from the mask, or drawn by Philox (the same draw as keep_byte).
 // `rng` is resolved (cuda::resolve) by the caller.
 __device__ bool keep_bit(const PhiloxState& rng, const uint8_t* mask, int64_t e, uint64_t threshold) {
@@ -48,9 +41,9 @@ __device__ math::acc_t<T> load_h(const NormForwardParams& p, const PhiloxState& 
   const Acc xv = math::to_float(static_cast<const T*>(p.x)[e]);
   if (!p.prologue.residual) return xv;
   const T* pb = static_cast<const T*>(p.prologue.bias);
-  Acc v = round_acc<T>(xv + (pb ? math::to_float(pb[j]) : Acc(0)));
-  if (p.prologue.p > 0.0) v = round_acc<T>(scale.apply(v, keep_bit(rng, p.mask, e, threshold)));
-  return round_acc<T>(math::to_float(static_cast<const T*>(p.prologue.residual)[e]) + v);
+  Acc v = math::round_to_acc<T>(xv + (pb ? math::to_float(pb[j]) : Acc(0)));
+  if (p.prologue.p > 0.0) v = math::round_to_acc<T>(scale.apply(v, keep_bit(rng, p.mask, e, threshold)));
+  return math::round_to_acc<T>(math::to_float(static_cast<const T*>(p.prologue.residual)[e]) + v);
 }
 
 __global__ void mask_kernel(NormPrologue pr, uint8_t* mask, int64_t numel, uint64_t threshold) {
@@ -137,10 +130,10 @@ __global__ void norm_backward_kernel(NormBackwardParams p, uint64_t threshold, D
       part[M + j] += g;
       if (prologue) {
         math::store(static_cast<T*>(p.grad_residual) + e, dh);
-        Acc d = round_acc<T>(dh);
+        Acc d = math::round_to_acc<T>(dh);
         if (dropout) d = scale.apply(d, keep_bit(rng, p.mask, e, threshold));
         math::store(static_cast<T*>(p.grad_x) + e, d);
-        part[2 * M + j] += round_acc<T>(d);
+        part[2 * M + j] += math::round_to_acc<T>(d);
       } else {
         math::store(static_cast<T*>(p.grad_x) + e, dh);
       }

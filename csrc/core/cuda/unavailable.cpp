@@ -1,6 +1,7 @@
 // Compiled instead of the CUDA sources when the build has no CUDA: the CUDA entry points
 // exist and say why they cannot run.
 #include "tempo/activation.h"
+#include "tempo/attention.h"
 #include "tempo/dropout.h"
 #include "tempo/norm.h"
 
@@ -26,6 +27,13 @@ Status norm_forward_cuda(const NormForwardParams&, void*) {
 }
 Status norm_backward_cuda(const NormBackwardParams&, void*) {
   return Status::Error("norm backward: this build of tempo has no CUDA kernels");
+}
+
+Status attention_softmax_forward_cuda(const AttentionSoftmaxForwardParams&, void*) {
+  return Status::Error("attention softmax forward: this build of tempo has no CUDA kernels");
+}
+Status attention_softmax_backward_cuda(const AttentionSoftmaxBackwardParams&, void*) {
+  return Status::Error("attention softmax backward: this build of tempo has no CUDA kernels");
 }
 
 }  // namespace tempo

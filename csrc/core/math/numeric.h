@@ -113,4 +113,12 @@ struct AccType<double> {
 template <typename T>
 using acc_t = typename AccType<T>::type;
 
+// v rounded to T's precision (as storing it in T would), kept in the math type.
+template <typename T>
+TEMPO_HD acc_t<T> round_to_acc(acc_t<T> v) {
+  T out;
+  store(&out, v);
+  return to_float(out);
+}
+
 }  // namespace tempo::math

@@ -1,0 +1,32 @@
+// Backend-independent parts of the attention softmax: parameter validation.
+#include "tempo/attention.h"
+
+namespace tempo::detail {
+
+namespace {
+bool known(DType d) {
+  return d == DType::kFloat32 || d == DType::kFloat64 || d == DType::kBFloat16 || d == DType::kFloat16;
+}
+}  // namespace
+
+Status validate(const AttentionSoftmaxForwardParams& p) {
+  TEMPO_CORE_CHECK(known(p.dtype), "attention softmax forward: unsupported dtype");
+  TEMPO_CORE_CHECK(p.batch >= 0 && p.heads >= 0 && p.rows >= 0 && p.cols >= 0,
+                   "attention softmax forward: sizes must be non-negative");
+  TEMPO_CORE_CHECK(p.p >= 0.0 && p.p <= 1.0, "attention softmax forward: p must be in [0, 1]");
+  if (p.batch * p.heads * p.rows * p.cols == 0) return Status::Ok();
+  TEMPO_CORE_CHECK(p.scores, "attention softmax forward: scores must be non-null");
+  if (p.p > 0.0) TEMPO_CORE_CHECK(p.dropped, "attention softmax forward: dropout needs the dropped output");
+  return Status::Ok();
+}
+
+Status validate(const AttentionSoftmaxBackwardParams& p) {
+  TEMPO_CORE_CHECK(known(p.dtype), "attention softmax backward: unsupported dtype");
+  TEMPO_CORE_CHECK(p.rows_total >= 0 && p.cols >= 0, "attention softmax backward: sizes must be non-negative");
+  TEMPO_CORE_CHECK(p.p >= 0.0 && p.p <= 1.0, "attention softmax backward: p must be in [0, 1]");
+  if (p.rows_total * p.cols == 0) return Status::Ok();
+  TEMPO_CORE_CHECK(p.grad && p.probs, "attention softmax backward: grad and probs must be non-null");
+  return Status::Ok();
+}
+
+}  // namespace tempo::detail

@@ -1,0 +1,227 @@
+// Schemas, kernels and C++ API of tempo::attention. The kernels are device-generic
+// (CompositeExplicitAutograd): matmuls through ATen, the fused softmax parts through the core.
+#include "tempo/ops/attention.h"
+
+#include <ATen/ATen.h>
+#include <ATen/ExpandUtils.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <limits>
+
+#include "common.h"
+#include "dtype.h"
+#include "tempo/attention.h"
+
+TORCH_LIBRARY_FRAGMENT(tempo, m) {
+  m.def("attention(Tensor q, Tensor k, Tensor v, Tensor? attn_mask=None, float dropout_p=0.0, bool causal=False, "
+        "float? scale=None, str mode='bits') -> Tensor",
+        {at::Tag::nondeterministic_seeded});
+  m.def("attention_forward(Tensor q, Tensor k, Tensor v, Tensor? attn_mask, float dropout_p, bool causal, "
+        "float? scale, str mode) -> (Tensor, Tensor, Tensor)",
+        {at::Tag::nondeterministic_seeded});
+  m.def("attention_backward(Tensor grad, Tensor q, Tensor k, Tensor v, Tensor probs, Tensor keep, float dropout_p, "
+        "float? scale, str mode) -> (Tensor, Tensor, Tensor)");
+}
+
+namespace tempo {
+namespace {
+using namespace torch_impl;
+
+void check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const char* op) {
+  for (auto [t, name] : {std::pair<const at::Tensor*, const char*>{&q, "q"}, {&k, "k"}, {&v, "v"}}) {
+    check_floating(*t, op, name);
+    check_device(*t, op, name);
+    TORCH_CHECK(t->dim() == 4, op, ": argument '", name, "' must be 4-D [batch, heads, seq, head_dim], got shape ",
+                t->sym_sizes());
+  }
+  check_like(k, q, op, "k");
+  check_like(v, q, op, "v");
+  TORCH_CHECK(k.sym_size(0) == q.sym_size(0) && v.sym_size(0) == q.sym_size(0), op,
+              ": q, k and v must have one batch size, got ", q.sym_size(0), ", ", k.sym_size(0), ", ", v.sym_size(0));
+  TORCH_CHECK(k.sym_size(1) == q.sym_size(1) && v.sym_size(1) == q.sym_size(1), op,
+              ": q, k and v must have one number of heads, got ", q.sym_size(1), ", ", k.sym_size(1), ", ",
+              v.sym_size(1));
+  TORCH_CHECK(k.sym_size(3) == q.sym_size(3), op, ": argument 'k' must have the head dim of q (", q.sym_size(3),
+              "), got ", k.sym_size(3));
+  TORCH_CHECK(v.sym_size(2) == k.sym_size(2), op, ": argument 'v' must have the sequence length of k (",
+              k.sym_size(2), "), got ", v.sym_size(2));
+}
+
+double scale_of(const at::Tensor& q, std::optional<double> scale) {
+  if (scale.has_value()) return *scale;
+  const int64_t d = q.sym_size(3).guard_int(__FILE__, __LINE__);
+  return 1.0 / std::sqrt(static_cast<double>(std::max<int64_t>(d, 1)));
+}
+
+// The mask as additive fp32 values (bool: 0 where true, -inf where false), still in its own
+// (broadcastable) shape, expanded to [B, A, Sq, Sk] by strides.
+at::Tensor additive_mask(const at::Tensor& mask, const at::Tensor& scores, const char* op) {
+  TORCH_CHECK(mask.scalar_type() == at::kBool || at::isFloatingType(mask.scalar_type()), op,
+              ": argument 'attn_mask' must be bool or floating, got ", mask.scalar_type());
+  TORCH_CHECK(mask.device() == scores.device(), op, ": argument 'attn_mask' must be on the device of q (",
+              scores.device(), "), got ", mask.device());
+  TORCH_CHECK(!mask.requires_grad(), op, ": argument 'attn_mask' requires grad; gradients of the mask are not "
+              "supported (pass a mask without requires_grad, or use backend='eager')");
+  TORCH_CHECK(mask.dim() <= 4 && at::is_expandable_to(mask.sym_sizes(), scores.sym_sizes()), op,
+              ": argument 'attn_mask' of shape ", mask.sym_sizes(), " does not broadcast to [batch, heads, q_len, k_len] = ",
+              scores.sym_sizes());
+  at::Tensor add = mask.scalar_type() == at::kBool
+                       ? at::where(mask, at::zeros({}, mask.options().dtype(at::kFloat)),
+                                   at::full({}, -std::numeric_limits<float>::infinity(), mask.options().dtype(at::kFloat)))
+                       : mask.to(at::kFloat);
+  return add.expand_symint(scores.sym_sizes());
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward_kernel(const at::Tensor& q, const at::Tensor& k,
+                                                                        const at::Tensor& v,
+                                                                        const std::optional<at::Tensor>& attn_mask,
+                                                                        double dropout_p, bool causal,
+                                                                        std::optional<double> scale,
+                                                                        c10::string_view mode_name) {
+  const char* op = "tempo::attention";
+  check_qkv(q, k, v, op);
+  check_probability(dropout_p, op, "dropout_p");
+  const DropoutMode mode = dropout_mode(mode_name, op);
+  const double sc = scale_of(q, scale);
+  c10::OptionalDeviceGuard guard(q.device());
+  // Scores in q's dtype (as the eager baseline); the softmax overwrites them with P.
+  at::Tensor probs = at::matmul(q, k.transpose(-2, -1)).contiguous();
+  at::Tensor mask;
+  if (attn_mask.has_value() && attn_mask->defined()) mask = additive_mask(*attn_mask, probs, op);
+  DropoutKeep keep = new_dropout_keep(probs, dropout_p, mode);
+  at::Tensor dropped = dropout_p > 0.0 ? at::empty_like(probs) : at::Tensor();
+  if (!q.is_meta() && probs.numel() > 0) {
+    AttentionSoftmaxForwardParams prm;
+    prm.dtype = to_core_dtype(q.scalar_type());
+    prm.scores = probs.mutable_data_ptr();
+    prm.dropped = dropped.defined() ? dropped.mutable_data_ptr() : nullptr;
+    prm.mask_bits = keep.mask;
+    at::Tensor mask_f;
+    if (mask.defined()) {
+      prm.attn_mask = mask.const_data_ptr<float>();
+      for (int d = 0; d < 4; ++d) prm.mask_stride[d] = mask.stride(d);
+    }
+    prm.batch = q.size(0);
+    prm.heads = q.size(1);
+    prm.rows = q.size(2);
+    prm.cols = k.size(2);
+    prm.scale = sc;
+    prm.causal = causal;
+    prm.p = dropout_p;
+    prm.rng = keep.rng;
+    raise_if_error(q.is_cuda() ? attention_softmax_forward_cuda(prm, stream_of(q)) : attention_softmax_forward_cpu(prm),
+                   op);
+  }
+  at::Tensor out = at::matmul(dropped.defined() ? dropped : probs, v);
+  return {out, probs, keep.keep};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_kernel(const at::Tensor& grad, const at::Tensor& q,
+                                                                         const at::Tensor& k, const at::Tensor& v,
+                                                                         const at::Tensor& probs,
+                                                                         const at::Tensor& keep, double dropout_p,
+                                                                         std::optional<double> scale,
+                                                                         c10::string_view mode_name) {
+  const char* op = "tempo::attention_backward";
+  check_qkv(q, k, v, op);
+  check_probability(dropout_p, op, "dropout_p");
+  const DropoutMode mode = dropout_mode(mode_name, op);
+  check_like(grad, q, op, "grad");
+  check_like(probs, q, op, "probs");
+  TORCH_CHECK(probs.dim() == 4 && probs.sym_size(0) == q.sym_size(0) && probs.sym_size(1) == q.sym_size(1) &&
+                  probs.sym_size(2) == q.sym_size(2) && probs.sym_size(3) == k.sym_size(2),
+              op, ": argument 'probs' must have shape [batch, heads, q_len, k_len], got ", probs.sym_sizes());
+  TORCH_CHECK(grad.dim() == 4 && grad.sym_size(0) == q.sym_size(0) && grad.sym_size(1) == q.sym_size(1) &&
+                  grad.sym_size(2) == q.sym_size(2) && grad.sym_size(3) == v.sym_size(3),
+              op, ": argument 'grad' must have the shape of the output, got ", grad.sym_sizes());
+  const double sc = scale_of(q, scale);
+  const at::Tensor pc = probs.contiguous();
+  AttentionSoftmaxBackwardParams prm;
+  DropoutBackwardParams drop;
+  read_dropout_keep(keep, pc, dropout_p, mode, op, &prm.mask_bits, &prm.rng);
+  c10::OptionalDeviceGuard guard(q.device());
+  const bool real = !q.is_meta() && pc.numel() > 0;
+  // dv = P_d^T dO, with P_d recomputed from P and the bits (sub-layer dropout recomputation).
+  at::Tensor dv;
+  if (dropout_p > 0.0) {
+    at::Tensor pd = at::empty_like(pc);
+    if (real) {
+      drop.dtype = to_core_dtype(q.scalar_type());
+      drop.grad_y = pc.const_data_ptr();
+      drop.grad_x = pd.mutable_data_ptr();
+      drop.mask = prm.mask_bits;
+      drop.rng = prm.rng;
+      drop.p = dropout_p;
+      drop.numel = pc.numel();
+      raise_if_error(q.is_cuda() ? dropout_backward_cuda(drop, stream_of(q)) : dropout_backward_cpu(drop), op);
+    }
+    dv = at::matmul(pd.transpose(-2, -1), grad);
+  } else {
+    dv = at::matmul(pc.transpose(-2, -1), grad);
+  }
+  // dS from the output-only softmax backward, in place over dO v^T.
+  at::Tensor ds = at::matmul(grad, v.transpose(-2, -1)).contiguous();
+  if (real) {
+    prm.dtype = to_core_dtype(q.scalar_type());
+    prm.grad = ds.mutable_data_ptr();
+    prm.probs = pc.const_data_ptr();
+    prm.rows_total = pc.numel() / std::max<int64_t>(pc.size(3), 1);
+    prm.cols = pc.size(3);
+    prm.scale = sc;
+    prm.p = dropout_p;
+    raise_if_error(q.is_cuda() ? attention_softmax_backward_cuda(prm, stream_of(q)) : attention_softmax_backward_cpu(prm),
+                   op);
+  }
+  at::Tensor dq = at::matmul(ds, k);
+  at::Tensor dk = at::matmul(ds.transpose(-2, -1), q);
+  return {dq, dk, dv};
+}
+
+at::Tensor attention_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const std::optional<at::Tensor>& attn_mask, double dropout_p, bool causal,
+                            std::optional<double> scale, c10::string_view mode) {
+  return std::get<0>(attention_forward_kernel(q, k, v, attn_mask, dropout_p, causal, scale, mode));
+}
+
+}  // namespace
+
+at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                     const std::optional<at::Tensor>& attn_mask, double dropout_p, bool causal,
+                     std::optional<double> scale, c10::string_view mode) {
+  static auto op = op_handle<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                        const std::optional<at::Tensor>&, double, bool, std::optional<double>,
+                                        c10::string_view)>("tempo::attention");
+  return op.call(q, k, v, attn_mask, dropout_p, causal, scale, mode);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward(const at::Tensor& q, const at::Tensor& k,
+                                                                 const at::Tensor& v,
+                                                                 const std::optional<at::Tensor>& attn_mask,
+                                                                 double dropout_p, bool causal,
+                                                                 std::optional<double> scale, c10::string_view mode) {
+  static auto op = op_handle<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, double, bool,
+      std::optional<double>, c10::string_view)>("tempo::attention_forward");
+  return op.call(q, k, v, attn_mask, dropout_p, causal, scale, mode);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(const at::Tensor& grad, const at::Tensor& q,
+                                                                  const at::Tensor& k, const at::Tensor& v,
+                                                                  const at::Tensor& probs, const at::Tensor& keep,
+                                                                  double dropout_p, std::optional<double> scale,
+                                                                  c10::string_view mode) {
+  static auto op = op_handle<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+      const at::Tensor&, double, std::optional<double>, c10::string_view)>("tempo::attention_backward");
+  return op.call(grad, q, k, v, probs, keep, dropout_p, scale, mode);
+}
+
+}  // namespace tempo
+
+TORCH_LIBRARY_IMPL(tempo, CompositeExplicitAutograd, m) {
+  m.impl("attention", tempo::attention_kernel);
+  m.impl("attention_forward", tempo::attention_forward_kernel);
+  m.impl("attention_backward", tempo::attention_backward_kernel);
+}
