@@ -51,3 +51,13 @@ def _shape(normalized_shape):
     if isinstance(normalized_shape, int):
         return [normalized_shape]
     return list(normalized_shape)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
+              dropout_p: float = 0.0, causal: bool = False, scale: Optional[float] = None,
+              mode: str = "bits") -> torch.Tensor:
+    """softmax(scale q k^T + mask) v for [B, A, S, d] inputs, as
+    torch.nn.functional.scaled_dot_product_attention (bool mask: True attends; additive mask
+    added). The backward keeps q, k, v, P and 1 bit per probability (mode="philox": a 16-byte
+    seed), never the logits or the dropped probabilities. Fully masked rows give zeros."""
+    return torch.ops.tempo.attention(q, k, v, attn_mask, dropout_p, causal, scale, mode)

@@ -1,5 +1,6 @@
 """Drop-in modules."""
 from .activation import GELU, SiLU
+from .attention import SelfAttention
 from .norm import Dropout, LayerNorm, RMSNorm
 
-__all__ = ["GELU", "SiLU", "LayerNorm", "RMSNorm", "Dropout"]
+__all__ = ["GELU", "SiLU", "LayerNorm", "RMSNorm", "Dropout", "SelfAttention"]

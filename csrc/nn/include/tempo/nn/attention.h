@@ -1,0 +1,55 @@
+// Multi-head self-attention with a choice of how the attention core keeps its activations:
+//   "tempo": tempo::attention (keeps P and 1 bit per probability; dropped probabilities
+//            recomputed in backward),
+//   "sdpa":  torch's scaled_dot_product_attention (fused kernels keep no S^2 tensor),
+//   "eager": the plain PyTorch baseline (keeps P, a byte mask and the dropped P),
+//   "auto":  sdpa where torch picks a fused kernel for these inputs, else tempo.
+// One GEMM projects q, k and v (weight [3 hidden, hidden], submodule "qkv"), then "out".
+#pragma once
+
+#include <torch/nn/cloneable.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/pimpl.h>
+
+#include <optional>
+#include <string>
+
+namespace tempo::nn {
+
+struct SelfAttentionOptions {
+  SelfAttentionOptions(int64_t hidden, int64_t heads) : hidden_(hidden), heads_(heads) {}
+  TORCH_ARG(int64_t, hidden);
+  TORCH_ARG(int64_t, heads);
+  TORCH_ARG(double, dropout) = 0.0;  // on the attention probabilities, in training
+  TORCH_ARG(bool, bias) = true;
+  TORCH_ARG(bool, causal) = false;
+  TORCH_ARG(std::string, backend) = "auto";  // tempo | sdpa | eager | auto
+  TORCH_ARG(std::string, mode) = "bits";     // tempo's dropout: bits | philox
+};
+
+class SelfAttentionImpl : public torch::nn::Cloneable<SelfAttentionImpl> {
+ public:
+  explicit SelfAttentionImpl(SelfAttentionOptions options);
+  // x: [batch, seq, hidden]. attention_mask: [batch, seq] padding mask (nonzero / true:
+  // attend to that key), or a bool (true: attend) / additive mask broadcastable to
+  // [batch, heads, seq, seq].
+  at::Tensor forward(const at::Tensor& x, const std::optional<at::Tensor>& attention_mask = std::nullopt);
+  void reset() override;
+  void pretty_print(std::ostream& stream) const override;
+  // The backend the last forward used ("auto" resolved).
+  const std::string& last_backend() const { return last_backend_; }
+  SelfAttentionOptions options;
+  torch::nn::Linear qkv{nullptr}, out{nullptr};
+
+ private:
+  std::string last_backend_;
+};
+TORCH_MODULE(SelfAttention);
+
+// The attention core of each backend on [B, A, S, d] tensors (mask as for tempo::attention).
+at::Tensor eager_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           const std::optional<at::Tensor>& mask, double dropout_p, bool causal);
+at::Tensor sdpa_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          const std::optional<at::Tensor>& mask, double dropout_p, bool causal);
+
+}  // namespace tempo::nn
