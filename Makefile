@@ -19,6 +19,7 @@ run: build
 	mkdir -p $(BUILD)/results
 	$(BUILD)/bench_activation --csv $(BUILD)/results/activation_speed.csv --json $(BUILD)/results/activation_speed.json
 	$(BUILD)/bench_norm --csv $(BUILD)/results/norm_speed.csv --json $(BUILD)/results/norm_speed.json
+	$(BUILD)/bench_attention --seq 128,512 --csv $(BUILD)/results/attention_speed.csv --json $(BUILD)/results/attention_speed.json
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
