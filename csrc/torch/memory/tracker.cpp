@@ -1,0 +1,113 @@
+// The counting CPU allocator and the device-generic statistics behind tempo/memory.h, with
+// the ops that open them to Python (tempo::memory_track, memory_stats, memory_reset_peak).
+#include <ATen/DeviceAccelerator.h>
+#include <c10/core/CPUAllocator.h>
+#include <torch/library.h>
+
+#include <atomic>
+#include <mutex>
+#include <vector>
+
+#include "tempo/memory.h"
+
+namespace tempo::memory {
+namespace {
+
+std::atomic<int64_t> g_current{0};
+std::atomic<int64_t> g_peak{0};
+
+void add(int64_t n) {
+  const int64_t now = g_current.fetch_add(n) + n;
+  int64_t peak = g_peak.load();
+  while (now > peak && !g_peak.compare_exchange_weak(peak, now)) {
+  }
+}
+
+// Wraps the allocation of the allocator it replaces; the context remembers the size.
+struct Block {
+  c10::DataPtr inner;
+  int64_t bytes;
+};
+
+void free_block(void* ctx) {
+  auto* b = static_cast<Block*>(ctx);
+  g_current.fetch_sub(b->bytes);
+  delete b;  // frees `inner` through its own deleter
+}
+
+class CountingAllocator final : public c10::Allocator {
+ public:
+  explicit CountingAllocator(c10::Allocator* base) : base_(base) {}
+  c10::DataPtr allocate(size_t n) override {
+    c10::DataPtr inner = base_->allocate(n);
+    void* data = inner.get();
+    const c10::Device device = inner.device();
+    auto* block = new Block{std::move(inner), static_cast<int64_t>(n)};
+    add(block->bytes);
+    return {data, block, &free_block, device};
+  }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+
+ private:
+  c10::Allocator* base_;
+};
+
+std::once_flag g_install;
+std::atomic<bool> g_installed{false};
+
+}  // namespace
+
+void track_cpu() {
+  std::call_once(g_install, [] {
+    static CountingAllocator allocator(c10::GetCPUAllocator());
+    c10::SetCPUAllocator(&allocator, /*priority=*/100);
+    g_installed = true;
+  });
+}
+
+bool tracking_cpu() { return g_installed.load(); }
+
+Stats stats(const c10::Device& device) {
+  if (device.is_cpu()) {
+    TORCH_CHECK(tracking_cpu(), "tempo::memory: CPU bytes are counted only after track_cpu() "
+                                "(tempo.memory.track() in Python)");
+    return {g_current.load(), g_peak.load()};
+  }
+  const auto s = at::getDeviceAllocator(device.type())->getDeviceStats(device.has_index() ? device.index() : 0);
+  const auto& a = s.allocated_bytes[0];  // aggregate over pools
+  return {a.current, a.peak};
+}
+
+void reset_peak(const c10::Device& device) {
+  if (device.is_cpu()) {
+    g_peak.store(g_current.load());
+    return;
+  }
+  at::getDeviceAllocator(device.type())->resetPeakStats(device.has_index() ? device.index() : 0);
+}
+
+Scope::Scope(const c10::Device& device) : device_(device) {
+  reset_peak(device_);
+  start_ = stats(device_).current;
+}
+int64_t Scope::held() const { return stats(device_).current - start_; }
+int64_t Scope::peak() const { return stats(device_).peak - start_; }
+
+namespace {
+void op_track() { track_cpu(); }
+std::vector<int64_t> op_stats(c10::Device device) {
+  const Stats s = stats(device);
+  return {s.current, s.peak};
+}
+void op_reset_peak(c10::Device device) { reset_peak(device); }
+}  // namespace
+
+}  // namespace tempo::memory
+
+TORCH_LIBRARY_FRAGMENT(tempo, m) {
+  m.def("memory_track() -> ()", &tempo::memory::op_track);
+  m.def("memory_stats(Device device) -> int[]", &tempo::memory::op_stats);
+  m.def("memory_reset_peak(Device device) -> ()", &tempo::memory::op_reset_peak);
+}
