@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 
+#include "tempo/nn/dropout.h"
 #include "tempo/ops/attention.h"
 
 namespace tempo::nn {
@@ -26,11 +27,9 @@ at::Tensor eager_attention(const at::Tensor& q, const at::Tensor& k, const at::T
     s = mask->scalar_type() == at::kBool ? s.masked_fill(mask->logical_not(), ninf) : s + *mask;
   if (causal) s = s.masked_fill(causal_keep(q.size(2), k.size(2), q.options()).logical_not(), ninf);
   at::Tensor p = at::softmax(s, -1);
-  if (dropout_p > 0.0) {
-    // A byte mask and the dropped probabilities, as nn.Dropout on CUDA keeps them.
-    const at::Tensor keep = at::rand_like(p) >= dropout_p;
-    p = p.masked_fill(keep.logical_not(), 0.0) * (1.0 / (1.0 - dropout_p));
-  }
+  // A byte mask and the dropped probabilities, as nn.Dropout on CUDA keeps them (the mask
+  // tempo::attention would draw from the same generator state).
+  p = baseline_dropout(p, dropout_p);
   return at::matmul(p, v);
 }
 
@@ -45,6 +44,18 @@ at::Tensor sdpa_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
     causal = false;
   }
   return at::scaled_dot_product_attention(q, k, v, m, dropout_p, causal);
+}
+
+at::Tensor apply_rotary(const at::Tensor& x, double theta) {
+  const int64_t S = x.size(-2), d = x.size(-1);
+  TORCH_CHECK(d % 2 == 0, kOp, ": rotary embedding needs an even head dim, got ", d);
+  const auto f = x.options().dtype(at::kFloat);
+  const at::Tensor inv_freq = at::pow(theta, -at::arange(0, d, 2, f) / static_cast<double>(d));
+  const at::Tensor freqs = at::outer(at::arange(S, f), inv_freq);
+  const at::Tensor emb = at::cat({freqs, freqs}, -1);
+  const at::Tensor cos = emb.cos().to(x.scalar_type()), sin = emb.sin().to(x.scalar_type());
+  const at::Tensor x1 = x.narrow(-1, 0, d / 2), x2 = x.narrow(-1, d / 2, d / 2);
+  return x * cos + at::cat({-x2, x1}, -1) * sin;
 }
 
 SelfAttentionImpl::SelfAttentionImpl(SelfAttentionOptions options_) : options(std::move(options_)) {
@@ -74,7 +85,13 @@ at::Tensor SelfAttentionImpl::forward(const at::Tensor& x, const std::optional<a
   const int64_t B = x.size(0), S = x.size(1), A = options.heads(), d = options.hidden() / A;
   // [B, S, 3, A, d] -> three [B, A, S, d] views of the one projection.
   const at::Tensor qkv_out = qkv(x).view({B, S, 3, A, d}).permute({2, 0, 3, 1, 4});
-  const at::Tensor q = qkv_out[0], k = qkv_out[1], v = qkv_out[2];
+  at::Tensor q = qkv_out[0], k = qkv_out[1], v = qkv_out[2];
+  if (options.rotary()) {
+    // The rotated q, k are new tensors; a copy of v lets the projection's output go.
+    q = apply_rotary(q, options.rope_theta());
+    k = apply_rotary(k, options.rope_theta());
+    v = v.contiguous();
+  }
   std::optional<at::Tensor> mask;
   if (attention_mask.has_value() && attention_mask->defined()) {
     const at::Tensor& m = *attention_mask;

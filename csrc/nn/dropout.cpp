@@ -1,5 +1,7 @@
 #include "tempo/nn/dropout.h"
 
+#include <ATen/ATen.h>
+
 #include "tempo/ops/dropout.h"
 
 namespace tempo::nn {
@@ -14,6 +16,16 @@ at::Tensor DropoutImpl::forward(const at::Tensor& x) {
 void DropoutImpl::reset() {}
 void DropoutImpl::pretty_print(std::ostream& stream) const {
   stream << "tempo::nn::Dropout(p=" << options.p() << ", mode=" << options.mode() << ")";
+}
+
+at::Tensor baseline_dropout(const at::Tensor& x, double p, bool train) {
+  if (!train || p == 0.0) return x;
+  const auto bits = std::get<1>(tempo::dropout_forward(x.detach(), p, "bits"));
+  const at::Tensor shifts = at::arange(8, bits.options());
+  const at::Tensor keep =
+      bits.unsqueeze(1).bitwise_right_shift(shifts).bitwise_and(1).flatten().slice(0, 0, x.numel()).view(x.sizes()).to(
+          at::kBool);
+  return x.masked_fill(keep.logical_not(), 0.0) * (1.0 / (1.0 - p));
 }
 
 }  // namespace tempo::nn

@@ -5,6 +5,8 @@
 #include <torch/library.h>
 
 #include <atomic>
+#include <unordered_map>
+#include <utility>
 #include <mutex>
 #include <vector>
 
@@ -23,16 +25,29 @@ void add(int64_t n) {
   }
 }
 
-// Wraps the allocation of the allocator it replaces; the context remembers the size.
-struct Block {
-  c10::DataPtr inner;
-  int64_t bytes;
+// The allocations of the allocator it replaces, by data pointer: the DataPtr handed out has
+// the data pointer as its context (a "simple" DataPtr), so raw_allocate / raw_deleter work.
+struct Blocks {
+  std::mutex mutex;
+  std::unordered_map<void*, std::pair<c10::DataPtr, int64_t>> live;
 };
+Blocks& blocks() {
+  static Blocks* b = new Blocks();  // never destroyed: frees may run during static destruction
+  return *b;
+}
 
-void free_block(void* ctx) {
-  auto* b = static_cast<Block*>(ctx);
-  g_current.fetch_sub(b->bytes);
-  delete b;  // frees `inner` through its own deleter
+void free_block(void* data) {
+  c10::DataPtr inner;
+  {
+    Blocks& b = blocks();
+    std::lock_guard<std::mutex> lock(b.mutex);
+    auto it = b.live.find(data);
+    if (it == b.live.end()) return;
+    g_current.fetch_sub(it->second.second);
+    inner = std::move(it->second.first);
+    b.live.erase(it);
+  }
+  // `inner` frees the memory through its own deleter here.
 }
 
 class CountingAllocator final : public c10::Allocator {
@@ -42,10 +57,16 @@ class CountingAllocator final : public c10::Allocator {
     c10::DataPtr inner = base_->allocate(n);
     void* data = inner.get();
     const c10::Device device = inner.device();
-    auto* block = new Block{std::move(inner), static_cast<int64_t>(n)};
-    add(block->bytes);
-    return {data, block, &free_block, device};
+    if (!data) return inner;  // zero bytes
+    {
+      Blocks& b = blocks();
+      std::lock_guard<std::mutex> lock(b.mutex);
+      b.live.emplace(data, std::make_pair(std::move(inner), static_cast<int64_t>(n)));
+    }
+    add(static_cast<int64_t>(n));
+    return {data, data, &free_block, device};
   }
+  c10::DeleterFnPtr raw_deleter() const override { return &free_block; }
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     default_copy_data(dest, src, count);
   }

@@ -23,7 +23,11 @@ def eager_attention(q, k, v, mask=None, dropout_p=0.0, causal=False):
         s = s.masked_fill(~_causal_keep(q.size(2), k.size(2), q.device), float("-inf"))
     p = torch.softmax(s, -1)
     if dropout_p > 0:
-        keep = torch.rand_like(p) >= dropout_p
+        # A byte mask, as PyTorch's CUDA dropout keeps it; the mask tempo.attention would draw
+        # from the same generator state.
+        _, bits = torch.ops.tempo.dropout_forward(p.detach(), dropout_p, "bits")
+        shifts = torch.arange(8, dtype=torch.uint8, device=bits.device)
+        keep = ((bits.unsqueeze(1) >> shifts) & 1).flatten()[: p.numel()].view(p.shape).bool()
         p = p.masked_fill(~keep, 0.0) * (1.0 / (1.0 - dropout_p))
     return p @ v
 

@@ -25,6 +25,8 @@ struct SelfAttentionOptions {
   TORCH_ARG(bool, causal) = false;
   TORCH_ARG(std::string, backend) = "auto";  // tempo | sdpa | eager | auto
   TORCH_ARG(std::string, mode) = "bits";     // tempo's dropout: bits | philox
+  TORCH_ARG(bool, rotary) = false;           // rotary position embedding of q and k (LLaMA)
+  TORCH_ARG(double, rope_theta) = 10000.0;
 };
 
 class SelfAttentionImpl : public torch::nn::Cloneable<SelfAttentionImpl> {
@@ -49,6 +51,9 @@ TORCH_MODULE(SelfAttention);
 // The attention core of each backend on [B, A, S, d] tensors (mask as for tempo::attention).
 at::Tensor eager_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                            const std::optional<at::Tensor>& mask, double dropout_p, bool causal);
+// q, k rotated by position (rotate-half form): x cos + rotate_half(x) sin, positions 0..S-1.
+at::Tensor apply_rotary(const at::Tensor& x, double theta);
+
 at::Tensor sdpa_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                           const std::optional<at::Tensor>& mask, double dropout_p, bool causal);
 

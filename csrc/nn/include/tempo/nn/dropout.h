@@ -25,4 +25,9 @@ class DropoutImpl : public torch::nn::Cloneable<DropoutImpl> {
 };
 TORCH_MODULE(Dropout);
 
+// The baseline's dropout: PyTorch's as it runs on CUDA, keeping a bool mask (1 byte per
+// element) for backward. It draws the same mask tempo::dropout draws from the same generator
+// state, so a baseline and tempo compare under identical masks. p = 0 or !train: x itself.
+at::Tensor baseline_dropout(const at::Tensor& x, double p, bool train = true);
+
 }  // namespace tempo::nn

@@ -1,0 +1,135 @@
+#include "tempo/models/config.h"
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <sstream>
+
+namespace tempo::models {
+
+const char* arch_name(Arch arch) {
+  switch (arch) {
+    case Arch::kBert: return "bert";
+    case Arch::kRoberta: return "roberta";
+    case Arch::kGpt2: return "gpt2";
+    case Arch::kLlama: return "llama";
+  }
+  return "unknown";
+}
+
+Arch parse_arch(const std::string& name) {
+  if (name == "bert") return Arch::kBert;
+  if (name == "roberta") return Arch::kRoberta;
+  if (name == "gpt2") return Arch::kGpt2;
+  if (name == "llama") return Arch::kLlama;
+  TORCH_CHECK(false, "tempo::models: unknown architecture '", name, "' (bert, roberta, gpt2, llama)");
+}
+
+namespace {
+ModelConfig make(Arch arch, const char* name, int64_t vocab, int64_t hidden, int64_t layers, int64_t heads,
+                 int64_t intermediate, int64_t positions) {
+  ModelConfig c;
+  c.arch = arch;
+  c.name = name;
+  c.vocab = vocab;
+  c.hidden = hidden;
+  c.layers = layers;
+  c.heads = heads;
+  c.intermediate = intermediate;
+  c.max_positions = positions;
+  switch (arch) {
+    case Arch::kBert: break;
+    case Arch::kRoberta:
+      c.type_vocab = 1;
+      c.pad_id = 1;
+      c.eps = 1e-5;
+      break;
+    case Arch::kGpt2:
+      c.type_vocab = 0;
+      c.eps = 1e-5;
+      break;
+    case Arch::kLlama:
+      c.type_vocab = 0;
+      c.eps = 1e-6;
+      c.dropout = c.attention_dropout = 0.0;
+      break;
+  }
+  return c;
+}
+}  // namespace
+
+std::vector<std::string> ModelConfig::presets() {
+  return {"bert-base", "bert-large", "roberta-base", "roberta-large", "gpt2", "gpt2-medium", "gpt2-large",
+          "llama-small"};
+}
+
+ModelConfig ModelConfig::preset(const std::string& name) {
+  if (name == "bert-base") return make(Arch::kBert, "bert-base", 30522, 768, 12, 12, 3072, 512);
+  if (name == "bert-large") return make(Arch::kBert, "bert-large", 30522, 1024, 24, 16, 4096, 512);
+  if (name == "roberta-base") return make(Arch::kRoberta, "roberta-base", 50265, 768, 12, 12, 3072, 514);
+  if (name == "roberta-large") return make(Arch::kRoberta, "roberta-large", 50265, 1024, 24, 16, 4096, 514);
+  if (name == "gpt2") return make(Arch::kGpt2, "gpt2", 50257, 768, 12, 12, 3072, 1024);
+  if (name == "gpt2-medium") return make(Arch::kGpt2, "gpt2-medium", 50257, 1024, 24, 16, 4096, 1024);
+  if (name == "gpt2-large") return make(Arch::kGpt2, "gpt2-large", 50257, 1280, 36, 20, 5120, 1024);
+  if (name == "llama-small") return make(Arch::kLlama, "llama-small", 32000, 512, 8, 8, 1376, 2048);
+  std::ostringstream known;
+  for (const auto& p : presets()) known << " " << p;
+  TORCH_CHECK(false, "tempo::models: unknown model preset '", name, "'; known:", known.str());
+}
+
+void ModelConfig::validate() const {
+  const char* m = "tempo::models: invalid config";
+  TORCH_CHECK(vocab > 0, m, ": vocab must be positive, got ", vocab);
+  TORCH_CHECK(hidden > 0 && heads > 0, m, ": hidden and heads must be positive, got ", hidden, " and ", heads);
+  TORCH_CHECK(hidden % heads == 0, m, ": hidden (", hidden, ") must be divisible by heads (", heads, ")");
+  TORCH_CHECK(layers > 0, m, ": layers must be positive, got ", layers);
+  TORCH_CHECK(intermediate > 0, m, ": intermediate must be positive, got ", intermediate);
+  TORCH_CHECK(max_positions > 0 || arch == Arch::kLlama, m, ": max_positions must be positive");
+  TORCH_CHECK(dropout >= 0 && dropout < 1 && attention_dropout >= 0 && attention_dropout < 1, m,
+              ": dropout probabilities must be in [0, 1)");
+  TORCH_CHECK(eps > 0, m, ": eps must be positive");
+  TORCH_CHECK(arch != Arch::kLlama || head_dim() % 2 == 0, m, ": rotary embeddings need an even head dim");
+  TORCH_CHECK(num_labels > 0, m, ": num_labels must be positive");
+}
+
+std::vector<std::string> MemoryPolicy::names() { return {"eager", "checkpoint", "sdpa", "tempo", "tempo-sdpa"}; }
+
+MemoryPolicy MemoryPolicy::parse(const std::string& spec) {
+  MemoryPolicy p;
+  p.name = spec;
+  // The longest base name that prefixes the spec ("tempo-sdpa" before "tempo").
+  std::string base;
+  for (const auto& n : names())
+    if (spec.compare(0, n.size(), n) == 0 && n.size() > base.size()) base = n;
+  std::ostringstream known;
+  for (const auto& n : names()) known << " " << n;
+  TORCH_CHECK(!base.empty(), "tempo::models: unknown memory policy '", spec, "'; known:", known.str(),
+              " (optionally followed by +toggle / -toggle)");
+  const bool tempo = base == "tempo" || base == "tempo-sdpa";
+  p.inplace_gelu = p.inplace_norm = p.bit_dropout = tempo;
+  p.attention = base == "tempo" ? "tempo" : (base == "sdpa" || base == "tempo-sdpa") ? "sdpa" : "eager";
+  p.checkpoint = base == "checkpoint";
+  size_t i = base.size();
+  while (i < spec.size()) {
+    const char sign = spec[i];
+    TORCH_CHECK(sign == '+' || sign == '-', "tempo::models: bad memory policy '", spec, "': expected +toggle or -toggle at '",
+                spec.substr(i), "'");
+    size_t j = spec.find_first_of("+-", i + 1);
+    if (j == std::string::npos) j = spec.size();
+    const std::string t = spec.substr(i + 1, j - i - 1);
+    const bool on = sign == '+';
+    if (t == "gelu") p.inplace_gelu = on;
+    else if (t == "norm") p.inplace_norm = on;
+    else if (t == "dropout") p.bit_dropout = on;
+    else if (t == "attention") p.attention = on ? "tempo" : "eager";
+    else if (t == "sdpa") p.attention = on ? "sdpa" : "eager";
+    else if (t == "checkpoint") p.checkpoint = on;
+    else
+      TORCH_CHECK(false, "tempo::models: unknown toggle '", t, "' in memory policy '", spec,
+                  "' (gelu, norm, dropout, attention, sdpa, checkpoint)");
+    i = j;
+  }
+  return p;
+}
+
+}  // namespace tempo::models

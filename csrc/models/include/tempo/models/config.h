@@ -1,0 +1,63 @@
+// Model shapes (presets with the published sizes, or custom) and the memory policy: which of
+// tempo's techniques a model uses, and the baselines they are compared with.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tempo::models {
+
+enum class Arch { kBert, kRoberta, kGpt2, kLlama };
+const char* arch_name(Arch arch);
+Arch parse_arch(const std::string& name);  // bert | roberta | gpt2 | llama
+
+struct ModelConfig {
+  Arch arch = Arch::kBert;
+  std::string name = "custom";
+  int64_t vocab = 30522;
+  int64_t hidden = 768;
+  int64_t layers = 12;
+  int64_t heads = 12;
+  int64_t intermediate = 3072;
+  int64_t max_positions = 512;
+  int64_t type_vocab = 2;     // BERT token types (RoBERTa: 1; GPT-2, LLaMA: none)
+  int64_t pad_id = 0;         // RoBERTa: 1 (positions start after it)
+  int64_t num_labels = 2;     // sequence-classification head
+  double dropout = 0.1;       // hidden dropout
+  double attention_dropout = 0.1;
+  double eps = 1e-12;         // norm epsilon
+  double rope_theta = 10000.0;
+
+  // bert-base, bert-large, roberta-base, roberta-large, gpt2, gpt2-medium, gpt2-large,
+  // llama-small (a small LLaMA-shaped model: 8 layers, hidden 512).
+  static ModelConfig preset(const std::string& name);
+  static std::vector<std::string> presets();
+  // A clear error for an inconsistent shape (hidden not divisible by heads, zero layers, ...).
+  void validate() const;
+  int64_t head_dim() const { return hidden / heads; }
+};
+
+// What the model keeps for backward.
+//   eager       the paper's baseline: eager attention, byte dropout masks, torch GELU and norms
+//   checkpoint  eager, each layer recomputed from its input in backward (RNG replayed)
+//   sdpa        eager with torch's scaled_dot_product_attention
+//   tempo       in-place GELU/SiLU and norms, tempo attention (output-only softmax, dropout
+//               recomputation), bit masks (post-LN: fused bias-dropout-residual-LayerNorm)
+//   tempo-sdpa  tempo with torch's scaled_dot_product_attention
+// A base name may be followed by toggles, "+t" to turn a technique on and "-t" off, with t in
+// gelu, norm, dropout (bit masks), attention (tempo attention), sdpa, checkpoint; e.g.
+// "eager+gelu" (in-place GELU alone, for the paper's ablation) or "tempo-norm".
+struct MemoryPolicy {
+  std::string name = "eager";
+  std::string attention = "eager";  // eager | tempo | sdpa
+  bool inplace_gelu = false;        // GELU, and SiLU in SwiGLU
+  bool inplace_norm = false;        // LayerNorm, RMSNorm
+  bool bit_dropout = false;         // hidden dropout keeps 1 bit per element
+  bool checkpoint = false;
+
+  static MemoryPolicy parse(const std::string& spec);
+  static std::vector<std::string> names();  // the five bases
+};
+
+}  // namespace tempo::models

@@ -1,0 +1,245 @@
+#include "tempo/models/transformer.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/init.h>
+
+#include <cmath>
+
+#include "tempo/nn/checkpoint.h"
+#include "tempo/nn/dropout.h"
+#include "tempo/ops/activation.h"
+#include "tempo/ops/dropout.h"
+#include "tempo/ops/norm.h"
+
+namespace tempo::models {
+
+// ---- the policy's ops ---------------------------------------------------------------------
+
+at::Tensor PolicyOps::gelu(const at::Tensor& x, const char* approximate) const {
+  return policy_.inplace_gelu ? tempo::gelu(x, approximate) : at::gelu(x, approximate);
+}
+
+at::Tensor PolicyOps::silu(const at::Tensor& x) const { return policy_.inplace_gelu ? tempo::silu(x) : at::silu(x); }
+
+at::Tensor PolicyOps::dropout(const at::Tensor& x, double p, bool train) const {
+  if (!train || p == 0.0) return x;
+  if (policy_.bit_dropout) return tempo::dropout(x, p, true, "bits");
+  // The baseline keeps a byte mask, as PyTorch's CUDA dropout does (its CPU kernel keeps a
+  // full-width noise tensor, which would flatter the comparison); same mask as tempo's.
+  return tempo::nn::baseline_dropout(x, p, true);
+}
+
+at::Tensor PolicyOps::norm(const at::Tensor& x, const torch::nn::Module& m, bool rms, double eps) const {
+  if (rms) {
+    const auto& n = dynamic_cast<const tempo::nn::RMSNormImpl&>(m);
+    const std::optional<at::Tensor> w = n.weight.defined() ? std::optional<at::Tensor>(n.weight) : std::nullopt;
+    return policy_.inplace_norm ? tempo::rms_norm(x, {x.size(-1)}, w, eps) : at::rms_norm(x, {x.size(-1)}, w, eps);
+  }
+  const auto& n = dynamic_cast<const tempo::nn::LayerNormImpl&>(m);
+  const std::optional<at::Tensor> w = n.weight.defined() ? std::optional<at::Tensor>(n.weight) : std::nullopt;
+  const std::optional<at::Tensor> b = n.bias.defined() ? std::optional<at::Tensor>(n.bias) : std::nullopt;
+  return policy_.inplace_norm ? tempo::layer_norm(x, {x.size(-1)}, w, b, eps)
+                              : at::layer_norm(x, {x.size(-1)}, w, b, eps);
+}
+
+at::Tensor PolicyOps::add_norm(const at::Tensor& x, const at::Tensor& residual, double p, bool train,
+                               const tempo::nn::LayerNorm& n, double eps) const {
+  if (policy_.bit_dropout && policy_.inplace_norm)
+    return tempo::bias_dropout_add_layer_norm(x, std::nullopt, residual, p, n->weight, n->bias, eps, "bits", train);
+  return norm(residual + dropout(x, p, train), *n, false, eps);
+}
+
+// ---- one layer ----------------------------------------------------------------------------
+
+namespace {
+bool is_decoder(Arch a) { return a == Arch::kGpt2 || a == Arch::kLlama; }
+
+std::shared_ptr<torch::nn::Module> make_norm(const ModelConfig& c) {
+  if (c.arch == Arch::kLlama)
+    return tempo::nn::RMSNorm(tempo::nn::RMSNormOptions({c.hidden}).eps(c.eps)).ptr();
+  return tempo::nn::LayerNorm(tempo::nn::LayerNormOptions({c.hidden}).eps(c.eps)).ptr();
+}
+}  // namespace
+
+TransformerLayerImpl::TransformerLayerImpl(const ModelConfig& config, std::shared_ptr<const PolicyOps> ops)
+    : config_(config), ops_(std::move(ops)) {
+  reset();
+}
+
+void TransformerLayerImpl::reset() {
+  const auto& c = config_;
+  const bool llama = c.arch == Arch::kLlama;
+  attention = register_module("attention", tempo::nn::SelfAttention(tempo::nn::SelfAttentionOptions(c.hidden, c.heads)
+                                                                         .dropout(c.attention_dropout)
+                                                                         .bias(!llama)
+                                                                         .causal(is_decoder(c.arch))
+                                                                         .backend(ops_->policy().attention)
+                                                                         .rotary(llama)
+                                                                         .rope_theta(c.rope_theta)));
+  fc1 = register_module("fc1", torch::nn::Linear(torch::nn::LinearOptions(c.hidden, c.intermediate).bias(!llama)));
+  fc2 = register_module("fc2", torch::nn::Linear(torch::nn::LinearOptions(c.intermediate, c.hidden).bias(!llama)));
+  if (llama)
+    gate = register_module("gate", torch::nn::Linear(torch::nn::LinearOptions(c.hidden, c.intermediate).bias(false)));
+  norm1 = register_module("norm1", make_norm(c));
+  norm2 = register_module("norm2", make_norm(c));
+}
+
+at::Tensor TransformerLayerImpl::norm(int which, const at::Tensor& x) const {
+  return ops_->norm(x, which == 1 ? *norm1 : *norm2, config_.arch == Arch::kLlama, config_.eps);
+}
+
+at::Tensor TransformerLayerImpl::ffn(const at::Tensor& x) {
+  switch (config_.arch) {
+    case Arch::kLlama:  // SwiGLU: tempo keeps SiLU(gate), up and the bit, not gate or the product
+      return fc2->forward(ops_->silu(gate->forward(x)) * fc1->forward(x));
+    case Arch::kGpt2: return fc2->forward(ops_->gelu(fc1->forward(x), "tanh"));
+    default: return fc2->forward(ops_->gelu(fc1->forward(x), "none"));
+  }
+}
+
+at::Tensor TransformerLayerImpl::forward(const at::Tensor& x, const at::Tensor& mask) {
+  const bool train = is_training();
+  const double p = config_.dropout;
+  const std::optional<at::Tensor> m = mask.defined() ? std::optional<at::Tensor>(mask) : std::nullopt;
+  if (!is_decoder(config_.arch)) {  // post-LN: LN(x + drop(attn(x))), LN(h + drop(ffn(h)))
+    const tempo::nn::LayerNorm ln1(std::dynamic_pointer_cast<tempo::nn::LayerNormImpl>(norm1));
+    const tempo::nn::LayerNorm ln2(std::dynamic_pointer_cast<tempo::nn::LayerNormImpl>(norm2));
+    const at::Tensor h = ops_->add_norm(attention->forward(x, m), x, p, train, ln1, config_.eps);
+    return ops_->add_norm(ffn(h), h, p, train, ln2, config_.eps);
+  }
+  // pre-LN: h = x + drop(attn(norm1(x))), x + drop(ffn(norm2(h)))
+  const at::Tensor h = x + ops_->dropout(attention->forward(norm(1, x), m), p, train);
+  return h + ops_->dropout(ffn(norm(2, h)), p, train);
+}
+
+// ---- the model ----------------------------------------------------------------------------
+
+TransformerModelImpl::TransformerModelImpl(ModelConfig config, MemoryPolicy policy)
+    : config_(std::move(config)), ops_(std::make_shared<const PolicyOps>(std::move(policy))) {
+  config_.validate();
+  reset();
+}
+
+void TransformerModelImpl::reset() {
+  const auto& c = config_;
+  tokens = register_module("tokens", torch::nn::Embedding(c.vocab, c.hidden));
+  if (c.arch != Arch::kLlama) positions = register_module("positions", torch::nn::Embedding(c.max_positions, c.hidden));
+  if (c.type_vocab > 0) token_types = register_module("token_types", torch::nn::Embedding(c.type_vocab, c.hidden));
+  layers = register_module("layers", torch::nn::ModuleList());
+  for (int64_t i = 0; i < c.layers; ++i) layers->push_back(TransformerLayer(c, ops_));
+  if (is_decoder(c.arch)) {
+    final_norm = register_module("final_norm", make_norm(c));
+    if (c.arch == Arch::kLlama)
+      lm_head = register_module("lm_head", torch::nn::Linear(torch::nn::LinearOptions(c.hidden, c.vocab).bias(false)));
+  } else {
+    embed_norm = register_module("embed_norm", make_norm(c));
+    mlm_dense = register_module("mlm_dense", torch::nn::Linear(c.hidden, c.hidden));
+    mlm_norm = register_module("mlm_norm", tempo::nn::LayerNorm(tempo::nn::LayerNormOptions({c.hidden}).eps(c.eps)));
+    mlm_bias = register_parameter("mlm_bias", torch::zeros({c.vocab}));
+    pooler = register_module("pooler", torch::nn::Linear(c.hidden, c.hidden));
+    classifier = register_module("classifier", torch::nn::Linear(c.hidden, c.num_labels));
+  }
+  // BERT/GPT-2 initialisation: N(0, 0.02) weights, zero biases, unit norms.
+  torch::NoGradGuard no_grad;
+  for (auto& m : modules(/*include_self=*/false)) {
+    if (auto* l = m->as<torch::nn::Linear>()) {
+      l->weight.normal_(0, 0.02);
+      if (l->bias.defined()) l->bias.zero_();
+    } else if (auto* e = m->as<torch::nn::Embedding>()) {
+      e->weight.normal_(0, 0.02);
+    }
+  }
+}
+
+at::Tensor TransformerModelImpl::hidden_states(const at::Tensor& ids, const at::Tensor& mask) {
+  const auto& c = config_;
+  TORCH_CHECK(ids.dim() == 2, "tempo::models: input_ids must be [batch, seq], got ", ids.sizes());
+  const int64_t S = ids.size(1);
+  TORCH_CHECK(c.arch == Arch::kLlama || S + (c.arch == Arch::kRoberta ? c.pad_id + 1 : 0) <= c.max_positions,
+              "tempo::models: sequence length ", S, " exceeds the model's ", c.max_positions, " positions");
+  const bool train = is_training();
+  at::Tensor x = tokens->forward(ids);
+  if (positions) {
+    at::Tensor pos;
+    if (c.arch == Arch::kRoberta) {  // positions count real tokens, starting after the padding id
+      const at::Tensor real = ids.ne(c.pad_id).to(at::kLong);
+      pos = at::cumsum(real, 1) * real + c.pad_id;
+    } else {
+      pos = at::arange(S, ids.options().dtype(at::kLong)).unsqueeze(0);
+    }
+    x = x + positions->forward(pos);
+  }
+  if (token_types) x = x + token_types->forward(at::zeros_like(ids));
+  if (embed_norm) x = ops_->norm(x, *embed_norm, false, c.eps);
+  x = ops_->dropout(x, c.dropout, train);
+  for (const auto& m : *layers) {
+    auto layer = std::dynamic_pointer_cast<TransformerLayerImpl>(m);
+    if (ops_->policy().checkpoint && train) {
+      x = tempo::nn::checkpoint(
+          [layer](const std::vector<at::Tensor>& in) { return layer->forward(in[0], in[1]); }, {x, mask});
+    } else {
+      x = layer->forward(x, mask);
+    }
+  }
+  if (final_norm) x = ops_->norm(x, *final_norm, c.arch == Arch::kLlama, c.eps);
+  return x;
+}
+
+at::Tensor TransformerModelImpl::loss(const Batch& batch) {
+  const auto& c = config_;
+  const at::Tensor h = hidden_states(batch.input_ids, batch.attention_mask);
+  namespace F = torch::nn::functional;
+  if (is_decoder(c.arch)) {  // next-token prediction on real tokens
+    TORCH_CHECK(!batch.classify, "tempo::models: ", arch_name(c.arch), " has no classification head");
+    const at::Tensor logits = c.arch == Arch::kLlama ? lm_head->forward(h) : at::matmul(h, tokens->weight.t());
+    at::Tensor target = batch.input_ids.slice(1, 1).clone();
+    if (batch.attention_mask.defined()) target.masked_fill_(batch.attention_mask.slice(1, 1).eq(0), -100);
+    return F::cross_entropy(logits.slice(1, 0, -1).reshape({-1, c.vocab}), target.reshape({-1}),
+                            F::CrossEntropyFuncOptions().ignore_index(-100));
+  }
+  if (batch.classify) {
+    const at::Tensor pooled = at::tanh(pooler->forward(h.select(1, 0)));
+    const at::Tensor logits = classifier->forward(ops_->dropout(pooled, c.dropout, is_training()));
+    return F::cross_entropy(logits, batch.labels);
+  }
+  // Masked LM on the labelled positions only (gathered before the vocabulary projection).
+  TORCH_CHECK(batch.labels.defined(), "tempo::models: a masked-LM batch needs labels");
+  const at::Tensor sel = batch.labels.reshape({-1}).ne(-100).nonzero().squeeze(1);
+  const at::Tensor hs = h.reshape({-1, c.hidden}).index_select(0, sel);
+  at::Tensor t = ops_->gelu(mlm_dense->forward(hs), "none");
+  t = ops_->norm(t, *mlm_norm, false, c.eps);
+  const at::Tensor logits = at::matmul(t, tokens->weight.t()) + mlm_bias;
+  return F::cross_entropy(logits, batch.labels.reshape({-1}).index_select(0, sel));
+}
+
+TransformerModel make_model(const ModelConfig& config, const MemoryPolicy& policy) {
+  return TransformerModel(config, policy);
+}
+
+Batch synthetic_batch(const ModelConfig& config, int64_t batch, int64_t seq, uint64_t seed, const c10::Device& device) {
+  TORCH_CHECK(batch > 0 && seq > 1, "tempo::models: a batch needs batch > 0 and seq > 1, got ", batch, " x ", seq);
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  const auto l = at::TensorOptions().dtype(at::kLong);
+  const int64_t lo = std::min<int64_t>(config.pad_id + 2, config.vocab - 1);
+  Batch b;
+  b.input_ids = at::randint(lo, config.vocab, {batch, seq}, gen, l);
+  b.attention_mask = at::ones({batch, seq}, l);
+  for (int64_t i = 7; i < batch; i += 8) {  // every 8th sequence: its last quarter is padding
+    b.attention_mask[i].slice(0, seq - seq / 4).fill_(0);
+    b.input_ids[i].slice(0, seq - seq / 4).fill_(config.pad_id);
+  }
+  if (config.arch == Arch::kBert || config.arch == Arch::kRoberta) {
+    at::Tensor pick = at::rand({batch, seq}, gen) < 0.15;
+    pick.select(1, 1).fill_(true);
+    pick = pick.logical_and(b.attention_mask.ne(0));
+    b.labels = at::where(pick, b.input_ids, at::full({}, -100, l));
+    b.input_ids = at::where(pick, at::full({}, std::min<int64_t>(103, config.vocab - 1), l), b.input_ids);
+  }
+  b.input_ids = b.input_ids.to(device);
+  b.attention_mask = b.attention_mask.to(device);
+  if (b.labels.defined()) b.labels = b.labels.to(device);
+  return b;
+}
+
+}  // namespace tempo::models

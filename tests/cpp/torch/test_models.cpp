@@ -1,0 +1,199 @@
+// Models, memory policies, the memory tracker and activation checkpointing, from LibTorch.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cstdio>
+
+#include "tempo/tempo.h"
+
+namespace {
+
+using tempo::models::Batch;
+using tempo::models::MemoryPolicy;
+using tempo::models::ModelConfig;
+
+TEST(MemoryTracker, CountsAKnownAllocationExactly) {
+  tempo::memory::track_cpu();
+  const c10::Device cpu(c10::kCPU);
+  tempo::memory::Scope scope(cpu);
+  {
+    at::Tensor a = at::empty({1000}, at::kFloat);
+    at::Tensor b = at::empty({3, 7}, at::kByte);
+    EXPECT_EQ(scope.held(), 4000 + 21);
+    a.reset();
+    EXPECT_EQ(scope.held(), 21);
+  }
+  EXPECT_EQ(scope.held(), 0);
+  EXPECT_EQ(scope.peak(), 4021);
+}
+
+// A reduced model of a preset's shape.
+ModelConfig reduced(const std::string& preset, int64_t layers, int64_t vocab = 4096) {
+  ModelConfig c = ModelConfig::preset(preset);
+  c.layers = layers;
+  c.vocab = vocab;
+  return c;
+}
+
+std::vector<at::Tensor> grads_of(tempo::models::TransformerModel& m) {
+  std::vector<at::Tensor> g;
+  for (auto& p : m->parameters()) g.push_back(p.grad().defined() ? p.grad().clone() : at::zeros_like(p));
+  return g;
+}
+
+TEST(Checkpoint, GradientsEqualWithDropoutOn) {
+  for (const char* base : {"eager", "tempo"}) {
+    ModelConfig c = reduced("bert-base", 2);
+    c.hidden = 64;
+    c.heads = 4;
+    c.intermediate = 256;
+    const Batch batch = tempo::models::synthetic_batch(c, 4, 32, 1);
+    torch::manual_seed(0);
+    auto plain = tempo::models::make_model(c, MemoryPolicy::parse(base));
+    torch::manual_seed(0);
+    auto ckpt = tempo::models::make_model(c, MemoryPolicy::parse(std::string(base) + "+checkpoint"));
+    torch::manual_seed(5);
+    auto l1 = plain->loss(batch);
+    l1.backward();
+    torch::manual_seed(5);
+    auto l2 = ckpt->loss(batch);
+    l2.backward();
+    EXPECT_EQ(l1.item<float>(), l2.item<float>()) << base;
+    auto g1 = grads_of(plain), g2 = grads_of(ckpt);
+    ASSERT_EQ(g1.size(), g2.size());
+    for (size_t i = 0; i < g1.size(); ++i) EXPECT_TRUE(torch::allclose(g1[i], g2[i], 1e-6, 1e-7)) << base << " " << i;
+  }
+}
+
+// Bytes held after the forward of one more encoder layer (steady state: the difference
+// between 2 and 1 layers), bert-large, B=1, fp32, dropout on.
+int64_t layer_bytes(const std::string& policy, int64_t S) {
+  tempo::memory::track_cpu();
+  const c10::Device cpu(c10::kCPU);
+  int64_t held[2];
+  for (int layers = 1; layers <= 2; ++layers) {
+    ModelConfig c = ModelConfig::preset("bert-large");
+    c.layers = layers;
+    c.vocab = 1024;
+    torch::manual_seed(0);
+    auto m = tempo::models::make_model(c, MemoryPolicy::parse(policy));
+    m->train();
+    const at::Tensor ids = at::randint(2, c.vocab, {1, S}, at::kLong);
+    tempo::memory::Scope scope(cpu);
+    at::Tensor h = m->hidden_states(ids, at::Tensor());
+    held[layers - 1] = scope.held();
+  }
+  return held[1] - held[0];
+}
+
+TEST(Models, PerLayerActivationBytesMatchTheModel) {
+  const double H = 1024, A = 16;
+  for (int64_t S : {128, 512}) {
+    const double SH = S * H, AS2 = A * S * S;
+    // TECHNIQUES.md section 1: eager 66 SH + 9 A S^2; tempo (bit masks) 40.75 SH + 4.125 A S^2;
+    // tempo with fused attention 40.75 SH + 4 A S (log-sum-exp) + the seed.
+    const double expect_eager = 66 * SH + 9 * AS2;
+    const double expect_tempo = 40.75 * SH + 4.125 * AS2;
+    const int64_t eager = layer_bytes("eager", S);
+    const int64_t tempo_b = layer_bytes("tempo", S);
+    std::printf("bert-large S=%lld per-layer bytes: eager %lld (model %.0f), tempo %lld (model %.0f)\n",
+                (long long)S, (long long)eager, expect_eager, (long long)tempo_b, expect_tempo);
+    EXPECT_NEAR(eager / expect_eager, 1.0, 0.03) << S;
+    EXPECT_NEAR(tempo_b / expect_tempo, 1.0, 0.03) << S;
+  }
+}
+
+TEST(Models, BadConfigGivesClearErrors) {
+  ModelConfig c = ModelConfig::preset("bert-base");
+  c.hidden = 100;
+  EXPECT_THROW(c.validate(), c10::Error);
+  try {
+    c.validate();
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("must be divisible by heads"), std::string::npos);
+  }
+  c = ModelConfig::preset("bert-base");
+  c.layers = 0;
+  EXPECT_THROW(tempo::models::make_model(c, MemoryPolicy::parse("eager")), c10::Error);
+  EXPECT_THROW(ModelConfig::preset("bert-huge"), c10::Error);
+  EXPECT_THROW(MemoryPolicy::parse("fast"), c10::Error);
+  EXPECT_THROW(MemoryPolicy::parse("tempo+magic"), c10::Error);
+  const MemoryPolicy p = MemoryPolicy::parse("tempo-sdpa-norm");
+  EXPECT_EQ(p.attention, "sdpa");
+  EXPECT_FALSE(p.inplace_norm);
+  EXPECT_TRUE(p.inplace_gelu && p.bit_dropout);
+  const MemoryPolicy q = MemoryPolicy::parse("eager+gelu");
+  EXPECT_TRUE(q.inplace_gelu && !q.inplace_norm && !q.bit_dropout && q.attention == "eager");
+}
+
+}  // namespace
+
+namespace {
+
+// Losses of `steps` AdamW steps on one fixed batch, from one seed.
+std::vector<double> trajectory(const ModelConfig& c, const std::string& policy, int steps, const Batch& batch,
+                               bool train_mode) {
+  torch::manual_seed(0);
+  auto m = tempo::models::make_model(c, MemoryPolicy::parse(policy));
+  if (train_mode) m->train(); else m->eval();
+  torch::optim::AdamW opt(m->parameters(), torch::optim::AdamWOptions(1e-3).weight_decay(0.01));
+  std::vector<double> losses;
+  torch::manual_seed(1);
+  for (int s = 0; s < steps; ++s) {
+    opt.zero_grad();
+    at::Tensor loss = m->loss(batch);
+    loss.backward();
+    opt.step();
+    losses.push_back(loss.item<double>());
+  }
+  return losses;
+}
+
+TEST(Models, StepZeroLossIsTheSameUnderEveryPolicy) {
+  for (const char* preset : {"bert-base", "roberta-base", "gpt2", "llama-small"}) {
+    ModelConfig c = reduced(preset, 2, 1024);
+    c.hidden = 128;
+    c.heads = 4;
+    c.intermediate = 512;
+    const Batch batch = tempo::models::synthetic_batch(c, 8, 32, 3);
+    // Dropout off (eval): the policies change what is kept, not what is computed.
+    const double eager = trajectory(c, "eager", 1, batch, false)[0];
+    EXPECT_EQ(trajectory(c, "checkpoint", 1, batch, false)[0], eager) << preset;
+    for (const char* p : {"sdpa", "tempo", "tempo-sdpa"})
+      EXPECT_NEAR(trajectory(c, p, 1, batch, false)[0], eager, 1e-5 * eager) << preset << " " << p;
+  }
+}
+
+TEST(Models, FiftyStepsOfEagerAndTempoAgreeWithinHalfAPercent) {
+  // bert-base and gpt2 shapes (hidden 768, 12 heads, FFN 3072) with 2 layers and a 4096-token
+  // vocabulary, dropout on, a fresh batch each step. The baseline draws the same dropout masks
+  // as tempo (tempo::nn::baseline_dropout), so the curves differ only by what each keeps.
+  for (const char* preset : {"bert-base", "gpt2"}) {
+    const ModelConfig c = reduced(preset, 2);
+    std::vector<double> curves[2];
+    const char* policies[2] = {"eager", "tempo"};
+    for (int k = 0; k < 2; ++k) {
+      torch::manual_seed(0);
+      auto m = tempo::models::make_model(c, MemoryPolicy::parse(policies[k]));
+      m->train();
+      torch::optim::AdamW opt(m->parameters(), torch::optim::AdamWOptions(1e-4).weight_decay(0.01));
+      torch::manual_seed(1);
+      for (int s = 0; s < 50; ++s) {
+        const Batch batch = tempo::models::synthetic_batch(c, 2, 64, 100 + s);
+        opt.zero_grad();
+        at::Tensor loss = m->loss(batch);
+        loss.backward();
+        opt.step();
+        curves[k].push_back(loss.item<double>());
+      }
+    }
+    double worst = 0;
+    for (size_t s = 0; s < curves[0].size(); ++s)
+      worst = std::max(worst, std::fabs(curves[1][s] - curves[0][s]) / curves[0][s]);
+    std::printf("%s: loss %.4f -> %.4f (eager), %.4f -> %.4f (tempo), largest step difference %.2e\n", preset,
+                curves[0].front(), curves[0].back(), curves[1].front(), curves[1].back(), worst);
+    EXPECT_LT(worst, 0.005) << preset;
+  }
+}
+
+}  // namespace
