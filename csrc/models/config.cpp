@@ -107,7 +107,7 @@ MemoryPolicy MemoryPolicy::parse(const std::string& spec) {
               " (optionally followed by +toggle / -toggle)");
   const bool tempo = base == "tempo" || base == "tempo-sdpa";
   p.inplace_gelu = p.inplace_norm = p.bit_dropout = tempo;
-  p.attention = base == "tempo" ? "tempo" : (base == "sdpa" || base == "tempo-sdpa") ? "sdpa" : "eager";
+  p.attention = base == "tempo" ? "tempo" : base == "sdpa" ? "sdpa" : base == "tempo-sdpa" ? "fused" : "eager";
   p.checkpoint = base == "checkpoint";
   size_t i = base.size();
   while (i < spec.size()) {
@@ -123,10 +123,11 @@ MemoryPolicy MemoryPolicy::parse(const std::string& spec) {
     else if (t == "dropout") p.bit_dropout = on;
     else if (t == "attention") p.attention = on ? "tempo" : "eager";
     else if (t == "sdpa") p.attention = on ? "sdpa" : "eager";
+    else if (t == "fused") p.attention = on ? "fused" : "eager";
     else if (t == "checkpoint") p.checkpoint = on;
     else
       TORCH_CHECK(false, "tempo::models: unknown toggle '", t, "' in memory policy '", spec,
-                  "' (gelu, norm, dropout, attention, sdpa, checkpoint)");
+                  "' (gelu, norm, dropout, attention, sdpa, fused, checkpoint)");
     i = j;
   }
   return p;

@@ -176,8 +176,12 @@ at::Tensor TransformerModelImpl::hidden_states(const at::Tensor& ids, const at::
   for (const auto& m : *layers) {
     auto layer = std::dynamic_pointer_cast<TransformerLayerImpl>(m);
     if (ops_->policy().checkpoint && train) {
+      // (autograd Functions take no undefined tensors: pass the mask only when there is one)
       x = tempo::nn::checkpoint(
-          [layer](const std::vector<at::Tensor>& in) { return layer->forward(in[0], in[1]); }, {x, mask});
+          [layer](const std::vector<at::Tensor>& in) {
+            return layer->forward(in[0], in.size() > 1 ? in[1] : at::Tensor());
+          },
+          mask.defined() ? std::vector<at::Tensor>{x, mask} : std::vector<at::Tensor>{x});
     } else {
       x = layer->forward(x, mask);
     }

@@ -66,8 +66,8 @@ SelfAttentionImpl::SelfAttentionImpl(SelfAttentionOptions options_) : options(st
   TORCH_CHECK(options.dropout() >= 0.0 && options.dropout() <= 1.0, kOp,
               ": dropout must be a probability in [0, 1], got ", options.dropout());
   const auto& b = options.backend();
-  TORCH_CHECK(b == "tempo" || b == "sdpa" || b == "eager" || b == "auto", kOp,
-              ": backend must be 'tempo', 'sdpa', 'eager' or 'auto', got '", b, "'");
+  TORCH_CHECK(b == "tempo" || b == "sdpa" || b == "eager" || b == "fused" || b == "auto", kOp,
+              ": backend must be 'tempo', 'sdpa', 'eager', 'fused' or 'auto', got '", b, "'");
   TORCH_CHECK(options.mode() == "bits" || options.mode() == "philox", kOp, ": mode must be 'bits' or 'philox', got '",
               options.mode(), "'");
   reset();
@@ -105,15 +105,17 @@ at::Tensor SelfAttentionImpl::forward(const at::Tensor& x, const std::optional<a
   }
   const double p = is_training() ? options.dropout() : 0.0;
   std::string backend = options.backend();
-  if (backend == "auto") {
-    // sdpa when torch would run a fused kernel (no S^2 tensor kept), else tempo.
+  if (backend == "auto" || backend == "fused") {
+    // sdpa when torch would run a fused kernel (no S^2 tensor kept), else tempo's.
     std::optional<at::Tensor> m = mask;
     if (m.has_value() && m->scalar_type() != at::kBool) m = m->to(q.scalar_type());
-    backend = at::_fused_sdp_choice(q, k, v, m, p, options.causal()) != 0 ? "sdpa" : "tempo";
+    const bool torch_fused = at::_fused_sdp_choice(q, k, v, m, p, options.causal()) != 0;
+    backend = torch_fused ? "sdpa" : backend == "auto" ? "tempo" : "tempo-fused";
   }
   last_backend_ = backend;
   at::Tensor o;
   if (backend == "tempo") o = tempo::attention(q, k, v, mask, p, options.causal(), std::nullopt, options.mode());
+  else if (backend == "tempo-fused") o = tempo::fused_attention(q, k, v, mask, p, options.causal());
   else if (backend == "sdpa") o = sdpa_attention(q, k, v, mask, p, options.causal());
   else o = eager_attention(q, k, v, mask, p, options.causal());
   return out(o.transpose(1, 2).reshape({B, S, options.hidden()}));

@@ -99,6 +99,8 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
 }  // namespace
 
 at::Tensor checkpoint(const CheckpointFn& fn, const std::vector<at::Tensor>& inputs) {
+  for (size_t i = 0; i < inputs.size(); ++i)
+    TORCH_CHECK(inputs[i].defined(), "tempo::nn::checkpoint: input ", i, " is undefined");
   return CheckpointFunction::apply(c10::make_intrusive<FnHolder>(fn), at::TensorList(inputs));
 }
 

@@ -10,7 +10,8 @@ from ._library import library_path, load_library
 load_library()
 
 from . import memory, nn  # noqa: E402
-from .ops import attention, bias_dropout_add_layer_norm, dropout, gelu, layer_norm, rms_norm, silu  # noqa: E402
+from .ops import (attention, bias_dropout_add_layer_norm, dropout, fused_attention, gelu, layer_norm,  # noqa: E402
+                  rms_norm, silu)
 
 __version__ = "0.1.0"
-__all__ = ["gelu", "silu", "attention", "dropout", "layer_norm", "rms_norm", "bias_dropout_add_layer_norm", "nn", "memory", "library_path"]
+__all__ = ["gelu", "silu", "attention", "fused_attention", "dropout", "layer_norm", "rms_norm", "bias_dropout_add_layer_norm", "nn", "memory", "library_path"]

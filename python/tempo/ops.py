@@ -61,3 +61,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Opti
     added). The backward keeps q, k, v, P and 1 bit per probability (mode="philox": a 16-byte
     seed), never the logits or the dropped probabilities. Fully masked rows give zeros."""
     return torch.ops.tempo.attention(q, k, v, attn_mask, dropout_p, causal, scale, mode)
+
+
+def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
+                    dropout_p: float = 0.0, causal: bool = False, scale: Optional[float] = None,
+                    block_rows: int = 0) -> torch.Tensor:
+    """The result of tempo.attention (the same dropout mask from the same generator state),
+    computed over blocks of query rows, keeping only q, k, v, the mask and a 16-byte seed for
+    backward: no S^2 tensor. The backward recomputes each block's probabilities."""
+    return torch.ops.tempo.fused_attention(q, k, v, attn_mask, dropout_p, causal, scale, block_rows)

@@ -104,7 +104,7 @@ def test_kept_fraction():
         assert abs(keep.sum().item() - (1 - p) * n) <= 5 * math.sqrt(n * p * (1 - p))
 
 
-@pytest.mark.parametrize("backend", ["tempo", "sdpa", "eager", "auto"])
+@pytest.mark.parametrize("backend", ["tempo", "sdpa", "eager", "fused", "auto"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
 def test_module_backends_match_reference(backend, dtype):
     torch.manual_seed(3)
@@ -123,7 +123,7 @@ def test_module_backends_match_reference(backend, dtype):
         for o, r in zip(ours, ref):
             tol = {torch.float32: 1e-5, torch.float64: 1e-12, torch.bfloat16: 3e-2}[dtype]
             assert (o.double() - r).abs().max().item() <= tol * (r.abs().max().item() + 1)
-    assert m.last_backend in ("tempo", "sdpa", "eager")
+    assert m.last_backend in ("tempo", "sdpa", "eager", "tempo-fused")
 
 
 def test_auto_picks_sdpa_without_dropout_and_tempo_with():
@@ -146,7 +146,8 @@ def test_saved_bytes_exact():
     x = torch.randn(1, S, H)
     base = 5 * S * H * 4  # x, qkv (3 S H) and the attention output, fp32
     got = {}
-    for backend, p in (("eager", 0.1), ("tempo", 0.1), ("sdpa", 0.0), ("sdpa", 0.1), ("eager", 0.0), ("tempo", 0.0)):
+    for backend, p in (("eager", 0.1), ("tempo", 0.1), ("sdpa", 0.0), ("sdpa", 0.1), ("eager", 0.0), ("tempo", 0.0),
+                       ("fused", 0.1)):
         m = tempo.nn.SelfAttention(H, A, dropout=p, backend=backend)
         got[backend, p], _ = saved_bytes(lambda: m(x), list(m.parameters()))
     s2 = A * S * S
@@ -157,6 +158,8 @@ def test_saved_bytes_exact():
     # With dropout torch's CPU sdpa falls back to its math path, which keeps 13 bytes per
     # probability (the figure bench_attention prints; why "auto" picks tempo there).
     assert got["sdpa", 0.1] == base + 13 * s2
+    # tempo's memory-efficient attention (what "fused" runs here): q, k, v and a 16-byte seed
+    assert got["fused", 0.1] == base + 16
     print("kept beyond the projections: eager %d, tempo %d, sdpa %d bytes"
           % (got["eager", 0.1] - base, got["tempo", 0.1] - base, got["sdpa", 0.0] - base))
 
@@ -242,3 +245,36 @@ def test_backends_agree_with_each_other():
     c = eager_attention(q, k, v, mask, 0.0, True)
     torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(a, c, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("block_rows", [0, 1, 5])
+def test_fused_attention_equals_attention(dtype, block_rows):
+    """Blocks of query rows reproduce tempo.attention (the same dropout mask from the same
+    generator state), values and gradients, with masks, causal and dropout."""
+    B, A, S, d = 2, 3, 23, 16
+    q, k, v = (torch.randn(B, A, S, d).to(dtype) for _ in range(3))
+    g = torch.randn(B, A, S, d).to(dtype)
+    mask = masks(B, A, S, "bool")
+    for p, causal in ((0.0, False), (0.2, True), (0.3, False)):
+        def run(fn):
+            def f(q, k, v):
+                torch.manual_seed(17)
+                return fn(q, k, v)
+            return grads(f, [q, k, v], g)
+        a = run(lambda q, k, v: tempo.fused_attention(q, k, v, mask, p, causal, None, block_rows))
+        b = run(lambda q, k, v: tempo.attention(q, k, v, mask, p, causal, None, "philox"))
+        tol = {torch.float32: 1e-5, torch.float64: 1e-12, torch.bfloat16: 2e-2}[dtype]
+        for x, y in zip(a, b):
+            torch.testing.assert_close(x.double(), y.double(), rtol=tol, atol=tol)
+
+
+def test_fused_attention_opcheck():
+    q, k, v = (torch.randn(2, 3, 9, 8, requires_grad=True) for _ in range(3))
+    mask = torch.rand(2, 1, 9, 9) > 0.2
+    mask[..., 0] = True
+    torch.library.opcheck(torch.ops.tempo.fused_attention, (q, k, v, mask, 0.3, True, None, 4))
+    torch.library.opcheck(torch.ops.tempo.fused_attention, (q, k, v, None, 0.0, False, 0.5, 0))
+    out, state = torch.ops.tempo.fused_attention_forward(q.detach(), k.detach(), v.detach(), mask, 0.3, False, None, 4)
+    torch.library.opcheck(torch.ops.tempo.fused_attention_backward,
+                          (torch.randn_like(out), q.detach(), k.detach(), v.detach(), state, mask, 0.3, False, None, 4))

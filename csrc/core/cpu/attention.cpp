@@ -54,7 +54,10 @@ void forward_chunk(const AttentionSoftmaxForwardParams& p, int64_t r0, int64_t r
   T* scores = static_cast<T*>(p.scores);
   T* dropped = static_cast<T*>(p.dropped);
   const bool dropout = p.p > 0.0;
-  const uint8_t* bits = dropout ? chunk_bits(p.rng, p.p, p.mask_bits, r0 * C, r1 * C, local) : nullptr;
+  const bool block = p.seq_q > 0 && (p.seq_q != p.rows || p.row_offset != 0);
+  const int64_t seq_q = p.seq_q > 0 ? p.seq_q : p.rows;
+  const uint8_t* bits = dropout && !block ? chunk_bits(p.rng, p.p, p.mask_bits, r0 * C, r1 * C, local) : nullptr;
+  const uint64_t threshold = math::keep_threshold(p.p);
   const DropoutScale dscale(p.p);
   const Acc scale = static_cast<Acc>(p.scale);
   const Acc neg_inf = -std::numeric_limits<Acc>::infinity();
@@ -62,7 +65,7 @@ void forward_chunk(const AttentionSoftmaxForwardParams& p, int64_t r0, int64_t r
   keep.resize(static_cast<size_t>(C));
   Acc* xr = x.data();
   for (int64_t r = r0; r < r1; ++r) {
-    const int64_t i = r % p.rows;
+    const int64_t i = p.row_offset + r % p.rows;  // the absolute query row
     const int64_t bh = r / p.rows;
     const int64_t b = bh / p.heads, h = bh % p.heads;
     T* s = scores + r * C;
@@ -96,7 +99,8 @@ void forward_chunk(const AttentionSoftmaxForwardParams& p, int64_t r0, int64_t r
 #pragma omp simd
     for (int64_t j = 0; j < C; ++j) math::store(s + j, xr[j] * inv);
     if (dropout) {
-      expand(bits, (r - r0) * C, C, keep.data());
+      if (block) cpu::keep_flags(p.rng, threshold, (bh * seq_q + i) * C, C, keep.data());
+      else expand(bits, (r - r0) * C, C, keep.data());
       const uint8_t* k = keep.data();
       T* d = dropped + r * C;
 #pragma omp simd
@@ -113,8 +117,10 @@ void backward_chunk(const AttentionSoftmaxBackwardParams& p, int64_t r0, int64_t
   T* grad = static_cast<T*>(p.grad);
   const T* probs = static_cast<const T*>(p.probs);
   const bool dropout = p.p > 0.0;
+  const bool block = p.rows > 0 && p.seq_q > 0 && (p.seq_q != p.rows || p.row_offset != 0);
+  const uint64_t threshold = math::keep_threshold(p.p);
   const uint8_t* bits = nullptr;
-  if (dropout) {
+  if (dropout && !block) {
     bits = p.mask_bits ? p.mask_bits + r0 * C / 8 : chunk_bits(p.rng, p.p, nullptr, r0 * C, r1 * C, local);
   }
   const DropoutScale dscale(p.p);
@@ -126,7 +132,12 @@ void backward_chunk(const AttentionSoftmaxBackwardParams& p, int64_t r0, int64_t
     T* g = grad + r * C;
     const T* pr = probs + r * C;
     if (dropout) {
-      expand(bits, (r - r0) * C, C, keep.data());
+      if (block) {
+        const int64_t i = p.row_offset + r % p.rows, bh = r / p.rows;
+        cpu::keep_flags(p.rng, threshold, (bh * p.seq_q + i) * C, C, keep.data());
+      } else {
+        expand(bits, (r - r0) * C, C, keep.data());
+      }
       const uint8_t* k = keep.data();
 #pragma omp simd
       for (int64_t j = 0; j < C; ++j) dp[j] = dscale.apply(math::to_float(g[j]), k[j] != 0);

@@ -38,6 +38,16 @@ inline void keep_bits(const PhiloxState& rng, uint64_t threshold, int64_t start,
   if (len % 8) out[nbytes - 1] &= static_cast<uint8_t>((1u << (len % 8)) - 1u);
 }
 
+// Keep flags (0/1) of elements start .. start+n-1 for any start (one Philox group per four).
+inline void keep_flags(const PhiloxState& rng, uint64_t threshold, int64_t start, int64_t n, uint8_t* out) {
+  int64_t e = start;
+  const int64_t end = start + n;
+  while (e < end) {
+    const math::Philox4 r = math::philox_group(rng.seed, rng.offset, static_cast<uint64_t>(e >> 2));
+    for (int64_t q = e & 3; q < 4 && e < end; ++q, ++e) out[e - start] = static_cast<uint64_t>(r.v[q]) < threshold;
+  }
+}
+
 // Rows per work item when each row has `cols` elements and items write packed bits: a
 // multiple of 8 elements per item (so no two threads write one mask byte), about 16k
 // elements, at most `rows` (then a single item).

@@ -62,8 +62,10 @@ __global__ void forward_kernel(AttentionSoftmaxForwardParams p, uint64_t thresho
   const Acc scale = static_cast<Acc>(p.scale);
   const Acc neg_inf = -static_cast<Acc>(INFINITY);
   T* scores = static_cast<T*>(p.scores);
+  const int64_t seq_q = p.seq_q > 0 ? p.seq_q : p.rows;
   for (int64_t r = blockIdx.x; r < rows_total; r += gridDim.x) {
-    const int64_t i = r % p.rows, bh = r / p.rows, b = bh / p.heads, h = bh % p.heads;
+    const int64_t i = p.row_offset + r % p.rows, bh = r / p.rows, b = bh / p.heads, h = bh % p.heads;
+    const int64_t e_row = (bh * seq_q + i) * C;  // dropout element index of the row's first entry
     const float* m = p.attn_mask ? p.attn_mask + b * p.mask_stride[0] + h * p.mask_stride[1] + i * p.mask_stride[2]
                                  : nullptr;
     T* s = scores + r * C;
@@ -92,7 +94,7 @@ __global__ void forward_kernel(AttentionSoftmaxForwardParams p, uint64_t thresho
       if (p.p > 0.0) {
         const Acc stored = math::round_to_acc<T>(pj);
         math::store(static_cast<T*>(p.dropped) + r * C + j,
-                    dscale.apply(stored, keep_of(p.mask_bits, rng, threshold, r * C + j)));
+                    dscale.apply(stored, keep_of(p.mask_bits, rng, threshold, e_row + j)));
       }
     }
   }
@@ -105,12 +107,15 @@ __global__ void backward_kernel(AttentionSoftmaxBackwardParams p, uint64_t thres
   const PhiloxState rng = cuda::resolve(p.rng);
   const int64_t C = p.cols;
   const Acc scale = static_cast<Acc>(p.scale);
+  const int64_t rows = p.rows > 0 ? p.rows : p.rows_total;
+  const int64_t seq_q = p.seq_q > 0 ? p.seq_q : rows;
   for (int64_t r = blockIdx.x; r < p.rows_total; r += gridDim.x) {
+    const int64_t e_row = ((r / rows) * seq_q + p.row_offset + r % rows) * C;
     T* g = static_cast<T*>(p.grad) + r * C;
     const T* pr = static_cast<const T*>(p.probs) + r * C;
     auto dp = [&](int64_t j) {
       const Acc v = math::to_float(g[j]);
-      return p.p > 0.0 ? dscale.apply(v, keep_of(p.mask_bits, rng, threshold, r * C + j)) : v;
+      return p.p > 0.0 ? dscale.apply(v, keep_of(p.mask_bits, rng, threshold, e_row + j)) : v;
     };
     Acc dot = 0;
     for (int64_t j = threadIdx.x; j < C; j += blockDim.x) dot += dp(j) * math::to_float(pr[j]);

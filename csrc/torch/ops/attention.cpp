@@ -23,6 +23,14 @@ TORCH_LIBRARY_FRAGMENT(tempo, m) {
         {at::Tag::nondeterministic_seeded});
   m.def("attention_backward(Tensor grad, Tensor q, Tensor k, Tensor v, Tensor probs, Tensor keep, float dropout_p, "
         "float? scale, str mode) -> (Tensor, Tensor, Tensor)");
+  m.def("fused_attention(Tensor q, Tensor k, Tensor v, Tensor? attn_mask=None, float dropout_p=0.0, "
+        "bool causal=False, float? scale=None, int block_rows=0) -> Tensor",
+        {at::Tag::nondeterministic_seeded});
+  m.def("fused_attention_forward(Tensor q, Tensor k, Tensor v, Tensor? attn_mask, float dropout_p, bool causal, "
+        "float? scale, int block_rows) -> (Tensor, Tensor)",
+        {at::Tag::nondeterministic_seeded});
+  m.def("fused_attention_backward(Tensor grad, Tensor q, Tensor k, Tensor v, Tensor state, Tensor? attn_mask, "
+        "float dropout_p, bool causal, float? scale, int block_rows) -> (Tensor, Tensor, Tensor)");
 }
 
 namespace tempo {
@@ -57,21 +65,20 @@ double scale_of(const at::Tensor& q, std::optional<double> scale) {
 
 // The mask as additive fp32 values (bool: 0 where true, -inf where false), still in its own
 // (broadcastable) shape, expanded to [B, A, Sq, Sk] by strides.
-at::Tensor additive_mask(const at::Tensor& mask, const at::Tensor& scores, const char* op) {
+at::Tensor additive_mask(const at::Tensor& mask, c10::SymIntArrayRef sizes, const c10::Device& device, const char* op) {
   TORCH_CHECK(mask.scalar_type() == at::kBool || at::isFloatingType(mask.scalar_type()), op,
               ": argument 'attn_mask' must be bool or floating, got ", mask.scalar_type());
-  TORCH_CHECK(mask.device() == scores.device(), op, ": argument 'attn_mask' must be on the device of q (",
-              scores.device(), "), got ", mask.device());
+  TORCH_CHECK(mask.device() == device, op, ": argument 'attn_mask' must be on the device of q (", device, "), got ",
+              mask.device());
   TORCH_CHECK(!mask.requires_grad(), op, ": argument 'attn_mask' requires grad; gradients of the mask are not "
               "supported (pass a mask without requires_grad, or use backend='eager')");
-  TORCH_CHECK(mask.dim() <= 4 && at::is_expandable_to(mask.sym_sizes(), scores.sym_sizes()), op,
-              ": argument 'attn_mask' of shape ", mask.sym_sizes(), " does not broadcast to [batch, heads, q_len, k_len] = ",
-              scores.sym_sizes());
+  TORCH_CHECK(mask.dim() <= 4 && at::is_expandable_to(mask.sym_sizes(), sizes), op, ": argument 'attn_mask' of shape ",
+              mask.sym_sizes(), " does not broadcast to [batch, heads, q_len, k_len] = ", sizes);
   at::Tensor add = mask.scalar_type() == at::kBool
                        ? at::where(mask, at::zeros({}, mask.options().dtype(at::kFloat)),
                                    at::full({}, -std::numeric_limits<float>::infinity(), mask.options().dtype(at::kFloat)))
                        : mask.to(at::kFloat);
-  return add.expand_symint(scores.sym_sizes());
+  return add.expand_symint(sizes);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward_kernel(const at::Tensor& q, const at::Tensor& k,
@@ -89,7 +96,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward_kernel(const at
   // Scores in q's dtype (as the eager baseline); the softmax overwrites them with P.
   at::Tensor probs = at::matmul(q, k.transpose(-2, -1)).contiguous();
   at::Tensor mask;
-  if (attn_mask.has_value() && attn_mask->defined()) mask = additive_mask(*attn_mask, probs, op);
+  if (attn_mask.has_value() && attn_mask->defined())
+    mask = additive_mask(*attn_mask, probs.sym_sizes(), probs.device(), op);
   DropoutKeep keep = new_dropout_keep(probs, dropout_p, mode);
   at::Tensor dropped = dropout_p > 0.0 ? at::empty_like(probs) : at::Tensor();
   if (!q.is_meta() && probs.numel() > 0) {
@@ -179,6 +187,134 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_kernel(const a
   return {dq, dk, dv};
 }
 
+// ---- memory-efficient attention: blocks of query rows ------------------------------------
+
+int64_t block_rows_for(const at::Tensor& q, const at::Tensor& k, int64_t requested) {
+  const int64_t Sq = q.size(2);
+  if (requested > 0) return std::min(requested, std::max<int64_t>(Sq, 1));
+  const int64_t per_row = std::max<int64_t>(q.size(0) * q.size(1) * k.size(2) * q.element_size(), 1);
+  return std::max<int64_t>(1, std::min<int64_t>(Sq, (int64_t{8} << 20) / per_row));
+}
+
+// One block's P (in `scores`, over q_blk k^T) and, with dropout, P_d (in `dropped`).
+void block_softmax(const at::Tensor& scores, const at::Tensor& dropped, const at::Tensor& mask, const at::Tensor& q,
+                   int64_t row_offset, double scale, bool causal, double p, const PhiloxState& rng, const char* op) {
+  if (q.is_meta() || scores.numel() == 0) return;
+  AttentionSoftmaxForwardParams prm;
+  prm.dtype = to_core_dtype(q.scalar_type());
+  prm.scores = scores.mutable_data_ptr();
+  prm.dropped = dropped.defined() ? dropped.mutable_data_ptr() : nullptr;
+  if (mask.defined()) {
+    prm.attn_mask = mask.const_data_ptr<float>();
+    for (int d = 0; d < 4; ++d) prm.mask_stride[d] = mask.stride(d);
+  }
+  prm.batch = scores.size(0);
+  prm.heads = scores.size(1);
+  prm.rows = scores.size(2);
+  prm.cols = scores.size(3);
+  prm.row_offset = row_offset;
+  prm.seq_q = q.size(2);
+  prm.scale = scale;
+  prm.causal = causal;
+  prm.p = p;
+  prm.rng = rng;
+  raise_if_error(q.is_cuda() ? attention_softmax_forward_cuda(prm, stream_of(q)) : attention_softmax_forward_cpu(prm),
+                 op);
+}
+
+std::tuple<at::Tensor, at::Tensor> fused_attention_forward_kernel(const at::Tensor& q, const at::Tensor& k,
+                                                                  const at::Tensor& v,
+                                                                  const std::optional<at::Tensor>& attn_mask,
+                                                                  double dropout_p, bool causal,
+                                                                  std::optional<double> scale, int64_t block_rows) {
+  const char* op = "tempo::fused_attention";
+  check_qkv(q, k, v, op);
+  check_probability(dropout_p, op, "dropout_p");
+  TORCH_CHECK(block_rows >= 0, op, ": argument 'block_rows' must be non-negative, got ", block_rows);
+  const double sc = scale_of(q, scale);
+  c10::OptionalDeviceGuard guard(q.device());
+  const std::vector<c10::SymInt> full{q.sym_size(0), q.sym_size(1), q.sym_size(2), k.sym_size(2)};
+  at::Tensor mask;
+  if (attn_mask.has_value() && attn_mask->defined()) mask = additive_mask(*attn_mask, full, q.device(), op);
+  DropoutKeep keep = new_dropout_keep(q, dropout_p, DropoutMode::kPhilox);
+  at::Tensor out = at::empty_symint({q.sym_size(0), q.sym_size(1), q.sym_size(2), v.sym_size(3)}, q.options());
+  if (q.is_meta()) return {out, keep.keep};
+  const int64_t Sq = q.size(2), blk = block_rows_for(q, k, block_rows);
+  const at::Tensor kt = k.transpose(-2, -1);
+  for (int64_t i0 = 0; i0 < Sq; i0 += blk) {
+    const int64_t n = std::min(blk, Sq - i0);
+    const at::Tensor qb = q.narrow(2, i0, n);
+    at::Tensor s = at::matmul(qb, kt).contiguous();
+    at::Tensor d = dropout_p > 0.0 ? at::empty_like(s) : at::Tensor();
+    block_softmax(s, d, mask, q, i0, sc, causal, dropout_p, keep.rng, op);
+    out.narrow(2, i0, n).copy_(at::matmul(d.defined() ? d : s, v));
+  }
+  return {out, keep.keep};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_attention_backward_kernel(
+    const at::Tensor& grad, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& state,
+    const std::optional<at::Tensor>& attn_mask, double dropout_p, bool causal, std::optional<double> scale,
+    int64_t block_rows) {
+  const char* op = "tempo::fused_attention_backward";
+  check_qkv(q, k, v, op);
+  check_probability(dropout_p, op, "dropout_p");
+  check_like(grad, q, op, "grad");
+  TORCH_CHECK(grad.dim() == 4 && grad.sym_size(2) == q.sym_size(2) && grad.sym_size(3) == v.sym_size(3), op,
+              ": argument 'grad' must have the shape of the output, got ", grad.sym_sizes());
+  const double sc = scale_of(q, scale);
+  PhiloxState rng;
+  const uint8_t* unused = nullptr;
+  read_dropout_keep(state, q, dropout_p, DropoutMode::kPhilox, op, &unused, &rng);
+  c10::OptionalDeviceGuard guard(q.device());
+  at::Tensor dq = at::empty_like(q), dk = at::zeros_like(k), dv = at::zeros_like(v);
+  if (q.is_meta()) return {dq, dk, dv};
+  at::Tensor mask;
+  if (attn_mask.has_value() && attn_mask->defined()) {
+    const std::vector<c10::SymInt> full{q.sym_size(0), q.sym_size(1), q.sym_size(2), k.sym_size(2)};
+    mask = additive_mask(*attn_mask, full, q.device(), op);
+  }
+  const int64_t Sq = q.size(2), blk = block_rows_for(q, k, block_rows);
+  const at::Tensor kt = k.transpose(-2, -1), vt = v.transpose(-2, -1);
+  for (int64_t i0 = 0; i0 < Sq; i0 += blk) {
+    const int64_t n = std::min(blk, Sq - i0);
+    const at::Tensor qb = q.narrow(2, i0, n), gb = grad.narrow(2, i0, n);
+    // Recompute the block's P and P_d exactly as the forward did.
+    at::Tensor s = at::matmul(qb, kt).contiguous();
+    at::Tensor d = dropout_p > 0.0 ? at::empty_like(s) : at::Tensor();
+    block_softmax(s, d, mask, q, i0, sc, causal, dropout_p, rng, op);
+    dv.add_(at::matmul((d.defined() ? d : s).transpose(-2, -1), gb));
+    d.reset();
+    at::Tensor ds = at::matmul(gb, vt).contiguous();
+    if (ds.numel() > 0) {
+      AttentionSoftmaxBackwardParams prm;
+      prm.dtype = to_core_dtype(q.scalar_type());
+      prm.grad = ds.mutable_data_ptr();
+      prm.probs = s.const_data_ptr();
+      prm.rows_total = ds.size(0) * ds.size(1) * n;
+      prm.cols = ds.size(3);
+      prm.rows = n;
+      prm.row_offset = i0;
+      prm.seq_q = Sq;
+      prm.scale = sc;
+      prm.p = dropout_p;
+      prm.rng = rng;
+      raise_if_error(q.is_cuda() ? attention_softmax_backward_cuda(prm, stream_of(q))
+                                 : attention_softmax_backward_cpu(prm),
+                     op);
+    }
+    dq.narrow(2, i0, n).copy_(at::matmul(ds, k));
+    dk.add_(at::matmul(ds.transpose(-2, -1), qb));
+  }
+  return {dq, dk, dv};
+}
+
+at::Tensor fused_attention_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                  const std::optional<at::Tensor>& attn_mask, double dropout_p, bool causal,
+                                  std::optional<double> scale, int64_t block_rows) {
+  return std::get<0>(fused_attention_forward_kernel(q, k, v, attn_mask, dropout_p, causal, scale, block_rows));
+}
+
 at::Tensor attention_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const std::optional<at::Tensor>& attn_mask, double dropout_p, bool causal,
                             std::optional<double> scale, c10::string_view mode) {
@@ -218,10 +354,45 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(const at::Tens
   return op.call(grad, q, k, v, probs, keep, dropout_p, scale, mode);
 }
 
+at::Tensor fused_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           const std::optional<at::Tensor>& attn_mask, double dropout_p, bool causal,
+                           std::optional<double> scale, int64_t block_rows) {
+  static auto op = op_handle<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                        const std::optional<at::Tensor>&, double, bool, std::optional<double>,
+                                        int64_t)>("tempo::fused_attention");
+  return op.call(q, k, v, attn_mask, dropout_p, causal, scale, block_rows);
+}
+
+std::tuple<at::Tensor, at::Tensor> fused_attention_forward(const at::Tensor& q, const at::Tensor& k,
+                                                           const at::Tensor& v,
+                                                           const std::optional<at::Tensor>& attn_mask,
+                                                           double dropout_p, bool causal, std::optional<double> scale,
+                                                           int64_t block_rows) {
+  static auto op = op_handle<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
+                                                                const at::Tensor&, const std::optional<at::Tensor>&,
+                                                                double, bool, std::optional<double>, int64_t)>(
+      "tempo::fused_attention_forward");
+  return op.call(q, k, v, attn_mask, dropout_p, causal, scale, block_rows);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_attention_backward(
+    const at::Tensor& grad, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& state,
+    const std::optional<at::Tensor>& attn_mask, double dropout_p, bool causal, std::optional<double> scale,
+    int64_t block_rows) {
+  static auto op = op_handle<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+      const std::optional<at::Tensor>&, double, bool, std::optional<double>, int64_t)>(
+      "tempo::fused_attention_backward");
+  return op.call(grad, q, k, v, state, attn_mask, dropout_p, causal, scale, block_rows);
+}
+
 }  // namespace tempo
 
 TORCH_LIBRARY_IMPL(tempo, CompositeExplicitAutograd, m) {
   m.impl("attention", tempo::attention_kernel);
   m.impl("attention_forward", tempo::attention_forward_kernel);
   m.impl("attention_backward", tempo::attention_backward_kernel);
+  m.impl("fused_attention", tempo::fused_attention_kernel);
+  m.impl("fused_attention_forward", tempo::fused_attention_forward_kernel);
+  m.impl("fused_attention_backward", tempo::fused_attention_backward_kernel);
 }

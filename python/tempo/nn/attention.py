@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from .. import ops
 
-BACKENDS = ("tempo", "sdpa", "eager", "auto")
+BACKENDS = ("tempo", "sdpa", "eager", "fused", "auto")
 
 
 def _causal_keep(rows, cols, device):
@@ -47,7 +47,9 @@ class SelfAttention(torch.nn.Module):
     """Self-attention: one GEMM projects q, k, v (``qkv``, weight [3 hidden, hidden]), then
     ``out``. ``backend``: "tempo" (tempo.attention: keeps P and 1 bit per probability),
     "sdpa" (torch's fused kernels: no S^2 tensor), "eager" (the plain baseline: P, a byte
-    mask and the dropped P), "auto" (sdpa where torch picks a fused kernel, else tempo).
+    mask and the dropped P), "fused" (no S^2 tensor: torch's fused sdpa kernel where torch has
+    one for the inputs, else tempo.fused_attention), "auto" (sdpa where torch picks a fused
+    kernel, else tempo).
 
     forward(x [batch, seq, hidden], attention_mask=None): a [batch, seq] padding mask (nonzero:
     attend to that key), or a bool (True: attend) / additive mask broadcastable to
@@ -88,12 +90,15 @@ class SelfAttention(torch.nn.Module):
             mask = (mask != 0).view(B, 1, 1, S)
         p = self.dropout if self.training else 0.0
         backend = self.backend
-        if backend == "auto":
+        if backend in ("auto", "fused"):
             m = mask if mask is None or mask.dtype == torch.bool else mask.to(q.dtype)
-            backend = "sdpa" if torch._fused_sdp_choice(q, k, v, m, p, self.causal) != 0 else "tempo"
+            torch_fused = torch._fused_sdp_choice(q, k, v, m, p, self.causal) != 0
+            backend = "sdpa" if torch_fused else ("tempo" if backend == "auto" else "tempo-fused")
         self.last_backend = backend
         if backend == "tempo":
             o = ops.attention(q, k, v, mask, p, self.causal, None, self.mode)
+        elif backend == "tempo-fused":
+            o = ops.fused_attention(q, k, v, mask, p, self.causal)
         elif backend == "sdpa":
             o = sdpa_attention(q, k, v, mask, p, self.causal)
         else:

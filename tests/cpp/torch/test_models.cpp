@@ -94,12 +94,20 @@ TEST(Models, PerLayerActivationBytesMatchTheModel) {
     // tempo with fused attention 40.75 SH + 4 A S (log-sum-exp) + the seed.
     const double expect_eager = 66 * SH + 9 * AS2;
     const double expect_tempo = 40.75 * SH + 4.125 * AS2;
+    const double expect_fused = 40.75 * SH + 16;  // + the 16-byte Philox state
+    const double expect_ckpt = 4 * SH;            // the layer's input only
     const int64_t eager = layer_bytes("eager", S);
     const int64_t tempo_b = layer_bytes("tempo", S);
-    std::printf("bert-large S=%lld per-layer bytes: eager %lld (model %.0f), tempo %lld (model %.0f)\n",
-                (long long)S, (long long)eager, expect_eager, (long long)tempo_b, expect_tempo);
+    const int64_t fused = layer_bytes("tempo-sdpa", S);
+    const int64_t ckpt = layer_bytes("checkpoint", S);
+    std::printf("bert-large S=%lld per-layer bytes: eager %lld (model %.0f), tempo %lld (model %.0f), "
+                "tempo-sdpa %lld (model %.0f), checkpoint %lld (model %.0f)\n",
+                (long long)S, (long long)eager, expect_eager, (long long)tempo_b, expect_tempo, (long long)fused,
+                expect_fused, (long long)ckpt, expect_ckpt);
     EXPECT_NEAR(eager / expect_eager, 1.0, 0.03) << S;
     EXPECT_NEAR(tempo_b / expect_tempo, 1.0, 0.03) << S;
+    EXPECT_NEAR(fused / expect_fused, 1.0, 0.03) << S;
+    EXPECT_NEAR(ckpt / expect_ckpt, 1.0, 0.03) << S;
   }
 }
 

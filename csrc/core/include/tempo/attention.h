@@ -23,10 +23,14 @@ struct AttentionSoftmaxForwardParams {
   const float* attn_mask = nullptr; // optional additive fp32 mask
   int64_t mask_stride[4] = {0, 0, 0, 0};  // element (b, h, i, j) at b s0 + h s1 + i s2 + j s3
   int64_t batch = 0, heads = 0, rows = 0, cols = 0;  // rows_total = batch * heads * rows
+  // A block of query rows: these `rows` are rows row_offset .. row_offset + rows - 1 of
+  // seq_q (0: seq_q = rows, row_offset = 0). Causal masking, the mask rows and the dropout
+  // element indices use the absolute row, so blocks reproduce the whole-matrix result.
+  int64_t row_offset = 0, seq_q = 0;
   double scale = 1.0;
   bool causal = false;              // mask j > i (top-left aligned, as torch's is_causal)
   double p = 0.0;
-  PhiloxState rng;                  // keep bit of element e of the rows_total x cols matrix
+  PhiloxState rng;                  // keep bit of element ((b A + h) seq_q + i) cols + j
 };
 
 struct AttentionSoftmaxBackwardParams {
@@ -35,6 +39,8 @@ struct AttentionSoftmaxBackwardParams {
   const void* probs = nullptr;       // P
   const uint8_t* mask_bits = nullptr;  // bits mode; null with p > 0: regenerate from rng
   int64_t rows_total = 0, cols = 0;
+  // A block of query rows, as in the forward: rows_total = batch_heads * rows.
+  int64_t rows = 0, row_offset = 0, seq_q = 0;  // rows = 0: the whole matrix
   double scale = 1.0;
   double p = 0.0;
   PhiloxState rng;

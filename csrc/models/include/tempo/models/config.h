@@ -44,13 +44,15 @@ struct ModelConfig {
 //   sdpa        eager with torch's scaled_dot_product_attention
 //   tempo       in-place GELU/SiLU and norms, tempo attention (output-only softmax, dropout
 //               recomputation), bit masks (post-LN: fused bias-dropout-residual-LayerNorm)
-//   tempo-sdpa  tempo with torch's scaled_dot_product_attention
+//   tempo-sdpa  tempo with fused attention (no S^2 tensor): torch's scaled_dot_product_attention
+//               where torch has a fused kernel for the inputs, else tempo::fused_attention (on
+//               CPU with attention dropout torch's sdpa would fall back to its math path)
 // A base name may be followed by toggles, "+t" to turn a technique on and "-t" off, with t in
-// gelu, norm, dropout (bit masks), attention (tempo attention), sdpa, checkpoint; e.g.
+// gelu, norm, dropout (bit masks), attention (tempo attention), sdpa, fused, checkpoint; e.g.
 // "eager+gelu" (in-place GELU alone, for the paper's ablation) or "tempo-norm".
 struct MemoryPolicy {
   std::string name = "eager";
-  std::string attention = "eager";  // eager | tempo | sdpa
+  std::string attention = "eager";  // eager | tempo | sdpa | fused (SelfAttention backends)
   bool inplace_gelu = false;        // GELU, and SiLU in SwiGLU
   bool inplace_norm = false;        // LayerNorm, RMSNorm
   bool bit_dropout = false;         // hidden dropout keeps 1 bit per element

@@ -3,6 +3,9 @@
 //            recomputed in backward),
 //   "sdpa":  torch's scaled_dot_product_attention (fused kernels keep no S^2 tensor),
 //   "eager": the plain PyTorch baseline (keeps P, a byte mask and the dropped P),
+//   "fused": no S^2 tensor at all: torch's fused sdpa kernel where torch has one for these
+//            inputs, else tempo::fused_attention (blocks of query rows, P recomputed in
+//            backward; e.g. on CPU with dropout, where torch's sdpa falls back to its math path),
 //   "auto":  sdpa where torch picks a fused kernel for these inputs, else tempo.
 // One GEMM projects q, k and v (weight [3 hidden, hidden], submodule "qkv"), then "out".
 #pragma once
@@ -23,7 +26,7 @@ struct SelfAttentionOptions {
   TORCH_ARG(double, dropout) = 0.0;  // on the attention probabilities, in training
   TORCH_ARG(bool, bias) = true;
   TORCH_ARG(bool, causal) = false;
-  TORCH_ARG(std::string, backend) = "auto";  // tempo | sdpa | eager | auto
+  TORCH_ARG(std::string, backend) = "auto";  // tempo | sdpa | eager | fused | auto
   TORCH_ARG(std::string, mode) = "bits";     // tempo's dropout: bits | philox
   TORCH_ARG(bool, rotary) = false;           // rotary position embedding of q and k (LLaMA)
   TORCH_ARG(double, rope_theta) = 10000.0;
@@ -38,7 +41,8 @@ class SelfAttentionImpl : public torch::nn::Cloneable<SelfAttentionImpl> {
   at::Tensor forward(const at::Tensor& x, const std::optional<at::Tensor>& attention_mask = std::nullopt);
   void reset() override;
   void pretty_print(std::ostream& stream) const override;
-  // The backend the last forward used ("auto" resolved).
+  // The backend the last forward used ("auto" and "fused" resolved; "tempo-fused" is
+  // tempo::fused_attention).
   const std::string& last_backend() const { return last_backend_; }
   SelfAttentionOptions options;
   torch::nn::Linear qkv{nullptr}, out{nullptr};
