@@ -111,6 +111,29 @@ TEST(Models, PerLayerActivationBytesMatchTheModel) {
   }
 }
 
+TEST(Models, SwiGLUUnderTempoKeepsSiluOutputUpAndTheBit) {
+  // In-place SiLU alone ("eager+gelu") on a llama-small layer: the gate projection's output
+  // (I S fp32 values) is no longer kept, one bit per element is.
+  tempo::memory::track_cpu();
+  const c10::Device cpu(c10::kCPU);
+  ModelConfig c = ModelConfig::preset("llama-small");
+  c.layers = 1;
+  c.vocab = 512;
+  const int64_t S = 64;
+  int64_t held[2];
+  const char* policies[2] = {"eager", "eager+gelu"};
+  for (int k = 0; k < 2; ++k) {
+    torch::manual_seed(0);
+    auto m = tempo::models::make_model(c, MemoryPolicy::parse(policies[k]));
+    const at::Tensor ids = at::randint(2, c.vocab, {1, S}, at::kLong);
+    tempo::memory::Scope scope(cpu);
+    at::Tensor h = m->hidden_states(ids, at::Tensor());
+    held[k] = scope.held();
+  }
+  const int64_t n = c.intermediate * S;
+  EXPECT_EQ(held[0] - held[1], n * 4 - (n + 7) / 8);
+}
+
 TEST(Models, BadConfigGivesClearErrors) {
   ModelConfig c = ModelConfig::preset("bert-base");
   c.hidden = 100;
