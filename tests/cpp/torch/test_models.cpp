@@ -150,7 +150,7 @@ TEST(Models, BadConfigGivesClearErrors) {
   EXPECT_THROW(MemoryPolicy::parse("fast"), c10::Error);
   EXPECT_THROW(MemoryPolicy::parse("tempo+magic"), c10::Error);
   const MemoryPolicy p = MemoryPolicy::parse("tempo-sdpa-norm");
-  EXPECT_EQ(p.attention, "sdpa");
+  EXPECT_EQ(p.attention, "fused");
   EXPECT_FALSE(p.inplace_norm);
   EXPECT_TRUE(p.inplace_gelu && p.bit_dropout);
   const MemoryPolicy q = MemoryPolicy::parse("eager+gelu");
