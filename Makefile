@@ -14,8 +14,16 @@ PYTHON_ABS = $(if $(findstring /,$(PYTHON)),$(abspath $(PYTHON)),$(shell command
 
 .PHONY: run test build setup sysdeps venv bench accuracy clean
 
+# The main job: `tempo bench` on a reduced bert-base (memory, largest batch in a budget and
+# throughput per policy; about 2 minutes on 2 cores). `make bench` adds the op benchmarks.
 run: build
 	$(BUILD)/tempo env
+	mkdir -p $(BUILD)/results
+	$(BUILD)/tempo bench --model bert-base --layers 2 --vocab 8192 --seq 128 --batch 8 --steps 3 --budget 640MiB \
+	  --csv $(BUILD)/results/bench.csv --plot $(BUILD)/results/bench.svg
+
+# The op benchmarks (activation, norms/dropout, attention), side by side with torch.
+bench: build
 	mkdir -p $(BUILD)/results
 	$(BUILD)/bench_activation --csv $(BUILD)/results/activation_speed.csv --json $(BUILD)/results/activation_speed.json
 	$(BUILD)/bench_norm --csv $(BUILD)/results/norm_speed.csv --json $(BUILD)/results/norm_speed.json

@@ -1,4 +1,4 @@
-// The `tempo` command line: `tempo --version`, `tempo env`.
+// The `tempo` command line: `tempo --version`, `tempo env`, `tempo bench`.
 #include <ATen/Parallel.h>
 #include <torch/cuda.h>
 #include <torch/version.h>
@@ -6,8 +6,10 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "tempo/common.h"
+#include "bench.h"
 
 namespace {
 
@@ -16,6 +18,8 @@ void usage(FILE* out) {
                "usage: tempo <command>\n"
                "  --version   print the version\n"
                "  env         versions, threads, CUDA built and present\n"
+               "  bench       memory, maximum batch and throughput of a model per memory policy\n"
+               "              (tempo bench --help)\n"
                "  help        this text\n");
 }
 
@@ -50,6 +54,24 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (cmd == "env") return env();
+  if (cmd == "bench") {
+    std::vector<std::string> args(argv + 2, argv + argc);
+    for (const auto& a : args)
+      if (a == "--help" || a == "-h") {
+        tempo::tools::print_bench_usage(stdout);
+        return 0;
+      }
+    try {
+      return tempo::tools::run_bench(tempo::tools::parse_bench_args(args));
+    } catch (const std::invalid_argument& e) {
+      std::fprintf(stderr, "\n%s\n", e.what());
+      tempo::tools::print_bench_usage(stderr);
+      return 2;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "\n%s\n", e.what());
+      return 1;
+    }
+  }
   if (cmd == "help" || cmd == "--help" || cmd == "-h") {
     usage(stdout);
     return 0;

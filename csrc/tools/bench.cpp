@@ -1,0 +1,377 @@
+// `tempo bench`: for each memory policy, full training steps (forward, backward, AdamW) of a
+// model: activation bytes held after the forward, the step's peak, step time and tokens/s;
+// with --budget, the largest batch whose step fits (predicted from the peaks at batch 1 and
+// 2, then verified by running a step at the candidate under the tracker); --ablation: the
+// per-layer saving of each technique across sequence lengths.
+#include "bench.h"
+
+#include <ATen/ATen.h>
+#include <torch/cuda.h>
+#include <torch/optim/adamw.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <stdexcept>
+
+#include <unistd.h>
+
+#include "tempo/memory.h"
+#include "tempo/models/transformer.h"
+
+namespace tempo::tools {
+
+using models::MemoryPolicy;
+using models::ModelConfig;
+
+void print_bench_usage(FILE* out) {
+  std::fprintf(out,
+               "usage: tempo bench [--model PRESET|custom] [--seq S] [--batch B] [--policies eager,checkpoint,...]\n"
+               "                   [--dtype fp32|bf16] [--device cpu|cuda] [--budget 11GiB] [--steps N]\n"
+               "                   [--json] [--csv FILE] [--plot FILE.svg] [--ablation [--ablation-seqs 128,512]]\n"
+               "                   custom sizes: --arch bert|roberta|gpt2|llama --hidden H --layers L --heads A\n"
+               "                                 --intermediate I --vocab V (also override a preset's)\n"
+               "presets: bert-base bert-large roberta-base roberta-large gpt2 gpt2-medium gpt2-large llama-small\n"
+               "policies: eager checkpoint sdpa tempo tempo-sdpa, each optionally with +t/-t toggles\n"
+               "          (t in gelu norm dropout attention sdpa fused checkpoint), e.g. eager+gelu\n");
+}
+
+int64_t parse_bytes(const std::string& text) {
+  size_t pos = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &pos);
+  } catch (...) {
+    throw std::invalid_argument("tempo bench: cannot read a size from '" + text + "' (e.g. 11GiB, 512MiB)");
+  }
+  const std::string unit = text.substr(pos);
+  double mult = 1;
+  if (unit == "" || unit == "B") mult = 1;
+  else if (unit == "KiB") mult = 1024.0;
+  else if (unit == "MiB") mult = 1024.0 * 1024;
+  else if (unit == "GiB") mult = 1024.0 * 1024 * 1024;
+  else if (unit == "KB") mult = 1e3;
+  else if (unit == "MB") mult = 1e6;
+  else if (unit == "GB") mult = 1e9;
+  else throw std::invalid_argument("tempo bench: unknown size unit '" + unit + "' in '" + text + "' (B, KiB, MiB, GiB, KB, MB, GB)");
+  if (!(v > 0)) throw std::invalid_argument("tempo bench: a size must be positive, got '" + text + "'");
+  return static_cast<int64_t>(v * mult);
+}
+
+namespace {
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  size_t i = 0;
+  while (i <= s.size()) {
+    const size_t j = std::min(s.find(',', i), s.size());
+    if (j > i) out.push_back(s.substr(i, j - i));
+    i = j + 1;
+  }
+  return out;
+}
+
+int64_t positive(const std::string& flag, const std::string& v) {
+  int64_t x = 0;
+  try {
+    size_t pos = 0;
+    x = std::stoll(v, &pos);
+    if (pos != v.size()) x = 0;
+  } catch (...) {
+  }
+  if (x <= 0) throw std::invalid_argument("tempo bench: " + flag + " must be a positive integer, got '" + v + "'");
+  return x;
+}
+
+}  // namespace
+
+BenchOptions parse_bench_args(const std::vector<std::string>& args) {
+  BenchOptions o;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& k = args[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= args.size()) throw std::invalid_argument("tempo bench: " + k + " needs a value");
+      return args[++i];
+    };
+    if (k == "--model") o.model = value();
+    else if (k == "--arch") o.arch = value();
+    else if (k == "--hidden") o.hidden = positive(k, value());
+    else if (k == "--layers") o.layers = positive(k, value());
+    else if (k == "--heads") o.heads = positive(k, value());
+    else if (k == "--intermediate") o.intermediate = positive(k, value());
+    else if (k == "--vocab") o.vocab = positive(k, value());
+    else if (k == "--seq") o.seq = positive(k, value());
+    else if (k == "--batch") o.batch = positive(k, value());
+    else if (k == "--policies") o.policies = split(value());
+    else if (k == "--dtype") o.dtype = value();
+    else if (k == "--device") o.device = value();
+    else if (k == "--budget") o.budget = parse_bytes(value());
+    else if (k == "--steps") o.steps = static_cast<int>(positive(k, value()));
+    else if (k == "--json") o.json = true;
+    else if (k == "--csv") o.csv = value();
+    else if (k == "--plot") o.plot = value();
+    else if (k == "--ablation") o.ablation = true;
+    else if (k == "--ablation-seqs") {
+      o.ablation_seqs.clear();
+      for (const auto& s : split(value())) o.ablation_seqs.push_back(positive(k, s));
+    } else {
+      throw std::invalid_argument("tempo bench: unknown argument '" + k + "'");
+    }
+  }
+  if (o.seq < 2) throw std::invalid_argument("tempo bench: --seq must be at least 2");
+  if (o.dtype != "fp32" && o.dtype != "bf16")
+    throw std::invalid_argument("tempo bench: --dtype must be fp32 or bf16, got '" + o.dtype + "'");
+  if (o.device != "cpu" && o.device != "cuda")
+    throw std::invalid_argument("tempo bench: --device must be cpu or cuda, got '" + o.device + "'");
+  if (o.policies.empty()) throw std::invalid_argument("tempo bench: --policies is empty");
+  for (const auto& p : o.policies) {
+    try {
+      MemoryPolicy::parse(p);
+    } catch (const c10::Error& e) {
+      throw std::invalid_argument(e.what_without_backtrace());
+    }
+  }
+  if (!o.plot.empty() && (o.plot.size() < 4 || o.plot.substr(o.plot.size() - 4) != ".svg"))
+    throw std::invalid_argument("tempo bench: --plot writes SVG; give a file name ending in .svg, got '" + o.plot + "'");
+  return o;
+}
+
+namespace {
+
+ModelConfig config_of(const BenchOptions& o) {
+  ModelConfig c;
+  if (o.model == "custom") {
+    c.arch = models::parse_arch(o.arch);
+    c.name = "custom-" + o.arch;
+    if (c.arch == models::Arch::kGpt2 || c.arch == models::Arch::kLlama) c.type_vocab = 0;
+    if (c.arch == models::Arch::kLlama) c.dropout = c.attention_dropout = 0.0;
+  } else {
+    c = ModelConfig::preset(o.model);
+  }
+  if (o.hidden) c.hidden = o.hidden;
+  if (o.layers) c.layers = o.layers;
+  if (o.heads) c.heads = o.heads;
+  if (o.intermediate) c.intermediate = o.intermediate;
+  if (o.vocab) c.vocab = o.vocab;
+  if (o.hidden || o.layers || o.heads || o.intermediate || o.vocab) {
+    std::string suffix;
+    if (o.layers) suffix += "-L" + std::to_string(o.layers);
+    if (o.hidden) suffix += "-H" + std::to_string(o.hidden);
+    if (o.vocab) suffix += "-V" + std::to_string(o.vocab);
+    c.name += suffix.empty() ? "-custom" : suffix;
+  }
+  c.max_positions = std::max(c.max_positions, o.seq + c.pad_id + 1);
+  c.validate();
+  return c;
+}
+
+struct StepStats {
+  int64_t activation = 0, peak = 0;
+  double ms = 0;
+};
+
+class Runner {
+ public:
+  Runner(const BenchOptions& o, const ModelConfig& c, const std::string& policy)
+      : o_(o), c_(c), device_(o.device == "cuda" ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU)) {
+    torch::manual_seed(0);
+    model_ = models::make_model(c, MemoryPolicy::parse(policy));
+    model_->to(device_, o.dtype == "bf16" ? at::kBFloat16 : at::kFloat);
+    model_->train();
+    opt_ = std::make_unique<torch::optim::AdamW>(model_->parameters(), torch::optim::AdamWOptions(1e-4));
+  }
+  void sync() const {
+    if (device_.is_cuda()) torch::cuda::synchronize();
+  }
+  StepStats step(int64_t batch, uint64_t seed) {
+    const models::Batch b = models::synthetic_batch(c_, batch, o_.seq, seed, device_);
+    opt_->zero_grad(/*set_to_none=*/true);
+    sync();
+    StepStats s;
+    tempo::memory::Scope scope(device_);
+    const auto t0 = std::chrono::steady_clock::now();
+    at::Tensor loss = model_->loss(b);
+    sync();
+    s.activation = scope.held();
+    loss.backward();
+    opt_->step();
+    sync();
+    s.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    s.peak = tempo::memory::stats(device_).peak;
+    if (!std::isfinite(loss.item<double>())) throw std::runtime_error("tempo bench: the loss is not finite");
+    return s;
+  }
+
+ private:
+  const BenchOptions& o_;
+  ModelConfig c_;
+  c10::Device device_;
+  models::TransformerModel model_{nullptr};
+  std::unique_ptr<torch::optim::AdamW> opt_;
+};
+
+// A progress line on stderr, rewritten in place on a terminal.
+void progress(const BenchOptions& o, const std::string& text) {
+  (void)o;
+  if (!isatty(2)) return;
+  std::fprintf(stderr, "\r\033[K%s", text.c_str());
+  std::fflush(stderr);
+}
+
+BenchResult bench_policy(const BenchOptions& o, const ModelConfig& c, const std::string& policy, size_t index,
+                         size_t count) {
+  const std::string tag = "[" + std::to_string(index + 1) + "/" + std::to_string(count) + "] " + policy + ": ";
+  progress(o, tag + "building the model");
+  Runner run(o, c, policy);
+  BenchResult r;
+  r.model = c.name;
+  r.dtype = o.dtype;
+  r.device = o.device;
+  r.policy = policy;
+  r.seq = o.seq;
+  r.batch = o.batch;
+  progress(o, tag + "warm-up step");
+  run.step(o.batch, 1);
+  std::vector<double> times;
+  for (int s = 0; s < o.steps; ++s) {
+    progress(o, tag + "step " + std::to_string(s + 1) + "/" + std::to_string(o.steps) + " at batch " +
+                    std::to_string(o.batch));
+    const StepStats st = run.step(o.batch, 2 + s);
+    if (s == 0) r.activation_bytes = st.activation;
+    r.peak_bytes = std::max(r.peak_bytes, st.peak);
+    times.push_back(st.ms);
+  }
+  std::sort(times.begin(), times.end());
+  r.step_ms = times[times.size() / 2];
+  r.tokens_per_s = static_cast<double>(o.batch * o.seq) / (r.step_ms / 1000.0);
+  if (o.budget) {
+    const int64_t budget = *o.budget;
+    progress(o, tag + "budget search: batch 1");
+    const StepStats p1 = run.step(1, 100);
+    if (p1.peak > budget) {
+      char msg[256];
+      std::snprintf(msg, sizeof msg,
+                    "tempo bench: the budget (%.2f GiB) is too small for batch 1 under policy '%s': a step needs %.2f "
+                    "GiB (%lld bytes)",
+                    budget / 1073741824.0, policy.c_str(), p1.peak / 1073741824.0, (long long)p1.peak);
+      throw std::runtime_error(msg);
+    }
+    progress(o, tag + "budget search: batch 2");
+    const StepStats p2 = run.step(2, 101);
+    // Each candidate comes from a linear model of the step's peak in the batch (its slope
+    // from the measured steps, at least the activation growth per sequence) and is verified
+    // by running a step at it; the largest batch seen to fit wins.
+    int64_t lo = 1, hi = -1;
+    StepStats at_lo = p1;
+    if (p2.peak <= budget) {
+      lo = 2;
+      at_lo = p2;
+    } else {
+      hi = 2;
+    }
+    double slope = std::max<double>({static_cast<double>(p2.activation - p1.activation),
+                                     static_cast<double>(p2.peak - p1.peak), 1.0});
+    for (int iter = 0; iter < 8 && (hi < 0 || hi - lo > 1); ++iter) {
+      int64_t cand = lo + static_cast<int64_t>(std::floor((budget - at_lo.peak) / slope));
+      if (hi > 0) cand = std::min(cand, hi - 1);
+      if (cand <= lo) break;  // the model says nothing larger fits
+      progress(o, tag + "budget search: verifying batch " + std::to_string(cand));
+      const StepStats at = run.step(cand, 102 + iter);
+      slope = std::max(static_cast<double>(at.peak - p1.peak) / static_cast<double>(cand - 1), 1.0);
+      if (at.peak <= budget) {
+        lo = cand;
+        at_lo = at;
+      } else {
+        hi = cand;
+      }
+    }
+    const int64_t cand = lo;
+    const StepStats at = at_lo;
+    r.max_batch = cand;
+    r.max_batch_tokens_per_s = static_cast<double>(cand * o.seq) / (at.ms / 1000.0);
+  }
+  return r;
+}
+
+// Per-layer activation bytes (forward of 2 layers minus 1, batch 1) of each technique.
+int run_ablation(const BenchOptions& o, const ModelConfig& base) {
+  const std::vector<std::pair<std::string, std::string>> rows = {
+      {"eager", "baseline"},
+      {"eager+gelu", "in-place GELU"},
+      {"eager+norm", "in-place LayerNorm"},
+      {"eager+dropout", "bit-packed dropout masks"},
+      {"eager+attention", "dropout recomputation + output-only softmax"},
+      {"tempo", "all of tempo"},
+      {"tempo-sdpa", "tempo + fused attention"},
+  };
+  const c10::Device device = o.device == "cuda" ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
+  std::vector<std::vector<int64_t>> bytes(rows.size());
+  for (size_t s = 0; s < o.ablation_seqs.size(); ++s) {
+    const int64_t S = o.ablation_seqs[s];
+    for (size_t k = 0; k < rows.size(); ++k) {
+      progress(o, "ablation: seq " + std::to_string(S) + ", " + rows[k].first);
+      int64_t held[2];
+      for (int layers = 1; layers <= 2; ++layers) {
+        ModelConfig c = base;
+        c.layers = layers;
+        c.max_positions = std::max(c.max_positions, S + c.pad_id + 1);
+        torch::manual_seed(0);
+        auto m = models::make_model(c, MemoryPolicy::parse(rows[k].first));
+        m->to(device, o.dtype == "bf16" ? at::kBFloat16 : at::kFloat);
+        m->train();
+        const at::Tensor ids = at::randint(2, c.vocab, {1, S}, at::TensorOptions().dtype(at::kLong).device(device));
+        tempo::memory::Scope scope(device);
+        at::Tensor h = m->hidden_states(ids, at::Tensor());
+        held[layers - 1] = scope.held();
+      }
+      bytes[k].push_back(held[1] - held[0]);
+    }
+  }
+  progress(o, "");
+  std::printf("per-layer activation bytes of %s (batch 1, %s, %s), and the reduction against eager\n",
+              base.name.c_str(), o.dtype.c_str(), o.device.c_str());
+  std::printf("%-46s", "technique");
+  for (int64_t S : o.ablation_seqs) std::printf(" %18s", ("seq " + std::to_string(S)).c_str());
+  std::printf("\n");
+  for (size_t k = 0; k < rows.size(); ++k) {
+    std::printf("%-46s", (rows[k].first + " (" + rows[k].second + ")").substr(0, 46).c_str());
+    for (size_t s = 0; s < o.ablation_seqs.size(); ++s) {
+      char cell[64];
+      std::snprintf(cell, sizeof cell, "%.2f MiB %5.1f%%", bytes[k][s] / 1048576.0,
+                    100.0 * (1.0 - static_cast<double>(bytes[k][s]) / bytes[0][s]));
+      std::printf(" %18s", cell);
+    }
+    std::printf("\n");
+  }
+  return 0;
+}
+
+}  // namespace
+
+int run_bench(const BenchOptions& o) {
+  if (o.device == "cuda" && !torch::cuda::is_available())
+    throw std::runtime_error("tempo bench: --device cuda but no CUDA device is available");
+  if (o.device == "cpu") tempo::memory::track_cpu();
+  ModelConfig c;
+  try {
+    c = config_of(o);
+  } catch (const c10::Error& e) {
+    throw std::invalid_argument(e.what_without_backtrace());
+  }
+  if (o.ablation) return run_ablation(o, c);
+  std::vector<BenchResult> results;
+  for (size_t i = 0; i < o.policies.size(); ++i) results.push_back(bench_policy(o, c, o.policies[i], i, o.policies.size()));
+  progress(o, "");
+  if (o.json) print_json(results);
+  else print_table(results, o.budget.has_value());
+  if (!o.csv.empty()) append_csv(o.csv, results);
+  if (!o.plot.empty()) {
+    write_svg(o.plot, results,
+              "tempo bench: " + c.name + ", seq " + std::to_string(o.seq) + ", " + o.dtype + ", " + o.device);
+    if (!o.json) std::printf("plot written to %s\n", o.plot.c_str());
+  }
+  return 0;
+}
+
+}  // namespace tempo::tools

@@ -1,0 +1,50 @@
+// `tempo bench`: memory, maximum batch and throughput of a model per memory policy.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace tempo::tools {
+
+struct BenchOptions {
+  std::string model = "bert-base";  // a preset, or "custom" with the sizes below
+  std::string arch = "bert";        // custom: bert | roberta | gpt2 | llama
+  int64_t hidden = 0, layers = 0, heads = 0, intermediate = 0, vocab = 0;  // 0: the preset's
+  int64_t seq = 128, batch = 8;
+  std::vector<std::string> policies{"eager", "checkpoint", "sdpa", "tempo", "tempo-sdpa"};
+  std::string dtype = "fp32", device = "cpu";
+  std::optional<int64_t> budget;  // bytes
+  int steps = 3;
+  bool json = false;
+  std::string csv, plot;
+  bool ablation = false;
+  std::vector<int64_t> ablation_seqs{128, 256, 512};
+};
+
+// One policy's measurements (the fields of --json).
+struct BenchResult {
+  std::string model, dtype, device, policy;
+  int64_t seq = 0, batch = 0;
+  int64_t activation_bytes = 0;  // held after the forward, beyond what was held before it
+  int64_t peak_bytes = 0;        // the step's peak, everything held (weights, optimizer, ...)
+  double step_ms = 0, tokens_per_s = 0;
+  std::optional<int64_t> max_batch;
+  double max_batch_tokens_per_s = 0;
+};
+
+// Parses `tempo bench` arguments; throws std::invalid_argument with a clear message.
+BenchOptions parse_bench_args(const std::vector<std::string>& args);
+// "11GiB", "512MiB", "16GB", "1000000" -> bytes.
+int64_t parse_bytes(const std::string& text);
+int run_bench(const BenchOptions& options);
+void print_bench_usage(FILE* out);
+
+// Output of the results (bench_report.cpp).
+void print_table(const std::vector<BenchResult>& results, bool budget);
+void print_json(const std::vector<BenchResult>& results);
+void append_csv(const std::string& path, const std::vector<BenchResult>& results);
+void write_svg(const std::string& path, const std::vector<BenchResult>& results, const std::string& title);
+
+}  // namespace tempo::tools

@@ -1,0 +1,118 @@
+// Output of `tempo bench`: the aligned table, JSON, CSV rows and an SVG chart.
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "bench.h"
+
+namespace tempo::tools {
+
+namespace {
+double mib(int64_t b) { return static_cast<double>(b) / (1024.0 * 1024.0); }
+const BenchResult* eager_of(const std::vector<BenchResult>& rs) {
+  for (const auto& r : rs)
+    if (r.policy == "eager") return &r;
+  return nullptr;
+}
+std::string ratio(double a, double b) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2fx", b > 0 ? a / b : 0.0);
+  return buf;
+}
+}  // namespace
+
+void print_table(const std::vector<BenchResult>& rs, bool budget) {
+  if (rs.empty()) return;
+  const BenchResult* e = eager_of(rs);
+  std::printf("%s, seq %lld, batch %lld, %s, %s\n", rs[0].model.c_str(), (long long)rs[0].seq, (long long)rs[0].batch,
+              rs[0].dtype.c_str(), rs[0].device.c_str());
+  std::printf("%-22s %14s %8s %12s %10s %11s %8s", "policy", "activations", "vs eager", "step peak", "step ms",
+              "tokens/s", "vs eager");
+  if (budget) std::printf(" %9s %8s %14s %8s", "max batch", "vs eager", "tokens/s @max", "vs eager");
+  std::printf("\n");
+  for (const auto& r : rs) {
+    std::printf("%-22s %10.1f MiB %8s %8.1f MiB %10.1f %11.1f %8s", r.policy.c_str(), mib(r.activation_bytes),
+                e ? ratio(r.activation_bytes, e->activation_bytes).c_str() : "-", mib(r.peak_bytes), r.step_ms,
+                r.tokens_per_s, e ? ratio(r.tokens_per_s, e->tokens_per_s).c_str() : "-");
+    if (budget)
+      std::printf(" %9lld %8s %14.1f %8s", (long long)r.max_batch.value_or(0),
+                  e && e->max_batch ? ratio(r.max_batch.value_or(0), *e->max_batch).c_str() : "-",
+                  r.max_batch_tokens_per_s,
+                  e ? ratio(r.max_batch_tokens_per_s, e->max_batch_tokens_per_s).c_str() : "-");
+    std::printf("\n");
+  }
+}
+
+void print_json(const std::vector<BenchResult>& rs) {
+  std::printf("[");
+  for (size_t i = 0; i < rs.size(); ++i) {
+    const auto& r = rs[i];
+    std::printf("%s\n  {\"model\": \"%s\", \"seq\": %lld, \"dtype\": \"%s\", \"device\": \"%s\", \"policy\": \"%s\", "
+                "\"batch\": %lld, \"activation_bytes\": %lld, \"peak_bytes\": %lld, \"step_ms\": %.3f, "
+                "\"tokens_per_s\": %.3f, \"max_batch\": %s, \"max_batch_tokens_per_s\": %s}",
+                i ? "," : "", r.model.c_str(), (long long)r.seq, r.dtype.c_str(), r.device.c_str(), r.policy.c_str(),
+                (long long)r.batch, (long long)r.activation_bytes, (long long)r.peak_bytes, r.step_ms, r.tokens_per_s,
+                r.max_batch ? std::to_string(*r.max_batch).c_str() : "null",
+                r.max_batch ? std::to_string(r.max_batch_tokens_per_s).c_str() : "null");
+  }
+  std::printf("\n]\n");
+}
+
+void append_csv(const std::string& path, const std::vector<BenchResult>& rs) {
+  const bool fresh = !std::ifstream(path).good();
+  std::ofstream f(path, std::ios::app);
+  if (!f) throw std::runtime_error("tempo bench: cannot write --csv " + path);
+  if (fresh)
+    f << "model,seq,dtype,device,policy,batch,activation_bytes,peak_bytes,step_ms,tokens_per_s,max_batch,"
+         "max_batch_tokens_per_s\n";
+  for (const auto& r : rs)
+    f << r.model << "," << r.seq << "," << r.dtype << "," << r.device << "," << r.policy << "," << r.batch << ","
+      << r.activation_bytes << "," << r.peak_bytes << "," << r.step_ms << "," << r.tokens_per_s << ","
+      << (r.max_batch ? std::to_string(*r.max_batch) : "") << ","
+      << (r.max_batch ? std::to_string(r.max_batch_tokens_per_s) : "") << "\n";
+}
+
+// Two horizontal bar charts: activation memory per policy, throughput per policy (at the
+// maximum batch when there is a budget, else at the given batch).
+void write_svg(const std::string& path, const std::vector<BenchResult>& rs, const std::string& title) {
+  std::ofstream f(path);
+  if (!f) throw std::runtime_error("tempo bench: cannot write --plot " + path);
+  const int bar = 26, gap = 10, left = 150, width = 360, top = 70;
+  const int chart_h = static_cast<int>(rs.size()) * (bar + gap);
+  const int W = left + width + 80 + left + width + 80, H = top + chart_h + 60;
+  const bool budget = !rs.empty() && rs[0].max_batch.has_value();
+  f << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << H
+    << "\" font-family=\"sans-serif\" font-size=\"13\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
+  f << "<text x=\"20\" y=\"28\" font-size=\"17\" font-weight=\"bold\">" << title << "</text>\n";
+  const char* colors[] = {"#7f7f7f", "#bcbd22", "#1f77b4", "#d62728", "#9467bd", "#2ca02c", "#ff7f0e", "#17becf"};
+  for (int chart = 0; chart < 2; ++chart) {
+    const int x0 = chart == 0 ? left : left + width + 80 + left;
+    double vmax = 0;
+    for (const auto& r : rs) {
+      const double v = chart == 0 ? mib(r.activation_bytes) : (budget ? r.max_batch_tokens_per_s : r.tokens_per_s);
+      vmax = std::max(vmax, v);
+    }
+    f << "<text x=\"" << x0 - left + 20 << "\" y=\"" << top - 14 << "\" font-weight=\"bold\">"
+      << (chart == 0 ? "activation memory after forward (MiB, lower is better)"
+                     : (budget ? "tokens/s at the largest batch in budget (higher is better)"
+                               : "tokens/s (higher is better)"))
+      << "</text>\n";
+    for (size_t i = 0; i < rs.size(); ++i) {
+      const auto& r = rs[i];
+      const double v = chart == 0 ? mib(r.activation_bytes) : (budget ? r.max_batch_tokens_per_s : r.tokens_per_s);
+      const int y = top + static_cast<int>(i) * (bar + gap);
+      const int w = vmax > 0 ? static_cast<int>(width * v / vmax) : 0;
+      f << "<text x=\"" << x0 - 8 << "\" y=\"" << y + bar * 0.7 << "\" text-anchor=\"end\">" << r.policy << "</text>\n";
+      f << "<rect x=\"" << x0 << "\" y=\"" << y << "\" width=\"" << std::max(w, 1) << "\" height=\"" << bar
+        << "\" fill=\"" << colors[i % 8] << "\"/>\n";
+      std::ostringstream label;
+      label.precision(1);
+      label << std::fixed << v;
+      if (chart == 1 && budget) label << " (batch " << r.max_batch.value_or(0) << ")";
+      f << "<text x=\"" << x0 + w + 6 << "\" y=\"" << y + bar * 0.7 << "\">" << label.str() << "</text>\n";
+    }
+  }
+  f << "</svg>\n";
+}
+
+}  // namespace tempo::tools

@@ -1,0 +1,76 @@
+"""`tempo bench`: the JSON fields, the budget search, CSV, the plot, the ablation, errors.
+Runs the built command line (build/tempo, or $TEMPO_BIN) on tiny models."""
+import json
+import os
+import subprocess
+
+import pytest
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+BIN = os.environ.get("TEMPO_BIN", os.path.join(ROOT, "build", "tempo"))
+TINY = ["--model", "custom", "--arch", "bert", "--hidden", "64", "--layers", "2", "--heads", "4",
+        "--intermediate", "256", "--vocab", "512", "--seq", "32", "--batch", "2", "--steps", "1"]
+
+pytestmark = pytest.mark.skipif(not os.path.exists(BIN), reason="build/tempo is not built")
+
+
+def bench(*args):
+    return subprocess.run([BIN, "bench", *args], capture_output=True, text=True, timeout=600)
+
+
+def test_json_fields_and_budget_search(tmp_path):
+    csv = tmp_path / "rows.csv"
+    svg = tmp_path / "plot.svg"
+    r = bench(*TINY, "--policies", "eager,tempo,tempo-sdpa", "--budget", "64MiB", "--json", "--csv", str(csv),
+              "--plot", str(svg))
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    assert [x["policy"] for x in rows] == ["eager", "tempo", "tempo-sdpa"]
+    for x in rows:
+        assert set(x) >= {"model", "seq", "dtype", "device", "policy", "batch", "activation_bytes", "peak_bytes",
+                          "step_ms", "tokens_per_s", "max_batch"}
+        assert x["seq"] == 32 and x["batch"] == 2 and x["dtype"] == "fp32" and x["device"] == "cpu"
+        assert 0 < x["activation_bytes"] < x["peak_bytes"]
+        assert x["max_batch"] >= 1 and x["tokens_per_s"] > 0
+    eager, tempo_, fused = rows
+    assert tempo_["activation_bytes"] < eager["activation_bytes"]
+    assert fused["activation_bytes"] < tempo_["activation_bytes"]
+    assert tempo_["max_batch"] >= eager["max_batch"]
+    assert csv.read_text().count("\n") == 4  # header + 3 rows
+    bench(*TINY, "--policies", "eager", "--csv", str(csv))
+    assert csv.read_text().count("\n") == 5  # appended
+    assert svg.read_text().startswith("<svg")
+    plain = bench(*TINY, "--policies", "eager,tempo")
+    assert plain.returncode == 0 and "vs eager" in plain.stdout and "tempo" in plain.stdout
+
+
+def test_without_budget_max_batch_is_null():
+    r = bench(*TINY, "--policies", "eager", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)[0]["max_batch"] is None
+
+
+def test_ablation_prints_each_technique():
+    r = bench(*TINY, "--ablation", "--ablation-seqs", "16,32")
+    assert r.returncode == 0, r.stderr
+    for t in ("in-place GELU", "in-place LayerNorm", "bit-packed dropout masks", "all of tempo"):
+        assert t in r.stdout
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--model", "bert-huge"], "unknown model preset 'bert-huge'"),
+    (["--policies", "eager,fast"], "unknown memory policy 'fast'"),
+    (["--seq", "0"], "--seq must be a positive integer"),
+    (["--budget", "lots"], "cannot read a size"),
+    (["--plot", "x.png"], "--plot writes SVG"),
+    (["--model", "custom", "--arch", "bert", "--hidden", "60", "--heads", "7"], "divisible by heads"),
+])
+def test_bad_arguments_give_clear_errors(args, message):
+    r = bench(*args)
+    assert r.returncode == 2 and message in r.stderr, r.stderr
+
+
+def test_budget_too_small_says_how_much_a_step_needs():
+    r = bench(*TINY, "--policies", "eager", "--budget", "1MiB")
+    assert r.returncode == 1
+    assert "too small for batch 1" in r.stderr and "a step needs" in r.stderr
