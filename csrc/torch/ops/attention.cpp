@@ -106,7 +106,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward_kernel(const at
     prm.scores = probs.mutable_data_ptr();
     prm.dropped = dropped.defined() ? dropped.mutable_data_ptr() : nullptr;
     prm.mask_bits = keep.mask;
-    at::Tensor mask_f;
     if (mask.defined()) {
       prm.attn_mask = mask.const_data_ptr<float>();
       for (int d = 0; d < 4; ++d) prm.mask_stride[d] = mask.stride(d);
