@@ -47,7 +47,9 @@ def main(out, md):
     lines += ["", "Command: `build/tempo bench --model bert-large --seq S --batch 1 --steps 1 --policies "
               "eager,tempo,tempo-sdpa --budget 11GiB|16GiB --json`. Each largest batch was verified by running a "
               "step at it under the tracker (its peak within the budget). The tokens/s column is the verifying "
-              "step's own time (one step, the first at that batch size).", ""]
+              "step's own time (one step, the first at that batch size). The script runs these with "
+              "MALLOC_MMAP_THRESHOLD_=131072 (glibc returns freed blocks at once, so the resident size stays near "
+              "the tracked bytes); the S=128 and S=512 11 GiB rows of this page were measured without it.", ""]
     if missing:
         lines += ["Not in this run: %s (the script runs them last; each takes tens of minutes on 2 cores, and "
                   "the 16 GiB runs need well over 16 GiB of RAM, since the process's resident size exceeds the "
