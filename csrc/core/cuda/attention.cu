@@ -41,17 +41,6 @@ __device__ bool keep_of(const uint8_t* bits, const PhiloxState& rng, uint64_t th
   return static_cast<uint64_t>(r.v[e & 3]) < threshold;
 }
 
-__global__ void bits_kernel(PhiloxState rng, uint8_t* bits, int64_t numel, uint64_t threshold) {
-  const PhiloxState s = cuda::resolve(rng);
-  const int64_t bytes = dropout_mask_bytes(numel);
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; b < bytes; b += stride) {
-    uint32_t v = math::keep_byte(s.seed, s.offset, b, threshold);
-    const int64_t valid = numel - b * 8;
-    if (valid < 8) v &= (1u << valid) - 1u;
-    bits[b] = static_cast<uint8_t>(v);
-  }
-}
 
 template <typename T>
 __global__ void forward_kernel(AttentionSoftmaxForwardParams p, uint64_t threshold, DropoutScale dscale) {
@@ -138,7 +127,7 @@ Status attention_softmax_forward_cuda(const AttentionSoftmaxForwardParams& p, vo
   auto st = static_cast<cudaStream_t>(stream);
   const uint64_t threshold = math::keep_threshold(p.p);
   if (p.p > 0.0 && p.mask_bits)
-    bits_kernel<<<cuda::grid_for(dropout_mask_bytes(rows_total * p.cols)), cuda::kThreads, 0, st>>>(
+    cuda::keep_bits_kernel<<<cuda::grid_for(dropout_mask_bytes(rows_total * p.cols)), cuda::kThreads, 0, st>>>(
         p.rng, p.mask_bits, rows_total * p.cols, threshold);
   cuda::by_dtype(p.dtype, [&](auto t) {
     forward_kernel<decltype(t)><<<row_grid(rows_total), cuda::kThreads, 0, st>>>(p, threshold, DropoutScale(p.p));

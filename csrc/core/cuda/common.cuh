@@ -9,6 +9,7 @@
 #include "tempo/common.h"
 #include "tempo/dropout.h"
 #include "../math/numeric.h"
+#include "../math/philox.h"
 
 namespace tempo::cuda {
 
@@ -47,5 +48,21 @@ __device__ inline PhiloxState resolve(PhiloxState s) {
   }
   return s;
 }
+
+namespace {
+// The packed Philox keep bits of elements 0 .. numel-1 (bits past the end are zero), one
+// thread per mask byte, for the kernels that store them (bits mode).
+__global__ void keep_bits_kernel(PhiloxState rng, uint8_t* bits, int64_t numel, uint64_t threshold) {
+  const PhiloxState s = resolve(rng);
+  const int64_t bytes = dropout_mask_bytes(numel);
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; b < bytes; b += stride) {
+    uint32_t v = math::keep_byte(s.seed, s.offset, b, threshold);
+    const int64_t valid = numel - b * 8;
+    if (valid < 8) v &= (1u << valid) - 1u;
+    bits[b] = static_cast<uint8_t>(v);
+  }
+}
+}  // namespace
 
 }  // namespace tempo::cuda

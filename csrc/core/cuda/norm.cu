@@ -46,17 +46,6 @@ __device__ math::acc_t<T> load_h(const NormForwardParams& p, const PhiloxState& 
   return math::round_to_acc<T>(math::to_float(static_cast<const T*>(p.prologue.residual)[e]) + v);
 }
 
-__global__ void mask_kernel(NormPrologue pr, uint8_t* mask, int64_t numel, uint64_t threshold) {
-  const int64_t bytes = dropout_mask_bytes(numel);
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; b < bytes; b += stride) {
-    const PhiloxState rng = cuda::resolve(pr.rng);
-    uint32_t bits = math::keep_byte(rng.seed, rng.offset, b, threshold);
-    const int64_t valid = numel - b * 8;
-    if (valid < 8) bits &= (1u << valid) - 1u;
-    mask[b] = static_cast<uint8_t>(bits);
-  }
-}
 
 template <typename T>
 __global__ void norm_forward_kernel(NormForwardParams p, uint64_t threshold, DropoutScale scale) {
@@ -169,8 +158,8 @@ Status norm_forward_cuda(const NormForwardParams& p, void* stream) {
   NormForwardParams q = p;
   if (!dropout || p.prologue.mode != DropoutMode::kBits) q.mask = nullptr;  // philox: draw in place
   if (q.mask) {
-    mask_kernel<<<cuda::grid_for(dropout_mask_bytes(p.rows * p.cols)), cuda::kThreads, 0, st>>>(
-        p.prologue, q.mask, p.rows * p.cols, threshold);
+    cuda::keep_bits_kernel<<<cuda::grid_for(dropout_mask_bytes(p.rows * p.cols)), cuda::kThreads, 0, st>>>(
+        p.prologue.rng, q.mask, p.rows * p.cols, threshold);
   }
   const int grid = static_cast<int>(p.rows < 65535 ? p.rows : 65535);
   cuda::by_dtype(p.dtype, [&](auto t) {
