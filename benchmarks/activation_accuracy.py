@@ -6,7 +6,6 @@ next to PyTorch's own op in the same dtype (which keeps x). Dense sweep: 10^6 po
     python benchmarks/activation_accuracy.py [--markdown docs/accuracy.md] [--csv FILE]
 """
 import argparse
-import csv
 import math
 import os
 import sys
@@ -14,6 +13,8 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "python"))
+sys.path.insert(0, os.path.dirname(__file__))
+from report import replace_between, write_csv  # noqa: E402
 import tempo  # noqa: E402,F401
 from reference import DTYPES, VARIANTS, argmin, recovery_bound, sweep  # noqa: E402
 
@@ -66,15 +67,8 @@ def main():
                   % (r["op"], r["dtype"], r["tempo_max_abs"], r["tempo_max_abs_far"], r["torch_max_abs"],
                      r["torch_max_abs_far"], r["worst_over_bound"], r["worse_window"]), flush=True)
     if args.csv:
-        os.makedirs(os.path.dirname(args.csv) or ".", exist_ok=True)
-        with open(args.csv, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
+        write_csv(args.csv, rows)
     if args.markdown:
-        with open(args.markdown) as f:
-            text = f.read()
-        begin, end = "<!-- accuracy-table:begin -->", "<!-- accuracy-table:end -->"
         table = ["| op | dtype | tempo max abs | torch max abs | tempo max abs, x farther than 0.05 from x* "
                  "| torch, same | tempo max rel | torch max rel | max err / bound | window where tempo > 2x torch |",
                  "|---|---|---|---|---|---|---|---|---|---|"]
@@ -83,10 +77,7 @@ def main():
                 r["op"], r["dtype"], r["tempo_max_abs"], r["torch_max_abs"], r["tempo_max_abs_far"],
                 r["torch_max_abs_far"], r["tempo_max_rel"], r["torch_max_rel"], r["worst_over_bound"],
                 "none" if r["worse_window"] == 0 else "within %.2g of x*" % r["worse_window"]))
-        a, b = text.index(begin) + len(begin), text.index(end)
-        text = text[:a] + "\n" + "\n".join(table) + "\n" + text[b:]
-        with open(args.markdown, "w") as f:
-            f.write(text)
+        replace_between(args.markdown, "accuracy-table", table)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,6 @@ columns set to 1e-6, beta ~ N(0, 0.1), output gradient ~ N(0, 1).
     python benchmarks/norm_accuracy.py [--markdown docs/accuracy.md] [--csv FILE]
 """
 import argparse
-import csv
 import math
 import os
 import sys
@@ -15,6 +14,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "python"))
+sys.path.insert(0, os.path.dirname(__file__))
+from report import replace_between, write_csv  # noqa: E402
 import tempo  # noqa: E402
 from reference import half_ulp  # noqa: E402
 
@@ -87,15 +88,8 @@ def main():
                       r["dw_torch"], r["dx_tiny_tempo"], r["dx_tiny_torch"], r["dx_tiny_over_bound"],
                       r["dw_tiny_tempo"], r["dw_tiny_torch"], r["nonfinite"]), flush=True)
     if args.csv:
-        os.makedirs(os.path.dirname(args.csv) or ".", exist_ok=True)
-        with open(args.csv, "w", newline="") as f:
-            wr = csv.DictWriter(f, fieldnames=list(rows[0]))
-            wr.writeheader()
-            wr.writerows(rows)
+        write_csv(args.csv, rows)
     if args.markdown:
-        with open(args.markdown) as f:
-            text = f.read()
-        begin, end = "<!-- norm-accuracy-table:begin -->", "<!-- norm-accuracy-table:end -->"
         table = ["| op | dtype | y: tempo / torch | dx, gamma >= 0.2: tempo / torch | dgamma, gamma >= 0.2: tempo / torch "
                  "| dx, gamma = 1e-6: tempo / torch (err / bound) | dgamma, gamma = 1e-6: tempo / torch |",
                  "|---|---|---|---|---|---|---|"]
@@ -104,10 +98,7 @@ def main():
                 r["op"], r["dtype"], r["y_tempo"], r["y_torch"], r["dx_tempo"], r["dx_torch"], r["dw_tempo"],
                 r["dw_torch"], r["dx_tiny_tempo"], r["dx_tiny_torch"], r["dx_tiny_over_bound"], r["dw_tiny_tempo"],
                 r["dw_tiny_torch"]))
-        a, b = text.index(begin) + len(begin), text.index(end)
-        text = text[:a] + "\n" + "\n".join(table) + "\n" + text[b:]
-        with open(args.markdown, "w") as f:
-            f.write(text)
+        replace_between(args.markdown, "norm-accuracy-table", table)
 
 
 if __name__ == "__main__":

@@ -26,26 +26,6 @@ Acc exp_nonpositive(Acc x) {
   }
 }
 
-// Keep flags (0/1) of one row's elements from a chunk's packed bits.
-void expand(const uint8_t* bits, int64_t base, int64_t n, uint8_t* out) {
-  for (int64_t j = 0; j < n; ++j) {
-    const int64_t e = base + j;
-    out[j] = (bits[e >> 3] >> (e & 7)) & 1;
-  }
-}
-
-// The chunk's keep bits: stored (bits mode), or drawn into `local`.
-const uint8_t* chunk_bits(const PhiloxState& rng, double p, uint8_t* store, int64_t e0, int64_t e1,
-                          std::vector<uint8_t>& local) {
-  uint8_t* dst = store ? store + e0 / 8 : nullptr;
-  if (!dst) {
-    local.resize(static_cast<size_t>((e1 - e0 + 7) / 8));
-    dst = local.data();
-  }
-  cpu::keep_bits(rng, math::keep_threshold(p), e0, static_cast<int>(e1 - e0), dst);
-  return dst;
-}
-
 template <typename T>
 void forward_chunk(const AttentionSoftmaxForwardParams& p, int64_t r0, int64_t r1, std::vector<math::acc_t<T>>& x,
                    std::vector<uint8_t>& keep, std::vector<uint8_t>& local) {
@@ -56,7 +36,7 @@ void forward_chunk(const AttentionSoftmaxForwardParams& p, int64_t r0, int64_t r
   const bool dropout = p.p > 0.0;
   const bool block = p.seq_q > 0 && (p.seq_q != p.rows || p.row_offset != 0);
   const int64_t seq_q = p.seq_q > 0 ? p.seq_q : p.rows;
-  const uint8_t* bits = dropout && !block ? chunk_bits(p.rng, p.p, p.mask_bits, r0 * C, r1 * C, local) : nullptr;
+  const uint8_t* bits = dropout && !block ? cpu::draw_chunk_bits(p.rng, p.p, p.mask_bits, r0 * C, r1 * C, local) : nullptr;
   const uint64_t threshold = math::keep_threshold(p.p);
   const DropoutScale dscale(p.p);
   const Acc scale = static_cast<Acc>(p.scale);
@@ -100,7 +80,7 @@ void forward_chunk(const AttentionSoftmaxForwardParams& p, int64_t r0, int64_t r
     for (int64_t j = 0; j < C; ++j) math::store(s + j, xr[j] * inv);
     if (dropout) {
       if (block) cpu::keep_flags(p.rng, threshold, (bh * seq_q + i) * C, C, keep.data());
-      else expand(bits, (r - r0) * C, C, keep.data());
+      else cpu::expand_keep(bits, (r - r0) * C, C, keep.data());
       const uint8_t* k = keep.data();
       T* d = dropped + r * C;
 #pragma omp simd
@@ -121,7 +101,7 @@ void backward_chunk(const AttentionSoftmaxBackwardParams& p, int64_t r0, int64_t
   const uint64_t threshold = math::keep_threshold(p.p);
   const uint8_t* bits = nullptr;
   if (dropout && !block) {
-    bits = p.mask_bits ? p.mask_bits + r0 * C / 8 : chunk_bits(p.rng, p.p, nullptr, r0 * C, r1 * C, local);
+    bits = p.mask_bits ? p.mask_bits + r0 * C / 8 : cpu::draw_chunk_bits(p.rng, p.p, nullptr, r0 * C, r1 * C, local);
   }
   const DropoutScale dscale(p.p);
   const Acc scale = static_cast<Acc>(p.scale);
@@ -136,7 +116,7 @@ void backward_chunk(const AttentionSoftmaxBackwardParams& p, int64_t r0, int64_t
         const int64_t i = p.row_offset + r % p.rows, bh = r / p.rows;
         cpu::keep_flags(p.rng, threshold, (bh * p.seq_q + i) * C, C, keep.data());
       } else {
-        expand(bits, (r - r0) * C, C, keep.data());
+        cpu::expand_keep(bits, (r - r0) * C, C, keep.data());
       }
       const uint8_t* k = keep.data();
 #pragma omp simd

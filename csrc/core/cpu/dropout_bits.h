@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "tempo/dropout.h"
 #include "../math/philox.h"
@@ -36,6 +37,32 @@ inline void keep_bits(const PhiloxState& rng, uint64_t threshold, int64_t start,
   }
   // Bits past the end of the tensor are zero.
   if (len % 8) out[nbytes - 1] &= static_cast<uint8_t>((1u << (len % 8)) - 1u);
+}
+
+// Keep flags (0/1) of n elements from packed bits, starting at bit `base`; all 1 when bits is
+// null (no dropout).
+inline void expand_keep(const uint8_t* bits, int64_t base, int64_t n, uint8_t* out) {
+  if (!bits) {
+    std::fill(out, out + n, uint8_t{1});
+    return;
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    const int64_t e = base + j;
+    out[j] = (bits[e >> 3] >> (e & 7)) & 1;
+  }
+}
+
+// The keep bits of elements e0 .. e1-1 (e0 a multiple of 8), drawn into `store` + e0/8 when
+// given (bits mode), else into `local`; returns where they are.
+inline const uint8_t* draw_chunk_bits(const PhiloxState& rng, double p, uint8_t* store, int64_t e0, int64_t e1,
+                                      std::vector<uint8_t>& local) {
+  uint8_t* dst = store ? store + e0 / 8 : nullptr;
+  if (!dst) {
+    local.resize(static_cast<size_t>((e1 - e0 + 7) / 8));
+    dst = local.data();
+  }
+  keep_bits(rng, math::keep_threshold(p), e0, static_cast<int>(e1 - e0), dst);
+  return dst;
 }
 
 // Keep flags (0/1) of elements start .. start+n-1 for any start (one Philox group per four).

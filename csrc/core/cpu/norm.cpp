@@ -26,13 +26,7 @@ const uint8_t* chunk_bits(bool enabled, const NormPrologue& pr, uint8_t* mask_ou
                           int64_t e1, std::vector<uint8_t>& local) {
   if (!enabled || pr.p <= 0.0) return nullptr;
   if (mask_in) return mask_in + e0 / 8;
-  uint8_t* dst = mask_out ? mask_out + e0 / 8 : nullptr;
-  if (!dst) {
-    local.resize(static_cast<size_t>((e1 - e0 + 7) / 8));
-    dst = local.data();
-  }
-  cpu::keep_bits(pr.rng, math::keep_threshold(pr.p), e0, static_cast<int>(e1 - e0), dst);
-  return dst;
+  return cpu::draw_chunk_bits(pr.rng, pr.p, mask_out, e0, e1, local);
 }
 
 // Per-column parameters in the math type, converted once per call: gamma (1 when absent),
@@ -92,18 +86,6 @@ std::pair<double, double> row_sum2(int64_t M, F term1, G term2) {
 
 // The row x (or h) as math-type values: x itself for float/double data without the
 // prologue, else converted (and for the prologue, formed) into h.
-// Keep flags (0/1) of elements base .. base+M-1 of a chunk's bits; all 1 without dropout.
-inline void expand_bits(const uint8_t* bits, int64_t base, int64_t M, uint8_t* out) {
-  if (!bits) {
-    std::fill(out, out + M, uint8_t{1});
-    return;
-  }
-  for (int64_t j = 0; j < M; ++j) {
-    const int64_t e = base + j;
-    out[j] = (bits[e >> 3] >> (e & 7)) & 1;
-  }
-}
-
 template <typename T>
 const math::acc_t<T>* load_row(const NormForwardParams& p, const Columns<math::acc_t<T>>& col, int64_t r, int64_t r0,
                                const uint8_t* bits, const DropoutScale& scale, std::vector<math::acc_t<T>>& h,
@@ -125,7 +107,7 @@ const math::acc_t<T>* load_row(const NormForwardParams& p, const Columns<math::a
   const T* rr = res + r * M;
   const Acc* pb = col.pre_bias.data();
   uint8_t* kb = keep.data();
-  expand_bits(bits, (r - r0) * M, M, kb);
+  cpu::expand_keep(bits, (r - r0) * M, M, kb);
   Acc* hd = h.data();
 #pragma omp simd
   for (int64_t j = 0; j < M; ++j) {
@@ -224,7 +206,7 @@ void backward_chunk(const NormBackwardParams& p, const Columns<math::acc_t<T>>& 
       continue;
     }
     uint8_t* kb = keep.data();
-    expand_bits(bits, (r - r0) * M, M, kb);
+    cpu::expand_keep(bits, (r - r0) * M, M, kb);
     T* dresr = dres + r * M;
 #pragma omp simd
     for (int64_t j = 0; j < M; ++j) {
