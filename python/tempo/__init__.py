@@ -9,7 +9,7 @@ from ._library import library_path, load_library
 
 load_library()
 
-from . import memory, nn  # noqa: E402
+from . import _fake, memory, nn  # noqa: E402,F401
 from .ops import (attention, bias_dropout_add_layer_norm, dropout, fused_attention, gelu, layer_norm,  # noqa: E402
                   rms_norm, silu)
 

@@ -26,16 +26,32 @@ def dropout(x: torch.Tensor, p: float = 0.5, training: bool = True, mode: str = 
     return torch.ops.tempo.dropout(x, p, mode)
 
 
+def _kept_columns(x, weight, bias, *tensors):
+    """The norm's kept columns (see norm_kept_columns) when a backward will run, else None.
+    Computed here rather than inside the op so that torch.compile sees its data-dependent
+    size as the output of an op of its own. Parameters unlike x: None, and the op says why."""
+    params = [t for t in (weight, bias) if t is not None]
+    if not params or any(t.device != x.device or t.dtype != x.dtype for t in params):
+        return None
+    if not torch.is_grad_enabled() or not any(t is not None and t.requires_grad for t in (x,) + tensors):
+        return None
+    return torch.ops.tempo.norm_kept_columns(weight, bias)
+
+
 def layer_norm(x: torch.Tensor, normalized_shape, weight: Optional[torch.Tensor] = None,
                bias: Optional[torch.Tensor] = None, eps: float = 1e-5) -> torch.Tensor:
-    """As torch.nn.functional.layer_norm; the backward keeps y and one rstd per row, not x."""
-    return torch.ops.tempo.layer_norm(x, _shape(normalized_shape), weight, bias, eps)
+    """As torch.nn.functional.layer_norm; the backward keeps y and one rstd per row, not x
+    (and xhat of the rare columns whose gamma and beta make recovery from y inexact)."""
+    kept = _kept_columns(x, weight, bias, weight, bias)
+    return torch.ops.tempo.layer_norm(x, _shape(normalized_shape), weight, bias, eps, kept)
 
 
 def rms_norm(x: torch.Tensor, normalized_shape, weight: Optional[torch.Tensor] = None,
              eps: Optional[float] = None) -> torch.Tensor:
-    """As torch.nn.functional.rms_norm; the backward keeps y and one rstd per row, not x."""
-    return torch.ops.tempo.rms_norm(x, _shape(normalized_shape), weight, eps)
+    """As torch.nn.functional.rms_norm; the backward keeps y and one rstd per row, not x
+    (and xhat of the rare columns whose gamma makes recovery from y inexact)."""
+    kept = _kept_columns(x, weight, None, weight)
+    return torch.ops.tempo.rms_norm(x, _shape(normalized_shape), weight, eps, kept)
 
 
 def bias_dropout_add_layer_norm(x: torch.Tensor, bias: Optional[torch.Tensor], residual: torch.Tensor, p: float,
@@ -43,8 +59,9 @@ def bias_dropout_add_layer_norm(x: torch.Tensor, bias: Optional[torch.Tensor], r
                                 mode: str = "bits", training: bool = True) -> torch.Tensor:
     """layer_norm(residual + dropout(x + bias)) over the last dimension in one pass; keeps y,
     rstd and the dropout bits (or Philox state)."""
+    kept = _kept_columns(x, weight, beta, bias, residual, weight, beta)
     return torch.ops.tempo.bias_dropout_add_layer_norm(x, bias, residual, p if training else 0.0, weight, beta, eps,
-                                                       mode)
+                                                       mode, kept)
 
 
 def _shape(normalized_shape):

@@ -262,10 +262,10 @@ def test_opcheck():
     torch.library.opcheck(torch.ops.tempo.layer_norm, (x, [3, 8], None, None, 1e-5))
     torch.library.opcheck(torch.ops.tempo.rms_norm, (x, [8], w, None))
     torch.library.opcheck(torch.ops.tempo.rms_norm, (x, [8], None, 1e-5))
-    y, rstd = torch.ops.tempo.layer_norm_forward(x.detach(), [8], w.detach(), b.detach(), 1e-5)
+    y, rstd, _ = torch.ops.tempo.layer_norm_forward(x.detach(), [8], w.detach(), b.detach(), 1e-5)
     torch.library.opcheck(torch.ops.tempo.layer_norm_forward, (x.detach(), [8], w.detach(), b.detach(), 1e-5))
     torch.library.opcheck(torch.ops.tempo.layer_norm_backward, (torch.randn_like(y), y, rstd, [8], w.detach(), b.detach()))
-    y, rstd = torch.ops.tempo.rms_norm_forward(x.detach(), [8], w.detach(), None)
+    y, rstd, _ = torch.ops.tempo.rms_norm_forward(x.detach(), [8], w.detach(), None)
     torch.library.opcheck(torch.ops.tempo.rms_norm_backward, (torch.randn_like(y), y, rstd, [8], w.detach()))
     res = torch.randn(5, 3, 8, requires_grad=True)
     for mode in ("bits", "philox"):

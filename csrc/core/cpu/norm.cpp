@@ -30,21 +30,25 @@ const uint8_t* chunk_bits(bool enabled, const NormPrologue& pr, uint8_t* mask_ou
 }
 
 // Per-column parameters in the math type, converted once per call: gamma (1 when absent),
-// beta (0 when absent) and 1 / gamma with |gamma| clamped from below (kNormGammaMin).
+// beta (0 when absent), 1 / gamma for the columns recovered from y (0 for kept ones, whose
+// xhat is read instead), and the kept columns in slot order.
 template <typename Acc>
 struct Columns {
   std::vector<Acc> w, b, inv_w, pre_bias;  // pre_bias: the prologue's bias (0 when absent)
+  std::vector<int64_t> kept;               // kept[i]: the column in slot i
   template <typename T>
-  Columns(const T* weight, const T* bias, const T* pre, int64_t M)
-      : w(M, Acc(1)), b(M, Acc(0)), inv_w(M, Acc(1)), pre_bias(M, Acc(0)) {
+  Columns(const T* weight, const T* bias, const T* pre, int64_t M, const int32_t* slot, int64_t n_kept)
+      : w(M, Acc(1)), b(M, Acc(0)), inv_w(M, Acc(1)), pre_bias(M, Acc(0)), kept(static_cast<size_t>(n_kept), 0) {
     for (int64_t j = 0; j < M; ++j) {
       if (pre) pre_bias[j] = math::to_float(pre[j]);
-      if (weight) {
-        w[j] = math::to_float(weight[j]);
-        const Acc mag = std::max(std::fabs(w[j]), static_cast<Acc>(kNormGammaMin));
-        inv_w[j] = Acc(1) / std::copysign(mag, w[j]);
-      }
+      if (weight) w[j] = math::to_float(weight[j]);
       if (bias) b[j] = math::to_float(bias[j]);
+      if (n_kept > 0 && slot[j] >= 0) {
+        kept[static_cast<size_t>(slot[j])] = j;
+        inv_w[j] = Acc(0);
+      } else {
+        inv_w[j] = Acc(1) / w[j];
+      }
     }
   }
 };
@@ -146,6 +150,8 @@ void forward_chunk(const NormForwardParams& p, const Columns<math::acc_t<T>>& co
     T* yr = y + r * M;
 #pragma omp simd
     for (int64_t j = 0; j < M; ++j) math::store(yr + j, (hr[j] - mu) * rstd * w[j] + b[j]);
+    Acc* xk = static_cast<Acc*>(p.kept_xhat) + r * p.kept;
+    for (int64_t i = 0; i < p.kept; ++i) xk[i] = (hr[col.kept[i]] - mu) * rstd;
   }
 }
 
@@ -163,44 +169,40 @@ void backward_chunk(const NormBackwardParams& p, const Columns<math::acc_t<T>>& 
   const bool prologue = p.grad_residual != nullptr;
   const uint8_t* bits = chunk_bits(prologue, p.prologue, nullptr, p.mask, r0 * M, r1 * M, local);
   const DropoutScale scale(p.prologue.p);
-  const Acc xmax = static_cast<Acc>(std::sqrt(static_cast<double>(M)));
   const Acc* w = col.w.data();
   const Acc* b = col.b.data();
   const Acc* inv_w = col.inv_w.data();
-  // Column sums of this chunk in the math type (a few rows), added into the double partials.
-  acc.assign(static_cast<size_t>(3 * M), Acc(0));
+  // Column sums of this chunk in the math type (a few rows), added into the double partials;
+  // then one row of xhat.
+  acc.assign(static_cast<size_t>(4 * M), Acc(0));
   keep.resize(static_cast<size_t>(M));
   Acc* aw = acc.data();
   Acc* ab = aw + M;
   Acc* apb = aw + 2 * M;
+  Acc* xh = aw + 3 * M;
   const bool layer = p.kind == NormKind::kLayerNorm;
   for (int64_t r = r0; r < r1; ++r) {
     const T* dyr = dy + r * M;
     const T* yr = y + r * M;
-    // c1 = mean(gy * xhat) = mean(dy * (y - beta)) needs no division; c2 = mean(gy).
+    // xhat: recovered from y, or read where the column is kept.
+#pragma omp simd
+    for (int64_t j = 0; j < M; ++j) xh[j] = (math::to_float(yr[j]) - b[j]) * inv_w[j];
+    const Acc* xk = static_cast<const Acc*>(p.kept_xhat) + r * p.kept;
+    for (int64_t i = 0; i < p.kept; ++i) xh[col.kept[i]] = xk[i];
+    // c1 = mean(gy * xhat), c2 = mean(gy), gy = dy * gamma.
     const auto [c1, c2] = row_sum2<Acc>(
-        M, [&](int64_t j) { return math::to_float(dyr[j]) * (math::to_float(yr[j]) - b[j]); },
+        M, [&](int64_t j) { return math::to_float(dyr[j]) * w[j] * xh[j]; },
         [&](int64_t j) { return math::to_float(dyr[j]) * w[j]; });
     const Acc m1 = static_cast<Acc>(c1 / static_cast<double>(M));
     const Acc m2 = layer ? static_cast<Acc>(c2 / static_cast<double>(M)) : Acc(0);
     const Acc rs = rstd[r];
     T* dxr = dx + r * M;
-    if (!prologue && !p.weight && !p.bias) {  // no parameter gradients to sum
-#pragma omp simd
-      for (int64_t j = 0; j < M; ++j) {
-        const Acc xhat = std::min(std::max(math::to_float(yr[j]), -xmax), xmax);
-        math::store(dxr + j, rs * (math::to_float(dyr[j]) - xhat * m1 - m2));
-      }
-      continue;
-    }
     if (!prologue) {
 #pragma omp simd
       for (int64_t j = 0; j < M; ++j) {
         const Acc g = math::to_float(dyr[j]);
-        Acc xhat = (math::to_float(yr[j]) - b[j]) * inv_w[j];
-        xhat = std::min(std::max(xhat, -xmax), xmax);
-        math::store(dxr + j, rs * (g * w[j] - xhat * m1 - m2));
-        aw[j] += g * xhat;
+        math::store(dxr + j, rs * (g * w[j] - xh[j] * m1 - m2));
+        aw[j] += g * xh[j];
         ab[j] += g;
       }
       continue;
@@ -211,10 +213,8 @@ void backward_chunk(const NormBackwardParams& p, const Columns<math::acc_t<T>>& 
 #pragma omp simd
     for (int64_t j = 0; j < M; ++j) {
       const Acc g = math::to_float(dyr[j]);
-      Acc xhat = (math::to_float(yr[j]) - b[j]) * inv_w[j];
-      xhat = std::min(std::max(xhat, -xmax), xmax);
-      const Acc dh = rs * (g * w[j] - xhat * m1 - m2);
-      aw[j] += g * xhat;
+      const Acc dh = rs * (g * w[j] - xh[j] * m1 - m2);
+      aw[j] += g * xh[j];
       ab[j] += g;
       math::store(dresr + j, dh);
       const Acc d = math::round_to_acc<T>(scale.apply(math::round_to_acc<T>(dh), kb[j] != 0));
@@ -230,7 +230,7 @@ void forward(const NormForwardParams& p) {
   const int64_t chunk = cpu::mask_chunk_rows(p.rows, p.cols);
   const int64_t chunks = (p.rows + chunk - 1) / chunk;
   const Columns<math::acc_t<T>> col(static_cast<const T*>(p.weight), static_cast<const T*>(p.bias),
-                                     static_cast<const T*>(p.prologue.bias), p.cols);
+                                     static_cast<const T*>(p.prologue.bias), p.cols, p.kept_slot, p.kept);
 #pragma omp parallel if (p.rows * p.cols >= (1 << 15) && chunks > 1)
   {
     std::vector<math::acc_t<T>> h;
@@ -258,7 +258,7 @@ void backward(const NormBackwardParams& p) {
   // Per-thread column partial sums of dgamma, dbeta and the pre-bias gradient.
   std::vector<double> parts(static_cast<size_t>(threads) * 3 * M, 0.0);
   const Columns<math::acc_t<T>> col(static_cast<const T*>(p.weight), static_cast<const T*>(p.bias),
-                                     static_cast<const T*>(nullptr), M);
+                                     static_cast<const T*>(nullptr), M, p.kept_slot, p.kept);
 #pragma omp parallel num_threads(threads) if (parallel)
   {
     std::vector<uint8_t> keep, local;
@@ -312,6 +312,8 @@ Status norm_backward_cpu(const NormBackwardParams& p) {
     zero(p.grad_pre_bias);
     return s;
   }
+  s = detail::check_kept_columns(p);
+  if (!s.ok()) return s;
   by_dtype(p, backward<float>, backward<double>, backward<bf16_t>, backward<fp16_t>);
   return Status::Ok();
 }

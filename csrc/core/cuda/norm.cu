@@ -73,11 +73,21 @@ __global__ void norm_forward_kernel(NormForwardParams p, uint64_t threshold, Dro
     if (threadIdx.x == 0) static_cast<Acc*>(p.rstd)[r] = rstd;
     for (int64_t j = threadIdx.x; j < M; j += blockDim.x) {
       Acc v = (load_h<T>(p, rng, r, j, threshold, scale) - mean) * rstd;
+      if (p.kept > 0 && p.kept_slot[j] >= 0) static_cast<Acc*>(p.kept_xhat)[r * p.kept + p.kept_slot[j]] = v;
       if (w) v *= math::to_float(w[j]);
       if (b) v += math::to_float(b[j]);
       math::store(y + r * M + j, v);
     }
   }
+}
+
+// xhat of element (r, j): read where column j is kept, else recovered from y.
+template <typename T>
+__device__ math::acc_t<T> xhat_at(const NormBackwardParams& p, int64_t r, int64_t j, math::acc_t<T> gamma) {
+  using Acc = math::acc_t<T>;
+  if (p.kept > 0 && p.kept_slot[j] >= 0) return static_cast<const Acc*>(p.kept_xhat)[r * p.kept + p.kept_slot[j]];
+  const T* b = static_cast<const T*>(p.bias);
+  return (math::to_float(static_cast<const T*>(p.y)[r * p.cols + j]) - (b ? math::to_float(b[j]) : Acc(0))) / gamma;
 }
 
 template <typename T>
@@ -87,21 +97,18 @@ __global__ void norm_backward_kernel(NormBackwardParams p, uint64_t threshold, D
   const PhiloxState rng = cuda::resolve(p.prologue.rng);
   const int64_t M = p.cols;
   const T* dy = static_cast<const T*>(p.grad_y);
-  const T* y = static_cast<const T*>(p.y);
   const T* w = static_cast<const T*>(p.weight);
-  const T* b = static_cast<const T*>(p.bias);
   const Acc* rstd = static_cast<const Acc*>(p.rstd);
   Acc* part = static_cast<Acc*>(p.workspace) + static_cast<int64_t>(blockIdx.x) * 3 * M;
   const bool prologue = p.grad_residual != nullptr;
   const bool dropout = prologue && p.prologue.p > 0.0;
-  const Acc xhat_max = sqrt(static_cast<Acc>(M));
   for (int64_t j = threadIdx.x; j < 3 * M; j += blockDim.x) part[j] = 0;
   for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
     Acc c1 = 0, c2 = 0;
     for (int64_t j = threadIdx.x; j < M; j += blockDim.x) {
-      const Acc g = math::to_float(dy[r * M + j]);
-      c1 += g * (math::to_float(y[r * M + j]) - (b ? math::to_float(b[j]) : Acc(0)));
-      c2 += g * (w ? math::to_float(w[j]) : Acc(1));
+      const Acc gy = math::to_float(dy[r * M + j]) * (w ? math::to_float(w[j]) : Acc(1));
+      c1 += gy * xhat_at<T>(p, r, j, w ? math::to_float(w[j]) : Acc(1));
+      c2 += gy;
     }
     const Acc m1 = block_sum(c1, shared) / static_cast<Acc>(M);
     const Acc m2 = p.kind == NormKind::kLayerNorm ? block_sum(c2, shared) / static_cast<Acc>(M) : Acc(0);
@@ -110,10 +117,7 @@ __global__ void norm_backward_kernel(NormBackwardParams p, uint64_t threshold, D
       const int64_t e = r * M + j;
       const Acc g = math::to_float(dy[e]);
       const Acc gamma = w ? math::to_float(w[j]) : Acc(1);
-      const Acc yb = math::to_float(y[e]) - (b ? math::to_float(b[j]) : Acc(0));
-      const Acc mag = fmax(fabs(gamma), static_cast<Acc>(kNormGammaMin));
-      Acc xhat = yb / copysign(mag, gamma);
-      xhat = fmin(fmax(xhat, -xhat_max), xhat_max);
+      const Acc xhat = xhat_at<T>(p, r, j, gamma);
       const Acc dh = rs * (g * gamma - xhat * m1 - m2);
       part[j] += g * xhat;
       part[M + j] += g;

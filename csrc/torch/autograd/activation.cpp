@@ -1,15 +1,17 @@
 // Autograd kernels of tempo::gelu and tempo::silu: a C++ autograd Function below the
-// Autograd dispatch key, so the same backward serves LibTorch C++ and Python. It saves the
+// Autograd dispatch key (not twice differentiable: a second derivative raises), so the same backward serves LibTorch C++ and Python. It saves the
 // output y (the tensor the next layer keeps anyway) and the 1-bit mask, nothing else.
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
+#include "common.h"
 #include "tempo/ops/activation.h"
 
 namespace tempo {
 namespace {
 
+using autograd_impl::once_differentiable;
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
@@ -31,11 +33,13 @@ class GeluFunction : public torch::autograd::Function<GeluFunction> {
     return y;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto saved = ctx->get_saved_variables();
-    const std::string approximate = ctx->saved_data["approximate"].toStringRef();
-    at::Tensor gx = gelu_backward(grads[0], saved[0], saved[1], approximate);
-    at::Tensor gb = bias_grad(gx, ctx->saved_data["has_bias"].toBool());
-    return {gx, at::Tensor(), gb};
+    return once_differentiable("tempo::gelu", [&]() -> variable_list {
+      const auto saved = ctx->get_saved_variables();
+      const std::string approximate = ctx->saved_data["approximate"].toStringRef();
+      at::Tensor gx = gelu_backward(grads[0], saved[0], saved[1], approximate);
+      at::Tensor gb = bias_grad(gx, ctx->saved_data["has_bias"].toBool());
+      return {gx, at::Tensor(), gb};
+    });
   }
 };
 
@@ -49,10 +53,12 @@ class SiluFunction : public torch::autograd::Function<SiluFunction> {
     return y;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto saved = ctx->get_saved_variables();
-    at::Tensor gx = silu_backward(grads[0], saved[0], saved[1]);
-    at::Tensor gb = bias_grad(gx, ctx->saved_data["has_bias"].toBool());
-    return {gx, gb};
+    return once_differentiable("tempo::silu", [&]() -> variable_list {
+      const auto saved = ctx->get_saved_variables();
+      at::Tensor gx = silu_backward(grads[0], saved[0], saved[1]);
+      at::Tensor gb = bias_grad(gx, ctx->saved_data["has_bias"].toBool());
+      return {gx, gb};
+    });
   }
 };
 

@@ -5,11 +5,13 @@
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
+#include "common.h"
 #include "tempo/ops/attention.h"
 
 namespace tempo {
 namespace {
 
+using autograd_impl::once_differentiable;
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
@@ -27,12 +29,14 @@ class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
     return out;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto s = ctx->get_saved_variables();
-    const c10::IValue& sc = ctx->saved_data["scale"];
-    auto [dq, dk, dv] = attention_backward(grads[0], s[0], s[1], s[2], s[3], s[4], ctx->saved_data["p"].toDouble(),
-                                           sc.isNone() ? std::nullopt : std::optional<double>(sc.toDouble()),
-                                           ctx->saved_data["mode"].toStringRef());
-    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return once_differentiable("tempo::attention", [&]() -> variable_list {
+      const auto s = ctx->get_saved_variables();
+      const c10::IValue& sc = ctx->saved_data["scale"];
+      auto [dq, dk, dv] = attention_backward(grads[0], s[0], s[1], s[2], s[3], s[4], ctx->saved_data["p"].toDouble(),
+                                             sc.isNone() ? std::nullopt : std::optional<double>(sc.toDouble()),
+                                             ctx->saved_data["mode"].toStringRef());
+      return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    });
   }
 };
 
@@ -52,13 +56,15 @@ class FusedAttentionFunction : public torch::autograd::Function<FusedAttentionFu
     return out;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto s = ctx->get_saved_variables();
-    const c10::IValue& sc = ctx->saved_data["scale"];
-    auto [dq, dk, dv] = fused_attention_backward(
-        grads[0], s[0], s[1], s[2], s[3], s[4].defined() ? std::optional<at::Tensor>(s[4]) : std::nullopt,
-        ctx->saved_data["p"].toDouble(), ctx->saved_data["causal"].toBool(),
-        sc.isNone() ? std::nullopt : std::optional<double>(sc.toDouble()), ctx->saved_data["block_rows"].toInt());
-    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return once_differentiable("tempo::fused_attention", [&]() -> variable_list {
+      const auto s = ctx->get_saved_variables();
+      const c10::IValue& sc = ctx->saved_data["scale"];
+      auto [dq, dk, dv] = fused_attention_backward(
+          grads[0], s[0], s[1], s[2], s[3], s[4].defined() ? std::optional<at::Tensor>(s[4]) : std::nullopt,
+          ctx->saved_data["p"].toDouble(), ctx->saved_data["causal"].toBool(),
+          sc.isNone() ? std::nullopt : std::optional<double>(sc.toDouble()), ctx->saved_data["block_rows"].toInt());
+      return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    });
   }
 };
 

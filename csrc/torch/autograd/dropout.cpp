@@ -1,5 +1,6 @@
 // Autograd kernel of tempo::dropout: saves the packed keep bits ("bits") or only the
-// 16-byte Philox state ("philox"), never x or a byte mask.
+// 16-byte Philox state ("philox"), never x or a byte mask. Dropout is linear, so its backward
+// (the same masked scaling of the gradient) is itself differentiable, to any order.
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
@@ -11,6 +12,24 @@ namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
+
+// g -> mask * g / (1 - p) with the forward's mask; its own backward is the same map.
+class DropoutBackwardFunction : public torch::autograd::Function<DropoutBackwardFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& g, const at::Tensor& keep, double p,
+                            const std::string& mode) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    ctx->save_for_backward({keep});
+    ctx->saved_data["p"] = p;
+    ctx->saved_data["mode"] = mode;
+    return dropout_backward(g, keep, p, mode);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto s = ctx->get_saved_variables();
+    return {apply(grads[0], s[0], ctx->saved_data["p"].toDouble(), ctx->saved_data["mode"].toStringRef()),
+            at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
 
 class DropoutFunction : public torch::autograd::Function<DropoutFunction> {
  public:
@@ -24,8 +43,8 @@ class DropoutFunction : public torch::autograd::Function<DropoutFunction> {
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto s = ctx->get_saved_variables();
-    at::Tensor gx =
-        dropout_backward(grads[0], s[0], ctx->saved_data["p"].toDouble(), ctx->saved_data["mode"].toStringRef());
+    at::Tensor gx = DropoutBackwardFunction::apply(grads[0], s[0], ctx->saved_data["p"].toDouble(),
+                                                   ctx->saved_data["mode"].toStringRef());
     return {gx, at::Tensor(), at::Tensor()};
   }
 };

@@ -13,20 +13,30 @@
 #include "tempo/norm.h"
 
 TORCH_LIBRARY_FRAGMENT(tempo, m) {
-  m.def("layer_norm(Tensor x, int[] normalized_shape, Tensor? weight=None, Tensor? bias=None, float eps=1e-05) -> Tensor");
-  m.def("layer_norm_forward(Tensor x, int[] normalized_shape, Tensor? weight, Tensor? bias, float eps) -> (Tensor, Tensor)");
-  m.def("layer_norm_backward(Tensor grad, Tensor y, Tensor rstd, int[] normalized_shape, Tensor? weight, Tensor? bias) "
+  // kept_cols (norm_kept_columns(weight, bias)) may be passed in; when absent the autograd
+  // kernel computes it. Under torch.compile pass it (tempo.layer_norm does): it has a
+  // data-dependent size, which the compiled graph must see as the output of its own op.
+  m.def("layer_norm(Tensor x, int[] normalized_shape, Tensor? weight=None, Tensor? bias=None, float eps=1e-05, "
+        "Tensor? kept_cols=None) -> Tensor");
+  m.def("norm_kept_columns(Tensor? weight, Tensor? bias) -> Tensor");
+  m.def("layer_norm_forward(Tensor x, int[] normalized_shape, Tensor? weight, Tensor? bias, float eps, "
+        "Tensor? kept_cols=None) -> (Tensor, Tensor, Tensor)");
+  m.def("layer_norm_backward(Tensor grad, Tensor y, Tensor rstd, int[] normalized_shape, Tensor? weight, Tensor? bias, "
+        "Tensor? kept_cols=None, Tensor? kept_xhat=None) -> (Tensor, Tensor, Tensor)");
+  m.def("rms_norm(Tensor x, int[] normalized_shape, Tensor? weight=None, float? eps=None, Tensor? kept_cols=None) "
+        "-> Tensor");
+  m.def("rms_norm_forward(Tensor x, int[] normalized_shape, Tensor? weight, float? eps, Tensor? kept_cols=None) "
         "-> (Tensor, Tensor, Tensor)");
-  m.def("rms_norm(Tensor x, int[] normalized_shape, Tensor? weight=None, float? eps=None) -> Tensor");
-  m.def("rms_norm_forward(Tensor x, int[] normalized_shape, Tensor? weight, float? eps) -> (Tensor, Tensor)");
-  m.def("rms_norm_backward(Tensor grad, Tensor y, Tensor rstd, int[] normalized_shape, Tensor? weight) "
-        "-> (Tensor, Tensor)");
+  m.def("rms_norm_backward(Tensor grad, Tensor y, Tensor rstd, int[] normalized_shape, Tensor? weight, "
+        "Tensor? kept_cols=None, Tensor? kept_xhat=None) -> (Tensor, Tensor)");
   m.def("bias_dropout_add_layer_norm(Tensor x, Tensor? bias, Tensor residual, float p, Tensor? weight, Tensor? beta, "
-        "float eps=1e-05, str mode='bits') -> Tensor", {at::Tag::nondeterministic_seeded});
+        "float eps=1e-05, str mode='bits', Tensor? kept_cols=None) -> Tensor", {at::Tag::nondeterministic_seeded});
   m.def("bias_dropout_add_layer_norm_forward(Tensor x, Tensor? bias, Tensor residual, float p, Tensor? weight, "
-        "Tensor? beta, float eps, str mode) -> (Tensor, Tensor, Tensor)", {at::Tag::nondeterministic_seeded});
+        "Tensor? beta, float eps, str mode, Tensor? kept_cols=None) -> (Tensor, Tensor, Tensor, Tensor)",
+        {at::Tag::nondeterministic_seeded});
   m.def("bias_dropout_add_layer_norm_backward(Tensor grad, Tensor y, Tensor rstd, Tensor keep, float p, str mode, "
-        "Tensor? weight, Tensor? beta, bool has_bias) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+        "Tensor? weight, Tensor? beta, bool has_bias, Tensor? kept_cols=None, Tensor? kept_xhat=None) "
+        "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
 }
 
 namespace tempo {
@@ -68,34 +78,137 @@ const void* data_or_null(const at::Tensor* t, at::Tensor& keep) {
 
 at::ScalarType acc_type(const at::Tensor& x) { return x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat; }
 
-std::tuple<at::Tensor, at::Tensor> norm_forward(NormKind kind, const at::Tensor& x, at::IntArrayRef shape,
-                                                const at::Tensor* w, const at::Tensor* b, double eps,
-                                                const char* op) {
-  check_floating(x, op, "x");
-  check_device(x, op, "x");
-  const auto [rows, cols] = rows_cols(x, shape, op);
-  check_param(w, x, shape, op, "weight");
-  check_param(b, x, shape, op, "bias");
+// ---- kept columns ----------------------------------------------------------------------
+
+// The columns whose xhat the forward keeps (norm_column_recoverable decides), as int64 on the
+// parameters' device. Reads the parameters on the host: one small copy (a sync on CUDA).
+at::Tensor kept_columns_kernel(const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias) {
+  const char* op = "tempo::norm_kept_columns";
+  const at::Tensor* w = get(weight);
+  const at::Tensor* b = get(bias);
+  TORCH_CHECK(w || b, op, ": needs a weight or a bias (without both every column is recovered)");
+  const at::Tensor& ref = w ? *w : *b;
+  check_floating(ref, op, w ? "weight" : "bias");
+  if (w && b) {
+    check_like(*b, *w, op, "bias");
+    TORCH_CHECK(b->sizes() == w->sizes(), op, ": weight and bias must have one shape, got ", w->sizes(), " and ",
+                b->sizes());
+  }
+  TORCH_CHECK(!ref.is_meta(), op, ": the kept columns depend on the parameters' values; on meta/fake tensors ",
+              "use the Python fake kernel (import tempo)");
+  const int64_t cols = ref.numel();
+  const at::Tensor wc = w ? w->contiguous().cpu() : at::Tensor();
+  const at::Tensor bc = b ? b->contiguous().cpu() : at::Tensor();
+  at::Tensor idx = at::empty({cols}, at::TensorOptions().dtype(at::kLong));
+  const int64_t k = norm_kept_columns(to_core_dtype(ref.scalar_type()), w ? wc.const_data_ptr() : nullptr,
+                                      b ? bc.const_data_ptr() : nullptr, cols, idx.mutable_data_ptr<int64_t>());
+  return idx.narrow(0, 0, k).clone().to(ref.device());
+}
+
+// The slot map the core reads (int32, cols: the index among the kept columns, or -1), from
+// kept_cols; checks it. Undefined when no column is kept.
+at::Tensor kept_slot(const at::Tensor* kept_cols, int64_t cols, const at::Tensor& like, const char* op) {
+  if (!kept_cols) return at::Tensor();
+  TORCH_CHECK(kept_cols->scalar_type() == at::kLong && kept_cols->dim() == 1, op,
+              ": argument 'kept_cols' must be a 1-D int64 tensor, got ", kept_cols->scalar_type(), " of shape ",
+              kept_cols->sym_sizes());
+  TORCH_CHECK(kept_cols->device() == like.device(), op, ": argument 'kept_cols' must be on ", like.device());
+  if (like.is_meta() || kept_cols->numel() == 0) return at::Tensor();  // meta: the size may be symbolic
+  TORCH_CHECK(kept_cols->numel() <= cols, op, ": argument 'kept_cols' has more entries than the ", cols, " columns");
+  if (kept_cols->is_cpu()) {  // on CUDA the values come from norm_kept_columns
+    const at::Tensor kc = kept_cols->contiguous();
+    const int64_t* c = kc.const_data_ptr<int64_t>();
+    for (int64_t i = 0; i < kc.numel(); ++i)
+      TORCH_CHECK(c[i] >= 0 && c[i] < cols && (i == 0 || c[i] > c[i - 1]), op,
+                  ": argument 'kept_cols' must hold ascending column indices in [0, ", cols, ")");
+  }
+  if (like.is_meta()) return at::Tensor();
+  at::Tensor slot = at::full({cols}, -1, like.options().dtype(at::kInt));
+  slot.index_put_({*kept_cols}, at::arange(kept_cols->numel(), slot.options()));
+  return slot;
+}
+
+// The kept columns' xhat a backward reads: rows x kept, math type; checks it.
+void check_kept_xhat(const at::Tensor* kept_cols, const at::Tensor* kept_xhat, const c10::SymInt& rows,
+                     const at::Tensor& y, const char* op) {
+  if (!kept_cols) return;
+  TORCH_CHECK(kept_xhat, op, ": argument 'kept_xhat' is needed with kept_cols");
+  TORCH_CHECK(kept_xhat->scalar_type() == acc_type(y) && kept_xhat->device() == y.device() && kept_xhat->dim() == 2,
+              op, ": argument 'kept_xhat' must be a 2-D ", acc_type(y), " tensor on ", y.device(), ", got ",
+              kept_xhat->scalar_type(), " of shape ", kept_xhat->sym_sizes());
+  if (y.is_meta()) return;  // sizes may be symbolic
+  TORCH_CHECK(kept_xhat->size(0) == rows.expect_int() && kept_xhat->size(1) == kept_cols->numel(), op,
+              ": argument 'kept_xhat' must have shape [", rows, ", ", kept_cols->numel(), "], got ",
+              kept_xhat->sizes());
+}
+
+// The bias-dropout-residual prologue of a forward (bias_dropout_add_layer_norm).
+struct PrologueArgs {
+  const at::Tensor* residual = nullptr;
+  const at::Tensor* pre_bias = nullptr;
+  double p = 0.0;
+  DropoutMode mode = DropoutMode::kBits;
+};
+
+struct ForwardOut {
+  at::Tensor y, rstd, kept_xhat, keep;  // keep: the dropout's (prologue only)
+};
+
+// Forward of either norm, with or without the prologue (arguments checked by the caller).
+ForwardOut norm_forward(NormKind kind, const at::Tensor& x, const c10::SymInt& rows, int64_t cols,
+                        const at::Tensor* w, const at::Tensor* b, double eps, const at::Tensor* kept_cols,
+                        const PrologueArgs* pro, const char* op) {
   TORCH_CHECK(eps >= 0.0, op, ": argument 'eps' must be non-negative, got ", eps);
-  at::Tensor y = at::empty_like(x, at::MemoryFormat::Contiguous);
-  at::Tensor rstd = at::empty_symint({rows}, x.options().dtype(acc_type(x)));
-  if (x.is_meta() || x.numel() == 0) return {y, rstd};
+  ForwardOut out;
+  out.y = at::empty_like(x, at::MemoryFormat::Contiguous);
+  out.rstd = at::empty_symint({rows}, x.options().dtype(acc_type(x)));
+  const at::Tensor slot = kept_slot(kept_cols, cols, x, op);
+  const int64_t kept = slot.defined() ? kept_cols->numel() : 0;
+  out.kept_xhat = at::empty_symint({rows, kept_cols ? kept_cols->sym_size(0) : c10::SymInt(0)},
+                                   x.options().dtype(acc_type(x)));
+  DropoutKeep k;
+  if (pro) out.keep = (k = new_dropout_keep(x, pro->p, pro->mode)).keep;
+  if (x.is_meta() || x.numel() == 0) return out;
   c10::OptionalDeviceGuard guard(x.device());
   const at::Tensor xc = x.contiguous();
-  at::Tensor wc, bc;
+  at::Tensor wc, bc, rc, pbc;
   NormForwardParams prm;
   prm.kind = kind;
   prm.dtype = to_core_dtype(x.scalar_type());
   prm.x = xc.const_data_ptr();
   prm.weight = data_or_null(w, wc);
   prm.bias = data_or_null(b, bc);
-  prm.y = y.mutable_data_ptr();
-  prm.rstd = rstd.mutable_data_ptr();
+  if (pro) {
+    prm.prologue.residual = data_or_null(pro->residual, rc);
+    prm.prologue.bias = data_or_null(pro->pre_bias, pbc);
+    prm.prologue.p = pro->p;
+    prm.prologue.mode = pro->mode;
+    prm.prologue.rng = k.rng;
+    prm.mask = k.mask;
+  }
+  prm.kept_slot = kept ? slot.const_data_ptr<int32_t>() : nullptr;
+  prm.kept = kept;
+  prm.kept_xhat = kept ? out.kept_xhat.mutable_data_ptr() : nullptr;
+  prm.y = out.y.mutable_data_ptr();
+  prm.rstd = out.rstd.mutable_data_ptr();
   prm.rows = rows.expect_int();
   prm.cols = cols;
   prm.eps = eps;
   raise_if_error(x.is_cuda() ? norm_forward_cuda(prm, stream_of(x)) : norm_forward_cpu(prm), op);
-  return {y, rstd};
+  return out;
+}
+
+// The plain norms' forward: checks, then norm_forward.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> plain_forward(NormKind kind, const at::Tensor& x, at::IntArrayRef shape,
+                                                             const at::Tensor* w, const at::Tensor* b, double eps,
+                                                             const at::Tensor* kept_cols, const char* op) {
+  check_floating(x, op, "x");
+  check_device(x, op, "x");
+  const auto [rows, cols] = rows_cols(x, shape, op);
+  check_param(w, x, shape, op, "weight");
+  check_param(b, x, shape, op, "bias");
+  ForwardOut o = norm_forward(kind, x, rows, cols, w, b, eps, kept_cols, nullptr, op);
+  return {o.y, o.rstd, o.kept_xhat};
 }
 
 // Backward of either norm, with or without the bias-dropout-residual prologue. Outputs
@@ -106,7 +219,8 @@ struct BackwardOut {
 
 BackwardOut norm_backward(NormKind kind, const at::Tensor& grad, const at::Tensor& y, const at::Tensor& rstd,
                           int64_t cols, const at::Tensor* w, const at::Tensor* b, const NormPrologue* prologue,
-                          bool has_pre_bias, const uint8_t* mask, const char* op) {
+                          bool has_pre_bias, const uint8_t* mask, const at::Tensor* kept_cols,
+                          const at::Tensor* kept_xhat, const char* op) {
   check_floating(grad, op, "grad");
   check_floating(y, op, "y");
   check_device(y, op, "y");
@@ -120,6 +234,8 @@ BackwardOut norm_backward(NormKind kind, const at::Tensor& grad, const at::Tenso
               rstd.scalar_type(), " of shape ", rstd.sym_sizes());
   if (w) check_like(*w, y, op, "weight");
   if (b) check_like(*b, y, op, "bias");
+  check_kept_xhat(kept_cols, kept_xhat, rows, y, op);
+  const at::Tensor slot = kept_slot(kept_cols, cols, y, op);
   const auto opts = y.options();
   BackwardOut out;
   out.dx = at::empty_like(y, at::MemoryFormat::Contiguous);
@@ -141,6 +257,10 @@ BackwardOut norm_backward(NormKind kind, const at::Tensor& grad, const at::Tenso
   prm.bias = data_or_null(b, bc);
   if (prologue) prm.prologue = *prologue;
   prm.mask = mask;
+  const at::Tensor kxc = slot.defined() ? kept_xhat->contiguous() : at::Tensor();
+  prm.kept = slot.defined() ? kept_cols->numel() : 0;
+  prm.kept_slot = prm.kept ? slot.const_data_ptr<int32_t>() : nullptr;
+  prm.kept_xhat = prm.kept ? kxc.const_data_ptr() : nullptr;
   prm.grad_x = out.dx.mutable_data_ptr();
   prm.grad_weight = w ? out.dw.mutable_data_ptr() : nullptr;
   prm.grad_bias = b ? out.db.mutable_data_ptr() : nullptr;
@@ -165,22 +285,28 @@ int64_t numel_of(at::IntArrayRef shape) {
 
 // ---- layer_norm / rms_norm ----------------------------------------------------------------
 
-std::tuple<at::Tensor, at::Tensor> layer_norm_forward_kernel(const at::Tensor& x, at::IntArrayRef shape,
-                                                             const std::optional<at::Tensor>& weight,
-                                                             const std::optional<at::Tensor>& bias, double eps) {
-  return norm_forward(NormKind::kLayerNorm, x, shape, get(weight), get(bias), eps, "tempo::layer_norm");
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_forward_kernel(const at::Tensor& x, at::IntArrayRef shape,
+                                                                         const std::optional<at::Tensor>& weight,
+                                                                         const std::optional<at::Tensor>& bias,
+                                                                         double eps,
+                                                                         const std::optional<at::Tensor>& kept_cols) {
+  return plain_forward(NormKind::kLayerNorm, x, shape, get(weight), get(bias), eps, get(kept_cols),
+                       "tempo::layer_norm");
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward_kernel(const at::Tensor& grad, const at::Tensor& y,
                                                                           const at::Tensor& rstd, at::IntArrayRef shape,
                                                                           const std::optional<at::Tensor>& weight,
-                                                                          const std::optional<at::Tensor>& bias) {
+                                                                          const std::optional<at::Tensor>& bias,
+                                                                          const std::optional<at::Tensor>& kept_cols,
+                                                                          const std::optional<at::Tensor>& kept_xhat) {
   const char* op = "tempo::layer_norm_backward";
   const auto* w = get(weight);
   const auto* b = get(bias);
   if (w) TORCH_CHECK(w->sizes() == shape, op, ": argument 'weight' must have shape ", shape);
   if (b) TORCH_CHECK(b->sizes() == shape, op, ": argument 'bias' must have shape ", shape);
-  BackwardOut o = norm_backward(NormKind::kLayerNorm, grad, y, rstd, numel_of(shape), w, b, nullptr, false, nullptr, op);
+  BackwardOut o = norm_backward(NormKind::kLayerNorm, grad, y, rstd, numel_of(shape), w, b, nullptr, false, nullptr,
+                                get(kept_cols), get(kept_xhat), op);
   return {o.dx, o.dw.view(w ? shape : at::IntArrayRef{0}), o.db.view(b ? shape : at::IntArrayRef{0})};
 }
 
@@ -191,38 +317,44 @@ double rms_eps(const at::Tensor& x, std::optional<double> eps) {
                                         : static_cast<double>(std::numeric_limits<float>::epsilon());
 }
 
-std::tuple<at::Tensor, at::Tensor> rms_norm_forward_kernel(const at::Tensor& x, at::IntArrayRef shape,
-                                                           const std::optional<at::Tensor>& weight,
-                                                           std::optional<double> eps) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> rms_norm_forward_kernel(const at::Tensor& x, at::IntArrayRef shape,
+                                                                       const std::optional<at::Tensor>& weight,
+                                                                       std::optional<double> eps,
+                                                                       const std::optional<at::Tensor>& kept_cols) {
   check_floating(x, "tempo::rms_norm", "x");
-  return norm_forward(NormKind::kRmsNorm, x, shape, get(weight), nullptr, rms_eps(x, eps), "tempo::rms_norm");
+  return plain_forward(NormKind::kRmsNorm, x, shape, get(weight), nullptr, rms_eps(x, eps), get(kept_cols),
+                       "tempo::rms_norm");
 }
 
 std::tuple<at::Tensor, at::Tensor> rms_norm_backward_kernel(const at::Tensor& grad, const at::Tensor& y,
                                                             const at::Tensor& rstd, at::IntArrayRef shape,
-                                                            const std::optional<at::Tensor>& weight) {
+                                                            const std::optional<at::Tensor>& weight,
+                                                            const std::optional<at::Tensor>& kept_cols,
+                                                            const std::optional<at::Tensor>& kept_xhat) {
   const char* op = "tempo::rms_norm_backward";
   const auto* w = get(weight);
   if (w) TORCH_CHECK(w->sizes() == shape, op, ": argument 'weight' must have shape ", shape);
-  BackwardOut o = norm_backward(NormKind::kRmsNorm, grad, y, rstd, numel_of(shape), w, nullptr, nullptr, false, nullptr, op);
+  BackwardOut o = norm_backward(NormKind::kRmsNorm, grad, y, rstd, numel_of(shape), w, nullptr, nullptr, false, nullptr,
+                                get(kept_cols), get(kept_xhat), op);
   return {o.dx, o.dw.view(w ? shape : at::IntArrayRef{0})};
 }
 
+// Without autograd nothing is kept: kept_cols is ignored.
 at::Tensor layer_norm_kernel(const at::Tensor& x, at::IntArrayRef shape, const std::optional<at::Tensor>& weight,
-                             const std::optional<at::Tensor>& bias, double eps) {
-  return std::get<0>(layer_norm_forward_kernel(x, shape, weight, bias, eps));
+                             const std::optional<at::Tensor>& bias, double eps, const std::optional<at::Tensor>&) {
+  return std::get<0>(layer_norm_forward_kernel(x, shape, weight, bias, eps, std::nullopt));
 }
 at::Tensor rms_norm_kernel(const at::Tensor& x, at::IntArrayRef shape, const std::optional<at::Tensor>& weight,
-                           std::optional<double> eps) {
-  return std::get<0>(rms_norm_forward_kernel(x, shape, weight, eps));
+                           std::optional<double> eps, const std::optional<at::Tensor>&) {
+  return std::get<0>(rms_norm_forward_kernel(x, shape, weight, eps, std::nullopt));
 }
 
 // ---- bias_dropout_add_layer_norm ----------------------------------------------------------
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> bdrln_forward_kernel(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bdrln_forward_kernel(
     const at::Tensor& x, const std::optional<at::Tensor>& bias, const at::Tensor& residual, double p,
     const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& beta, double eps,
-    c10::string_view mode_name) {
+    c10::string_view mode_name, const std::optional<at::Tensor>& kept_cols) {
   const char* op = "tempo::bias_dropout_add_layer_norm";
   check_floating(x, op, "x");
   check_device(x, op, "x");
@@ -232,47 +364,25 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bdrln_forward_kernel(
   TORCH_CHECK(residual.sym_sizes() == x.sym_sizes(), op, ": argument 'residual' must have the shape of x ",
               x.sym_sizes(), ", got ", residual.sym_sizes());
   check_probability(p, op, "p");
-  const DropoutMode mode = dropout_mode(mode_name, op);
+  PrologueArgs pro;
+  pro.residual = &residual;
+  pro.pre_bias = get(bias);
+  pro.p = p;
+  pro.mode = dropout_mode(mode_name, op);
   const int64_t cols = x.sym_size(-1).guard_int(__FILE__, __LINE__);
   const std::vector<int64_t> shape{cols};
-  const auto* pb = get(bias);
-  check_param(pb, x, shape, op, "bias");
+  check_param(pro.pre_bias, x, shape, op, "bias");
   check_param(get(weight), x, shape, op, "weight");
   check_param(get(beta), x, shape, op, "beta");
-  TORCH_CHECK(eps >= 0.0, op, ": argument 'eps' must be non-negative, got ", eps);
   const c10::SymInt rows = x.sym_numel() / std::max<int64_t>(cols, 1);
-  at::Tensor y = at::empty_like(x, at::MemoryFormat::Contiguous);
-  at::Tensor rstd = at::empty_symint({rows}, x.options().dtype(acc_type(x)));
-  DropoutKeep k = new_dropout_keep(x, p, mode);
-  if (x.is_meta() || x.numel() == 0) return {y, rstd, k.keep};
-  c10::OptionalDeviceGuard guard(x.device());
-  const at::Tensor xc = x.contiguous(), rc = residual.contiguous();
-  at::Tensor pbc, wc, bc;
-  NormForwardParams prm;
-  prm.kind = NormKind::kLayerNorm;
-  prm.dtype = to_core_dtype(x.scalar_type());
-  prm.x = xc.const_data_ptr();
-  prm.weight = data_or_null(get(weight), wc);
-  prm.bias = data_or_null(get(beta), bc);
-  prm.prologue.residual = rc.const_data_ptr();
-  prm.prologue.bias = data_or_null(pb, pbc);
-  prm.prologue.p = p;
-  prm.prologue.mode = mode;
-  prm.prologue.rng = k.rng;
-  prm.y = y.mutable_data_ptr();
-  prm.rstd = rstd.mutable_data_ptr();
-  prm.mask = k.mask;
-  prm.rows = rows.expect_int();
-  prm.cols = cols;
-  prm.eps = eps;
-  raise_if_error(x.is_cuda() ? norm_forward_cuda(prm, stream_of(x)) : norm_forward_cpu(prm), op);
-  return {y, rstd, k.keep};
+  ForwardOut o = norm_forward(NormKind::kLayerNorm, x, rows, cols, get(weight), get(beta), eps, get(kept_cols), &pro, op);
+  return {o.y, o.rstd, o.keep, o.kept_xhat};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> bdrln_backward_kernel(
     const at::Tensor& grad, const at::Tensor& y, const at::Tensor& rstd, const at::Tensor& keep, double p,
     c10::string_view mode_name, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& beta,
-    bool has_bias) {
+    bool has_bias, const std::optional<at::Tensor>& kept_cols, const std::optional<at::Tensor>& kept_xhat) {
   const char* op = "tempo::bias_dropout_add_layer_norm_backward";
   check_probability(p, op, "p");
   TORCH_CHECK(y.dim() >= 1, op, ": argument 'y' must have at least one dimension");
@@ -282,14 +392,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> bdrln_bac
   const uint8_t* mask = nullptr;
   read_dropout_keep(keep, y, p, pr.mode, op, &mask, &pr.rng);
   BackwardOut o = norm_backward(NormKind::kLayerNorm, grad, y, rstd, y.sym_size(-1).guard_int(__FILE__, __LINE__),
-                                get(weight), get(beta), &pr, has_bias, mask, op);
+                                get(weight), get(beta), &pr, has_bias, mask, get(kept_cols), get(kept_xhat), op);
   return {o.dx, o.dpb, o.dres, o.dw, o.db};
 }
 
 at::Tensor bdrln_kernel(const at::Tensor& x, const std::optional<at::Tensor>& bias, const at::Tensor& residual,
                         double p, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& beta,
-                        double eps, c10::string_view mode) {
-  return std::get<0>(bdrln_forward_kernel(x, bias, residual, p, weight, beta, eps, mode));
+                        double eps, c10::string_view mode, const std::optional<at::Tensor>&) {
+  return std::get<0>(bdrln_forward_kernel(x, bias, residual, p, weight, beta, eps, mode, std::nullopt));
 }
 
 }  // namespace
@@ -299,15 +409,16 @@ at::Tensor bdrln_kernel(const at::Tensor& x, const std::optional<at::Tensor>& bi
 at::Tensor layer_norm(const at::Tensor& x, at::IntArrayRef shape, const std::optional<at::Tensor>& weight,
                       const std::optional<at::Tensor>& bias, double eps) {
   static auto op = op_handle<at::Tensor(const at::Tensor&, at::IntArrayRef, const std::optional<at::Tensor>&,
-                                        const std::optional<at::Tensor>&, double)>("tempo::layer_norm");
-  return op.call(x, shape, weight, bias, eps);
+                                        const std::optional<at::Tensor>&, double, const std::optional<at::Tensor>&)>(
+      "tempo::layer_norm");
+  return op.call(x, shape, weight, bias, eps, std::nullopt);
 }
 
 at::Tensor rms_norm(const at::Tensor& x, at::IntArrayRef shape, const std::optional<at::Tensor>& weight,
                     std::optional<double> eps) {
   static auto op = op_handle<at::Tensor(const at::Tensor&, at::IntArrayRef, const std::optional<at::Tensor>&,
-                                        std::optional<double>)>("tempo::rms_norm");
-  return op.call(x, shape, weight, eps);
+                                        std::optional<double>, const std::optional<at::Tensor>&)>("tempo::rms_norm");
+  return op.call(x, shape, weight, eps, std::nullopt);
 }
 
 at::Tensor bias_dropout_add_layer_norm(const at::Tensor& x, const std::optional<at::Tensor>& bias,
@@ -317,71 +428,87 @@ at::Tensor bias_dropout_add_layer_norm(const at::Tensor& x, const std::optional<
   check_probability(p, "tempo::bias_dropout_add_layer_norm", "p");
   static auto op = op_handle<at::Tensor(const at::Tensor&, const std::optional<at::Tensor>&, const at::Tensor&, double,
                                         const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, double,
-                                        c10::string_view)>("tempo::bias_dropout_add_layer_norm");
-  return op.call(x, bias, residual, train ? p : 0.0, weight, beta, eps, mode);
+                                        c10::string_view, const std::optional<at::Tensor>&)>(
+      "tempo::bias_dropout_add_layer_norm");
+  return op.call(x, bias, residual, train ? p : 0.0, weight, beta, eps, mode, std::nullopt);
 }
 
-std::tuple<at::Tensor, at::Tensor> layer_norm_forward(const at::Tensor& x, at::IntArrayRef shape,
-                                                      const std::optional<at::Tensor>& weight,
-                                                      const std::optional<at::Tensor>& bias, double eps) {
-  static auto op = op_handle<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, at::IntArrayRef,
-                                                                const std::optional<at::Tensor>&,
-                                                                const std::optional<at::Tensor>&, double)>(
-      "tempo::layer_norm_forward");
-  return op.call(x, shape, weight, bias, eps);
+at::Tensor norm_kept_columns(const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias) {
+  static auto op = op_handle<at::Tensor(const std::optional<at::Tensor>&, const std::optional<at::Tensor>&)>(
+      "tempo::norm_kept_columns");
+  return op.call(weight, bias);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_forward(const at::Tensor& x, at::IntArrayRef shape,
+                                                                  const std::optional<at::Tensor>& weight,
+                                                                  const std::optional<at::Tensor>& bias, double eps,
+                                                                  const std::optional<at::Tensor>& kept_cols) {
+  static auto op = op_handle<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+      const at::Tensor&, at::IntArrayRef, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, double,
+      const std::optional<at::Tensor>&)>("tempo::layer_norm_forward");
+  return op.call(x, shape, weight, bias, eps, kept_cols);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward(const at::Tensor& grad, const at::Tensor& y,
                                                                    const at::Tensor& rstd, at::IntArrayRef shape,
                                                                    const std::optional<at::Tensor>& weight,
-                                                                   const std::optional<at::Tensor>& bias) {
+                                                                   const std::optional<at::Tensor>& bias,
+                                                                   const std::optional<at::Tensor>& kept_cols,
+                                                                   const std::optional<at::Tensor>& kept_xhat) {
   static auto op = op_handle<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
       const at::Tensor&, const at::Tensor&, const at::Tensor&, at::IntArrayRef, const std::optional<at::Tensor>&,
-      const std::optional<at::Tensor>&)>("tempo::layer_norm_backward");
-  return op.call(grad, y, rstd, shape, weight, bias);
+      const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&)>(
+      "tempo::layer_norm_backward");
+  return op.call(grad, y, rstd, shape, weight, bias, kept_cols, kept_xhat);
 }
 
-std::tuple<at::Tensor, at::Tensor> rms_norm_forward(const at::Tensor& x, at::IntArrayRef shape,
-                                                    const std::optional<at::Tensor>& weight, std::optional<double> eps) {
-  static auto op = op_handle<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, at::IntArrayRef,
-                                                                const std::optional<at::Tensor>&,
-                                                                std::optional<double>)>("tempo::rms_norm_forward");
-  return op.call(x, shape, weight, eps);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> rms_norm_forward(const at::Tensor& x, at::IntArrayRef shape,
+                                                                const std::optional<at::Tensor>& weight,
+                                                                std::optional<double> eps,
+                                                                const std::optional<at::Tensor>& kept_cols) {
+  static auto op = op_handle<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+      const at::Tensor&, at::IntArrayRef, const std::optional<at::Tensor>&, std::optional<double>,
+      const std::optional<at::Tensor>&)>("tempo::rms_norm_forward");
+  return op.call(x, shape, weight, eps, kept_cols);
 }
 
 std::tuple<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& grad, const at::Tensor& y,
                                                      const at::Tensor& rstd, at::IntArrayRef shape,
-                                                     const std::optional<at::Tensor>& weight) {
-  static auto op = op_handle<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
-                                                                const at::Tensor&, at::IntArrayRef,
-                                                                const std::optional<at::Tensor>&)>(
-      "tempo::rms_norm_backward");
-  return op.call(grad, y, rstd, shape, weight);
+                                                     const std::optional<at::Tensor>& weight,
+                                                     const std::optional<at::Tensor>& kept_cols,
+                                                     const std::optional<at::Tensor>& kept_xhat) {
+  static auto op = op_handle<std::tuple<at::Tensor, at::Tensor>(
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, at::IntArrayRef, const std::optional<at::Tensor>&,
+      const std::optional<at::Tensor>&, const std::optional<at::Tensor>&)>("tempo::rms_norm_backward");
+  return op.call(grad, y, rstd, shape, weight, kept_cols, kept_xhat);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> bias_dropout_add_layer_norm_forward(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bias_dropout_add_layer_norm_forward(
     const at::Tensor& x, const std::optional<at::Tensor>& bias, const at::Tensor& residual, double p,
-    const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& beta, double eps, c10::string_view mode) {
-  static auto op = op_handle<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+    const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& beta, double eps, c10::string_view mode,
+    const std::optional<at::Tensor>& kept_cols) {
+  static auto op = op_handle<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
       const at::Tensor&, const std::optional<at::Tensor>&, const at::Tensor&, double, const std::optional<at::Tensor>&,
-      const std::optional<at::Tensor>&, double, c10::string_view)>("tempo::bias_dropout_add_layer_norm_forward");
-  return op.call(x, bias, residual, p, weight, beta, eps, mode);
+      const std::optional<at::Tensor>&, double, c10::string_view, const std::optional<at::Tensor>&)>(
+      "tempo::bias_dropout_add_layer_norm_forward");
+  return op.call(x, bias, residual, p, weight, beta, eps, mode, kept_cols);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> bias_dropout_add_layer_norm_backward(
     const at::Tensor& grad, const at::Tensor& y, const at::Tensor& rstd, const at::Tensor& keep, double p,
     c10::string_view mode, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& beta,
-    bool has_bias) {
+    bool has_bias, const std::optional<at::Tensor>& kept_cols, const std::optional<at::Tensor>& kept_xhat) {
   static auto op = op_handle<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
-      const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
-      c10::string_view, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, bool)>(
-      "tempo::bias_dropout_add_layer_norm_backward");
-  return op.call(grad, y, rstd, keep, p, mode, weight, beta, has_bias);
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, double, c10::string_view,
+      const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, bool, const std::optional<at::Tensor>&,
+      const std::optional<at::Tensor>&)>("tempo::bias_dropout_add_layer_norm_backward");
+  return op.call(grad, y, rstd, keep, p, mode, weight, beta, has_bias, kept_cols, kept_xhat);
 }
 
 }  // namespace tempo
 
 TORCH_LIBRARY_IMPL(tempo, CompositeExplicitAutograd, m) {
+  m.impl("norm_kept_columns", tempo::kept_columns_kernel);
   m.impl("layer_norm", tempo::layer_norm_kernel);
   m.impl("layer_norm_forward", tempo::layer_norm_forward_kernel);
   m.impl("layer_norm_backward", tempo::layer_norm_backward_kernel);

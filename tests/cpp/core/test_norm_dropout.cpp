@@ -222,34 +222,123 @@ TEST(NormCore, Float64MatchesScalarReference) {
   }
 }
 
-TEST(NormCore, ZeroGammaGivesFiniteGradients) {
-  const int64_t R = 4, M = 8;
-  std::vector<float> x(R * M), y(R * M), w(M, 1.0f), g(R * M, 1.0f), dx(R * M), dw(M);
-  std::vector<float> rstd(R);
-  for (int64_t i = 0; i < R * M; ++i) x[i] = static_cast<float>(i % 5) - 2.0f;
-  w[3] = 0.0f;
-  tempo::NormForwardParams f;
-  f.kind = tempo::NormKind::kRmsNorm;
-  f.x = x.data();
-  f.weight = w.data();
-  f.y = y.data();
-  f.rstd = rstd.data();
-  f.rows = R;
-  f.cols = M;
-  ASSERT_TRUE(tempo::norm_forward_cpu(f).ok());
-  tempo::NormBackwardParams b;
-  b.kind = f.kind;
-  b.grad_y = g.data();
-  b.y = y.data();
-  b.rstd = rstd.data();
-  b.weight = w.data();
-  b.grad_x = dx.data();
-  b.grad_weight = dw.data();
-  b.rows = R;
-  b.cols = M;
-  ASSERT_TRUE(tempo::norm_backward_cpu(b).ok());
-  for (float v : dx) EXPECT_TRUE(std::isfinite(v));
-  for (float v : dw) EXPECT_TRUE(std::isfinite(v));
+TEST(NormCore, ColumnRule) {
+  using tempo::norm_column_recoverable;
+  EXPECT_TRUE(norm_column_recoverable(DType::kFloat32, 1.0, 16.0));
+  EXPECT_FALSE(norm_column_recoverable(DType::kFloat32, 1.0, 16.5));
+  EXPECT_TRUE(norm_column_recoverable(DType::kFloat32, -4.8e-33, 1e-32));   // MiniLM's tiny gammas: recoverable
+  EXPECT_FALSE(norm_column_recoverable(DType::kFloat32, 1e-39, 0.0));      // subnormal in fp32
+  EXPECT_TRUE(norm_column_recoverable(DType::kFloat64, 1e-39, 0.0));
+  EXPECT_FALSE(norm_column_recoverable(DType::kFloat64, 0.0, 0.0));
+  EXPECT_FALSE(norm_column_recoverable(DType::kFloat64, -0.0, 0.0));
+  EXPECT_FALSE(norm_column_recoverable(DType::kFloat64, std::nan(""), 0.0));
+  EXPECT_FALSE(norm_column_recoverable(DType::kFloat64, 1.0, INFINITY));
+  EXPECT_FALSE(norm_column_recoverable(DType::kFloat16, 1e-5, 0.0));       // subnormal in fp16
+  EXPECT_FALSE(norm_column_recoverable(DType::kBFloat16, 0.5, 0.6));
+  EXPECT_TRUE(norm_column_recoverable(DType::kBFloat16, -0.5, 0.5));
+  const std::vector<double> w{1.0, 0.0, 1e-300, 1e-3, -2.0}, b{0.0, 0.0, 0.0, 10.0, 1e3};
+  std::vector<int64_t> out(5);
+  ASSERT_EQ(tempo::norm_kept_columns(DType::kFloat64, w.data(), b.data(), 5, out.data()), 2);
+  EXPECT_EQ(out[0], 1);  // gamma 0
+  EXPECT_EQ(out[1], 3);  // beta / gamma = 1e4 > 1024 (1e-300 is a normal double; 1e3 / 2 is within the ratio)
+  EXPECT_EQ(tempo::norm_kept_columns(DType::kFloat64, nullptr, b.data(), 5, out.data()), 0);  // gamma 1, beta <= 1024
+  const std::vector<float> bf{0.0f, 16.0f, -17.0f, 10.0f, 1e3f};
+  ASSERT_EQ(tempo::norm_kept_columns(DType::kFloat32, nullptr, bf.data(), 5, out.data()), 2);  // fp32: beta > 16
+  EXPECT_EQ(out[0], 2);
+  EXPECT_EQ(out[1], 4);
+}
+
+// Columns whose xhat cannot be recovered from y (gamma 0, gamma tiny against beta): exact
+// against the scalar reference when kept, an error (not a wrong gradient) when not.
+TEST(NormCore, KeptColumnsAreExact) {
+  for (bool layer : {true, false}) {
+    for (bool prologue : {false, true}) {
+      if (prologue && !layer) continue;
+      const int64_t R = 9, M = 40;
+      std::mt19937 gen(11);
+      std::normal_distribution<double> nd;
+      std::vector<double> x(R * M), res(R * M), g(R * M), pb(M), w(M), b(M);
+      for (auto* v : {&x, &res, &g, &pb}) for (auto& e : *v) e = nd(gen);
+      for (int64_t j = 0; j < M; ++j) {
+        w[j] = 1 + 0.3 * nd(gen);
+        b[j] = layer ? 0.1 * nd(gen) : 0.0;
+      }
+      w[0] = 0.0;
+      w[5] = -1e-310;  // subnormal
+      w[17] = 1e-20;
+      if (layer) {
+        b[17] = 5.0;  // beta / gamma = 5e20
+        w[30] = 1e-3;
+        b[30] = -1e8;
+      }
+      std::vector<int64_t> cols(M);
+      const int64_t k = tempo::norm_kept_columns(DType::kFloat64, w.data(), layer ? b.data() : nullptr, M, cols.data());
+      ASSERT_EQ(k, layer ? 4 : 2);  // 0, 5 (and 17, 30 with beta)
+      std::vector<int32_t> slot(M, -1);
+      for (int64_t i = 0; i < k; ++i) slot[cols[i]] = static_cast<int32_t>(i);
+      const double p = prologue ? 0.25 : 0.0;
+      std::vector<bool> keep(R * M);
+      for (int64_t e = 0; e < R * M; ++e) keep[e] = ref_keep(42, 7, e, p);
+      Ref ref = reference(layer, R, M, x, res, pb, w, b, g, keep, 1 / (1 - p), prologue, 1e-5);
+
+      std::vector<double> y(R * M), rstd(R), xk(R * k), dx(R * M), dres(R * M), dw(M), db(M), dpb(M);
+      std::vector<uint8_t> mask(tempo::dropout_mask_bytes(R * M));
+      tempo::NormForwardParams f;
+      f.kind = layer ? tempo::NormKind::kLayerNorm : tempo::NormKind::kRmsNorm;
+      f.dtype = DType::kFloat64;
+      f.x = x.data();
+      f.weight = w.data();
+      f.bias = layer ? b.data() : nullptr;
+      if (prologue) {
+        f.prologue.residual = res.data();
+        f.prologue.bias = pb.data();
+        f.prologue.p = p;
+        f.prologue.rng = {42, 7};
+        f.mask = mask.data();
+      }
+      f.kept_slot = slot.data();
+      f.kept = k;
+      f.kept_xhat = xk.data();
+      f.y = y.data();
+      f.rstd = rstd.data();
+      f.rows = R;
+      f.cols = M;
+      f.eps = 1e-5;
+      ASSERT_TRUE(tempo::norm_forward_cpu(f).ok());
+      expect_close(y, ref.y, 1e-12, "y");
+      tempo::NormBackwardParams bp;
+      bp.kind = f.kind;
+      bp.dtype = DType::kFloat64;
+      bp.grad_y = g.data();
+      bp.y = y.data();
+      bp.rstd = rstd.data();
+      bp.weight = w.data();
+      bp.bias = f.bias;
+      bp.grad_x = dx.data();
+      bp.grad_weight = dw.data();
+      bp.grad_bias = db.data();
+      if (prologue) {
+        bp.prologue.p = p;
+        bp.prologue.rng = {42, 7};
+        bp.mask = mask.data();
+        bp.grad_residual = dres.data();
+        bp.grad_pre_bias = dpb.data();
+      }
+      bp.rows = R;
+      bp.cols = M;
+      const tempo::Status without = tempo::norm_backward_cpu(bp);
+      EXPECT_FALSE(without.ok());
+      EXPECT_NE(without.message().find("column 0"), std::string::npos) << without.message();
+      bp.kept_slot = slot.data();
+      bp.kept = k;
+      bp.kept_xhat = xk.data();
+      ASSERT_TRUE(tempo::norm_backward_cpu(bp).ok());
+      expect_close(dx, ref.dx, 1e-10, "dx");
+      expect_close(dw, ref.dw, 1e-10, "dweight");
+      if (layer) expect_close(db, ref.db, 1e-12, "dbias");
+      if (prologue) expect_close(dres, ref.dres, 1e-10, "dresidual");
+    }
+  }
 }
 
 TEST(NormCore, RejectsBadParameters) {

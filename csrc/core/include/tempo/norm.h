@@ -1,5 +1,8 @@
 // In-place LayerNorm and RMSNorm: the forward keeps y (which the next layer keeps anyway)
 // and one fp32 rstd per row (fp64 for fp64 data); the backward recovers xhat = (y - beta) / gamma from y.
+// Columns where that recovery would lose precision (|gamma| tiny, 0 or subnormal, or |beta|
+// large against |gamma|: norm_column_recoverable) are "kept": the forward also writes their
+// xhat (rows x kept, math type) and the backward reads it, so every column is exact.
 // LayerNorm may run fused behind bias + dropout + residual (Ivanov et al.'s "bdrln"):
 // h = residual + dropout(x + pre_bias), y = LayerNorm(h), in one pass that also writes
 // the dropout bits; its backward returns the gradients of x, pre_bias and residual too.
@@ -13,12 +16,17 @@ namespace tempo {
 enum class NormKind : int32_t { kLayerNorm = 0, kRmsNorm = 1 };
 const char* norm_name(NormKind kind);
 
-// Recovering xhat divides by gamma. |gamma| is clamped from below to this value (keeping
-// its sign, +kNormGammaMin for 0), and the recovered xhat is clamped to the range every
-// normalised value lies in, |xhat| <= sqrt(cols): the backward never divides by zero and
-// never emits inf/NaN from finite input. Where |gamma| >= kNormGammaMin the xhat error is
-// at most u(y) / |gamma| (u: half an ulp of y's dtype), otherwise at most sqrt(cols) + |xhat|.
-constexpr float kNormGammaMin = 1e-12f;
+// The column rule. Recovering xhat = (y - beta) / gamma from the rounded y errs by about
+// u (|xhat| + |beta / gamma|) + tiny / |gamma| (u: half an ulp of the dtype; tiny: half its
+// smallest subnormal). A column is recovered from y when gamma and beta are finite,
+// |gamma| >= the dtype's smallest normal number and |beta| <= norm_recovery_ratio(dtype) |gamma|,
+// so that the recovery error stays at a few u of xhat; otherwise it is kept.
+double norm_recovery_ratio(DType dtype);
+double norm_gamma_min(DType dtype);
+bool norm_column_recoverable(DType dtype, double gamma, double beta);
+// The kept columns of a norm with these parameters (host pointers of `dtype`, either may be
+// null: gamma 1, beta 0), ascending, written to `out` (room for `cols`); returns their number.
+int64_t norm_kept_columns(DType dtype, const void* weight, const void* bias, int64_t cols, int64_t* out);
 
 // The bias-dropout-residual stage in front of a LayerNorm (all optional together: set
 // `residual` to enable it).
@@ -40,6 +48,11 @@ struct NormForwardParams {
   void* y = nullptr;             // out: rows x cols
   void* rstd = nullptr;          // out: rows, fp32 (fp64 for fp64 data)
   uint8_t* mask = nullptr;       // out when prologue.p > 0 in bits mode: dropout_mask_bytes(rows * cols)
+  // Kept columns: kept_slot[j] is column j's index among the kept ones, or -1 (cols entries;
+  // may be null when kept == 0). kept_xhat: out, rows x kept, math type (fp32, fp64 for fp64).
+  const int32_t* kept_slot = nullptr;
+  int64_t kept = 0;
+  void* kept_xhat = nullptr;
   int64_t rows = 0, cols = 0;
   double eps = 1e-5;
 };
@@ -61,6 +74,10 @@ struct NormBackwardParams {
   void* grad_bias = nullptr;       // out when bias: cols
   void* grad_residual = nullptr;   // out, enables the prologue: rows x cols (the gradient of h)
   void* grad_pre_bias = nullptr;   // out, optional with the prologue: cols
+  // The forward's kept columns and their xhat (as NormForwardParams), read here.
+  const int32_t* kept_slot = nullptr;
+  int64_t kept = 0;
+  const void* kept_xhat = nullptr;
   // Scratch for the column sums (CUDA only): norm_backward_workspace_elems(rows, cols)
   // elements of the math type (fp32, fp64 for fp64 data).
   void* workspace = nullptr;
@@ -78,6 +95,9 @@ Status norm_backward_cuda(const NormBackwardParams& p, void* stream);
 namespace detail {
 Status validate(const NormForwardParams& p);
 Status validate(const NormBackwardParams& p);
+// Every column the backward would recover from y is recoverable (host parameters): a column
+// that is not, and not kept, is an error rather than a silently wrong gradient.
+Status check_kept_columns(const NormBackwardParams& p);
 }  // namespace detail
 
 }  // namespace tempo

@@ -1,6 +1,7 @@
 // C++ API of tempo's in-place norms. Values and gradients as torch's layer_norm / rms_norm;
 // the backward keeps only the output y (shared with the next layer), one rstd per row and
-// the parameters, and recovers xhat from y (see tempo/norm.h for the gamma-near-zero rule).
+// the parameters, and recovers xhat from y, keeping xhat only for the few columns where
+// that would lose precision (see tempo/norm.h for the column rule).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -26,27 +27,42 @@ at::Tensor bias_dropout_add_layer_norm(const at::Tensor& x, const std::optional<
                                        c10::string_view mode = "bits", bool train = true);
 
 // The forward/backward ops. Absent gradients come back as empty (numel 0) tensors.
-std::tuple<at::Tensor, at::Tensor> layer_norm_forward(const at::Tensor& x, at::IntArrayRef normalized_shape,
-                                                      const std::optional<at::Tensor>& weight,
-                                                      const std::optional<at::Tensor>& bias, double eps);
-std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward(const at::Tensor& grad, const at::Tensor& y,
-                                                                   const at::Tensor& rstd,
-                                                                   at::IntArrayRef normalized_shape,
-                                                                   const std::optional<at::Tensor>& weight,
-                                                                   const std::optional<at::Tensor>& bias);
-std::tuple<at::Tensor, at::Tensor> rms_norm_forward(const at::Tensor& x, at::IntArrayRef normalized_shape,
-                                                    const std::optional<at::Tensor>& weight, std::optional<double> eps);
-std::tuple<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& grad, const at::Tensor& y,
-                                                     const at::Tensor& rstd, at::IntArrayRef normalized_shape,
-                                                     const std::optional<at::Tensor>& weight);
-// (y, rstd, keep): keep as for dropout_forward (empty for p = 0)
-std::tuple<at::Tensor, at::Tensor, at::Tensor> bias_dropout_add_layer_norm_forward(
+//
+// Exactness for every gamma and beta: norm_kept_columns(weight, bias) lists (int64, ascending)
+// the columns whose xhat cannot be recovered from y within the stated bound (tempo/norm.h:
+// norm_column_recoverable); a forward given them also returns their xhat (kept_xhat: rows x
+// kept, fp32, fp64 for fp64 data), and the backward given both is exact in those columns.
+// Without kept_cols every column is recovered from y. On CUDA norm_kept_columns reads the
+// parameters on the host (a sync).
+at::Tensor norm_kept_columns(const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias);
+// (y, rstd, kept_xhat)
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_forward(
+    const at::Tensor& x, at::IntArrayRef normalized_shape, const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias, double eps, const std::optional<at::Tensor>& kept_cols = std::nullopt);
+// (grad_x, grad_weight, grad_bias)
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward(
+    const at::Tensor& grad, const at::Tensor& y, const at::Tensor& rstd, at::IntArrayRef normalized_shape,
+    const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+    const std::optional<at::Tensor>& kept_cols = std::nullopt, const std::optional<at::Tensor>& kept_xhat = std::nullopt);
+// (y, rstd, kept_xhat)
+std::tuple<at::Tensor, at::Tensor, at::Tensor> rms_norm_forward(
+    const at::Tensor& x, at::IntArrayRef normalized_shape, const std::optional<at::Tensor>& weight,
+    std::optional<double> eps, const std::optional<at::Tensor>& kept_cols = std::nullopt);
+// (grad_x, grad_weight)
+std::tuple<at::Tensor, at::Tensor> rms_norm_backward(
+    const at::Tensor& grad, const at::Tensor& y, const at::Tensor& rstd, at::IntArrayRef normalized_shape,
+    const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& kept_cols = std::nullopt,
+    const std::optional<at::Tensor>& kept_xhat = std::nullopt);
+// (y, rstd, keep, kept_xhat): keep as for dropout_forward (empty for p = 0)
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bias_dropout_add_layer_norm_forward(
     const at::Tensor& x, const std::optional<at::Tensor>& bias, const at::Tensor& residual, double p,
-    const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& beta, double eps, c10::string_view mode);
+    const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& beta, double eps, c10::string_view mode,
+    const std::optional<at::Tensor>& kept_cols = std::nullopt);
 // (grad_x, grad_bias, grad_residual, grad_weight, grad_beta)
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> bias_dropout_add_layer_norm_backward(
     const at::Tensor& grad, const at::Tensor& y, const at::Tensor& rstd, const at::Tensor& keep, double p,
     c10::string_view mode, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& beta,
-    bool has_bias);
+    bool has_bias, const std::optional<at::Tensor>& kept_cols = std::nullopt,
+    const std::optional<at::Tensor>& kept_xhat = std::nullopt);
 
 }  // namespace tempo
