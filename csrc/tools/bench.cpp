@@ -31,7 +31,9 @@ void print_bench_usage(FILE* out) {
                "                   [--dtype fp32|bf16] [--device cpu|cuda] [--budget 11GiB] [--steps N]\n"
                "                   [--json] [--csv FILE] [--plot FILE.svg] [--ablation [--ablation-seqs 128,512]]\n"
                "                   custom sizes: --arch bert|roberta|gpt2|llama --hidden H --layers L --heads A\n"
-               "                                 --intermediate I --vocab V (also override a preset's)\n"
+               "                                 --intermediate I --vocab V --positions P (also override a preset's)\n"
+               "--seq may not exceed the model's positions (bert-base: 512); --positions gives it more\n"
+               "(new position embeddings: for memory and speed figures, not for a pretrained model)\n"
                "presets: bert-base bert-large roberta-base roberta-large gpt2 gpt2-medium gpt2-large llama-small\n"
                "policies: eager checkpoint sdpa tempo tempo-sdpa, each optionally with +t/-t toggles\n"
                "          (t in gelu norm dropout attention sdpa fused checkpoint), e.g. eager+gelu\n");
@@ -57,6 +59,20 @@ int64_t parse_bytes(const std::string& text) {
   else throw std::invalid_argument("tempo bench: unknown size unit '" + unit + "' in '" + text + "' (B, KiB, MiB, GiB, KB, MB, GB)");
   if (!(v > 0)) throw std::invalid_argument("tempo bench: a size must be positive, got '" + text + "'");
   return static_cast<int64_t>(v * mult);
+}
+
+std::string format_bytes(int64_t bytes) {
+  static const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (u < 4 && std::fabs(v) >= 1024.0) {
+    v /= 1024.0;
+    ++u;
+  }
+  char buf[48];
+  if (u == 0) std::snprintf(buf, sizeof buf, "%lld B", static_cast<long long>(bytes));
+  else std::snprintf(buf, sizeof buf, "%.2f %s", v, units[u]);
+  return buf;
 }
 
 namespace {
@@ -101,6 +117,7 @@ BenchOptions parse_bench_args(const std::vector<std::string>& args) {
     else if (k == "--heads") o.heads = positive(k, value());
     else if (k == "--intermediate") o.intermediate = positive(k, value());
     else if (k == "--vocab") o.vocab = positive(k, value());
+    else if (k == "--positions") o.positions = positive(k, value());
     else if (k == "--seq") o.seq = positive(k, value());
     else if (k == "--batch") o.batch = positive(k, value());
     else if (k == "--policies") o.policies = split(value());
@@ -154,20 +171,33 @@ ModelConfig config_of(const BenchOptions& o) {
   if (o.heads) c.heads = o.heads;
   if (o.intermediate) c.intermediate = o.intermediate;
   if (o.vocab) c.vocab = o.vocab;
-  if (o.hidden || o.layers || o.heads || o.intermediate || o.vocab) {
+  if (o.positions) c.max_positions = o.positions;
+  if (o.hidden || o.layers || o.heads || o.intermediate || o.vocab || o.positions) {
     std::string suffix;
     if (o.layers) suffix += "-L" + std::to_string(o.layers);
     if (o.hidden) suffix += "-H" + std::to_string(o.hidden);
     if (o.vocab) suffix += "-V" + std::to_string(o.vocab);
+    if (o.positions) suffix += "-P" + std::to_string(o.positions);
     c.name += suffix.empty() ? "-custom" : suffix;
   }
-  c.max_positions = std::max(c.max_positions, o.seq + c.pad_id + 1);
   c.validate();
+  const std::vector<int64_t> seqs = o.ablation ? o.ablation_seqs : std::vector<int64_t>{o.seq};
+  for (int64_t S : seqs) {
+    // RoBERTa's positions start after the padding index.
+    const int64_t needed = S + (c.arch == models::Arch::kRoberta ? c.pad_id + 1 : 0);
+    if (c.arch != models::Arch::kLlama && needed > c.max_positions)
+      throw std::invalid_argument("tempo bench: sequence length " + std::to_string(S) + " exceeds " + c.name + "'s " +
+                                  std::to_string(c.max_positions) + " positions" +
+                                  (needed > S ? " (RoBERTa uses " + std::to_string(needed) + ")" : "") +
+                                  "; use a shorter --seq or --positions " + std::to_string(needed));
+  }
   return c;
 }
 
 struct StepStats {
   int64_t activation = 0, peak = 0;
+  // Peaks above what was held before the step: forward + backward; the optimizer step.
+  int64_t train_peak = 0, optimizer_peak = 0;
   double ms = 0;
 };
 
@@ -189,16 +219,23 @@ class Runner {
     opt_->zero_grad(/*set_to_none=*/true);
     sync();
     StepStats s;
+    const int64_t base = tempo::memory::stats(device_).current;  // weights, optimizer state
     tempo::memory::Scope scope(device_);
     const auto t0 = std::chrono::steady_clock::now();
     at::Tensor loss = model_->loss(b);
     sync();
     s.activation = scope.held();
     loss.backward();
+    sync();
+    s.train_peak = scope.peak();
+    const int64_t train_abs = tempo::memory::stats(device_).peak;
+    tempo::memory::reset_peak(device_);
     opt_->step();
     sync();
     s.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    s.peak = tempo::memory::stats(device_).peak;
+    const int64_t opt_abs = tempo::memory::stats(device_).peak;
+    s.optimizer_peak = opt_abs - base;
+    s.peak = std::max(train_abs, opt_abs);
     if (!std::isfinite(loss.item<double>())) throw std::runtime_error("tempo bench: the loss is not finite");
     return s;
   }
@@ -240,6 +277,8 @@ BenchResult bench_policy(const BenchOptions& o, const ModelConfig& c, const std:
     const StepStats st = run.step(o.batch, 2 + s);
     if (s == 0) r.activation_bytes = st.activation;
     r.peak_bytes = std::max(r.peak_bytes, st.peak);
+    r.train_peak_bytes = std::max(r.train_peak_bytes, st.train_peak);
+    r.optimizer_peak_bytes = std::max(r.optimizer_peak_bytes, st.optimizer_peak);
     times.push_back(st.ms);
   }
   std::sort(times.begin(), times.end());
@@ -249,14 +288,10 @@ BenchResult bench_policy(const BenchOptions& o, const ModelConfig& c, const std:
     const int64_t budget = *o.budget;
     progress(o, tag + "budget search: batch 1");
     const StepStats p1 = run.step(1, 100);
-    if (p1.peak > budget) {
-      char msg[256];
-      std::snprintf(msg, sizeof msg,
-                    "tempo bench: the budget (%.2f GiB) is too small for batch 1 under policy '%s': a step needs %.2f "
-                    "GiB (%lld bytes)",
-                    budget / 1073741824.0, policy.c_str(), p1.peak / 1073741824.0, (long long)p1.peak);
-      throw std::runtime_error(msg);
-    }
+    if (p1.peak > budget)
+      throw std::runtime_error("tempo bench: the budget (" + format_bytes(budget) +
+                               ") is too small for batch 1 under policy '" + policy + "': a step needs " +
+                               format_bytes(p1.peak) + " (" + std::to_string(p1.peak) + " bytes)");
     progress(o, tag + "budget search: batch 2");
     const StepStats p2 = run.step(2, 101);
     // Each candidate comes from a linear model of the step's peak in the batch (its slope
@@ -315,7 +350,6 @@ int run_ablation(const BenchOptions& o, const ModelConfig& base) {
       for (int layers = 1; layers <= 2; ++layers) {
         ModelConfig c = base;
         c.layers = layers;
-        c.max_positions = std::max(c.max_positions, S + c.pad_id + 1);
         torch::manual_seed(0);
         auto m = models::make_model(c, MemoryPolicy::parse(rows[k].first));
         m->to(device, o.dtype == "bf16" ? at::kBFloat16 : at::kFloat);

@@ -11,7 +11,7 @@ namespace tempo::tools {
 struct BenchOptions {
   std::string model = "bert-base";  // a preset, or "custom" with the sizes below
   std::string arch = "bert";        // custom: bert | roberta | gpt2 | llama
-  int64_t hidden = 0, layers = 0, heads = 0, intermediate = 0, vocab = 0;  // 0: the preset's
+  int64_t hidden = 0, layers = 0, heads = 0, intermediate = 0, vocab = 0, positions = 0;  // 0: the preset's
   int64_t seq = 128, batch = 8;
   std::vector<std::string> policies{"eager", "checkpoint", "sdpa", "tempo", "tempo-sdpa"};
   std::string dtype = "fp32", device = "cpu";
@@ -29,6 +29,11 @@ struct BenchResult {
   int64_t seq = 0, batch = 0;
   int64_t activation_bytes = 0;  // held after the forward, beyond what was held before it
   int64_t peak_bytes = 0;        // the step's peak, everything held (weights, optimizer, ...)
+  // Peaks above what was held before the step (weights, optimizer state): during forward +
+  // backward (activations, gradients: where the policies differ), and during the optimizer
+  // step (gradients and the optimizer's temporaries: the same for every policy).
+  int64_t train_peak_bytes = 0;
+  int64_t optimizer_peak_bytes = 0;
   double step_ms = 0, tokens_per_s = 0;
   std::optional<int64_t> max_batch;
   double max_batch_tokens_per_s = 0;
@@ -38,6 +43,8 @@ struct BenchResult {
 BenchOptions parse_bench_args(const std::vector<std::string>& args);
 // "11GiB", "512MiB", "16GB", "1000000" -> bytes.
 int64_t parse_bytes(const std::string& text);
+// bytes -> "2.83 MiB", "512 B", "11.00 GiB": the largest binary unit that keeps the value >= 1.
+std::string format_bytes(int64_t bytes);
 int run_bench(const BenchOptions& options);
 void print_bench_usage(FILE* out);
 

@@ -8,7 +8,10 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include "tempo/common.h"
+
 #include "bench.h"
 
 namespace {
@@ -64,11 +67,10 @@ int main(int argc, char** argv) {
     try {
       return tempo::tools::run_bench(tempo::tools::parse_bench_args(args));
     } catch (const std::invalid_argument& e) {
-      std::fprintf(stderr, "\n%s\n", e.what());
-      tempo::tools::print_bench_usage(stderr);
+      std::fprintf(stderr, "%s%s (see tempo bench --help)\n", isatty(2) ? "\r\033[K" : "", e.what());
       return 2;
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "\n%s\n", e.what());
+      std::fprintf(stderr, "%s%s\n", isatty(2) ? "\r\033[K" : "", e.what());
       return 1;
     }
   }

@@ -28,12 +28,16 @@ def test_json_fields_and_budget_search(tmp_path):
     assert [x["policy"] for x in rows] == ["eager", "tempo", "tempo-sdpa"]
     for x in rows:
         assert set(x) >= {"model", "seq", "dtype", "device", "policy", "batch", "activation_bytes", "peak_bytes",
-                          "step_ms", "tokens_per_s", "max_batch"}
+                          "train_peak_bytes", "optimizer_peak_bytes", "step_ms", "tokens_per_s", "max_batch"}
+        # the two phases' peaks are above what the step starts with, so below the step's peak
+        assert x["activation_bytes"] <= x["train_peak_bytes"] < x["peak_bytes"]
+        assert 0 < x["optimizer_peak_bytes"] < x["peak_bytes"]
         assert x["seq"] == 32 and x["batch"] == 2 and x["dtype"] == "fp32" and x["device"] == "cpu"
         assert 0 < x["activation_bytes"] < x["peak_bytes"]
         assert x["max_batch"] >= 1 and x["tokens_per_s"] > 0
     eager, tempo_, fused = rows
     assert tempo_["activation_bytes"] < eager["activation_bytes"]
+    assert tempo_["train_peak_bytes"] < eager["train_peak_bytes"]
     assert fused["activation_bytes"] < tempo_["activation_bytes"]
     assert tempo_["max_batch"] >= eager["max_batch"]
     assert csv.read_text().count("\n") == 4  # header + 3 rows
@@ -68,9 +72,27 @@ def test_ablation_prints_each_technique():
 def test_bad_arguments_give_clear_errors(args, message):
     r = bench(*args)
     assert r.returncode == 2 and message in r.stderr, r.stderr
+    # one line and the hint, not the whole usage
+    assert r.stderr.strip().count("\n") == 0 and r.stderr.strip().endswith("(see tempo bench --help)"), r.stderr
+
+
+def test_sequence_longer_than_the_positions_is_an_error():
+    r = bench("--model", "bert-base", "--seq", "513", "--policies", "eager")
+    assert r.returncode == 2
+    assert "sequence length 513 exceeds bert-base's 512 positions" in r.stderr, r.stderr
+    r = bench("--model", "roberta-base", "--seq", "513", "--policies", "eager")  # 514 positions, from pad_id + 1
+    assert r.returncode == 2 and "RoBERTa uses 515" in r.stderr, r.stderr
+    r = bench(*TINY[:-6], "--seq", "600", "--batch", "1", "--steps", "1", "--policies", "eager", "--json")
+    assert r.returncode == 2 and "--positions 600" in r.stderr
+    r = bench(*TINY[:-6], "--seq", "600", "--positions", "600", "--batch", "1", "--steps", "1", "--policies", "eager",
+              "--json")
+    assert r.returncode == 0, r.stderr
+    r = bench(*TINY, "--ablation", "--ablation-seqs", "128,1024")
+    assert r.returncode == 2 and "sequence length 1024 exceeds" in r.stderr
 
 
 def test_budget_too_small_says_how_much_a_step_needs():
     r = bench(*TINY, "--policies", "eager", "--budget", "1MiB")
     assert r.returncode == 1
     assert "too small for batch 1" in r.stderr and "a step needs" in r.stderr
+    assert "the budget (1.00 MiB)" in r.stderr and " MiB (" in r.stderr and "0.00 GiB" not in r.stderr, r.stderr

@@ -487,7 +487,6 @@ def test_double_backward_is_a_clear_error(op):
     x = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
     (g,) = torch.autograd.grad(SECOND[op](x).square().sum(), x, create_graph=True)
     with torch.no_grad():
-        xr = x.detach().clone().requires_grad_(True)
     assert g.requires_grad
     with pytest.raises(RuntimeError, match=r"tempo::%s: double backward .* is not supported" % op):
         g.sum().backward()
