@@ -57,6 +57,47 @@ TEST(NormTorch, RMSNormModuleMatchesATen) {
   for (size_t i = 0; i < g1.size(); ++i) EXPECT_TRUE(torch::allclose(g1[i], g2[i], 1e-10, 1e-10)) << i;
 }
 
+// Gammas of 0 and 1e-33 with betas that dwarf them, from C++: the kept columns make every
+// gradient torch's (fp32 and fp64), and the second derivative is an error naming the op.
+TEST(NormTorch, TinyGammasFromCppAreExact) {
+  for (auto dtype : {torch::kFloat64, torch::kFloat32}) {
+    torch::manual_seed(2);
+    const int64_t M = 32;
+    auto w = (1 + 0.3 * torch::randn({M}, torch::kFloat64));
+    auto b = 0.1 * torch::randn({M}, torch::kFloat64);
+    w[0] = 0.0;
+    w[5] = 1e-33;
+    b[5] = 1e-31;
+    w[9] = -1e-6;
+    b[9] = 3.0;
+    w = w.to(dtype).requires_grad_();
+    b = b.to(dtype).requires_grad_();
+    const auto kept = tempo::norm_kept_columns(w.detach(), b.detach());
+    EXPECT_EQ(kept.numel(), dtype == torch::kFloat64 ? 2 : 3);  // beta / gamma = 100: recovered in fp64 (R 1024)
+    auto x = torch::randn({11, M}, dtype).requires_grad_();
+    auto dy = torch::randn({11, M}, dtype);
+    auto ours = grads(tempo::layer_norm(x, {M}, w, b), dy, {x, w, b});
+    auto x64 = x.detach().to(torch::kFloat64).requires_grad_();
+    auto w64 = w.detach().to(torch::kFloat64).requires_grad_();
+    auto b64 = b.detach().to(torch::kFloat64).requires_grad_();
+    auto ref = grads(at::layer_norm(x64, {M}, w64, b64), dy.to(torch::kFloat64), {x64, w64, b64});
+    const double tol = dtype == torch::kFloat64 ? 1e-12 : 1e-5;
+    for (size_t i = 0; i < ours.size(); ++i) {
+      const double err = ((ours[i].to(torch::kFloat64) - ref[i]).norm() / ref[i].norm()).item<double>();
+      EXPECT_LT(err, tol) << "gradient " << i;
+    }
+  }
+  auto x = torch::randn({4, 8}, torch::kFloat64).requires_grad_();
+  auto y = tempo::layer_norm(x, {8}, torch::ones({8}, torch::kFloat64), torch::zeros({8}, torch::kFloat64));
+  auto g = torch::autograd::grad({y.square().sum()}, {x}, {}, /*retain_graph=*/true, /*create_graph=*/true)[0];
+  try {
+    g.sum().backward();
+    FAIL() << "double backward did not raise";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tempo::layer_norm: double backward"), std::string::npos) << e.what();
+  }
+}
+
 TEST(NormTorch, FusedOpFromCppMatchesUnfused) {
   torch::manual_seed(2);
   auto opts = torch::TensorOptions().dtype(torch::kFloat64);
