@@ -155,7 +155,9 @@ void forward_chunk(const NormForwardParams& p, const Columns<math::acc_t<T>>& co
   }
 }
 
-template <typename T>
+// Kept: whether any column is kept (without, the row loops skip the kept values and c1 needs
+// no division: gy * xhat = dy * (y - beta)).
+template <typename T, bool Kept>
 void backward_chunk(const NormBackwardParams& p, const Columns<math::acc_t<T>>& col, int64_t r0, int64_t r1,
                     double* part, std::vector<math::acc_t<T>>& acc, std::vector<uint8_t>& keep,
                     std::vector<uint8_t>& local) {
@@ -173,25 +175,34 @@ void backward_chunk(const NormBackwardParams& p, const Columns<math::acc_t<T>>& 
   const Acc* b = col.b.data();
   const Acc* inv_w = col.inv_w.data();
   // Column sums of this chunk in the math type (a few rows), added into the double partials;
-  // then one row of xhat.
+  // then the kept columns' xhat of one row, scattered (zero in the recovered columns).
   acc.assign(static_cast<size_t>(4 * M), Acc(0));
   keep.resize(static_cast<size_t>(M));
   Acc* aw = acc.data();
   Acc* ab = aw + M;
   Acc* apb = aw + 2 * M;
-  Acc* xh = aw + 3 * M;
+  Acc* kx = aw + 3 * M;
   const bool layer = p.kind == NormKind::kLayerNorm;
   for (int64_t r = r0; r < r1; ++r) {
     const T* dyr = dy + r * M;
     const T* yr = y + r * M;
-    // xhat: recovered from y, or read where the column is kept.
-#pragma omp simd
-    for (int64_t j = 0; j < M; ++j) xh[j] = (math::to_float(yr[j]) - b[j]) * inv_w[j];
-    const Acc* xk = static_cast<const Acc*>(p.kept_xhat) + r * p.kept;
-    for (int64_t i = 0; i < p.kept; ++i) xh[col.kept[i]] = xk[i];
+    if constexpr (Kept) {
+      const Acc* xk = static_cast<const Acc*>(p.kept_xhat) + r * p.kept;
+      for (int64_t i = 0; i < p.kept; ++i) kx[col.kept[i]] = xk[i];
+    }
+    // xhat: recovered from y (inv_w = 0 in the kept columns), plus the kept value (0 elsewhere).
+    auto xhat = [&](int64_t j) {
+      const Acc rec = (math::to_float(yr[j]) - b[j]) * inv_w[j];
+      if constexpr (Kept) return rec + kx[j];
+      else return rec;
+    };
     // c1 = mean(gy * xhat), c2 = mean(gy), gy = dy * gamma.
     const auto [c1, c2] = row_sum2<Acc>(
-        M, [&](int64_t j) { return math::to_float(dyr[j]) * w[j] * xh[j]; },
+        M,
+        [&](int64_t j) {
+          if constexpr (Kept) return math::to_float(dyr[j]) * w[j] * xhat(j);
+          else return math::to_float(dyr[j]) * (math::to_float(yr[j]) - b[j]);
+        },
         [&](int64_t j) { return math::to_float(dyr[j]) * w[j]; });
     const Acc m1 = static_cast<Acc>(c1 / static_cast<double>(M));
     const Acc m2 = layer ? static_cast<Acc>(c2 / static_cast<double>(M)) : Acc(0);
@@ -201,8 +212,9 @@ void backward_chunk(const NormBackwardParams& p, const Columns<math::acc_t<T>>& 
 #pragma omp simd
       for (int64_t j = 0; j < M; ++j) {
         const Acc g = math::to_float(dyr[j]);
-        math::store(dxr + j, rs * (g * w[j] - xh[j] * m1 - m2));
-        aw[j] += g * xh[j];
+        const Acc xh = xhat(j);
+        math::store(dxr + j, rs * (g * w[j] - xh * m1 - m2));
+        aw[j] += g * xh;
         ab[j] += g;
       }
       continue;
@@ -213,8 +225,9 @@ void backward_chunk(const NormBackwardParams& p, const Columns<math::acc_t<T>>& 
 #pragma omp simd
     for (int64_t j = 0; j < M; ++j) {
       const Acc g = math::to_float(dyr[j]);
-      const Acc dh = rs * (g * w[j] - xh[j] * m1 - m2);
-      aw[j] += g * xh[j];
+      const Acc xh = xhat(j);
+      const Acc dh = rs * (g * w[j] - xh * m1 - m2);
+      aw[j] += g * xh;
       ab[j] += g;
       math::store(dresr + j, dh);
       const Acc d = math::round_to_acc<T>(scale.apply(math::round_to_acc<T>(dh), kb[j] != 0));
@@ -265,8 +278,11 @@ void backward(const NormBackwardParams& p) {
     std::vector<math::acc_t<T>> acc;
     double* part = parts.data() + static_cast<size_t>(omp_get_thread_num()) * 3 * M;
 #pragma omp for schedule(static)
-    for (int64_t c = 0; c < chunks; ++c)
-      backward_chunk<T>(p, col, c * chunk, std::min(p.rows, (c + 1) * chunk), part, acc, keep, local);
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int64_t r1 = std::min(p.rows, (c + 1) * chunk);
+      if (p.kept > 0) backward_chunk<T, true>(p, col, c * chunk, r1, part, acc, keep, local);
+      else backward_chunk<T, false>(p, col, c * chunk, r1, part, acc, keep, local);
+    }
   }
   for (int t = 1; t < threads; ++t) {
     const double* src = parts.data() + static_cast<size_t>(t) * 3 * M;

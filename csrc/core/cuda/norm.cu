@@ -106,9 +106,16 @@ __global__ void norm_backward_kernel(NormBackwardParams p, uint64_t threshold, D
   for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
     Acc c1 = 0, c2 = 0;
     for (int64_t j = threadIdx.x; j < M; j += blockDim.x) {
-      const Acc gy = math::to_float(dy[r * M + j]) * (w ? math::to_float(w[j]) : Acc(1));
-      c1 += gy * xhat_at<T>(p, r, j, w ? math::to_float(w[j]) : Acc(1));
-      c2 += gy;
+      const Acc g = math::to_float(dy[r * M + j]);
+      const Acc gamma = w ? math::to_float(w[j]) : Acc(1);
+      // gy * xhat: dy * (y - beta) where recovered (no division), gy * the kept xhat elsewhere.
+      if (p.kept > 0 && p.kept_slot[j] >= 0) {
+        c1 += g * gamma * static_cast<const Acc*>(p.kept_xhat)[r * p.kept + p.kept_slot[j]];
+      } else {
+        const T* b = static_cast<const T*>(p.bias);
+        c1 += g * (math::to_float(static_cast<const T*>(p.y)[r * M + j]) - (b ? math::to_float(b[j]) : Acc(0)));
+      }
+      c2 += g * gamma;
     }
     const Acc m1 = block_sum(c1, shared) / static_cast<Acc>(M);
     const Acc m2 = p.kind == NormKind::kLayerNorm ? block_sum(c2, shared) / static_cast<Acc>(M) : Acc(0);
