@@ -140,82 +140,118 @@ void expect_close(const std::vector<double>& a, const std::vector<double>& b, do
   for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], b[i], tol * (1 + std::fabs(b[i]))) << what << " " << i;
 }
 
+// One fp64 norm problem (rows x cols, with the prologue or not): inputs, output buffers and
+// the core's parameter structs pointing at them.
+struct Fp64Norm {
+  bool layer, prologue;
+  int64_t R, M;
+  double p;
+  std::vector<double> x, res, g, pb, w, b;
+  std::vector<double> y, rstd, xk, dx, dres, dw, db, dpb;
+  std::vector<uint8_t> mask;
+  std::vector<int32_t> slot;
+  int64_t kept = 0;
+
+  Fp64Norm(bool layer_, bool prologue_, int64_t R_, int64_t M_, unsigned seed)
+      : layer(layer_), prologue(prologue_), R(R_), M(M_), p(prologue_ ? 0.25 : 0.0), x(R * M), res(R * M), g(R * M),
+        pb(M), w(M), b(M), y(R * M), rstd(R), dx(R * M), dres(R * M), dw(M), db(M), dpb(M),
+        mask(tempo::dropout_mask_bytes(R * M)), slot(M, -1) {
+    std::mt19937 gen(seed);
+    std::normal_distribution<double> nd;
+    for (auto* v : {&x, &res, &g, &pb}) for (auto& e : *v) e = nd(gen);
+    for (int64_t j = 0; j < M; ++j) {
+      w[j] = 1 + 0.3 * nd(gen);
+      b[j] = 0.1 * nd(gen);
+    }
+  }
+  // Keeps the columns the core's rule picks (for the current w, b).
+  void keep_columns() {
+    std::vector<int64_t> cols(M);
+    kept = tempo::norm_kept_columns(DType::kFloat64, w.data(), layer ? b.data() : nullptr, M, cols.data());
+    for (int64_t i = 0; i < kept; ++i) slot[cols[i]] = static_cast<int32_t>(i);
+    xk.assign(R * kept, 0.0);
+  }
+  Ref reference() const {
+    std::vector<bool> keep(R * M);
+    for (int64_t e = 0; e < R * M; ++e) keep[e] = ref_keep(42, 7, e, p);
+    return ::reference(layer, R, M, x, res, pb, w, b, g, keep, 1 / (1 - p), prologue, 1e-5);
+  }
+  tempo::NormForwardParams forward() {
+    tempo::NormForwardParams f;
+    f.kind = layer ? tempo::NormKind::kLayerNorm : tempo::NormKind::kRmsNorm;
+    f.dtype = DType::kFloat64;
+    f.x = x.data();
+    f.weight = w.data();
+    f.bias = layer ? b.data() : nullptr;
+    if (prologue) {
+      f.prologue.residual = res.data();
+      f.prologue.bias = pb.data();
+      f.prologue.p = p;
+      f.prologue.rng = {42, 7};
+      f.mask = mask.data();
+    }
+    f.kept_slot = slot.data();
+    f.kept = kept;
+    f.kept_xhat = xk.data();
+    f.y = y.data();
+    f.rstd = rstd.data();
+    f.rows = R;
+    f.cols = M;
+    f.eps = 1e-5;
+    return f;
+  }
+  tempo::NormBackwardParams backward() {
+    tempo::NormBackwardParams bp;
+    bp.kind = layer ? tempo::NormKind::kLayerNorm : tempo::NormKind::kRmsNorm;
+    bp.dtype = DType::kFloat64;
+    bp.grad_y = g.data();
+    bp.y = y.data();
+    bp.rstd = rstd.data();
+    bp.weight = w.data();
+    bp.bias = layer ? b.data() : nullptr;
+    bp.grad_x = dx.data();
+    bp.grad_weight = dw.data();
+    bp.grad_bias = db.data();
+    if (prologue) {
+      bp.prologue.p = p;
+      bp.prologue.rng = {42, 7};
+      bp.mask = mask.data();
+      bp.grad_residual = dres.data();
+      bp.grad_pre_bias = dpb.data();
+    }
+    bp.kept_slot = slot.data();
+    bp.kept = kept;
+    bp.kept_xhat = xk.data();
+    bp.rows = R;
+    bp.cols = M;
+    return bp;
+  }
+};
+
 TEST(NormCore, Float64MatchesScalarReference) {
   for (bool layer : {true, false}) {
     for (bool prologue : {false, true}) {
       if (prologue && !layer) continue;
       for (int64_t M : {1, 7, 33, 1000}) {
-        const int64_t R = 13;
-        std::mt19937 gen(7);
-        std::normal_distribution<double> nd;
-        std::vector<double> x(R * M), res(R * M), g(R * M), pb(M), w(M), b(M);
-        for (auto* v : {&x, &res, &g, &pb}) for (auto& e : *v) e = nd(gen);
-        for (int64_t j = 0; j < M; ++j) {
-          w[j] = 1 + 0.3 * nd(gen);
-          b[j] = 0.1 * nd(gen);
-        }
-        const double p = prologue ? 0.25 : 0.0;
-        const tempo::PhiloxState rng{42, 7};
-        std::vector<bool> keep(R * M);
-        for (int64_t e = 0; e < R * M; ++e) keep[e] = ref_keep(42, 7, e, p);
-        Ref ref = reference(layer, R, M, x, res, pb, w, b, g, keep, 1 / (1 - p), prologue, 1e-5);
-
-        std::vector<double> y(R * M), rstd(R), dx(R * M), dres(R * M), dw(M), db(M), dpb(M);
-        std::vector<uint8_t> mask(tempo::dropout_mask_bytes(R * M));
-        tempo::NormForwardParams f;
-        f.kind = layer ? tempo::NormKind::kLayerNorm : tempo::NormKind::kRmsNorm;
-        f.dtype = DType::kFloat64;
-        f.x = x.data();
-        f.weight = w.data();
-        f.bias = layer ? b.data() : nullptr;
-        if (prologue) {
-          f.prologue.residual = res.data();
-          f.prologue.bias = pb.data();
-          f.prologue.p = p;
-          f.prologue.rng = rng;
-          f.mask = mask.data();
-        }
-        f.y = y.data();
-        f.rstd = rstd.data();
-        f.rows = R;
-        f.cols = M;
-        f.eps = 1e-5;
-        ASSERT_TRUE(tempo::norm_forward_cpu(f).ok());
-        expect_close(y, ref.y, 1e-12, "y");
-        tempo::NormBackwardParams bp;
-        bp.kind = f.kind;
-        bp.dtype = DType::kFloat64;
-        bp.grad_y = g.data();
-        bp.y = y.data();
-        bp.rstd = rstd.data();
-        bp.weight = w.data();
-        bp.bias = f.bias;
-        bp.grad_x = dx.data();
-        bp.grad_weight = dw.data();
-        bp.grad_bias = db.data();
-        if (prologue) {
-          bp.prologue.p = p;
-          bp.prologue.rng = rng;
-          bp.mask = mask.data();
-          bp.grad_residual = dres.data();
-          bp.grad_pre_bias = dpb.data();
-        }
-        bp.rows = R;
-        bp.cols = M;
+        Fp64Norm n(layer, prologue, 13, M, 7);
+        const Ref ref = n.reference();
+        ASSERT_TRUE(tempo::norm_forward_cpu(n.forward()).ok());
+        expect_close(n.y, ref.y, 1e-12, "y");
+        tempo::NormBackwardParams bp = n.backward();
         ASSERT_TRUE(tempo::norm_backward_cpu(bp).ok());
-        expect_close(dx, ref.dx, 1e-10, "dx");
-        expect_close(dw, ref.dw, 1e-10, "dweight");
-        if (layer) expect_close(db, ref.db, 1e-12, "dbias");
+        expect_close(n.dx, ref.dx, 1e-10, "dx");
+        expect_close(n.dw, ref.dw, 1e-10, "dweight");
+        if (layer) expect_close(n.db, ref.db, 1e-12, "dbias");
         if (prologue) {
-          expect_close(dres, ref.dres, 1e-10, "dresidual");
-          expect_close(dpb, ref.dpb, 1e-10, "dpre_bias");
+          expect_close(n.dres, ref.dres, 1e-10, "dresidual");
+          expect_close(n.dpb, ref.dpb, 1e-10, "dpre_bias");
           // philox mode: the same gradients from the regenerated mask
-          std::vector<double> dx2(R * M);
+          std::vector<double> dx2(n.R * M);
           bp.mask = nullptr;
           bp.prologue.mode = tempo::DropoutMode::kPhilox;
           bp.grad_x = dx2.data();
           ASSERT_TRUE(tempo::norm_backward_cpu(bp).ok());
-          EXPECT_EQ(dx2, dx);
+          EXPECT_EQ(dx2, n.dx);
         }
       }
     }
@@ -254,89 +290,31 @@ TEST(NormCore, KeptColumnsAreExact) {
   for (bool layer : {true, false}) {
     for (bool prologue : {false, true}) {
       if (prologue && !layer) continue;
-      const int64_t R = 9, M = 40;
-      std::mt19937 gen(11);
-      std::normal_distribution<double> nd;
-      std::vector<double> x(R * M), res(R * M), g(R * M), pb(M), w(M), b(M);
-      for (auto* v : {&x, &res, &g, &pb}) for (auto& e : *v) e = nd(gen);
-      for (int64_t j = 0; j < M; ++j) {
-        w[j] = 1 + 0.3 * nd(gen);
-        b[j] = layer ? 0.1 * nd(gen) : 0.0;
-      }
-      w[0] = 0.0;
-      w[5] = -1e-310;  // subnormal
-      w[17] = 1e-20;
+      Fp64Norm n(layer, prologue, 9, 40, 11);
+      if (!layer) std::fill(n.b.begin(), n.b.end(), 0.0);
+      n.w[0] = 0.0;
+      n.w[5] = -1e-310;  // subnormal
+      n.w[17] = 1e-20;
       if (layer) {
-        b[17] = 5.0;  // beta / gamma = 5e20
-        w[30] = 1e-3;
-        b[30] = -1e8;
+        n.b[17] = 5.0;  // beta / gamma = 5e20
+        n.w[30] = 1e-3;
+        n.b[30] = -1e8;
       }
-      std::vector<int64_t> cols(M);
-      const int64_t k = tempo::norm_kept_columns(DType::kFloat64, w.data(), layer ? b.data() : nullptr, M, cols.data());
-      ASSERT_EQ(k, layer ? 4 : 2);  // 0, 5 (and 17, 30 with beta)
-      std::vector<int32_t> slot(M, -1);
-      for (int64_t i = 0; i < k; ++i) slot[cols[i]] = static_cast<int32_t>(i);
-      const double p = prologue ? 0.25 : 0.0;
-      std::vector<bool> keep(R * M);
-      for (int64_t e = 0; e < R * M; ++e) keep[e] = ref_keep(42, 7, e, p);
-      Ref ref = reference(layer, R, M, x, res, pb, w, b, g, keep, 1 / (1 - p), prologue, 1e-5);
-
-      std::vector<double> y(R * M), rstd(R), xk(R * k), dx(R * M), dres(R * M), dw(M), db(M), dpb(M);
-      std::vector<uint8_t> mask(tempo::dropout_mask_bytes(R * M));
-      tempo::NormForwardParams f;
-      f.kind = layer ? tempo::NormKind::kLayerNorm : tempo::NormKind::kRmsNorm;
-      f.dtype = DType::kFloat64;
-      f.x = x.data();
-      f.weight = w.data();
-      f.bias = layer ? b.data() : nullptr;
-      if (prologue) {
-        f.prologue.residual = res.data();
-        f.prologue.bias = pb.data();
-        f.prologue.p = p;
-        f.prologue.rng = {42, 7};
-        f.mask = mask.data();
-      }
-      f.kept_slot = slot.data();
-      f.kept = k;
-      f.kept_xhat = xk.data();
-      f.y = y.data();
-      f.rstd = rstd.data();
-      f.rows = R;
-      f.cols = M;
-      f.eps = 1e-5;
-      ASSERT_TRUE(tempo::norm_forward_cpu(f).ok());
-      expect_close(y, ref.y, 1e-12, "y");
-      tempo::NormBackwardParams bp;
-      bp.kind = f.kind;
-      bp.dtype = DType::kFloat64;
-      bp.grad_y = g.data();
-      bp.y = y.data();
-      bp.rstd = rstd.data();
-      bp.weight = w.data();
-      bp.bias = f.bias;
-      bp.grad_x = dx.data();
-      bp.grad_weight = dw.data();
-      bp.grad_bias = db.data();
-      if (prologue) {
-        bp.prologue.p = p;
-        bp.prologue.rng = {42, 7};
-        bp.mask = mask.data();
-        bp.grad_residual = dres.data();
-        bp.grad_pre_bias = dpb.data();
-      }
-      bp.rows = R;
-      bp.cols = M;
+      n.keep_columns();
+      ASSERT_EQ(n.kept, layer ? 4 : 2);  // 0, 5 (and 17, 30 with beta)
+      const Ref ref = n.reference();
+      ASSERT_TRUE(tempo::norm_forward_cpu(n.forward()).ok());
+      expect_close(n.y, ref.y, 1e-12, "y");
+      tempo::NormBackwardParams bp = n.backward();
+      bp.kept = 0;
       const tempo::Status without = tempo::norm_backward_cpu(bp);
       EXPECT_FALSE(without.ok());
       EXPECT_NE(without.message().find("column 0"), std::string::npos) << without.message();
-      bp.kept_slot = slot.data();
-      bp.kept = k;
-      bp.kept_xhat = xk.data();
-      ASSERT_TRUE(tempo::norm_backward_cpu(bp).ok());
-      expect_close(dx, ref.dx, 1e-10, "dx");
-      expect_close(dw, ref.dw, 1e-10, "dweight");
-      if (layer) expect_close(db, ref.db, 1e-12, "dbias");
-      if (prologue) expect_close(dres, ref.dres, 1e-10, "dresidual");
+      ASSERT_TRUE(tempo::norm_backward_cpu(n.backward()).ok());
+      expect_close(n.dx, ref.dx, 1e-10, "dx");
+      expect_close(n.dw, ref.dw, 1e-10, "dweight");
+      if (layer) expect_close(n.db, ref.db, 1e-12, "dbias");
+      if (prologue) expect_close(n.dres, ref.dres, 1e-10, "dresidual");
     }
   }
 }
