@@ -97,9 +97,8 @@ int64_t norm_kept_columns(DType dtype, const void* weight, const void* bias, int
   return 0;
 }
 
-// The CUDA backward runs at most this many row groups, each writing one partial row.
 int64_t norm_backward_workspace_elems(int64_t rows, int64_t cols) {
-  const int64_t groups = std::min<int64_t>(std::max<int64_t>(rows, 1), 512);
+  const int64_t groups = std::min<int64_t>(std::max<int64_t>(rows, 1), kNormBackwardGroups);
   return groups * cols * 3;  // weight, bias and pre-bias partials
 }
 

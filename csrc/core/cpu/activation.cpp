@@ -8,6 +8,7 @@
 
 #include "../math/activation_math.h"
 #include "activation_simd.h"
+#include "dispatch.h"
 
 namespace tempo {
 namespace {
@@ -17,7 +18,6 @@ using math::bf16_t;
 using math::fp16_t;
 
 constexpr int64_t kBlock = 2048;  // elements per work item; a multiple of 8
-constexpr int64_t kParallelMin = 1 << 15;
 
 template <Activation A, typename T>
 void forward_block(const ActivationForwardParams& p, int64_t start, int64_t end) {
@@ -109,23 +109,14 @@ void backward_block(const ActivationBackwardParams& p, int64_t start, int64_t en
 
 #pragma GCC diagnostic pop
 
-template <typename Block, typename P>
-void run_blocks(const P& p, Block block) {
-  const int64_t blocks = (p.numel + kBlock - 1) / kBlock;
-#pragma omp parallel for schedule(static) if (p.numel >= kParallelMin)
-  for (int64_t b = 0; b < blocks; ++b) block(p, b * kBlock, std::min(p.numel, (b + 1) * kBlock));
-}
-
-template <template <Activation, typename> class Launch, typename P>
+// Runs kernel<A, T>(p, begin, end) over p's elements for p.act and p.dtype.
+template <template <Activation, typename> class Kernel, typename P>
 Status dispatch(const P& p) {
   auto by_type = [&](auto act_tag) -> Status {
     constexpr Activation A = decltype(act_tag)::value;
-    switch (p.dtype) {
-      case DType::kFloat32: Launch<A, float>::run(p); break;
-      case DType::kFloat64: Launch<A, double>::run(p); break;
-      case DType::kBFloat16: Launch<A, bf16_t>::run(p); break;
-      case DType::kFloat16: Launch<A, fp16_t>::run(p); break;
-    }
+    math::by_dtype(p.dtype, [&](auto t) {
+      cpu::run_blocks(p.numel, kBlock, [&](int64_t b, int64_t e) { Kernel<A, decltype(t)>::run(p, b, e); });
+    });
     return Status::Ok();
   };
   switch (p.act) {
@@ -138,11 +129,11 @@ Status dispatch(const P& p) {
 
 template <Activation A, typename T>
 struct Forward {
-  static void run(const ActivationForwardParams& p) { run_blocks(p, forward_block<A, T>); }
+  static void run(const ActivationForwardParams& p, int64_t b, int64_t e) { forward_block<A, T>(p, b, e); }
 };
 template <Activation A, typename T>
 struct Backward {
-  static void run(const ActivationBackwardParams& p) { run_blocks(p, backward_block<A, T>); }
+  static void run(const ActivationBackwardParams& p, int64_t b, int64_t e) { backward_block<A, T>(p, b, e); }
 };
 
 }  // namespace

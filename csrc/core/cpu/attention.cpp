@@ -9,6 +9,7 @@
 
 #include "../math/numeric.h"
 #include "../math/softmax.h"
+#include "dispatch.h"
 #include "dropout_bits.h"
 
 namespace tempo {
@@ -140,7 +141,7 @@ template <typename P, typename Chunk>
 void run_chunks(const P& p, int64_t rows_total, Chunk chunk) {
   const int64_t rows = cpu::mask_chunk_rows(rows_total, p.cols);
   const int64_t n = (rows_total + rows - 1) / rows;
-#pragma omp parallel if (rows_total * p.cols >= (1 << 15) && n > 1)
+#pragma omp parallel if (rows_total * p.cols >= cpu::kParallelMinElems && n > 1)
   {
     std::vector<double> xd;
     std::vector<float> xf;
@@ -150,23 +151,13 @@ void run_chunks(const P& p, int64_t rows_total, Chunk chunk) {
   }
 }
 
-template <typename P, typename F>
-void by_dtype(DType d, F&& f) {
-  switch (d) {
-    case DType::kFloat32: f(float{}); break;
-    case DType::kFloat64: f(double{}); break;
-    case DType::kBFloat16: f(bf16_t{}); break;
-    case DType::kFloat16: f(fp16_t{}); break;
-  }
-}
-
 }  // namespace
 
 Status attention_softmax_forward_cpu(const AttentionSoftmaxForwardParams& p) {
   Status s = detail::validate(p);
   const int64_t rows_total = p.batch * p.heads * p.rows;
   if (!s.ok() || rows_total * p.cols == 0) return s;
-  by_dtype<AttentionSoftmaxForwardParams>(p.dtype, [&](auto t) {
+  math::by_dtype(p.dtype, [&](auto t) {
     using T = decltype(t);
     run_chunks(p, rows_total, [&](int64_t r0, int64_t r1, auto& xf, auto& xd, auto& keep, auto& local) {
       if constexpr (std::is_same_v<T, double>) forward_chunk<T>(p, r0, r1, xd, keep, local);
@@ -179,7 +170,7 @@ Status attention_softmax_forward_cpu(const AttentionSoftmaxForwardParams& p) {
 Status attention_softmax_backward_cpu(const AttentionSoftmaxBackwardParams& p) {
   Status s = detail::validate(p);
   if (!s.ok() || p.rows_total * p.cols == 0) return s;
-  by_dtype<AttentionSoftmaxBackwardParams>(p.dtype, [&](auto t) {
+  math::by_dtype(p.dtype, [&](auto t) {
     using T = decltype(t);
     run_chunks(p, p.rows_total, [&](int64_t r0, int64_t r1, auto& xf, auto& xd, auto& keep, auto& local) {
       if constexpr (std::is_same_v<T, double>) backward_chunk<T>(p, r0, r1, xd, keep, local);

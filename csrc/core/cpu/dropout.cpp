@@ -6,6 +6,7 @@
 
 #include "../math/numeric.h"
 #include "../math/philox.h"
+#include "dispatch.h"
 #include "dropout_bits.h"
 
 namespace tempo {
@@ -14,8 +15,7 @@ namespace {
 using math::bf16_t;
 using math::fp16_t;
 
-constexpr int64_t kBlock = 2048;
-constexpr int64_t kParallelMin = 1 << 15;
+constexpr int64_t kBlock = 2048;  // elements per work item; a multiple of 8
 
 template <typename T>
 void forward_block(const DropoutForwardParams& p, int64_t start, int64_t end) {
@@ -30,7 +30,7 @@ void forward_block(const DropoutForwardParams& p, int64_t start, int64_t end) {
     const bool keep = (bytes[k >> 3] >> (k & 7)) & 1;
     math::store(y + k, scale.apply(math::to_float(x[k]), keep));
   }
-  if (p.mask) std::copy(bytes, bytes + (len + 7) / 8, p.mask + start / 8);
+  if (p.mask) std::copy(bytes, bytes + bit_mask_bytes<int64_t>(len), p.mask + start / 8);
 }
 
 template <typename T>
@@ -49,44 +49,23 @@ void backward_block(const DropoutBackwardParams& p, int64_t start, int64_t end) 
   }
 }
 
-template <typename P, typename Block>
-void run_blocks(const P& p, Block block) {
-  const int64_t blocks = (p.numel + kBlock - 1) / kBlock;
-#pragma omp parallel for schedule(static) if (p.numel >= kParallelMin)
-  for (int64_t b = 0; b < blocks; ++b) block(p, b * kBlock, std::min(p.numel, (b + 1) * kBlock));
-}
-
-template <typename P, template <typename> class Launch>
-void by_dtype(const P& p) {
-  switch (p.dtype) {
-    case DType::kFloat32: Launch<float>::run(p); break;
-    case DType::kFloat64: Launch<double>::run(p); break;
-    case DType::kBFloat16: Launch<bf16_t>::run(p); break;
-    case DType::kFloat16: Launch<fp16_t>::run(p); break;
-  }
-}
-template <typename T>
-struct Forward {
-  static void run(const DropoutForwardParams& p) { run_blocks(p, forward_block<T>); }
-};
-template <typename T>
-struct Backward {
-  static void run(const DropoutBackwardParams& p) { run_blocks(p, backward_block<T>); }
-};
-
 }  // namespace
 
 Status dropout_forward_cpu(const DropoutForwardParams& p) {
   Status s = detail::validate(p);
   if (!s.ok() || p.numel == 0) return s;
-  by_dtype<DropoutForwardParams, Forward>(p);
+  math::by_dtype(p.dtype, [&](auto t) {
+    cpu::run_blocks(p.numel, kBlock, [&](int64_t b, int64_t e) { forward_block<decltype(t)>(p, b, e); });
+  });
   return Status::Ok();
 }
 
 Status dropout_backward_cpu(const DropoutBackwardParams& p) {
   Status s = detail::validate(p);
   if (!s.ok() || p.numel == 0) return s;
-  by_dtype<DropoutBackwardParams, Backward>(p);
+  math::by_dtype(p.dtype, [&](auto t) {
+    cpu::run_blocks(p.numel, kBlock, [&](int64_t b, int64_t e) { backward_block<decltype(t)>(p, b, e); });
+  });
   return Status::Ok();
 }
 

@@ -14,7 +14,7 @@ namespace tempo::cpu {
 // Keep bits of elements start .. start+len-1 into out[0 .. ceil(len/8)); start is a multiple of 8.
 inline void keep_bits(const PhiloxState& rng, uint64_t threshold, int64_t start, int len, uint8_t* out) {
   const int64_t b0 = start / 8;
-  const int nbytes = (len + 7) / 8;
+  const int nbytes = bit_mask_bytes(len);
   // Element-parallel form the vectoriser turns into 32-bit lanes: one Philox group per lane.
   constexpr int kChunk = 64;  // groups per pass
   uint32_t draws[4 * kChunk];
@@ -58,7 +58,7 @@ inline const uint8_t* draw_chunk_bits(const PhiloxState& rng, double p, uint8_t*
                                       std::vector<uint8_t>& local) {
   uint8_t* dst = store ? store + e0 / 8 : nullptr;
   if (!dst) {
-    local.resize(static_cast<size_t>((e1 - e0 + 7) / 8));
+    local.resize(static_cast<size_t>(bit_mask_bytes(e1 - e0)));
     dst = local.data();
   }
   keep_bits(rng, math::keep_threshold(p), e0, static_cast<int>(e1 - e0), dst);

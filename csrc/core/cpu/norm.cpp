@@ -12,6 +12,7 @@
 
 #include "../math/numeric.h"
 #include "../math/philox.h"
+#include "dispatch.h"
 #include "dropout_bits.h"
 
 namespace tempo {
@@ -244,7 +245,7 @@ void forward(const NormForwardParams& p) {
   const int64_t chunks = (p.rows + chunk - 1) / chunk;
   const Columns<math::acc_t<T>> col(static_cast<const T*>(p.weight), static_cast<const T*>(p.bias),
                                      static_cast<const T*>(p.prologue.bias), p.cols, p.kept_slot, p.kept);
-#pragma omp parallel if (p.rows * p.cols >= (1 << 15) && chunks > 1)
+#pragma omp parallel if (p.rows * p.cols >= cpu::kParallelMinElems && chunks > 1)
   {
     std::vector<math::acc_t<T>> h;
     std::vector<uint8_t> keep, local;
@@ -266,7 +267,7 @@ void backward(const NormBackwardParams& p) {
   const int64_t M = p.cols;
   const int64_t chunk = cpu::mask_chunk_rows(p.rows, M);
   const int64_t chunks = (p.rows + chunk - 1) / chunk;
-  const bool parallel = p.rows * M >= (1 << 15) && chunks > 1;
+  const bool parallel = p.rows * M >= cpu::kParallelMinElems && chunks > 1;
   const int threads = parallel ? omp_get_max_threads() : 1;
   // Per-thread column partial sums of dgamma, dbeta and the pre-bias gradient.
   std::vector<double> parts(static_cast<size_t>(threads) * 3 * M, 0.0);
@@ -293,22 +294,12 @@ void backward(const NormBackwardParams& p) {
   store_sums<T>(parts.data() + 2 * M, p.grad_pre_bias, M);
 }
 
-template <typename P>
-void by_dtype(const P& p, void (*f32)(const P&), void (*f64)(const P&), void (*bf)(const P&), void (*hf)(const P&)) {
-  switch (p.dtype) {
-    case DType::kFloat32: f32(p); break;
-    case DType::kFloat64: f64(p); break;
-    case DType::kBFloat16: bf(p); break;
-    case DType::kFloat16: hf(p); break;
-  }
-}
-
 }  // namespace
 
 Status norm_forward_cpu(const NormForwardParams& p) {
   Status s = detail::validate(p);
   if (!s.ok() || p.rows * p.cols == 0) return s;
-  by_dtype(p, forward<float>, forward<double>, forward<bf16_t>, forward<fp16_t>);
+  math::by_dtype(p.dtype, [&](auto t) { forward<decltype(t)>(p); });
   return Status::Ok();
 }
 
@@ -330,7 +321,7 @@ Status norm_backward_cpu(const NormBackwardParams& p) {
   }
   s = detail::check_kept_columns(p);
   if (!s.ok()) return s;
-  by_dtype(p, backward<float>, backward<double>, backward<bf16_t>, backward<fp16_t>);
+  math::by_dtype(p.dtype, [&](auto t) { backward<decltype(t)>(p); });
   return Status::Ok();
 }
 

@@ -65,7 +65,7 @@ __global__ void forward_kernel(ActivationForwardParams p, bool vec) {
   const T* x = static_cast<const T*>(p.x);
   const T* bias = static_cast<const T*>(p.bias);
   T* y = static_cast<T*>(p.y);
-  const int64_t bytes = activation_mask_bytes(p.numel);
+  const int64_t bytes = bit_mask_bytes(p.numel);
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; b < bytes; b += stride) {
     const int64_t i0 = b * 8;
@@ -89,7 +89,7 @@ __global__ void backward_kernel(ActivationBackwardParams p, bool vec) {
   const T* y = static_cast<const T*>(p.y);
   const T* dy = static_cast<const T*>(p.grad_y);
   T* dx = static_cast<T*>(p.grad_x);
-  const int64_t bytes = activation_mask_bytes(p.numel);
+  const int64_t bytes = bit_mask_bytes(p.numel);
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; b < bytes; b += stride) {
     const int64_t i0 = b * 8;
@@ -130,7 +130,7 @@ Status activation_forward_cuda(const ActivationForwardParams& p, void* stream) {
   Status s = detail::validate(p);
   if (!s.ok() || p.numel == 0) return s;
   const bool vec = aligned16(p.x) && aligned16(p.y);
-  const int64_t bytes = activation_mask_bytes(p.numel);
+  const int64_t bytes = bit_mask_bytes(p.numel);
   auto st = static_cast<cudaStream_t>(stream);
   dispatch(p.act, p.dtype, [&](auto act_tag, auto t) {
     forward_kernel<decltype(act_tag)::value, decltype(t)><<<grid_for(bytes), kThreads, 0, st>>>(p, vec);
@@ -142,7 +142,7 @@ Status activation_backward_cuda(const ActivationBackwardParams& p, void* stream)
   Status s = detail::validate(p);
   if (!s.ok() || p.numel == 0) return s;
   const bool vec = aligned16(p.y) && aligned16(p.grad_y) && aligned16(p.grad_x);
-  const int64_t bytes = activation_mask_bytes(p.numel);
+  const int64_t bytes = bit_mask_bytes(p.numel);
   auto st = static_cast<cudaStream_t>(stream);
   dispatch(p.act, p.dtype, [&](auto act_tag, auto t) {
     backward_kernel<decltype(act_tag)::value, decltype(t)><<<grid_for(bytes), kThreads, 0, st>>>(p, vec);

@@ -11,22 +11,6 @@ namespace tempo {
 namespace {
 
 template <typename Acc>
-__device__ Acc block_reduce(Acc v, Acc* shared, bool is_max) {
-  for (int o = 16; o > 0; o >>= 1) {
-    const Acc w = __shfl_xor_sync(0xffffffffu, v, o);
-    v = is_max ? (w > v ? w : v) : v + w;
-  }
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  __syncthreads();
-  if (lane == 0) shared[warp] = v;
-  __syncthreads();
-  Acc total = shared[0];
-  for (int w = 1; w < static_cast<int>(blockDim.x >> 5); ++w)
-    total = is_max ? (shared[w] > total ? shared[w] : total) : total + shared[w];
-  return total;
-}
-
-template <typename Acc>
 __device__ Acc exp_np(Acc x) {
   if constexpr (sizeof(Acc) == 8) {
     return exp(x);
@@ -34,13 +18,6 @@ __device__ Acc exp_np(Acc x) {
     return math::exp_nonpositive(x);
   }
 }
-
-__device__ bool keep_of(const uint8_t* bits, const PhiloxState& rng, uint64_t threshold, int64_t e) {
-  if (bits) return ((bits[e >> 3] >> (e & 7)) & 1u) != 0;
-  const math::Philox4 r = math::philox_group(rng.seed, rng.offset, static_cast<uint64_t>(e >> 2));
-  return static_cast<uint64_t>(r.v[e & 3]) < threshold;
-}
-
 
 template <typename T>
 __global__ void forward_kernel(AttentionSoftmaxForwardParams p, uint64_t threshold, DropoutScale dscale) {
@@ -69,12 +46,12 @@ __global__ void forward_kernel(AttentionSoftmaxForwardParams p, uint64_t thresho
       const Acc v = logit(j);
       mx = v > mx ? v : mx;
     }
-    mx = block_reduce(mx, shared, true);
+    mx = cuda::block_reduce<true>(mx, shared);
     const bool empty = !(mx > neg_inf);
     Acc sum = 0;
     if (!empty)
       for (int64_t j = threadIdx.x; j < C; j += blockDim.x) sum += exp_np<Acc>(logit(j) - mx);
-    sum = block_reduce(sum, shared, false);
+    sum = cuda::block_reduce(sum, shared);
     const Acc inv = empty ? Acc(0) : Acc(1) / sum;
     // Each thread reads and then overwrites only its own elements of the row.
     for (int64_t j = threadIdx.x; j < C; j += blockDim.x) {
@@ -83,7 +60,7 @@ __global__ void forward_kernel(AttentionSoftmaxForwardParams p, uint64_t thresho
       if (p.p > 0.0) {
         const Acc stored = math::round_to_acc<T>(pj);
         math::store(static_cast<T*>(p.dropped) + r * C + j,
-                    dscale.apply(stored, keep_of(p.mask_bits, rng, threshold, e_row + j)));
+                    dscale.apply(stored, cuda::keep_bit(p.mask_bits, rng, threshold, e_row + j)));
       }
     }
   }
@@ -104,19 +81,17 @@ __global__ void backward_kernel(AttentionSoftmaxBackwardParams p, uint64_t thres
     const T* pr = static_cast<const T*>(p.probs) + r * C;
     auto dp = [&](int64_t j) {
       const Acc v = math::to_float(g[j]);
-      return p.p > 0.0 ? dscale.apply(v, keep_of(p.mask_bits, rng, threshold, e_row + j)) : v;
+      return p.p > 0.0 ? dscale.apply(v, cuda::keep_bit(p.mask_bits, rng, threshold, e_row + j)) : v;
     };
     Acc dot = 0;
     for (int64_t j = threadIdx.x; j < C; j += blockDim.x) dot += dp(j) * math::to_float(pr[j]);
-    dot = block_reduce(dot, shared, false);
+    dot = cuda::block_reduce(dot, shared);
     for (int64_t j = threadIdx.x; j < C; j += blockDim.x) {
       const Acc v = scale * math::to_float(pr[j]) * (dp(j) - dot);
       math::store(g + j, v);
     }
   }
 }
-
-int row_grid(int64_t rows) { return static_cast<int>(rows < 65535 ? (rows > 0 ? rows : 1) : 65535); }
 
 }  // namespace
 
@@ -127,10 +102,10 @@ Status attention_softmax_forward_cuda(const AttentionSoftmaxForwardParams& p, vo
   auto st = static_cast<cudaStream_t>(stream);
   const uint64_t threshold = math::keep_threshold(p.p);
   if (p.p > 0.0 && p.mask_bits)
-    cuda::keep_bits_kernel<<<cuda::grid_for(dropout_mask_bytes(rows_total * p.cols)), cuda::kThreads, 0, st>>>(
+    cuda::keep_bits_kernel<<<cuda::grid_for(bit_mask_bytes(rows_total * p.cols)), cuda::kThreads, 0, st>>>(
         p.rng, p.mask_bits, rows_total * p.cols, threshold);
-  cuda::by_dtype(p.dtype, [&](auto t) {
-    forward_kernel<decltype(t)><<<row_grid(rows_total), cuda::kThreads, 0, st>>>(p, threshold, DropoutScale(p.p));
+  math::by_dtype(p.dtype, [&](auto t) {
+    forward_kernel<decltype(t)><<<cuda::row_grid(rows_total), cuda::kThreads, 0, st>>>(p, threshold, DropoutScale(p.p));
   });
   return cuda::launch_status("attention softmax forward");
 }
@@ -139,8 +114,8 @@ Status attention_softmax_backward_cuda(const AttentionSoftmaxBackwardParams& p, 
   Status s = detail::validate(p);
   if (!s.ok() || p.rows_total * p.cols == 0) return s;
   auto st = static_cast<cudaStream_t>(stream);
-  cuda::by_dtype(p.dtype, [&](auto t) {
-    backward_kernel<decltype(t)><<<row_grid(p.rows_total), cuda::kThreads, 0, st>>>(p, math::keep_threshold(p.p),
+  math::by_dtype(p.dtype, [&](auto t) {
+    backward_kernel<decltype(t)><<<cuda::row_grid(p.rows_total), cuda::kThreads, 0, st>>>(p, math::keep_threshold(p.p),
                                                                                     DropoutScale(p.p));
   });
   return cuda::launch_status("attention softmax backward");

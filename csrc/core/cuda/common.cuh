@@ -14,6 +14,10 @@
 namespace tempo::cuda {
 
 constexpr int kThreads = 256;
+// Grid caps for grid-stride loops: elementwise kernels (one thread an item) and row kernels
+// (one block a row; 65535 also fits a y/z grid dimension should a kernel move rows there).
+constexpr int64_t kMaxElementBlocks = 1 << 16;
+constexpr int64_t kMaxRowBlocks = 65535;
 
 inline Status launch_status(const char* what) {
   const cudaError_t err = cudaGetLastError();
@@ -24,21 +28,13 @@ inline Status launch_status(const char* what) {
 // Blocks for `items` work items of one thread each, capped for grid-stride loops.
 inline int grid_for(int64_t items) {
   const int64_t blocks = (items + kThreads - 1) / kThreads;
-  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(blocks, 1 << 16)));
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(blocks, kMaxElementBlocks)));
 }
+
+// Blocks for `rows` rows of one block each, capped for grid-stride loops.
+inline int row_grid(int64_t rows) { return static_cast<int>(std::max<int64_t>(1, std::min(rows, kMaxRowBlocks))); }
 
 inline bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
-
-// f(T{}) with T the storage type of dtype.
-template <typename F>
-void by_dtype(DType dtype, F&& f) {
-  switch (dtype) {
-    case DType::kFloat32: f(float{}); break;
-    case DType::kFloat64: f(double{}); break;
-    case DType::kBFloat16: f(math::bf16_t{}); break;
-    case DType::kFloat16: f(math::fp16_t{}); break;
-  }
-}
 
 // The Philox state with (seed, offset) loaded from device memory when it lives there.
 __device__ inline PhiloxState resolve(PhiloxState s) {
@@ -49,12 +45,35 @@ __device__ inline PhiloxState resolve(PhiloxState s) {
   return s;
 }
 
+// The sum (or the maximum) of v over the block, returned to every thread; `shared` holds one
+// value per warp (32) and is reused between calls. blockDim.x is a multiple of 32.
+template <bool Max = false, typename Acc>
+__device__ Acc block_reduce(Acc v, Acc* shared) {
+  auto op = [](Acc a, Acc b) { return Max ? (b > a ? b : a) : a + b; };
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();  // shared is reused between calls
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  Acc total = shared[0];
+  for (int w = 1; w < static_cast<int>(blockDim.x >> 5); ++w) total = op(total, shared[w]);
+  return total;
+}
+
+// Element e's dropout keep bit: read from the packed bits, or drawn by Philox (the same draw
+// as keep_byte) when `bits` is null. `rng` is resolved by the caller.
+__device__ inline bool keep_bit(const uint8_t* bits, const PhiloxState& rng, uint64_t threshold, int64_t e) {
+  if (bits) return ((bits[e >> 3] >> (e & 7)) & 1u) != 0;
+  const math::Philox4 r = math::philox_group(rng.seed, rng.offset, static_cast<uint64_t>(e >> 2));
+  return static_cast<uint64_t>(r.v[e & 3]) < threshold;
+}
+
 namespace {
 // The packed Philox keep bits of elements 0 .. numel-1 (bits past the end are zero), one
 // thread per mask byte, for the kernels that store them (bits mode).
 __global__ void keep_bits_kernel(PhiloxState rng, uint8_t* bits, int64_t numel, uint64_t threshold) {
   const PhiloxState s = resolve(rng);
-  const int64_t bytes = dropout_mask_bytes(numel);
+  const int64_t bytes = bit_mask_bytes(numel);
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; b < bytes; b += stride) {
     uint32_t v = math::keep_byte(s.seed, s.offset, b, threshold);

@@ -12,7 +12,7 @@ __global__ void dropout_forward_kernel(DropoutForwardParams p, uint64_t threshol
   const T* x = static_cast<const T*>(p.x);
   T* y = static_cast<T*>(p.y);
   const PhiloxState rng = cuda::resolve(p.rng);
-  const int64_t bytes = dropout_mask_bytes(p.numel);
+  const int64_t bytes = bit_mask_bytes(p.numel);
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; b < bytes; b += stride) {
     uint32_t bits = math::keep_byte(rng.seed, rng.offset, b, threshold);
@@ -35,7 +35,7 @@ __global__ void dropout_backward_kernel(DropoutBackwardParams p, uint64_t thresh
   const T* dy = static_cast<const T*>(p.grad_y);
   T* dx = static_cast<T*>(p.grad_x);
   const PhiloxState rng = cuda::resolve(p.rng);
-  const int64_t bytes = dropout_mask_bytes(p.numel);
+  const int64_t bytes = bit_mask_bytes(p.numel);
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; b < bytes; b += stride) {
     const uint32_t bits = p.mask ? p.mask[b] : math::keep_byte(rng.seed, rng.offset, b, threshold);
@@ -55,8 +55,8 @@ Status dropout_forward_cuda(const DropoutForwardParams& p, void* stream) {
   Status s = detail::validate(p);
   if (!s.ok() || p.numel == 0) return s;
   auto st = static_cast<cudaStream_t>(stream);
-  const int grid = cuda::grid_for(dropout_mask_bytes(p.numel));
-  cuda::by_dtype(p.dtype, [&](auto t) {
+  const int grid = cuda::grid_for(bit_mask_bytes(p.numel));
+  math::by_dtype(p.dtype, [&](auto t) {
     dropout_forward_kernel<decltype(t)><<<grid, cuda::kThreads, 0, st>>>(p, math::keep_threshold(p.p),
                                                                         DropoutScale(p.p));
   });
@@ -67,8 +67,8 @@ Status dropout_backward_cuda(const DropoutBackwardParams& p, void* stream) {
   Status s = detail::validate(p);
   if (!s.ok() || p.numel == 0) return s;
   auto st = static_cast<cudaStream_t>(stream);
-  const int grid = cuda::grid_for(dropout_mask_bytes(p.numel));
-  cuda::by_dtype(p.dtype, [&](auto t) {
+  const int grid = cuda::grid_for(bit_mask_bytes(p.numel));
+  math::by_dtype(p.dtype, [&](auto t) {
     dropout_backward_kernel<decltype(t)><<<grid, cuda::kThreads, 0, st>>>(p, math::keep_threshold(p.p),
                                                                          DropoutScale(p.p));
   });

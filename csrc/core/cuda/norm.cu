@@ -1,6 +1,6 @@
 // CUDA kernels of LayerNorm / RMSNorm and the fused bias-dropout-residual prologue.
 // Forward: one block per row (grid-stride over rows), block reductions in the math type.
-// Backward: kGroups row groups, each block accumulating its columns' partial sums of
+// Backward: kNormBackwardGroups row groups, each block accumulating its columns' partial sums of
 // dgamma / dbeta / dpre_bias in the workspace, then one thread per column adds the groups.
 #include "tempo/norm.h"
 #include "../math/philox.h"
@@ -8,28 +8,6 @@
 
 namespace tempo {
 namespace {
-
-constexpr int kGroups = 512;  // as in norm_backward_workspace_elems
-
-template <typename Acc>
-__device__ Acc block_sum(Acc v, Acc* shared) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  __syncthreads();  // shared is reused between calls
-  if (lane == 0) shared[warp] = v;
-  __syncthreads();
-  Acc total = 0;
-  for (int w = 0; w < static_cast<int>(blockDim.x >> 5); ++w) total += shared[w];
-  return total;
-}
-
-// The element's keep bit: from the mask, or drawn by Philox (the same draw as keep_byte).
-// `rng` is resolved (cuda::resolve) by the caller.
-__device__ bool keep_bit(const PhiloxState& rng, const uint8_t* mask, int64_t e, uint64_t threshold) {
-  if (mask) return ((mask[e >> 3] >> (e & 7)) & 1u) != 0;
-  const math::Philox4 r = math::philox_group(rng.seed, rng.offset, static_cast<uint64_t>(e >> 2));
-  return static_cast<uint64_t>(r.v[e & 3]) < threshold;
-}
 
 // h = residual + dropout(x + pre_bias), each step rounded to T as the unfused ops store it;
 // or x without the prologue.
@@ -42,7 +20,7 @@ __device__ math::acc_t<T> load_h(const NormForwardParams& p, const PhiloxState& 
   if (!p.prologue.residual) return xv;
   const T* pb = static_cast<const T*>(p.prologue.bias);
   Acc v = math::round_to_acc<T>(xv + (pb ? math::to_float(pb[j]) : Acc(0)));
-  if (p.prologue.p > 0.0) v = math::round_to_acc<T>(scale.apply(v, keep_bit(rng, p.mask, e, threshold)));
+  if (p.prologue.p > 0.0) v = math::round_to_acc<T>(scale.apply(v, cuda::keep_bit(p.mask, rng, threshold, e)));
   return math::round_to_acc<T>(math::to_float(static_cast<const T*>(p.prologue.residual)[e]) + v);
 }
 
@@ -61,14 +39,14 @@ __global__ void norm_forward_kernel(NormForwardParams p, uint64_t threshold, Dro
     if (p.kind == NormKind::kLayerNorm) {
       Acc s = 0;
       for (int64_t j = threadIdx.x; j < M; j += blockDim.x) s += load_h<T>(p, rng, r, j, threshold, scale);
-      mean = block_sum(s, shared) / static_cast<Acc>(M);
+      mean = cuda::block_reduce(s, shared) / static_cast<Acc>(M);
     }
     Acc ss = 0;
     for (int64_t j = threadIdx.x; j < M; j += blockDim.x) {
       const Acc d = load_h<T>(p, rng, r, j, threshold, scale) - mean;
       ss += d * d;
     }
-    const Acc var = block_sum(ss, shared) / static_cast<Acc>(M);
+    const Acc var = cuda::block_reduce(ss, shared) / static_cast<Acc>(M);
     const Acc rstd = static_cast<Acc>(1) / sqrt(var + static_cast<Acc>(p.eps));
     if (threadIdx.x == 0) static_cast<Acc*>(p.rstd)[r] = rstd;
     for (int64_t j = threadIdx.x; j < M; j += blockDim.x) {
@@ -117,8 +95,8 @@ __global__ void norm_backward_kernel(NormBackwardParams p, uint64_t threshold, D
       }
       c2 += g * gamma;
     }
-    const Acc m1 = block_sum(c1, shared) / static_cast<Acc>(M);
-    const Acc m2 = p.kind == NormKind::kLayerNorm ? block_sum(c2, shared) / static_cast<Acc>(M) : Acc(0);
+    const Acc m1 = cuda::block_reduce(c1, shared) / static_cast<Acc>(M);
+    const Acc m2 = p.kind == NormKind::kLayerNorm ? cuda::block_reduce(c2, shared) / static_cast<Acc>(M) : Acc(0);
     const Acc rs = rstd[r];
     for (int64_t j = threadIdx.x; j < M; j += blockDim.x) {
       const int64_t e = r * M + j;
@@ -131,7 +109,7 @@ __global__ void norm_backward_kernel(NormBackwardParams p, uint64_t threshold, D
       if (prologue) {
         math::store(static_cast<T*>(p.grad_residual) + e, dh);
         Acc d = math::round_to_acc<T>(dh);
-        if (dropout) d = scale.apply(d, keep_bit(rng, p.mask, e, threshold));
+        if (dropout) d = scale.apply(d, cuda::keep_bit(p.mask, rng, threshold, e));
         math::store(static_cast<T*>(p.grad_x) + e, d);
         part[2 * M + j] += math::round_to_acc<T>(d);
       } else {
@@ -169,11 +147,11 @@ Status norm_forward_cuda(const NormForwardParams& p, void* stream) {
   NormForwardParams q = p;
   if (!dropout || p.prologue.mode != DropoutMode::kBits) q.mask = nullptr;  // philox: draw in place
   if (q.mask) {
-    cuda::keep_bits_kernel<<<cuda::grid_for(dropout_mask_bytes(p.rows * p.cols)), cuda::kThreads, 0, st>>>(
+    cuda::keep_bits_kernel<<<cuda::grid_for(bit_mask_bytes(p.rows * p.cols)), cuda::kThreads, 0, st>>>(
         p.prologue.rng, q.mask, p.rows * p.cols, threshold);
   }
-  const int grid = static_cast<int>(p.rows < 65535 ? p.rows : 65535);
-  cuda::by_dtype(p.dtype, [&](auto t) {
+  const int grid = cuda::row_grid(p.rows);
+  math::by_dtype(p.dtype, [&](auto t) {
     norm_forward_kernel<decltype(t)><<<grid, cuda::kThreads, 0, st>>>(q, threshold, DropoutScale(p.prologue.p));
   });
   return cuda::launch_status("norm forward");
@@ -188,8 +166,8 @@ Status norm_backward_cuda(const NormBackwardParams& p, void* stream) {
   const uint64_t threshold = math::keep_threshold(p.prologue.p);
   NormBackwardParams q = p;
   if (!(p.grad_residual && p.prologue.p > 0.0 && p.prologue.mode == DropoutMode::kBits)) q.mask = nullptr;
-  const int groups = static_cast<int>(p.rows < kGroups ? (p.rows > 0 ? p.rows : 1) : kGroups);
-  cuda::by_dtype(p.dtype, [&](auto t) {
+  const int groups = static_cast<int>(std::max<int64_t>(1, std::min(p.rows, kNormBackwardGroups)));
+  math::by_dtype(p.dtype, [&](auto t) {
     using T = decltype(t);
     norm_backward_kernel<T><<<groups, cuda::kThreads, 0, st>>>(q, threshold, DropoutScale(p.prologue.p));
     column_sum_kernel<T><<<cuda::grid_for(3 * p.cols), cuda::kThreads, 0, st>>>(q, groups);

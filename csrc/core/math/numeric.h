@@ -121,4 +121,16 @@ TEMPO_HD acc_t<T> round_to_acc(acc_t<T> v) {
   return to_float(out);
 }
 
+// f(T{}) with T the storage type of dtype: float, double, bf16_t or fp16_t. The one dtype
+// switch of the core (CPU and CUDA launches alike).
+template <typename F>
+void by_dtype(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::kFloat32: f(float{}); break;
+    case DType::kFloat64: f(double{}); break;
+    case DType::kBFloat16: f(bf16_t{}); break;
+    case DType::kFloat16: f(fp16_t{}); break;
+  }
+}
+
 }  // namespace tempo::math

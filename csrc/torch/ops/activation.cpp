@@ -50,7 +50,7 @@ std::tuple<at::Tensor, at::Tensor> activation_forward(const at::Tensor& x, const
                 "), got ", b.device());
   }
   at::Tensor y = at::empty_like(x, at::MemoryFormat::Contiguous);
-  at::Tensor mask = at::empty_symint({(x.sym_numel() + 7) / 8}, x.options().dtype(at::kByte));
+  at::Tensor mask = at::empty_symint({bit_mask_bytes(x.sym_numel())}, x.options().dtype(at::kByte));
   if (x.is_meta() || x.numel() == 0) return {y, mask};
 
   c10::OptionalDeviceGuard guard(x.device());
@@ -81,8 +81,8 @@ at::Tensor activation_backward(const at::Tensor& grad, const at::Tensor& y, cons
   TORCH_CHECK(mask.scalar_type() == at::kByte && mask.dim() == 1, op,
               ": argument 'mask' must be a 1-D uint8 tensor of packed bits, got ", mask.scalar_type(), " of shape ",
               mask.sym_sizes());
-  TORCH_CHECK(mask.sym_numel() == (y.sym_numel() + 7) / 8, op, ": argument 'mask' must hold ceil(numel(y) / 8) = ",
-              (y.sym_numel() + 7) / 8, " bytes, got ", mask.sym_numel());
+  TORCH_CHECK(mask.sym_numel() == bit_mask_bytes(y.sym_numel()), op, ": argument 'mask' must hold ceil(numel(y) / 8) = ",
+              bit_mask_bytes(y.sym_numel()), " bytes, got ", mask.sym_numel());
   TORCH_CHECK(grad.device() == y.device() && mask.device() == y.device(), op,
               ": arguments 'grad', 'y' and 'mask' must be on one device, got ", grad.device(), ", ", y.device(),
               ", ", mask.device());

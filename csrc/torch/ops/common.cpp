@@ -54,7 +54,7 @@ DropoutKeep new_dropout_keep(const at::Tensor& x, double p, DropoutMode mode) {
     return k;
   }
   if (mode == DropoutMode::kBits) {
-    k.keep = at::empty_symint({(x.sym_numel() + 7) / 8}, opts.dtype(at::kByte));
+    k.keep = at::empty_symint({bit_mask_bytes(x.sym_numel())}, opts.dtype(at::kByte));
   } else {
     k.keep = at::empty({2}, opts.dtype(at::kLong));
   }
@@ -84,8 +84,8 @@ void read_dropout_keep(const at::Tensor& keep, const at::Tensor& like, double p,
   TORCH_CHECK(keep.device() == like.device(), op, ": argument 'keep' must be on the device of ", like.device(),
               ", got ", keep.device());
   if (mode == DropoutMode::kBits) {
-    TORCH_CHECK(keep.scalar_type() == at::kByte && keep.dim() == 1 && keep.sym_numel() == (like.sym_numel() + 7) / 8,
-                op, ": argument 'keep' must hold the ceil(numel / 8) = ", (like.sym_numel() + 7) / 8,
+    TORCH_CHECK(keep.scalar_type() == at::kByte && keep.dim() == 1 && keep.sym_numel() == bit_mask_bytes(like.sym_numel()),
+                op, ": argument 'keep' must hold the ceil(numel / 8) = ", bit_mask_bytes(like.sym_numel()),
                 " uint8 keep bits of the forward, got ", keep.scalar_type(), " of shape ", keep.sym_sizes());
     if (!keep.is_meta()) *mask = keep.const_data_ptr<uint8_t>();
     return;

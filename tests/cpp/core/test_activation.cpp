@@ -158,7 +158,7 @@ Result run(Activation a, DType d, const std::vector<double>& x, const std::vecto
   std::vector<unsigned char> bb = bias ? encode(d, *bias) : std::vector<unsigned char>();
   std::vector<unsigned char> yb(xb.size()), gb(xb.size()), dxb(xb.size());
   Result r;
-  r.mask.assign(tempo::activation_mask_bytes(n), 0xAB);
+  r.mask.assign(tempo::bit_mask_bytes(n), 0xAB);
   tempo::ActivationForwardParams fp;
   fp.act = a;
   fp.dtype = d;

@@ -47,7 +47,7 @@ TEST(DropoutCore, ForwardBackwardMatchDefinition) {
     std::normal_distribution<float> nd;
     for (auto& v : x) v = nd(gen);
     for (auto& v : g) v = nd(gen);
-    std::vector<uint8_t> mask(tempo::dropout_mask_bytes(n));
+    std::vector<uint8_t> mask(tempo::bit_mask_bytes(n));
     tempo::DropoutForwardParams f;
     f.x = x.data();
     f.y = y.data();
@@ -155,7 +155,7 @@ struct Fp64Norm {
   Fp64Norm(bool layer_, bool prologue_, int64_t R_, int64_t M_, unsigned seed)
       : layer(layer_), prologue(prologue_), R(R_), M(M_), p(prologue_ ? 0.25 : 0.0), x(R * M), res(R * M), g(R * M),
         pb(M), w(M), b(M), y(R * M), rstd(R), dx(R * M), dres(R * M), dw(M), db(M), dpb(M),
-        mask(tempo::dropout_mask_bytes(R * M)), slot(M, -1) {
+        mask(tempo::bit_mask_bytes(R * M)), slot(M, -1) {
     std::mt19937 gen(seed);
     std::normal_distribution<double> nd;
     for (auto* v : {&x, &res, &g, &pb}) for (auto& e : *v) e = nd(gen);

@@ -11,8 +11,6 @@ enum class Activation : int32_t { kGeluErf = 0, kGeluTanh = 1, kSilu = 2 };
 
 const char* activation_name(Activation act);
 
-// The mask holds bit (i % 8) of byte (i / 8) for element i (least significant bit first).
-TEMPO_HD int64_t activation_mask_bytes(int64_t numel) { return (numel + 7) / 8; }
 
 struct ActivationForwardParams {
   Activation act = Activation::kGeluErf;
@@ -21,7 +19,7 @@ struct ActivationForwardParams {
   const void* bias = nullptr;  // optional: bias_size elements, added along the last dim
   int64_t bias_size = 0;       // numel must be a multiple of it
   void* y = nullptr;           // out: numel elements, f(x + bias)
-  uint8_t* mask = nullptr;     // out: activation_mask_bytes(numel) bytes
+  uint8_t* mask = nullptr;     // out: bit_mask_bytes(numel) bytes
   int64_t numel = 0;
 };
 

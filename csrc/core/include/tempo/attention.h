@@ -19,7 +19,7 @@ struct AttentionSoftmaxForwardParams {
   DType dtype = DType::kFloat32;
   void* scores = nullptr;           // in: q k^T, rows_total x cols, contiguous; out: P
   void* dropped = nullptr;          // out when p > 0: P * keep / (1 - p)
-  uint8_t* mask_bits = nullptr;     // out when p > 0 in bits mode: dropout_mask_bytes(rows_total * cols)
+  uint8_t* mask_bits = nullptr;     // out when p > 0 in bits mode: bit_mask_bytes(rows_total * cols)
   const float* attn_mask = nullptr; // optional additive fp32 mask
   int64_t mask_stride[4] = {0, 0, 0, 0};  // element (b, h, i, j) at b s0 + h s1 + i s2 + j s3
   int64_t batch = 0, heads = 0, rows = 0, cols = 0;  // rows_total = batch * heads * rows

@@ -19,6 +19,13 @@ enum class DType : int32_t { kFloat32 = 0, kFloat64 = 1, kBFloat16 = 2, kFloat16
 
 const char* dtype_name(DType dtype);
 
+// Packed 1-bit masks (the activations' bits, dropout's keep bits): bit (i % 8) of byte (i / 8)
+// is element i's, least significant first. Bytes for numel elements (int64_t or c10::SymInt).
+template <typename N>
+TEMPO_HD N bit_mask_bytes(N numel) {
+  return (numel + 7) / 8;
+}
+
 // Result of a core entry point: ok, or an error with a message for the caller to raise.
 // The core never throws.
 class Status {

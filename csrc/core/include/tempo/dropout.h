@@ -21,14 +21,12 @@ struct PhiloxState {
   const uint64_t* device = nullptr;  // CUDA only: {seed, offset} in device memory
 };
 
-// Bit (i % 8) of byte (i / 8) is element i's keep bit, as for the activation masks.
-TEMPO_HD int64_t dropout_mask_bytes(int64_t numel) { return (numel + 7) / 8; }
 
 struct DropoutForwardParams {
   DType dtype = DType::kFloat32;
   const void* x = nullptr;  // numel elements, contiguous
   void* y = nullptr;        // out: numel elements
-  uint8_t* mask = nullptr;  // out, optional: dropout_mask_bytes(numel) packed keep bits
+  uint8_t* mask = nullptr;  // out, optional: bit_mask_bytes(numel) packed keep bits
   double p = 0.5;           // drop probability in [0, 1]
   PhiloxState rng;
   int64_t numel = 0;

@@ -47,7 +47,7 @@ struct NormForwardParams {
   NormPrologue prologue;         // LayerNorm only
   void* y = nullptr;             // out: rows x cols
   void* rstd = nullptr;          // out: rows, fp32 (fp64 for fp64 data)
-  uint8_t* mask = nullptr;       // out when prologue.p > 0 in bits mode: dropout_mask_bytes(rows * cols)
+  uint8_t* mask = nullptr;       // out when prologue.p > 0 in bits mode: bit_mask_bytes(rows * cols)
   // Kept columns: kept_slot[j] is column j's index among the kept ones, or -1 (cols entries;
   // may be null when kept == 0). kept_xhat: out, rows x kept, math type (fp32, fp64 for fp64).
   const int32_t* kept_slot = nullptr;
@@ -84,6 +84,9 @@ struct NormBackwardParams {
   int64_t rows = 0, cols = 0;
 };
 
+// The CUDA backward runs at most this many row groups (blocks), each writing one partial row
+// of the column sums into the workspace.
+constexpr int64_t kNormBackwardGroups = 512;
 // Scratch the CUDA backward needs for its per-block column partial sums, in elements.
 int64_t norm_backward_workspace_elems(int64_t rows, int64_t cols);
 
