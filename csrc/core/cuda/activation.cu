@@ -16,8 +16,6 @@ bool cuda_compiled() { return true; }
 namespace {
 
 using math::acc_t;
-using math::bf16_t;
-using math::fp16_t;
 
 using cuda::aligned16;
 using cuda::grid_for;
@@ -108,14 +106,7 @@ __global__ void backward_kernel(ActivationBackwardParams p, bool vec) {
 
 template <typename F>
 Status dispatch(Activation act, DType dtype, F&& f) {
-  auto by_type = [&](auto act_tag) {
-    switch (dtype) {
-      case DType::kFloat32: f(act_tag, float{}); break;
-      case DType::kFloat64: f(act_tag, double{}); break;
-      case DType::kBFloat16: f(act_tag, bf16_t{}); break;
-      case DType::kFloat16: f(act_tag, fp16_t{}); break;
-    }
-  };
+  auto by_type = [&](auto act_tag) { math::by_dtype(dtype, [&](auto t) { f(act_tag, t); }); };
   switch (act) {
     case Activation::kGeluErf: by_type(std::integral_constant<Activation, Activation::kGeluErf>{}); break;
     case Activation::kGeluTanh: by_type(std::integral_constant<Activation, Activation::kGeluTanh>{}); break;

@@ -157,12 +157,17 @@ __device__ const float kGeluTanhCoefDevice[kActPieces * (kActDegree + 1)] = TEMP
 __device__ const float kSiluCoefDevice[kActPieces * (kActDegree + 1)] = TEMPO_SILU_COEF;
 #endif
 
+template <Activation>
+inline constexpr bool kNoCoefTable = false;
+
 template <Activation A>
 TEMPO_HD const float* act_coef() {
 #if defined(__CUDA_ARCH__)
+  // Each activation names its table; one without a table fails to compile.
   if constexpr (A == Activation::kGeluErf) return kGeluErfCoefDevice;
-  if constexpr (A == Activation::kGeluTanh) return kGeluTanhCoefDevice;
-  return kSiluCoefDevice;
+  else if constexpr (A == Activation::kGeluTanh) return kGeluTanhCoefDevice;
+  else if constexpr (A == Activation::kSilu) return kSiluCoefDevice;
+  else static_assert(kNoCoefTable<A>, "act_coef: no CUDA coefficient table for this activation");
 #else
   return ActCoef<A>::kHost;
 #endif
