@@ -25,18 +25,10 @@ Arch parse_arch(const std::string& name) {
   TORCH_CHECK(false, "tempo::models: unknown architecture '", name, "' (bert, roberta, gpt2, llama)");
 }
 
-namespace {
-ModelConfig make(Arch arch, const char* name, int64_t vocab, int64_t hidden, int64_t layers, int64_t heads,
-                 int64_t intermediate, int64_t positions) {
+ModelConfig ModelConfig::for_arch(Arch arch) {
   ModelConfig c;
   c.arch = arch;
-  c.name = name;
-  c.vocab = vocab;
-  c.hidden = hidden;
-  c.layers = layers;
-  c.heads = heads;
-  c.intermediate = intermediate;
-  c.max_positions = positions;
+  c.name = std::string("custom-") + arch_name(arch);
   switch (arch) {
     case Arch::kBert: break;
     case Arch::kRoberta:
@@ -54,6 +46,20 @@ ModelConfig make(Arch arch, const char* name, int64_t vocab, int64_t hidden, int
       c.dropout = c.attention_dropout = 0.0;
       break;
   }
+  return c;
+}
+
+namespace {
+ModelConfig make(Arch arch, const char* name, int64_t vocab, int64_t hidden, int64_t layers, int64_t heads,
+                 int64_t intermediate, int64_t positions) {
+  ModelConfig c = ModelConfig::for_arch(arch);
+  c.name = name;
+  c.vocab = vocab;
+  c.hidden = hidden;
+  c.layers = layers;
+  c.heads = heads;
+  c.intermediate = intermediate;
+  c.max_positions = positions;
   return c;
 }
 }  // namespace

@@ -221,6 +221,17 @@ TransformerModel make_model(const ModelConfig& config, const MemoryPolicy& polic
   return TransformerModel(config, policy);
 }
 
+namespace {
+// The masked-language-model batch: BERT's [MASK] token id (bert-base-uncased's vocabulary; a
+// smaller vocabulary uses its last id), the share of tokens masked (BERT's 15%), the label
+// cross-entropy ignores (torch's default ignore_index), and every how-many'th sequence ends
+// in padding (its last quarter).
+constexpr int64_t kBertMaskId = 103;
+constexpr double kMaskShare = 0.15;
+constexpr int64_t kIgnoreLabel = -100;
+constexpr int64_t kPaddedEvery = 8;
+}  // namespace
+
 Batch synthetic_batch(const ModelConfig& config, int64_t batch, int64_t seq, uint64_t seed, const c10::Device& device) {
   TORCH_CHECK(batch > 0 && seq > 1, "tempo::models: a batch needs batch > 0 and seq > 1, got ", batch, " x ", seq);
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
@@ -229,16 +240,16 @@ Batch synthetic_batch(const ModelConfig& config, int64_t batch, int64_t seq, uin
   Batch b;
   b.input_ids = at::randint(lo, config.vocab, {batch, seq}, gen, l);
   b.attention_mask = at::ones({batch, seq}, l);
-  for (int64_t i = 7; i < batch; i += 8) {  // every 8th sequence: its last quarter is padding
+  for (int64_t i = kPaddedEvery - 1; i < batch; i += kPaddedEvery) {
     b.attention_mask[i].slice(0, seq - seq / 4).fill_(0);
     b.input_ids[i].slice(0, seq - seq / 4).fill_(config.pad_id);
   }
   if (config.arch == Arch::kBert || config.arch == Arch::kRoberta) {
-    at::Tensor pick = at::rand({batch, seq}, gen) < 0.15;
+    at::Tensor pick = at::rand({batch, seq}, gen) < kMaskShare;
     pick.select(1, 1).fill_(true);
     pick = pick.logical_and(b.attention_mask.ne(0));
-    b.labels = at::where(pick, b.input_ids, at::full({}, -100, l));
-    b.input_ids = at::where(pick, at::full({}, std::min<int64_t>(103, config.vocab - 1), l), b.input_ids);
+    b.labels = at::where(pick, b.input_ids, at::full({}, kIgnoreLabel, l));
+    b.input_ids = at::where(pick, at::full({}, std::min<int64_t>(kBertMaskId, config.vocab - 1), l), b.input_ids);
   }
   b.input_ids = b.input_ids.to(device);
   b.attention_mask = b.attention_mask.to(device);

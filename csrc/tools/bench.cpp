@@ -159,10 +159,7 @@ namespace {
 ModelConfig config_of(const BenchOptions& o) {
   ModelConfig c;
   if (o.model == "custom") {
-    c.arch = models::parse_arch(o.arch);
-    c.name = "custom-" + o.arch;
-    if (c.arch == models::Arch::kGpt2 || c.arch == models::Arch::kLlama) c.type_vocab = 0;
-    if (c.arch == models::Arch::kLlama) c.dropout = c.attention_dropout = 0.0;
+    c = ModelConfig::for_arch(models::parse_arch(o.arch));
   } else {
     c = ModelConfig::preset(o.model);
   }

@@ -32,6 +32,9 @@ struct ModelConfig {
   // bert-base, bert-large, roberta-base, roberta-large, gpt2, gpt2-medium, gpt2-large,
   // llama-small (a small LLaMA-shaped model: 8 layers, hidden 512).
   static ModelConfig preset(const std::string& name);
+  // The architecture's defaults (token types, padding id, norm eps, dropout), with the
+  // default sizes above: the one place they live, for presets and custom shapes alike.
+  static ModelConfig for_arch(Arch arch);
   static std::vector<std::string> presets();
   // A clear error for an inconsistent shape (hidden not divisible by heads, zero layers, ...).
   void validate() const;
