@@ -1,12 +1,12 @@
 #include "tempo/nn/activation.h"
 
 #include "tempo/ops/activation.h"
-#include "../torch/ops/activation.h"
 
 namespace tempo::nn {
 
 GELUImpl::GELUImpl(GELUOptions options_) : options(std::move(options_)) {
-  torch_impl::gelu_kind(options.approximate(), "tempo::nn::GELU");  // reject a bad option now
+  TORCH_CHECK(options.approximate() == "none" || options.approximate() == "tanh",  // reject a bad option now
+              "tempo::nn::GELU: argument 'approximate' must be 'none' or 'tanh', got '", options.approximate(), "'");
 }
 at::Tensor GELUImpl::forward(const at::Tensor& x) { return tempo::gelu(x, options.approximate()); }
 void GELUImpl::reset() {}

@@ -1,6 +1,6 @@
 // Trains a small MLP with tempo::nn::GELU for a few steps and checks it against the same
 // MLP with torch::nn::GELU from the same initial weights: exits non-zero on a mismatch.
-#include <tempo/tempo.h>
+#include <tempo/nn.h>
 #include <torch/torch.h>
 
 #include <cstdio>

@@ -13,5 +13,5 @@ from . import _fake, memory, nn  # noqa: E402,F401
 from .ops import (attention, bias_dropout_add_layer_norm, dropout, fused_attention, gelu, layer_norm,  # noqa: E402
                   rms_norm, silu)
 
-__version__ = "0.1.0"
+__version__ = torch.ops.tempo.build_info()[0]  # CMake's project version, compiled into the library
 __all__ = ["gelu", "silu", "attention", "fused_attention", "dropout", "layer_norm", "rms_norm", "bias_dropout_add_layer_norm", "nn", "memory", "library_path"]

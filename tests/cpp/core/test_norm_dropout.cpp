@@ -7,7 +7,7 @@
 #include <random>
 #include <vector>
 
-#include "../../../csrc/core/math/philox.h"
+#include "math/philox.h"
 #include "tempo/dropout.h"
 #include "tempo/norm.h"
 

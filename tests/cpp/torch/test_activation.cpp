@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "tempo/tempo.h"
+#include "tempo/models.h"
 
 namespace {
 

@@ -6,7 +6,7 @@
 
 #include <cmath>
 
-#include "tempo/tempo.h"
+#include "tempo/models.h"
 
 namespace {
 

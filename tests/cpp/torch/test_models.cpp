@@ -4,7 +4,7 @@
 
 #include <cstdio>
 
-#include "tempo/tempo.h"
+#include "tempo/models.h"
 
 namespace {
 

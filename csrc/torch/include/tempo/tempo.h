@@ -1,14 +1,10 @@
-// Everything a LibTorch program needs from Tempo: ops and modules.
+// The op layer's API for LibTorch programs (target Tempo::tempo_torch): the ops, the memory
+// tracker and the core's build information. Modules: tempo/nn.h (Tempo::tempo_nn); models:
+// tempo/models.h (Tempo::tempo_models).
 #pragma once
 
 #include "tempo/common.h"
 #include "tempo/memory.h"
-#include "tempo/models/transformer.h"
-#include "tempo/nn/activation.h"
-#include "tempo/nn/attention.h"
-#include "tempo/nn/checkpoint.h"
-#include "tempo/nn/dropout.h"
-#include "tempo/nn/norm.h"
 #include "tempo/ops/activation.h"
 #include "tempo/ops/attention.h"
 #include "tempo/ops/dropout.h"
