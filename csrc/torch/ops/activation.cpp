@@ -65,7 +65,7 @@ std::tuple<at::Tensor, at::Tensor> activation_forward(const at::Tensor& x, const
   p.y = y.mutable_data_ptr();
   p.mask = mask.mutable_data_ptr<uint8_t>();
   p.numel = x.numel();
-  raise_if_error(x.is_cuda() ? activation_forward_cuda(p, stream_of(x)) : activation_forward_cpu(p), op);
+  run_core(x, p, activation_forward_cpu, activation_forward_cuda, op);
   return {y, mask};
 }
 
@@ -101,7 +101,7 @@ at::Tensor activation_backward(const at::Tensor& grad, const at::Tensor& y, cons
   p.grad_y = gc.const_data_ptr();
   p.grad_x = dx.mutable_data_ptr();
   p.numel = y.numel();
-  raise_if_error(y.is_cuda() ? activation_backward_cuda(p, stream_of(y)) : activation_backward_cpu(p), op);
+  run_core(y, p, activation_backward_cpu, activation_backward_cuda, op);
   return dx;
 }
 
@@ -146,43 +146,37 @@ TORCH_LIBRARY_IMPL(tempo, CompositeExplicitAutograd, m) {
 
 // ---- C++ API: through the dispatcher, so autograd and every backend apply ------------------
 
-using torch_impl::op_handle;
+using torch_impl::op_for;
 
 at::Tensor gelu(const at::Tensor& x, c10::string_view approximate, const std::optional<at::Tensor>& bias) {
-  static auto op =
-      op_handle<at::Tensor(const at::Tensor&, c10::string_view, const std::optional<at::Tensor>&)>("tempo::gelu");
+  static const auto& op = op_for<&gelu>("tempo::gelu");
   return op.call(x, approximate, bias);
 }
 
 at::Tensor silu(const at::Tensor& x, const std::optional<at::Tensor>& bias) {
-  static auto op = op_handle<at::Tensor(const at::Tensor&, const std::optional<at::Tensor>&)>("tempo::silu");
+  static const auto& op = op_for<&silu>("tempo::silu");
   return op.call(x, bias);
 }
 
 std::tuple<at::Tensor, at::Tensor> gelu_forward(const at::Tensor& x, c10::string_view approximate,
                                                 const std::optional<at::Tensor>& bias) {
-  static auto op = op_handle<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, c10::string_view,
-                                                                const std::optional<at::Tensor>&)>("tempo::gelu_forward");
+  static const auto& op = op_for<&gelu_forward>("tempo::gelu_forward");
   return op.call(x, approximate, bias);
 }
 
 at::Tensor gelu_backward(const at::Tensor& grad, const at::Tensor& y, const at::Tensor& mask,
                          c10::string_view approximate) {
-  static auto op = op_handle<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, c10::string_view)>(
-      "tempo::gelu_backward");
+  static const auto& op = op_for<&gelu_backward>("tempo::gelu_backward");
   return op.call(grad, y, mask, approximate);
 }
 
 std::tuple<at::Tensor, at::Tensor> silu_forward(const at::Tensor& x, const std::optional<at::Tensor>& bias) {
-  static auto op =
-      op_handle<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const std::optional<at::Tensor>&)>(
-          "tempo::silu_forward");
+  static const auto& op = op_for<&silu_forward>("tempo::silu_forward");
   return op.call(x, bias);
 }
 
 at::Tensor silu_backward(const at::Tensor& grad, const at::Tensor& y, const at::Tensor& mask) {
-  static auto op =
-      op_handle<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&)>("tempo::silu_backward");
+  static const auto& op = op_for<&silu_backward>("tempo::silu_backward");
   return op.call(grad, y, mask);
 }
 

@@ -118,8 +118,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward_kernel(const at
     prm.causal = causal;
     prm.p = dropout_p;
     prm.rng = keep.rng;
-    raise_if_error(q.is_cuda() ? attention_softmax_forward_cuda(prm, stream_of(q)) : attention_softmax_forward_cpu(prm),
-                   op);
+    run_core(q, prm, attention_softmax_forward_cpu, attention_softmax_forward_cuda, op);
   }
   at::Tensor out = at::matmul(dropped.defined() ? dropped : probs, v);
   return {out, probs, keep.keep};
@@ -162,7 +161,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_kernel(const a
       drop.rng = prm.rng;
       drop.p = dropout_p;
       drop.numel = pc.numel();
-      raise_if_error(q.is_cuda() ? dropout_backward_cuda(drop, stream_of(q)) : dropout_backward_cpu(drop), op);
+      run_core(q, drop, dropout_backward_cpu, dropout_backward_cuda, op);
     }
     dv = at::matmul(pd.transpose(-2, -1), grad);
   } else {
@@ -178,8 +177,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_kernel(const a
     prm.cols = pc.size(3);
     prm.scale = sc;
     prm.p = dropout_p;
-    raise_if_error(q.is_cuda() ? attention_softmax_backward_cuda(prm, stream_of(q)) : attention_softmax_backward_cpu(prm),
-                   op);
+    run_core(q, prm, attention_softmax_backward_cpu, attention_softmax_backward_cuda, op);
   }
   at::Tensor dq = at::matmul(ds, k);
   at::Tensor dk = at::matmul(ds.transpose(-2, -1), q);
@@ -217,8 +215,7 @@ void block_softmax(const at::Tensor& scores, const at::Tensor& dropped, const at
   prm.causal = causal;
   prm.p = p;
   prm.rng = rng;
-  raise_if_error(q.is_cuda() ? attention_softmax_forward_cuda(prm, stream_of(q)) : attention_softmax_forward_cpu(prm),
-                 op);
+  run_core(q, prm, attention_softmax_forward_cpu, attention_softmax_forward_cuda, op);
 }
 
 std::tuple<at::Tensor, at::Tensor> fused_attention_forward_kernel(const at::Tensor& q, const at::Tensor& k,
@@ -298,9 +295,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_attention_backward_kernel(
       prm.scale = sc;
       prm.p = dropout_p;
       prm.rng = rng;
-      raise_if_error(q.is_cuda() ? attention_softmax_backward_cuda(prm, stream_of(q))
-                                 : attention_softmax_backward_cpu(prm),
-                     op);
+      run_core(q, prm, attention_softmax_backward_cpu, attention_softmax_backward_cuda, op);
     }
     dq.narrow(2, i0, n).copy_(at::matmul(ds, k));
     dk.add_(at::matmul(ds.transpose(-2, -1), qb));
@@ -325,9 +320,7 @@ at::Tensor attention_kernel(const at::Tensor& q, const at::Tensor& k, const at::
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                      const std::optional<at::Tensor>& attn_mask, double dropout_p, bool causal,
                      std::optional<double> scale, c10::string_view mode) {
-  static auto op = op_handle<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                        const std::optional<at::Tensor>&, double, bool, std::optional<double>,
-                                        c10::string_view)>("tempo::attention");
+  static const auto& op = op_for<&attention>("tempo::attention");
   return op.call(q, k, v, attn_mask, dropout_p, causal, scale, mode);
 }
 
@@ -336,9 +329,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward(const at::Tenso
                                                                  const std::optional<at::Tensor>& attn_mask,
                                                                  double dropout_p, bool causal,
                                                                  std::optional<double> scale, c10::string_view mode) {
-  static auto op = op_handle<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
-      const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, double, bool,
-      std::optional<double>, c10::string_view)>("tempo::attention_forward");
+  static const auto& op = op_for<&attention_forward>("tempo::attention_forward");
   return op.call(q, k, v, attn_mask, dropout_p, causal, scale, mode);
 }
 
@@ -347,18 +338,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(const at::Tens
                                                                   const at::Tensor& probs, const at::Tensor& keep,
                                                                   double dropout_p, std::optional<double> scale,
                                                                   c10::string_view mode) {
-  static auto op = op_handle<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
-      const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-      const at::Tensor&, double, std::optional<double>, c10::string_view)>("tempo::attention_backward");
+  static const auto& op = op_for<&attention_backward>("tempo::attention_backward");
   return op.call(grad, q, k, v, probs, keep, dropout_p, scale, mode);
 }
 
 at::Tensor fused_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                            const std::optional<at::Tensor>& attn_mask, double dropout_p, bool causal,
                            std::optional<double> scale, int64_t block_rows) {
-  static auto op = op_handle<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                        const std::optional<at::Tensor>&, double, bool, std::optional<double>,
-                                        int64_t)>("tempo::fused_attention");
+  static const auto& op = op_for<&fused_attention>("tempo::fused_attention");
   return op.call(q, k, v, attn_mask, dropout_p, causal, scale, block_rows);
 }
 
@@ -367,10 +354,7 @@ std::tuple<at::Tensor, at::Tensor> fused_attention_forward(const at::Tensor& q, 
                                                            const std::optional<at::Tensor>& attn_mask,
                                                            double dropout_p, bool causal, std::optional<double> scale,
                                                            int64_t block_rows) {
-  static auto op = op_handle<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
-                                                                const at::Tensor&, const std::optional<at::Tensor>&,
-                                                                double, bool, std::optional<double>, int64_t)>(
-      "tempo::fused_attention_forward");
+  static const auto& op = op_for<&fused_attention_forward>("tempo::fused_attention_forward");
   return op.call(q, k, v, attn_mask, dropout_p, causal, scale, block_rows);
 }
 
@@ -378,10 +362,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_attention_backward(
     const at::Tensor& grad, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& state,
     const std::optional<at::Tensor>& attn_mask, double dropout_p, bool causal, std::optional<double> scale,
     int64_t block_rows) {
-  static auto op = op_handle<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
-      const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-      const std::optional<at::Tensor>&, double, bool, std::optional<double>, int64_t)>(
-      "tempo::fused_attention_backward");
+  static const auto& op = op_for<&fused_attention_backward>("tempo::fused_attention_backward");
   return op.call(grad, q, k, v, state, attn_mask, dropout_p, causal, scale, block_rows);
 }
 

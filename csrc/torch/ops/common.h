@@ -45,4 +45,26 @@ c10::TypedOperatorHandle<Sig> op_handle(const char* name) {
   return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Sig>();
 }
 
+// The handle of the op whose C++ API function is Fn, typed by Fn's own signature (when the
+// function and the schema take the same arguments), found once.
+template <typename F>
+struct signature_of;
+template <typename R, typename... A>
+struct signature_of<R (*)(A...)> {
+  using type = R(A...);
+};
+template <auto Fn>
+const c10::TypedOperatorHandle<typename signature_of<decltype(Fn)>::type>& op_for(const char* name) {
+  static const auto handle = op_handle<typename signature_of<decltype(Fn)>::type>(name);
+  return handle;
+}
+
+// Runs the core kernel for the device of `on`: cpu(params), or cuda(params, its stream);
+// an error from the core is raised naming op.
+template <typename P>
+void run_core(const at::Tensor& on, const P& params, Status (*cpu)(const P&), Status (*cuda)(const P&, void*),
+              const char* op) {
+  raise_if_error(on.is_cuda() ? cuda(params, stream_of(on)) : cpu(params), op);
+}
+
 }  // namespace tempo::torch_impl

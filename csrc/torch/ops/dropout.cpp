@@ -40,7 +40,7 @@ std::tuple<at::Tensor, at::Tensor> dropout_forward_kernel(const at::Tensor& x, d
   prm.p = p;
   prm.rng = k.rng;
   prm.numel = x.numel();
-  raise_if_error(x.is_cuda() ? dropout_forward_cuda(prm, stream_of(x)) : dropout_forward_cpu(prm), op);
+  run_core(x, prm, dropout_forward_cpu, dropout_forward_cuda, op);
   return {y, k.keep};
 }
 
@@ -61,7 +61,7 @@ at::Tensor dropout_backward_kernel(const at::Tensor& grad, const at::Tensor& kee
   prm.grad_x = dx.mutable_data_ptr();
   prm.p = p;
   prm.numel = grad.numel();
-  raise_if_error(grad.is_cuda() ? dropout_backward_cuda(prm, stream_of(grad)) : dropout_backward_cpu(prm), op);
+  run_core(grad, prm, dropout_backward_cpu, dropout_backward_cuda, op);
   return dx;
 }
 
@@ -80,14 +80,12 @@ at::Tensor dropout(const at::Tensor& x, double p, bool train, c10::string_view m
 }
 
 std::tuple<at::Tensor, at::Tensor> dropout_forward(const at::Tensor& x, double p, c10::string_view mode) {
-  static auto op = op_handle<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, double, c10::string_view)>(
-      "tempo::dropout_forward");
+  static const auto& op = op_for<&dropout_forward>("tempo::dropout_forward");
   return op.call(x, p, mode);
 }
 
 at::Tensor dropout_backward(const at::Tensor& grad, const at::Tensor& keep, double p, c10::string_view mode) {
-  static auto op = op_handle<at::Tensor(const at::Tensor&, const at::Tensor&, double, c10::string_view)>(
-      "tempo::dropout_backward");
+  static const auto& op = op_for<&dropout_backward>("tempo::dropout_backward");
   return op.call(grad, keep, p, mode);
 }
 

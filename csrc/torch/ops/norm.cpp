@@ -194,7 +194,7 @@ ForwardOut norm_forward(NormKind kind, const at::Tensor& x, const c10::SymInt& r
   prm.rows = rows.expect_int();
   prm.cols = cols;
   prm.eps = eps;
-  raise_if_error(x.is_cuda() ? norm_forward_cuda(prm, stream_of(x)) : norm_forward_cpu(prm), op);
+  run_core(x, prm, norm_forward_cpu, norm_forward_cuda, op);
   return out;
 }
 
@@ -273,7 +273,7 @@ BackwardOut norm_backward(NormKind kind, const at::Tensor& grad, const at::Tenso
     workspace = at::empty({norm_backward_workspace_elems(prm.rows, cols)}, opts.dtype(acc_type(y)));
     prm.workspace = workspace.mutable_data_ptr();
   }
-  raise_if_error(y.is_cuda() ? norm_backward_cuda(prm, stream_of(y)) : norm_backward_cpu(prm), op);
+  run_core(y, prm, norm_backward_cpu, norm_backward_cuda, op);
   return out;
 }
 
@@ -434,7 +434,8 @@ at::Tensor bias_dropout_add_layer_norm(const at::Tensor& x, const std::optional<
 }
 
 at::Tensor norm_kept_columns(const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias) {
-  static auto op = op_handle<at::Tensor(const std::optional<at::Tensor>&, const std::optional<at::Tensor>&)>(
+  // (the core's norm_kept_columns overloads the name: the signature is spelled out)
+  static const auto op = op_handle<at::Tensor(const std::optional<at::Tensor>&, const std::optional<at::Tensor>&)>(
       "tempo::norm_kept_columns");
   return op.call(weight, bias);
 }
@@ -443,9 +444,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_forward(const at::Tens
                                                                   const std::optional<at::Tensor>& weight,
                                                                   const std::optional<at::Tensor>& bias, double eps,
                                                                   const std::optional<at::Tensor>& kept_cols) {
-  static auto op = op_handle<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
-      const at::Tensor&, at::IntArrayRef, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, double,
-      const std::optional<at::Tensor>&)>("tempo::layer_norm_forward");
+  static const auto& op = op_for<&layer_norm_forward>("tempo::layer_norm_forward");
   return op.call(x, shape, weight, bias, eps, kept_cols);
 }
 
@@ -455,10 +454,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward(const at::Ten
                                                                    const std::optional<at::Tensor>& bias,
                                                                    const std::optional<at::Tensor>& kept_cols,
                                                                    const std::optional<at::Tensor>& kept_xhat) {
-  static auto op = op_handle<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
-      const at::Tensor&, const at::Tensor&, const at::Tensor&, at::IntArrayRef, const std::optional<at::Tensor>&,
-      const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&)>(
-      "tempo::layer_norm_backward");
+  static const auto& op = op_for<&layer_norm_backward>("tempo::layer_norm_backward");
   return op.call(grad, y, rstd, shape, weight, bias, kept_cols, kept_xhat);
 }
 
@@ -466,9 +462,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rms_norm_forward(const at::Tensor
                                                                 const std::optional<at::Tensor>& weight,
                                                                 std::optional<double> eps,
                                                                 const std::optional<at::Tensor>& kept_cols) {
-  static auto op = op_handle<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
-      const at::Tensor&, at::IntArrayRef, const std::optional<at::Tensor>&, std::optional<double>,
-      const std::optional<at::Tensor>&)>("tempo::rms_norm_forward");
+  static const auto& op = op_for<&rms_norm_forward>("tempo::rms_norm_forward");
   return op.call(x, shape, weight, eps, kept_cols);
 }
 
@@ -477,9 +471,7 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& grad, con
                                                      const std::optional<at::Tensor>& weight,
                                                      const std::optional<at::Tensor>& kept_cols,
                                                      const std::optional<at::Tensor>& kept_xhat) {
-  static auto op = op_handle<std::tuple<at::Tensor, at::Tensor>(
-      const at::Tensor&, const at::Tensor&, const at::Tensor&, at::IntArrayRef, const std::optional<at::Tensor>&,
-      const std::optional<at::Tensor>&, const std::optional<at::Tensor>&)>("tempo::rms_norm_backward");
+  static const auto& op = op_for<&rms_norm_backward>("tempo::rms_norm_backward");
   return op.call(grad, y, rstd, shape, weight, kept_cols, kept_xhat);
 }
 
@@ -487,10 +479,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bias_dropout_add_laye
     const at::Tensor& x, const std::optional<at::Tensor>& bias, const at::Tensor& residual, double p,
     const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& beta, double eps, c10::string_view mode,
     const std::optional<at::Tensor>& kept_cols) {
-  static auto op = op_handle<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
-      const at::Tensor&, const std::optional<at::Tensor>&, const at::Tensor&, double, const std::optional<at::Tensor>&,
-      const std::optional<at::Tensor>&, double, c10::string_view, const std::optional<at::Tensor>&)>(
-      "tempo::bias_dropout_add_layer_norm_forward");
+  static const auto& op = op_for<&bias_dropout_add_layer_norm_forward>("tempo::bias_dropout_add_layer_norm_forward");
   return op.call(x, bias, residual, p, weight, beta, eps, mode, kept_cols);
 }
 
@@ -498,10 +487,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> bias_drop
     const at::Tensor& grad, const at::Tensor& y, const at::Tensor& rstd, const at::Tensor& keep, double p,
     c10::string_view mode, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& beta,
     bool has_bias, const std::optional<at::Tensor>& kept_cols, const std::optional<at::Tensor>& kept_xhat) {
-  static auto op = op_handle<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
-      const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, double, c10::string_view,
-      const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, bool, const std::optional<at::Tensor>&,
-      const std::optional<at::Tensor>&)>("tempo::bias_dropout_add_layer_norm_backward");
+  static const auto& op = op_for<&bias_dropout_add_layer_norm_backward>("tempo::bias_dropout_add_layer_norm_backward");
   return op.call(grad, y, rstd, keep, p, mode, weight, beta, has_bias, kept_cols, kept_xhat);
 }
 
