@@ -19,6 +19,7 @@
 #include "common.h"
 #include "tempo/nn/attention.h"
 #include "tempo/ops/attention.h"
+#include "tempo/ops/fused_attention.h"
 
 namespace {
 

@@ -7,6 +7,7 @@
 
 #include "tempo/nn/dropout.h"
 #include "tempo/ops/attention.h"
+#include "tempo/ops/fused_attention.h"
 
 namespace tempo::nn {
 

@@ -1,6 +1,6 @@
-// Autograd kernels of tempo::attention, which saves q, k, v (the projections keep them
+// Autograd kernel of tempo::attention, which saves q, k, v (the projections keep them
 // anyway), P and the dropout bits or Philox state (not the logits, not the dropped
-// probabilities), and of tempo::fused_attention, which saves q, k, v, the mask and the state.
+// probabilities).
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
@@ -40,40 +40,6 @@ class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
   }
 };
 
-class FusedAttentionFunction : public torch::autograd::Function<FusedAttentionFunction> {
- public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            const std::optional<at::Tensor>& attn_mask, double dropout_p, bool causal,
-                            std::optional<double> scale, int64_t block_rows) {
-    at::AutoDispatchBelowADInplaceOrView guard;
-    auto [out, state] = fused_attention_forward(q, k, v, attn_mask, dropout_p, causal, scale, block_rows);
-    const at::Tensor mask = attn_mask.has_value() ? *attn_mask : at::Tensor();
-    ctx->save_for_backward({q, k, v, state, mask});
-    ctx->saved_data["p"] = dropout_p;
-    ctx->saved_data["causal"] = causal;
-    ctx->saved_data["scale"] = scale.has_value() ? c10::IValue(*scale) : c10::IValue();
-    ctx->saved_data["block_rows"] = block_rows;
-    return out;
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return once_differentiable("tempo::fused_attention", [&]() -> variable_list {
-      const auto s = ctx->get_saved_variables();
-      const c10::IValue& sc = ctx->saved_data["scale"];
-      auto [dq, dk, dv] = fused_attention_backward(
-          grads[0], s[0], s[1], s[2], s[3], s[4].defined() ? std::optional<at::Tensor>(s[4]) : std::nullopt,
-          ctx->saved_data["p"].toDouble(), ctx->saved_data["causal"].toBool(),
-          sc.isNone() ? std::nullopt : std::optional<double>(sc.toDouble()), ctx->saved_data["block_rows"].toInt());
-      return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
-    });
-  }
-};
-
-at::Tensor fused_attention_autograd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                    const std::optional<at::Tensor>& attn_mask, double dropout_p, bool causal,
-                                    std::optional<double> scale, int64_t block_rows) {
-  return FusedAttentionFunction::apply(q, k, v, attn_mask, dropout_p, causal, scale, block_rows);
-}
-
 at::Tensor attention_autograd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                               const std::optional<at::Tensor>& attn_mask, double dropout_p, bool causal,
                               std::optional<double> scale, c10::string_view mode) {
@@ -85,5 +51,4 @@ at::Tensor attention_autograd(const at::Tensor& q, const at::Tensor& k, const at
 
 TORCH_LIBRARY_IMPL(tempo, Autograd, m) {
   m.impl("attention", tempo::attention_autograd);
-  m.impl("fused_attention", tempo::fused_attention_autograd);
 }

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <limits>
 
+#include "attention.h"
 #include "common.h"
 #include "dtype.h"
 #include "tempo/attention.h"
@@ -23,14 +24,6 @@ TORCH_LIBRARY_FRAGMENT(tempo, m) {
         {at::Tag::nondeterministic_seeded});
   m.def("attention_backward(Tensor grad, Tensor q, Tensor k, Tensor v, Tensor probs, Tensor keep, float dropout_p, "
         "float? scale, str mode) -> (Tensor, Tensor, Tensor)");
-  m.def("fused_attention(Tensor q, Tensor k, Tensor v, Tensor? attn_mask=None, float dropout_p=0.0, "
-        "bool causal=False, float? scale=None, int block_rows=0) -> Tensor",
-        {at::Tag::nondeterministic_seeded});
-  m.def("fused_attention_forward(Tensor q, Tensor k, Tensor v, Tensor? attn_mask, float dropout_p, bool causal, "
-        "float? scale, int block_rows) -> (Tensor, Tensor)",
-        {at::Tag::nondeterministic_seeded});
-  m.def("fused_attention_backward(Tensor grad, Tensor q, Tensor k, Tensor v, Tensor state, Tensor? attn_mask, "
-        "float dropout_p, bool causal, float? scale, int block_rows) -> (Tensor, Tensor, Tensor)");
 }
 
 namespace tempo {
@@ -184,131 +177,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_kernel(const a
   return {dq, dk, dv};
 }
 
-// ---- memory-efficient attention: blocks of query rows ------------------------------------
-
-int64_t block_rows_for(const at::Tensor& q, const at::Tensor& k, int64_t requested) {
-  const int64_t Sq = q.size(2);
-  if (requested > 0) return std::min(requested, std::max<int64_t>(Sq, 1));
-  const int64_t per_row = std::max<int64_t>(q.size(0) * q.size(1) * k.size(2) * q.element_size(), 1);
-  return std::max<int64_t>(1, std::min<int64_t>(Sq, (int64_t{8} << 20) / per_row));
-}
-
-// One block's P (in `scores`, over q_blk k^T) and, with dropout, P_d (in `dropped`).
-void block_softmax(const at::Tensor& scores, const at::Tensor& dropped, const at::Tensor& mask, const at::Tensor& q,
-                   int64_t row_offset, double scale, bool causal, double p, const PhiloxState& rng, const char* op) {
-  if (q.is_meta() || scores.numel() == 0) return;
-  AttentionSoftmaxForwardParams prm;
-  prm.dtype = to_core_dtype(q.scalar_type());
-  prm.scores = scores.mutable_data_ptr();
-  prm.dropped = dropped.defined() ? dropped.mutable_data_ptr() : nullptr;
-  if (mask.defined()) {
-    prm.attn_mask = mask.const_data_ptr<float>();
-    for (int d = 0; d < 4; ++d) prm.mask_stride[d] = mask.stride(d);
-  }
-  prm.batch = scores.size(0);
-  prm.heads = scores.size(1);
-  prm.rows = scores.size(2);
-  prm.cols = scores.size(3);
-  prm.row_offset = row_offset;
-  prm.seq_q = q.size(2);
-  prm.scale = scale;
-  prm.causal = causal;
-  prm.p = p;
-  prm.rng = rng;
-  run_core(q, prm, attention_softmax_forward_cpu, attention_softmax_forward_cuda, op);
-}
-
-std::tuple<at::Tensor, at::Tensor> fused_attention_forward_kernel(const at::Tensor& q, const at::Tensor& k,
-                                                                  const at::Tensor& v,
-                                                                  const std::optional<at::Tensor>& attn_mask,
-                                                                  double dropout_p, bool causal,
-                                                                  std::optional<double> scale, int64_t block_rows) {
-  const char* op = "tempo::fused_attention";
-  check_qkv(q, k, v, op);
-  check_probability(dropout_p, op, "dropout_p");
-  TORCH_CHECK(block_rows >= 0, op, ": argument 'block_rows' must be non-negative, got ", block_rows);
-  const double sc = scale_of(q, scale);
-  c10::OptionalDeviceGuard guard(q.device());
-  const std::vector<c10::SymInt> full{q.sym_size(0), q.sym_size(1), q.sym_size(2), k.sym_size(2)};
-  at::Tensor mask;
-  if (attn_mask.has_value() && attn_mask->defined()) mask = additive_mask(*attn_mask, full, q.device(), op);
-  DropoutKeep keep = new_dropout_keep(q, dropout_p, DropoutMode::kPhilox);
-  at::Tensor out = at::empty_symint({q.sym_size(0), q.sym_size(1), q.sym_size(2), v.sym_size(3)}, q.options());
-  if (q.is_meta()) return {out, keep.keep};
-  const int64_t Sq = q.size(2), blk = block_rows_for(q, k, block_rows);
-  const at::Tensor kt = k.transpose(-2, -1);
-  for (int64_t i0 = 0; i0 < Sq; i0 += blk) {
-    const int64_t n = std::min(blk, Sq - i0);
-    const at::Tensor qb = q.narrow(2, i0, n);
-    at::Tensor s = at::matmul(qb, kt).contiguous();
-    at::Tensor d = dropout_p > 0.0 ? at::empty_like(s) : at::Tensor();
-    block_softmax(s, d, mask, q, i0, sc, causal, dropout_p, keep.rng, op);
-    out.narrow(2, i0, n).copy_(at::matmul(d.defined() ? d : s, v));
-  }
-  return {out, keep.keep};
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_attention_backward_kernel(
-    const at::Tensor& grad, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& state,
-    const std::optional<at::Tensor>& attn_mask, double dropout_p, bool causal, std::optional<double> scale,
-    int64_t block_rows) {
-  const char* op = "tempo::fused_attention_backward";
-  check_qkv(q, k, v, op);
-  check_probability(dropout_p, op, "dropout_p");
-  check_like(grad, q, op, "grad");
-  TORCH_CHECK(grad.dim() == 4 && grad.sym_size(2) == q.sym_size(2) && grad.sym_size(3) == v.sym_size(3), op,
-              ": argument 'grad' must have the shape of the output, got ", grad.sym_sizes());
-  const double sc = scale_of(q, scale);
-  PhiloxState rng;
-  const uint8_t* unused = nullptr;
-  read_dropout_keep(state, q, dropout_p, DropoutMode::kPhilox, op, &unused, &rng);
-  c10::OptionalDeviceGuard guard(q.device());
-  at::Tensor dq = at::empty_like(q), dk = at::zeros_like(k), dv = at::zeros_like(v);
-  if (q.is_meta()) return {dq, dk, dv};
-  at::Tensor mask;
-  if (attn_mask.has_value() && attn_mask->defined()) {
-    const std::vector<c10::SymInt> full{q.sym_size(0), q.sym_size(1), q.sym_size(2), k.sym_size(2)};
-    mask = additive_mask(*attn_mask, full, q.device(), op);
-  }
-  const int64_t Sq = q.size(2), blk = block_rows_for(q, k, block_rows);
-  const at::Tensor kt = k.transpose(-2, -1), vt = v.transpose(-2, -1);
-  for (int64_t i0 = 0; i0 < Sq; i0 += blk) {
-    const int64_t n = std::min(blk, Sq - i0);
-    const at::Tensor qb = q.narrow(2, i0, n), gb = grad.narrow(2, i0, n);
-    // Recompute the block's P and P_d exactly as the forward did.
-    at::Tensor s = at::matmul(qb, kt).contiguous();
-    at::Tensor d = dropout_p > 0.0 ? at::empty_like(s) : at::Tensor();
-    block_softmax(s, d, mask, q, i0, sc, causal, dropout_p, rng, op);
-    dv.add_(at::matmul((d.defined() ? d : s).transpose(-2, -1), gb));
-    d.reset();
-    at::Tensor ds = at::matmul(gb, vt).contiguous();
-    if (ds.numel() > 0) {
-      AttentionSoftmaxBackwardParams prm;
-      prm.dtype = to_core_dtype(q.scalar_type());
-      prm.grad = ds.mutable_data_ptr();
-      prm.probs = s.const_data_ptr();
-      prm.rows_total = ds.size(0) * ds.size(1) * n;
-      prm.cols = ds.size(3);
-      prm.rows = n;
-      prm.row_offset = i0;
-      prm.seq_q = Sq;
-      prm.scale = sc;
-      prm.p = dropout_p;
-      prm.rng = rng;
-      run_core(q, prm, attention_softmax_backward_cpu, attention_softmax_backward_cuda, op);
-    }
-    dq.narrow(2, i0, n).copy_(at::matmul(ds, k));
-    dk.add_(at::matmul(ds.transpose(-2, -1), qb));
-  }
-  return {dq, dk, dv};
-}
-
-at::Tensor fused_attention_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                  const std::optional<at::Tensor>& attn_mask, double dropout_p, bool causal,
-                                  std::optional<double> scale, int64_t block_rows) {
-  return std::get<0>(fused_attention_forward_kernel(q, k, v, attn_mask, dropout_p, causal, scale, block_rows));
-}
-
 at::Tensor attention_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const std::optional<at::Tensor>& attn_mask, double dropout_p, bool causal,
                             std::optional<double> scale, c10::string_view mode) {
@@ -342,37 +210,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(const at::Tens
   return op.call(grad, q, k, v, probs, keep, dropout_p, scale, mode);
 }
 
-at::Tensor fused_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                           const std::optional<at::Tensor>& attn_mask, double dropout_p, bool causal,
-                           std::optional<double> scale, int64_t block_rows) {
-  static const auto& op = op_for<&fused_attention>("tempo::fused_attention");
-  return op.call(q, k, v, attn_mask, dropout_p, causal, scale, block_rows);
-}
-
-std::tuple<at::Tensor, at::Tensor> fused_attention_forward(const at::Tensor& q, const at::Tensor& k,
-                                                           const at::Tensor& v,
-                                                           const std::optional<at::Tensor>& attn_mask,
-                                                           double dropout_p, bool causal, std::optional<double> scale,
-                                                           int64_t block_rows) {
-  static const auto& op = op_for<&fused_attention_forward>("tempo::fused_attention_forward");
-  return op.call(q, k, v, attn_mask, dropout_p, causal, scale, block_rows);
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_attention_backward(
-    const at::Tensor& grad, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& state,
-    const std::optional<at::Tensor>& attn_mask, double dropout_p, bool causal, std::optional<double> scale,
-    int64_t block_rows) {
-  static const auto& op = op_for<&fused_attention_backward>("tempo::fused_attention_backward");
-  return op.call(grad, q, k, v, state, attn_mask, dropout_p, causal, scale, block_rows);
-}
-
 }  // namespace tempo
 
 TORCH_LIBRARY_IMPL(tempo, CompositeExplicitAutograd, m) {
   m.impl("attention", tempo::attention_kernel);
   m.impl("attention_forward", tempo::attention_forward_kernel);
   m.impl("attention_backward", tempo::attention_backward_kernel);
-  m.impl("fused_attention", tempo::fused_attention_kernel);
-  m.impl("fused_attention_forward", tempo::fused_attention_forward_kernel);
-  m.impl("fused_attention_backward", tempo::fused_attention_backward_kernel);
 }

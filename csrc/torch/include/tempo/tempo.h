@@ -8,4 +8,5 @@
 #include "tempo/ops/activation.h"
 #include "tempo/ops/attention.h"
 #include "tempo/ops/dropout.h"
+#include "tempo/ops/fused_attention.h"
 #include "tempo/ops/norm.h"

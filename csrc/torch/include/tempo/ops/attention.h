@@ -31,23 +31,4 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(const at::Tens
                                                                   double dropout_p, std::optional<double> scale,
                                                                   c10::string_view mode);
 
-// Memory-efficient attention: the same result as attention() (dropout draws the same mask
-// from the same generator state), computed over blocks of `block_rows` query rows (0: rows
-// chosen so a block's scores take about 8 MiB), keeping for backward only q, k, v, the mask
-// and the 16-byte Philox state, no S^2 tensor. The backward recomputes each block's P.
-at::Tensor fused_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                           const std::optional<at::Tensor>& attn_mask = std::nullopt, double dropout_p = 0.0,
-                           bool causal = false, std::optional<double> scale = std::nullopt, int64_t block_rows = 0);
-// (out, state)
-std::tuple<at::Tensor, at::Tensor> fused_attention_forward(const at::Tensor& q, const at::Tensor& k,
-                                                           const at::Tensor& v,
-                                                           const std::optional<at::Tensor>& attn_mask,
-                                                           double dropout_p, bool causal, std::optional<double> scale,
-                                                           int64_t block_rows);
-// (dq, dk, dv)
-std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_attention_backward(
-    const at::Tensor& grad, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& state,
-    const std::optional<at::Tensor>& attn_mask, double dropout_p, bool causal, std::optional<double> scale,
-    int64_t block_rows);
-
 }  // namespace tempo
