@@ -1,4 +1,17 @@
-# ctest helper: configure, build and run examples/cpp against this build tree.
+# ctest helper: configure, build and run examples/cpp against this build tree, or (with
+# INSTALL_FROM set to the build tree) against an install prefix moved to another path after
+# installing, so the package must be relocatable.
+if(INSTALL_FROM)
+  file(REMOVE_RECURSE ${BIN}/prefix ${BIN}/moved)
+  execute_process(COMMAND ${CMAKE_COMMAND} --install ${INSTALL_FROM} --prefix ${BIN}/prefix RESULT_VARIABLE rc
+                  OUTPUT_QUIET)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "example: install failed (${rc})")
+  endif()
+  file(RENAME ${BIN}/prefix ${BIN}/moved)
+  set(TEMPO_DIR ${BIN}/moved/lib/cmake/Tempo)
+  set(BIN ${BIN}/build)
+endif()
 foreach(step configure build run)
   if(step STREQUAL "configure")
     set(cmd ${CMAKE_COMMAND} -S ${SRC} -B ${BIN} -G ${GENERATOR} -DTempo_DIR=${TEMPO_DIR} -DTorch_DIR=${TORCH_DIR})
