@@ -115,10 +115,7 @@ Status check_prologue(bool enabled, const NormPrologue& pr, NormKind kind, const
   const std::string w(what);
   TEMPO_CORE_CHECK(kind == NormKind::kLayerNorm, w + ": the bias-dropout-residual prologue needs LayerNorm");
   TEMPO_CORE_CHECK(pr.p >= 0.0 && pr.p <= 1.0, w + ": dropout p must be in [0, 1]");
-  TEMPO_CORE_CHECK(pr.mode == DropoutMode::kBits || pr.mode == DropoutMode::kPhilox, w + ": unknown dropout mode");
-  if (pr.p > 0.0 && pr.mode == DropoutMode::kBits)
-    TEMPO_CORE_CHECK(mask != nullptr, w + ": bits-mode dropout needs the mask");
-  return Status::Ok();
+  return check_dropout_mask(pr.mode, pr.p, mask, what);
 }
 }  // namespace
 

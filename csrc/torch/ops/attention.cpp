@@ -98,6 +98,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward_kernel(const at
     prm.dtype = to_core_dtype(q.scalar_type());
     prm.scores = probs.mutable_data_ptr();
     prm.dropped = dropped.defined() ? dropped.mutable_data_ptr() : nullptr;
+    prm.mode = mode;
     prm.mask_bits = keep.mask;
     if (mask.defined()) {
       prm.attn_mask = mask.const_data_ptr<float>();
@@ -139,6 +140,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_kernel(const a
   const at::Tensor pc = probs.contiguous();
   AttentionSoftmaxBackwardParams prm;
   DropoutBackwardParams drop;
+  prm.mode = drop.mode = mode;
   read_dropout_keep(keep, pc, dropout_p, mode, op, &prm.mask_bits, &prm.rng);
   c10::OptionalDeviceGuard guard(q.device());
   const bool real = !q.is_meta() && pc.numel() > 0;

@@ -36,6 +36,7 @@ std::tuple<at::Tensor, at::Tensor> dropout_forward_kernel(const at::Tensor& x, d
   prm.dtype = to_core_dtype(x.scalar_type());
   prm.x = xc.const_data_ptr();
   prm.y = y.mutable_data_ptr();
+  prm.mode = mode;
   prm.mask = k.mask;
   prm.p = p;
   prm.rng = k.rng;
@@ -51,6 +52,7 @@ at::Tensor dropout_backward_kernel(const at::Tensor& grad, const at::Tensor& kee
   check_probability(p, op, "p");
   const DropoutMode mode = dropout_mode(mode_name, op);
   DropoutBackwardParams prm;
+  prm.mode = mode;
   read_dropout_keep(keep, grad, p, mode, op, &prm.mask, &prm.rng);
   at::Tensor dx = at::empty_like(grad, at::MemoryFormat::Contiguous);
   if (grad.is_meta() || grad.numel() == 0) return dx;

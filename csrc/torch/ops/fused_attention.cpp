@@ -44,6 +44,7 @@ void block_softmax(const at::Tensor& scores, const at::Tensor& dropped, const at
   prm.dtype = to_core_dtype(q.scalar_type());
   prm.scores = scores.mutable_data_ptr();
   prm.dropped = dropped.defined() ? dropped.mutable_data_ptr() : nullptr;
+  prm.mode = DropoutMode::kPhilox;  // blocks of rows draw their bits
   if (mask.defined()) {
     prm.attn_mask = mask.const_data_ptr<float>();
     for (int d = 0; d < 4; ++d) prm.mask_stride[d] = mask.stride(d);
@@ -130,6 +131,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_attention_backward_kernel(
       prm.dtype = to_core_dtype(q.scalar_type());
       prm.grad = ds.mutable_data_ptr();
       prm.probs = s.const_data_ptr();
+      prm.mode = DropoutMode::kPhilox;
       prm.rows_total = ds.size(0) * ds.size(1) * n;
       prm.cols = ds.size(3);
       prm.rows = n;

@@ -63,7 +63,8 @@ TEST(DropoutCore, ForwardBackwardMatchDefinition) {
     b.p = 0.3;
     b.numel = n;
     ASSERT_TRUE(tempo::dropout_backward_cpu(b).ok());
-    b.mask = nullptr;  // philox: regenerate
+    b.mode = tempo::DropoutMode::kPhilox;  // regenerate
+    b.mask = nullptr;
     b.rng = f.rng;
     b.grad_x = gx2.data();
     ASSERT_TRUE(tempo::dropout_backward_cpu(b).ok());
@@ -76,6 +77,23 @@ TEST(DropoutCore, ForwardBackwardMatchDefinition) {
     }
     if (n % 8) ASSERT_EQ(mask.back() >> (n % 8), 0) << "bits past the end are zero";
   }
+}
+
+TEST(DropoutCore, ModeAndMaskMustAgree) {
+  std::vector<float> x(16, 1.0f), y(16);
+  std::vector<uint8_t> mask(2);
+  tempo::DropoutForwardParams f;
+  f.x = x.data();
+  f.y = y.data();
+  f.numel = 16;
+  f.p = 0.5;
+  EXPECT_FALSE(tempo::dropout_forward_cpu(f).ok());  // bits mode without the mask
+  f.mode = tempo::DropoutMode::kPhilox;
+  EXPECT_TRUE(tempo::dropout_forward_cpu(f).ok());
+  f.mask = mask.data();
+  EXPECT_FALSE(tempo::dropout_forward_cpu(f).ok());  // philox mode with a mask
+  f.mode = tempo::DropoutMode::kBits;
+  EXPECT_TRUE(tempo::dropout_forward_cpu(f).ok());
 }
 
 TEST(DropoutCore, RejectsBadProbability) {

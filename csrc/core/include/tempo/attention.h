@@ -19,7 +19,9 @@ struct AttentionSoftmaxForwardParams {
   DType dtype = DType::kFloat32;
   void* scores = nullptr;           // in: q k^T, rows_total x cols, contiguous; out: P
   void* dropped = nullptr;          // out when p > 0: P * keep / (1 - p)
-  uint8_t* mask_bits = nullptr;     // out when p > 0 in bits mode: bit_mask_bytes(rows_total * cols)
+  DropoutMode mode = DropoutMode::kBits;
+  uint8_t* mask_bits = nullptr;     // out when p > 0 in bits mode: bit_mask_bytes(rows_total * cols);
+                                    // philox mode (and always for a block of rows): null
   const float* attn_mask = nullptr; // optional additive fp32 mask
   int64_t mask_stride[4] = {0, 0, 0, 0};  // element (b, h, i, j) at b s0 + h s1 + i s2 + j s3
   int64_t batch = 0, heads = 0, rows = 0, cols = 0;  // rows_total = batch * heads * rows
@@ -37,7 +39,8 @@ struct AttentionSoftmaxBackwardParams {
   DType dtype = DType::kFloat32;
   void* grad = nullptr;              // in: dL/dP_d (dL/dP without dropout); out: dL/d(q k^T)
   const void* probs = nullptr;       // P
-  const uint8_t* mask_bits = nullptr;  // bits mode; null with p > 0: regenerate from rng
+  DropoutMode mode = DropoutMode::kBits;
+  const uint8_t* mask_bits = nullptr;  // bits mode: the forward's bits; philox mode: null (drawn from rng)
   int64_t rows_total = 0, cols = 0;
   // A block of query rows, as in the forward: rows_total = batch_heads * rows.
   int64_t rows = 0, row_offset = 0, seq_q = 0;  // rows = 0: the whole matrix

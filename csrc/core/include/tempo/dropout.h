@@ -10,6 +10,8 @@
 
 namespace tempo {
 
+// kBits: the forward writes the packed keep bits to the mask and the backward reads them;
+// kPhilox: no mask at all (it must be null), both draw the bits from the Philox state.
 enum class DropoutMode : int32_t { kBits = 0, kPhilox = 1 };
 
 // Where the keep bits come from: Philox key `seed`, counter high word `offset`.
@@ -26,7 +28,8 @@ struct DropoutForwardParams {
   DType dtype = DType::kFloat32;
   const void* x = nullptr;  // numel elements, contiguous
   void* y = nullptr;        // out: numel elements
-  uint8_t* mask = nullptr;  // out, optional: bit_mask_bytes(numel) packed keep bits
+  DropoutMode mode = DropoutMode::kBits;
+  uint8_t* mask = nullptr;  // out in bits mode: bit_mask_bytes(numel) packed keep bits
   double p = 0.5;           // drop probability in [0, 1]
   PhiloxState rng;
   int64_t numel = 0;
@@ -36,7 +39,8 @@ struct DropoutBackwardParams {
   DType dtype = DType::kFloat32;
   const void* grad_y = nullptr;
   void* grad_x = nullptr;         // out: grad_y * keep / (1 - p); may alias grad_y
-  const uint8_t* mask = nullptr;  // the forward's bits; null: regenerate them from rng
+  DropoutMode mode = DropoutMode::kBits;
+  const uint8_t* mask = nullptr;  // bits mode: the forward's bits; philox mode: null (drawn from rng)
   double p = 0.5;
   PhiloxState rng;
   int64_t numel = 0;
@@ -72,6 +76,9 @@ struct DropoutScale {
 namespace detail {
 Status validate(const DropoutForwardParams& p);
 Status validate(const DropoutBackwardParams& p);
+// The mask agrees with the mode: present in bits mode (when anything is dropped), absent in
+// philox mode. `what` names the caller in the error.
+Status check_dropout_mask(DropoutMode mode, double p, const void* mask, const char* what);
 }  // namespace detail
 
 }  // namespace tempo
