@@ -65,7 +65,7 @@ template <typename T>
 Status check_kept(const NormBackwardParams& p) {
   for (int64_t j = 0; j < p.cols; ++j) {
     if (p.kept > 0 && p.kept_slot[j] >= 0) continue;
-    const double g = param_at<T>(p.weight, j, 1.0), b = param_at<T>(p.bias, j, 0.0);
+    const double g = param_at<T>(p.weight, j, 1.0), b = param_at<T>(p.beta, j, 0.0);
     if (!norm_column_recoverable(p.dtype, g, b))
       return Status::Error("norm backward: column " + std::to_string(j) + " (gamma " + std::to_string(g) + ", beta " +
                            std::to_string(b) + ") cannot be recovered from y; pass the forward's kept columns " +
@@ -124,7 +124,7 @@ Status validate(const NormForwardParams& p) {
   TEMPO_CORE_CHECK(known(p.dtype), "norm forward: unsupported dtype");
   TEMPO_CORE_CHECK(p.rows >= 0 && p.cols >= 0, "norm forward: rows and cols must be non-negative");
   TEMPO_CORE_CHECK(p.eps >= 0.0, "norm forward: eps must be non-negative");
-  TEMPO_CORE_CHECK(p.kind == NormKind::kLayerNorm || !p.bias, "norm forward: rms_norm has no bias");
+  TEMPO_CORE_CHECK(p.kind == NormKind::kLayerNorm || !p.beta, "norm forward: rms_norm has no bias");
   TEMPO_CORE_CHECK(p.kept >= 0 && p.kept <= p.cols, "norm forward: kept columns must be in [0, cols]");
   if (p.rows * p.cols == 0) return Status::Ok();
   TEMPO_CORE_CHECK(p.x && p.y && p.rstd, "norm forward: x, y and rstd must be non-null");
@@ -136,14 +136,14 @@ Status validate(const NormBackwardParams& p) {
   TEMPO_CORE_CHECK(known(p.kind), "norm backward: unknown norm");
   TEMPO_CORE_CHECK(known(p.dtype), "norm backward: unsupported dtype");
   TEMPO_CORE_CHECK(p.rows >= 0 && p.cols >= 0, "norm backward: rows and cols must be non-negative");
-  TEMPO_CORE_CHECK(p.kind == NormKind::kLayerNorm || !p.bias, "norm backward: rms_norm has no bias");
+  TEMPO_CORE_CHECK(p.kind == NormKind::kLayerNorm || !p.beta, "norm backward: rms_norm has no bias");
   TEMPO_CORE_CHECK(p.kept >= 0 && p.kept <= p.cols, "norm backward: kept columns must be in [0, cols]");
   if (p.rows * p.cols == 0) return Status::Ok();
   TEMPO_CORE_CHECK(p.grad_y && p.y && p.rstd && p.grad_x, "norm backward: grad_y, y, rstd and grad_x must be non-null");
   TEMPO_CORE_CHECK(p.kept == 0 || (p.kept_slot && p.kept_xhat), "norm backward: kept columns need kept_slot and kept_xhat");
   TEMPO_CORE_CHECK(!p.weight || p.grad_weight, "norm backward: grad_weight must be non-null when weight is");
-  TEMPO_CORE_CHECK(!p.bias || p.grad_bias, "norm backward: grad_bias must be non-null when bias is");
-  TEMPO_CORE_CHECK(p.grad_residual || !p.grad_pre_bias, "norm backward: grad_pre_bias needs grad_residual");
+  TEMPO_CORE_CHECK(!p.beta || p.grad_beta, "norm backward: grad_beta must be non-null when beta is");
+  TEMPO_CORE_CHECK(p.grad_residual || !p.grad_bias, "norm backward: grad_bias needs grad_residual");
   return check_prologue(p.grad_residual != nullptr, p.prologue, p.kind, p.mask, "norm backward");
 }
 

@@ -108,7 +108,7 @@ const math::acc_t<T>* load_row(const NormForwardParams& p, const Columns<math::a
       return h.data();
     }
   }
-  // h = residual + dropout(x + pre_bias), each step rounded to T as the unfused ops store it.
+  // h = residual + dropout(x + bias), each step rounded to T as the unfused ops store it.
   const T* rr = res + r * M;
   const Acc* pb = col.pre_bias.data();
   uint8_t* kb = keep.data();
@@ -243,7 +243,7 @@ template <typename T>
 void forward(const NormForwardParams& p) {
   const int64_t chunk = cpu::mask_chunk_rows(p.rows, p.cols);
   const int64_t chunks = (p.rows + chunk - 1) / chunk;
-  const Columns<math::acc_t<T>> col(static_cast<const T*>(p.weight), static_cast<const T*>(p.bias),
+  const Columns<math::acc_t<T>> col(static_cast<const T*>(p.weight), static_cast<const T*>(p.beta),
                                      static_cast<const T*>(p.prologue.bias), p.cols, p.kept_slot, p.kept);
 #pragma omp parallel if (p.rows * p.cols >= cpu::kParallelMinElems && chunks > 1)
   {
@@ -271,7 +271,7 @@ void backward(const NormBackwardParams& p) {
   const int threads = parallel ? omp_get_max_threads() : 1;
   // Per-thread column partial sums of dgamma, dbeta and the pre-bias gradient.
   std::vector<double> parts(static_cast<size_t>(threads) * 3 * M, 0.0);
-  const Columns<math::acc_t<T>> col(static_cast<const T*>(p.weight), static_cast<const T*>(p.bias),
+  const Columns<math::acc_t<T>> col(static_cast<const T*>(p.weight), static_cast<const T*>(p.beta),
                                      static_cast<const T*>(nullptr), M, p.kept_slot, p.kept);
 #pragma omp parallel num_threads(threads) if (parallel)
   {
@@ -290,8 +290,8 @@ void backward(const NormBackwardParams& p) {
     for (int64_t j = 0; j < 3 * M; ++j) parts[j] += src[j];
   }
   store_sums<T>(parts.data(), p.weight ? p.grad_weight : nullptr, M);
-  store_sums<T>(parts.data() + M, p.bias ? p.grad_bias : nullptr, M);
-  store_sums<T>(parts.data() + 2 * M, p.grad_pre_bias, M);
+  store_sums<T>(parts.data() + M, p.beta ? p.grad_beta : nullptr, M);
+  store_sums<T>(parts.data() + 2 * M, p.grad_bias, M);
 }
 
 }  // namespace
@@ -315,8 +315,8 @@ Status norm_backward_cpu(const NormBackwardParams& p) {
       std::fill(static_cast<uint8_t*>(out), static_cast<uint8_t*>(out) + bytes, uint8_t{0});
     };
     if (p.weight) zero(p.grad_weight);
-    if (p.bias) zero(p.grad_bias);
-    zero(p.grad_pre_bias);
+    if (p.beta) zero(p.grad_beta);
+    zero(p.grad_bias);
     return s;
   }
   s = detail::check_kept_columns(p);

@@ -1,7 +1,7 @@
 // CUDA kernels of LayerNorm / RMSNorm and the fused bias-dropout-residual prologue.
 // Forward: one block per row (grid-stride over rows), block reductions in the math type.
 // Backward: kNormBackwardGroups row groups, each block accumulating its columns' partial sums of
-// dgamma / dbeta / dpre_bias in the workspace, then one thread per column adds the groups.
+// dgamma / dbeta / dbias (the prologue's) in the workspace, then one thread per column adds the groups.
 #include "tempo/norm.h"
 #include "../math/philox.h"
 #include "common.cuh"
@@ -9,7 +9,7 @@
 namespace tempo {
 namespace {
 
-// h = residual + dropout(x + pre_bias), each step rounded to T as the unfused ops store it;
+// h = residual + dropout(x + bias), each step rounded to T as the unfused ops store it;
 // or x without the prologue.
 template <typename T>
 __device__ math::acc_t<T> load_h(const NormForwardParams& p, const PhiloxState& rng, int64_t r, int64_t j,
@@ -31,7 +31,7 @@ __global__ void norm_forward_kernel(NormForwardParams p, uint64_t threshold, Dro
   __shared__ Acc shared[32];
   const PhiloxState rng = cuda::resolve(p.prologue.rng);
   const T* w = static_cast<const T*>(p.weight);
-  const T* b = static_cast<const T*>(p.bias);
+  const T* b = static_cast<const T*>(p.beta);
   T* y = static_cast<T*>(p.y);
   const int64_t M = p.cols;
   for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
@@ -64,7 +64,7 @@ template <typename T>
 __device__ math::acc_t<T> xhat_at(const NormBackwardParams& p, int64_t r, int64_t j, math::acc_t<T> gamma) {
   using Acc = math::acc_t<T>;
   if (p.kept > 0 && p.kept_slot[j] >= 0) return static_cast<const Acc*>(p.kept_xhat)[r * p.kept + p.kept_slot[j]];
-  const T* b = static_cast<const T*>(p.bias);
+  const T* b = static_cast<const T*>(p.beta);
   return (math::to_float(static_cast<const T*>(p.y)[r * p.cols + j]) - (b ? math::to_float(b[j]) : Acc(0))) / gamma;
 }
 
@@ -90,7 +90,7 @@ __global__ void norm_backward_kernel(NormBackwardParams p, uint64_t threshold, D
       if (p.kept > 0 && p.kept_slot[j] >= 0) {
         c1 += g * gamma * static_cast<const Acc*>(p.kept_xhat)[r * p.kept + p.kept_slot[j]];
       } else {
-        const T* b = static_cast<const T*>(p.bias);
+        const T* b = static_cast<const T*>(p.beta);
         c1 += g * (math::to_float(static_cast<const T*>(p.y)[r * M + j]) - (b ? math::to_float(b[j]) : Acc(0)));
       }
       c2 += g * gamma;
@@ -124,8 +124,8 @@ __global__ void column_sum_kernel(NormBackwardParams p, int groups) {
   using Acc = math::acc_t<T>;
   const int64_t M = p.cols;
   const Acc* ws = static_cast<const Acc*>(p.workspace);
-  T* outs[3] = {p.weight ? static_cast<T*>(p.grad_weight) : nullptr, p.bias ? static_cast<T*>(p.grad_bias) : nullptr,
-                static_cast<T*>(p.grad_pre_bias)};
+  T* outs[3] = {p.weight ? static_cast<T*>(p.grad_weight) : nullptr, p.beta ? static_cast<T*>(p.grad_beta) : nullptr,
+                static_cast<T*>(p.grad_bias)};
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < 3 * M; j += stride) {
     T* out = outs[j / M];

@@ -145,7 +145,7 @@ void check_kept_xhat(const at::Tensor* kept_cols, const at::Tensor* kept_xhat, c
 // The bias-dropout-residual prologue of a forward (bias_dropout_add_layer_norm).
 struct PrologueArgs {
   const at::Tensor* residual = nullptr;
-  const at::Tensor* pre_bias = nullptr;
+  const at::Tensor* bias = nullptr;  // added before dropout
   double p = 0.0;
   DropoutMode mode = DropoutMode::kBits;
 };
@@ -177,10 +177,10 @@ ForwardOut norm_forward(NormKind kind, const at::Tensor& x, const c10::SymInt& r
   prm.dtype = to_core_dtype(x.scalar_type());
   prm.x = xc.const_data_ptr();
   prm.weight = data_or_null(w, wc);
-  prm.bias = data_or_null(b, bc);
+  prm.beta = data_or_null(b, bc);
   if (pro) {
     prm.prologue.residual = data_or_null(pro->residual, rc);
-    prm.prologue.bias = data_or_null(pro->pre_bias, pbc);
+    prm.prologue.bias = data_or_null(pro->bias, pbc);
     prm.prologue.p = pro->p;
     prm.prologue.mode = pro->mode;
     prm.prologue.rng = k.rng;
@@ -212,14 +212,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> plain_forward(NormKind kind, cons
 }
 
 // Backward of either norm, with or without the bias-dropout-residual prologue. Outputs
-// (grad_x, grad_weight, grad_bias, grad_residual, grad_pre_bias); absent ones are empty.
+// (grad_x, grad_weight, grad_beta, grad_residual, grad_bias); absent ones are empty.
 struct BackwardOut {
-  at::Tensor dx, dw, db, dres, dpb;
+  at::Tensor dx, dw, dbeta, dres, dbias;
 };
 
 BackwardOut norm_backward(NormKind kind, const at::Tensor& grad, const at::Tensor& y, const at::Tensor& rstd,
                           int64_t cols, const at::Tensor* w, const at::Tensor* b, const NormPrologue* prologue,
-                          bool has_pre_bias, const uint8_t* mask, const at::Tensor* kept_cols,
+                          bool has_bias, const uint8_t* mask, const at::Tensor* kept_cols,
                           const at::Tensor* kept_xhat, const char* op) {
   check_floating(grad, op, "grad");
   check_floating(y, op, "y");
@@ -240,9 +240,9 @@ BackwardOut norm_backward(NormKind kind, const at::Tensor& grad, const at::Tenso
   BackwardOut out;
   out.dx = at::empty_like(y, at::MemoryFormat::Contiguous);
   out.dw = w ? at::empty({cols}, opts) : at::empty({0}, opts);
-  out.db = b ? at::empty({cols}, opts) : at::empty({0}, opts);
+  out.dbeta = b ? at::empty({cols}, opts) : at::empty({0}, opts);
   out.dres = prologue ? at::empty_like(y, at::MemoryFormat::Contiguous) : at::empty({0}, opts);
-  out.dpb = has_pre_bias ? at::empty({cols}, opts) : at::empty({0}, opts);
+  out.dbias = has_bias ? at::empty({cols}, opts) : at::empty({0}, opts);
   if (y.is_meta()) return out;
   c10::OptionalDeviceGuard guard(y.device());
   const at::Tensor gc = grad.contiguous(), yc = y.contiguous(), rc = rstd.contiguous();
@@ -254,7 +254,7 @@ BackwardOut norm_backward(NormKind kind, const at::Tensor& grad, const at::Tenso
   prm.y = yc.const_data_ptr();
   prm.rstd = rc.const_data_ptr();
   prm.weight = data_or_null(w, wc);
-  prm.bias = data_or_null(b, bc);
+  prm.beta = data_or_null(b, bc);
   if (prologue) prm.prologue = *prologue;
   prm.mask = mask;
   const at::Tensor kxc = slot.defined() ? kept_xhat->contiguous() : at::Tensor();
@@ -263,9 +263,9 @@ BackwardOut norm_backward(NormKind kind, const at::Tensor& grad, const at::Tenso
   prm.kept_xhat = prm.kept ? kxc.const_data_ptr() : nullptr;
   prm.grad_x = out.dx.mutable_data_ptr();
   prm.grad_weight = w ? out.dw.mutable_data_ptr() : nullptr;
-  prm.grad_bias = b ? out.db.mutable_data_ptr() : nullptr;
+  prm.grad_beta = b ? out.dbeta.mutable_data_ptr() : nullptr;
   prm.grad_residual = prologue ? out.dres.mutable_data_ptr() : nullptr;
-  prm.grad_pre_bias = has_pre_bias ? out.dpb.mutable_data_ptr() : nullptr;
+  prm.grad_bias = has_bias ? out.dbias.mutable_data_ptr() : nullptr;
   prm.rows = rows.expect_int();
   prm.cols = cols;
   at::Tensor workspace;
@@ -307,7 +307,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward_kernel(const 
   if (b) TORCH_CHECK(b->sizes() == shape, op, ": argument 'bias' must have shape ", shape);
   BackwardOut o = norm_backward(NormKind::kLayerNorm, grad, y, rstd, numel_of(shape), w, b, nullptr, false, nullptr,
                                 get(kept_cols), get(kept_xhat), op);
-  return {o.dx, o.dw.view(w ? shape : at::IntArrayRef{0}), o.db.view(b ? shape : at::IntArrayRef{0})};
+  return {o.dx, o.dw.view(w ? shape : at::IntArrayRef{0}), o.dbeta.view(b ? shape : at::IntArrayRef{0})};
 }
 
 // torch's default: the machine epsilon of the math type (fp32 for 16-bit data).
@@ -366,12 +366,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bdrln_forward_kernel(
   check_probability(p, op, "p");
   PrologueArgs pro;
   pro.residual = &residual;
-  pro.pre_bias = get(bias);
+  pro.bias = get(bias);
   pro.p = p;
   pro.mode = dropout_mode(mode_name, op);
   const int64_t cols = x.sym_size(-1).guard_int(__FILE__, __LINE__);
   const std::vector<int64_t> shape{cols};
-  check_param(pro.pre_bias, x, shape, op, "bias");
+  check_param(pro.bias, x, shape, op, "bias");
   check_param(get(weight), x, shape, op, "weight");
   check_param(get(beta), x, shape, op, "beta");
   const c10::SymInt rows = x.sym_numel() / std::max<int64_t>(cols, 1);
@@ -393,7 +393,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> bdrln_bac
   read_dropout_keep(keep, y, p, pr.mode, op, &mask, &pr.rng);
   BackwardOut o = norm_backward(NormKind::kLayerNorm, grad, y, rstd, y.sym_size(-1).guard_int(__FILE__, __LINE__),
                                 get(weight), get(beta), &pr, has_bias, mask, get(kept_cols), get(kept_xhat), op);
-  return {o.dx, o.dpb, o.dres, o.dw, o.db};
+  return {o.dx, o.dbias, o.dres, o.dw, o.dbeta};
 }
 
 at::Tensor bdrln_kernel(const at::Tensor& x, const std::optional<at::Tensor>& bias, const at::Tensor& residual,

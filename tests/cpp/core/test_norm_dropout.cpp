@@ -200,7 +200,7 @@ struct Fp64Norm {
     f.dtype = DType::kFloat64;
     f.x = x.data();
     f.weight = w.data();
-    f.bias = layer ? b.data() : nullptr;
+    f.beta = layer ? b.data() : nullptr;
     if (prologue) {
       f.prologue.residual = res.data();
       f.prologue.bias = pb.data();
@@ -226,16 +226,16 @@ struct Fp64Norm {
     bp.y = y.data();
     bp.rstd = rstd.data();
     bp.weight = w.data();
-    bp.bias = layer ? b.data() : nullptr;
+    bp.beta = layer ? b.data() : nullptr;
     bp.grad_x = dx.data();
     bp.grad_weight = dw.data();
-    bp.grad_bias = db.data();
+    bp.grad_beta = db.data();
     if (prologue) {
       bp.prologue.p = p;
       bp.prologue.rng = {42, 7};
       bp.mask = mask.data();
       bp.grad_residual = dres.data();
-      bp.grad_pre_bias = dpb.data();
+      bp.grad_bias = dpb.data();
     }
     bp.kept_slot = slot.data();
     bp.kept = kept;
@@ -341,7 +341,7 @@ TEST(NormCore, RejectsBadParameters) {
   tempo::NormForwardParams f;
   f.kind = tempo::NormKind::kRmsNorm;
   float v = 0;
-  f.bias = &v;
+  f.beta = &v;
   EXPECT_FALSE(tempo::norm_forward_cpu(f).ok());
   tempo::NormForwardParams g;
   g.rows = 1;

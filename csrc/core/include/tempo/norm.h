@@ -4,8 +4,10 @@
 // large against |gamma|: norm_column_recoverable) are "kept": the forward also writes their
 // xhat (rows x kept, math type) and the backward reads it, so every column is exact.
 // LayerNorm may run fused behind bias + dropout + residual (Ivanov et al.'s "bdrln"):
-// h = residual + dropout(x + pre_bias), y = LayerNorm(h), in one pass that also writes
-// the dropout bits; its backward returns the gradients of x, pre_bias and residual too.
+// h = residual + dropout(x + bias), y = LayerNorm(h), in one pass that also writes the
+// dropout bits; its backward returns the gradients of x, bias and residual too. Names as in
+// tempo::bias_dropout_add_layer_norm: `bias` is added before dropout, `beta` is LayerNorm's
+// shift (torch's layer_norm calls that one bias).
 #pragma once
 
 #include "tempo/common.h"
@@ -43,7 +45,7 @@ struct NormForwardParams {
   DType dtype = DType::kFloat32;
   const void* x = nullptr;       // rows x cols, contiguous
   const void* weight = nullptr;  // optional: cols (gamma)
-  const void* bias = nullptr;    // optional: cols (beta; LayerNorm only)
+  const void* beta = nullptr;    // optional: cols (LayerNorm only)
   NormPrologue prologue;         // LayerNorm only
   void* y = nullptr;             // out: rows x cols
   void* rstd = nullptr;          // out: rows, fp32 (fp64 for fp64 data)
@@ -64,16 +66,16 @@ struct NormBackwardParams {
   const void* y = nullptr;
   const void* rstd = nullptr;     // fp32 (fp64 for fp64 data)
   const void* weight = nullptr;
-  const void* bias = nullptr;
+  const void* beta = nullptr;
   // The prologue's p, mode and rng as in the forward (residual and bias are not read): it is
-  // enabled by grad_residual, its bias gradient by grad_pre_bias.
+  // enabled by grad_residual, its bias gradient by grad_bias.
   NormPrologue prologue;
   const uint8_t* mask = nullptr;   // the forward's dropout bits (bits mode)
   void* grad_x = nullptr;          // out: rows x cols
   void* grad_weight = nullptr;     // out when weight: cols
-  void* grad_bias = nullptr;       // out when bias: cols
+  void* grad_beta = nullptr;       // out when beta: cols
   void* grad_residual = nullptr;   // out, enables the prologue: rows x cols (the gradient of h)
-  void* grad_pre_bias = nullptr;   // out, optional with the prologue: cols
+  void* grad_bias = nullptr;   // out, optional with the prologue: cols
   // The forward's kept columns and their xhat (as NormForwardParams), read here.
   const int32_t* kept_slot = nullptr;
   int64_t kept = 0;
