@@ -14,24 +14,23 @@ Status validate(const AttentionSoftmaxForwardParams& p) {
   TEMPO_CORE_CHECK(p.batch >= 0 && p.heads >= 0 && p.rows >= 0 && p.cols >= 0,
                    "attention softmax forward: sizes must be non-negative");
   TEMPO_CORE_CHECK(p.p >= 0.0 && p.p <= 1.0, "attention softmax forward: p must be in [0, 1]");
-  if (p.batch * p.heads * p.rows * p.cols == 0) return Status::Ok();
+  if (p.rows_total() * p.cols == 0) return Status::Ok();
   TEMPO_CORE_CHECK(p.scores, "attention softmax forward: scores must be non-null");
   if (p.p > 0.0) TEMPO_CORE_CHECK(p.dropped, "attention softmax forward: dropout needs the dropped output");
   // A block of rows indexes its elements by the whole matrix: packed bits of the block
   // alone would be misread; blocks draw their bits (philox).
-  const bool block = p.row_offset != 0 || (p.seq_q != 0 && p.seq_q != p.rows);
-  if (block) TEMPO_CORE_CHECK(p.mode == DropoutMode::kPhilox, "attention softmax forward: a block of rows needs philox mode");
+  if (p.block()) TEMPO_CORE_CHECK(p.mode == DropoutMode::kPhilox, "attention softmax forward: a block of rows needs philox mode");
   return check_dropout_mask(p.mode, p.p, p.mask_bits, "attention softmax forward");
 }
 
 Status validate(const AttentionSoftmaxBackwardParams& p) {
   TEMPO_CORE_CHECK(known(p.dtype), "attention softmax backward: unsupported dtype");
-  TEMPO_CORE_CHECK(p.rows_total >= 0 && p.cols >= 0, "attention softmax backward: sizes must be non-negative");
+  TEMPO_CORE_CHECK(p.batch >= 0 && p.heads >= 0 && p.rows >= 0 && p.cols >= 0,
+                   "attention softmax backward: sizes must be non-negative");
   TEMPO_CORE_CHECK(p.p >= 0.0 && p.p <= 1.0, "attention softmax backward: p must be in [0, 1]");
-  if (p.rows_total * p.cols == 0) return Status::Ok();
+  if (p.rows_total() * p.cols == 0) return Status::Ok();
   TEMPO_CORE_CHECK(p.grad && p.probs, "attention softmax backward: grad and probs must be non-null");
-  const bool block = p.rows != 0 && (p.row_offset != 0 || (p.seq_q != 0 && p.seq_q != p.rows));
-  if (block) TEMPO_CORE_CHECK(p.mode == DropoutMode::kPhilox, "attention softmax backward: a block of rows needs philox mode");
+  if (p.block()) TEMPO_CORE_CHECK(p.mode == DropoutMode::kPhilox, "attention softmax backward: a block of rows needs philox mode");
   return check_dropout_mask(p.mode, p.p, p.mask_bits, "attention softmax backward");
 }
 

@@ -35,8 +35,8 @@ void forward_chunk(const AttentionSoftmaxForwardParams& p, int64_t r0, int64_t r
   T* scores = static_cast<T*>(p.scores);
   T* dropped = static_cast<T*>(p.dropped);
   const bool dropout = p.p > 0.0;
-  const bool block = p.seq_q > 0 && (p.seq_q != p.rows || p.row_offset != 0);
-  const int64_t seq_q = p.seq_q > 0 ? p.seq_q : p.rows;
+  const bool block = p.block();
+  const int64_t seq_q = p.seq();
   const uint8_t* bits = dropout && !block ? cpu::draw_chunk_bits(p.rng, p.p, p.mask_bits, r0 * C, r1 * C, local) : nullptr;
   const uint64_t threshold = math::keep_threshold(p.p);
   const DropoutScale dscale(p.p);
@@ -98,7 +98,7 @@ void backward_chunk(const AttentionSoftmaxBackwardParams& p, int64_t r0, int64_t
   T* grad = static_cast<T*>(p.grad);
   const T* probs = static_cast<const T*>(p.probs);
   const bool dropout = p.p > 0.0;
-  const bool block = p.rows > 0 && p.seq_q > 0 && (p.seq_q != p.rows || p.row_offset != 0);
+  const bool block = p.block();
   const uint64_t threshold = math::keep_threshold(p.p);
   const uint8_t* bits = nullptr;
   if (dropout && !block) {
@@ -155,7 +155,7 @@ void run_chunks(const P& p, int64_t rows_total, Chunk chunk) {
 
 Status attention_softmax_forward_cpu(const AttentionSoftmaxForwardParams& p) {
   Status s = detail::validate(p);
-  const int64_t rows_total = p.batch * p.heads * p.rows;
+  const int64_t rows_total = p.rows_total();
   if (!s.ok() || rows_total * p.cols == 0) return s;
   math::by_dtype(p.dtype, [&](auto t) {
     using T = decltype(t);
@@ -169,10 +169,10 @@ Status attention_softmax_forward_cpu(const AttentionSoftmaxForwardParams& p) {
 
 Status attention_softmax_backward_cpu(const AttentionSoftmaxBackwardParams& p) {
   Status s = detail::validate(p);
-  if (!s.ok() || p.rows_total * p.cols == 0) return s;
+  if (!s.ok() || p.rows_total() * p.cols == 0) return s;
   math::by_dtype(p.dtype, [&](auto t) {
     using T = decltype(t);
-    run_chunks(p, p.rows_total, [&](int64_t r0, int64_t r1, auto& xf, auto& xd, auto& keep, auto& local) {
+    run_chunks(p, p.rows_total(), [&](int64_t r0, int64_t r1, auto& xf, auto& xd, auto& keep, auto& local) {
       if constexpr (std::is_same_v<T, double>) backward_chunk<T>(p, r0, r1, xd, keep, local);
       else backward_chunk<T>(p, r0, r1, xf, keep, local);
     });

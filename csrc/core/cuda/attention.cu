@@ -24,11 +24,11 @@ __global__ void forward_kernel(AttentionSoftmaxForwardParams p, uint64_t thresho
   using Acc = math::acc_t<T>;
   __shared__ Acc shared[32];
   const PhiloxState rng = cuda::resolve(p.rng);
-  const int64_t C = p.cols, rows_total = p.batch * p.heads * p.rows;
+  const int64_t C = p.cols, rows_total = p.rows_total();
   const Acc scale = static_cast<Acc>(p.scale);
   const Acc neg_inf = -static_cast<Acc>(INFINITY);
   T* scores = static_cast<T*>(p.scores);
-  const int64_t seq_q = p.seq_q > 0 ? p.seq_q : p.rows;
+  const int64_t seq_q = p.seq();
   for (int64_t r = blockIdx.x; r < rows_total; r += gridDim.x) {
     const int64_t i = p.row_offset + r % p.rows, bh = r / p.rows, b = bh / p.heads, h = bh % p.heads;
     const int64_t e_row = (bh * seq_q + i) * C;  // dropout element index of the row's first entry
@@ -73,9 +73,8 @@ __global__ void backward_kernel(AttentionSoftmaxBackwardParams p, uint64_t thres
   const PhiloxState rng = cuda::resolve(p.rng);
   const int64_t C = p.cols;
   const Acc scale = static_cast<Acc>(p.scale);
-  const int64_t rows = p.rows > 0 ? p.rows : p.rows_total;
-  const int64_t seq_q = p.seq_q > 0 ? p.seq_q : rows;
-  for (int64_t r = blockIdx.x; r < p.rows_total; r += gridDim.x) {
+  const int64_t rows = p.rows, seq_q = p.seq(), rows_total = p.rows_total();
+  for (int64_t r = blockIdx.x; r < rows_total; r += gridDim.x) {
     const int64_t e_row = ((r / rows) * seq_q + p.row_offset + r % rows) * C;
     T* g = static_cast<T*>(p.grad) + r * C;
     const T* pr = static_cast<const T*>(p.probs) + r * C;
@@ -97,7 +96,7 @@ __global__ void backward_kernel(AttentionSoftmaxBackwardParams p, uint64_t thres
 
 Status attention_softmax_forward_cuda(const AttentionSoftmaxForwardParams& p, void* stream) {
   Status s = detail::validate(p);
-  const int64_t rows_total = p.batch * p.heads * p.rows;
+  const int64_t rows_total = p.rows_total();
   if (!s.ok() || rows_total * p.cols == 0) return s;
   auto st = static_cast<cudaStream_t>(stream);
   const uint64_t threshold = math::keep_threshold(p.p);
@@ -112,10 +111,10 @@ Status attention_softmax_forward_cuda(const AttentionSoftmaxForwardParams& p, vo
 
 Status attention_softmax_backward_cuda(const AttentionSoftmaxBackwardParams& p, void* stream) {
   Status s = detail::validate(p);
-  if (!s.ok() || p.rows_total * p.cols == 0) return s;
+  if (!s.ok() || p.rows_total() * p.cols == 0) return s;
   auto st = static_cast<cudaStream_t>(stream);
   math::by_dtype(p.dtype, [&](auto t) {
-    backward_kernel<decltype(t)><<<cuda::row_grid(p.rows_total), cuda::kThreads, 0, st>>>(p, math::keep_threshold(p.p),
+    backward_kernel<decltype(t)><<<cuda::row_grid(p.rows_total()), cuda::kThreads, 0, st>>>(p, math::keep_threshold(p.p),
                                                                                     DropoutScale(p.p));
   });
   return cuda::launch_status("attention softmax backward");

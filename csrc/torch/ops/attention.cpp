@@ -168,7 +168,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_kernel(const a
     prm.dtype = to_core_dtype(q.scalar_type());
     prm.grad = ds.mutable_data_ptr();
     prm.probs = pc.const_data_ptr();
-    prm.rows_total = pc.numel() / std::max<int64_t>(pc.size(3), 1);
+    prm.batch = pc.size(0);
+    prm.heads = pc.size(1);
+    prm.rows = pc.size(2);
     prm.cols = pc.size(3);
     prm.scale = sc;
     prm.p = dropout_p;

@@ -132,7 +132,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_attention_backward_kernel(
       prm.grad = ds.mutable_data_ptr();
       prm.probs = s.const_data_ptr();
       prm.mode = DropoutMode::kPhilox;
-      prm.rows_total = ds.size(0) * ds.size(1) * n;
+      prm.batch = ds.size(0);
+      prm.heads = ds.size(1);
       prm.cols = ds.size(3);
       prm.rows = n;
       prm.row_offset = i0;

@@ -80,7 +80,9 @@ TEST(AttentionCore, Float64MatchesScalarReference) {
     b.grad = g.data();
     b.probs = s.data();
     b.mask_bits = bits.data();
-    b.rows_total = B * H * S;
+    b.batch = B;
+    b.heads = H;
+    b.rows = S;
     b.cols = C;
     b.scale = kScale;
     b.p = kP;

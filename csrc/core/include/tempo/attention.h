@@ -15,38 +15,38 @@
 
 namespace tempo {
 
-struct AttentionSoftmaxForwardParams {
+// What the forward and the backward share: rows of the [batch, heads, seq_q, cols] scores,
+// the scale, the causal mask and the dropout. A block of query rows: these `rows` are rows
+// row_offset .. row_offset + rows - 1 of seq_q (seq_q = 0: seq_q = rows, row_offset = 0).
+// Causal masking, the mask rows and the dropout element indices use the absolute row, so
+// blocks reproduce the whole-matrix result (and draw their bits: philox mode).
+struct AttentionSoftmaxParams {
   DType dtype = DType::kFloat32;
-  void* scores = nullptr;           // in: q k^T, rows_total x cols, contiguous; out: P
-  void* dropped = nullptr;          // out when p > 0: P * keep / (1 - p)
-  DropoutMode mode = DropoutMode::kBits;
-  uint8_t* mask_bits = nullptr;     // out when p > 0 in bits mode: bit_mask_bytes(rows_total * cols);
-                                    // philox mode (and always for a block of rows): null
-  const float* attn_mask = nullptr; // optional additive fp32 mask
-  int64_t mask_stride[4] = {0, 0, 0, 0};  // element (b, h, i, j) at b s0 + h s1 + i s2 + j s3
-  int64_t batch = 0, heads = 0, rows = 0, cols = 0;  // rows_total = batch * heads * rows
-  // A block of query rows: these `rows` are rows row_offset .. row_offset + rows - 1 of
-  // seq_q (0: seq_q = rows, row_offset = 0). Causal masking, the mask rows and the dropout
-  // element indices use the absolute row, so blocks reproduce the whole-matrix result.
+  int64_t batch = 0, heads = 0, rows = 0, cols = 0;
   int64_t row_offset = 0, seq_q = 0;
   double scale = 1.0;
   bool causal = false;              // mask j > i (top-left aligned, as torch's is_causal)
-  double p = 0.0;
+  double p = 0.0;                   // dropout probability
+  DropoutMode mode = DropoutMode::kBits;
   PhiloxState rng;                  // keep bit of element ((b A + h) seq_q + i) cols + j
+
+  TEMPO_HD int64_t rows_total() const { return batch * heads * rows; }
+  TEMPO_HD int64_t seq() const { return seq_q > 0 ? seq_q : rows; }
+  TEMPO_HD bool block() const { return row_offset != 0 || (seq_q != 0 && seq_q != rows); }
 };
 
-struct AttentionSoftmaxBackwardParams {
-  DType dtype = DType::kFloat32;
-  void* grad = nullptr;              // in: dL/dP_d (dL/dP without dropout); out: dL/d(q k^T)
-  const void* probs = nullptr;       // P
-  DropoutMode mode = DropoutMode::kBits;
-  const uint8_t* mask_bits = nullptr;  // bits mode: the forward's bits; philox mode: null (drawn from rng)
-  int64_t rows_total = 0, cols = 0;
-  // A block of query rows, as in the forward: rows_total = batch_heads * rows.
-  int64_t rows = 0, row_offset = 0, seq_q = 0;  // rows = 0: the whole matrix
-  double scale = 1.0;
-  double p = 0.0;
-  PhiloxState rng;
+struct AttentionSoftmaxForwardParams : AttentionSoftmaxParams {
+  void* scores = nullptr;           // in: q k^T, rows_total x cols, contiguous; out: P
+  void* dropped = nullptr;          // out when p > 0: P * keep / (1 - p)
+  uint8_t* mask_bits = nullptr;     // out when p > 0 in bits mode: bit_mask_bytes(rows_total * cols)
+  const float* attn_mask = nullptr; // optional additive fp32 mask
+  int64_t mask_stride[4] = {0, 0, 0, 0};  // element (b, h, i, j) at b s0 + h s1 + i s2 + j s3
+};
+
+struct AttentionSoftmaxBackwardParams : AttentionSoftmaxParams {
+  void* grad = nullptr;                // in: dL/dP_d (dL/dP without dropout); out: dL/d(q k^T)
+  const void* probs = nullptr;         // P
+  const uint8_t* mask_bits = nullptr;  // bits mode: the forward's bits; philox mode: null
 };
 
 Status attention_softmax_forward_cpu(const AttentionSoftmaxForwardParams& p);
