@@ -3,7 +3,27 @@ import torch
 
 import tempo  # noqa: F401  (loads the op library)
 
+# Every device this machine has: the op tests run once per device (torchvision's
+# cpu_and_cuda()), so the CUDA kernels are tested the moment a GPU is there.
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "cpu_only: the test checks something only the CPU has (the CPU memory "
+                                       "tracker, a CPU-only reference); it runs on the CPU alone")
+
 
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture(params=DEVICES)
+def on_device(request):
+    """Runs the test with torch's default device set to each available device in turn:
+    tensors the test makes without a device land there, and the references (float64 torch
+    ops, scalar loops) run beside them."""
+    if request.param != "cpu" and request.node.get_closest_marker("cpu_only"):
+        pytest.skip("checks a CPU-only facility")
+    with torch.device(request.param):
+        yield request.param

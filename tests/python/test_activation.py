@@ -8,6 +8,9 @@ import tempo
 from reference import DTYPES, VARIANTS, exact, half_ulp, recovery_bound, sweep
 from saved import saved_bytes
 
+# Each test runs on every available device (conftest.on_device).
+pytestmark = pytest.mark.usefixtures("on_device")
+
 NAMES = list(VARIANTS)
 
 

@@ -10,6 +10,9 @@ import tempo
 from saved import saved_bytes
 from tempo.nn.attention import eager_attention, sdpa_attention
 
+# Each test runs on every available device (conftest.on_device).
+pytestmark = pytest.mark.usefixtures("on_device")
+
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
 
 

@@ -8,6 +8,9 @@ import torch.nn.functional as F
 import tempo
 from saved import saved_bytes
 
+# Each test runs on every available device (conftest.on_device).
+pytestmark = pytest.mark.usefixtures("on_device")
+
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
 
 

@@ -9,6 +9,9 @@ import tempo
 from reference import half_ulp
 from saved import saved_bytes
 
+# Each test runs on every available device (conftest.on_device).
+pytestmark = pytest.mark.usefixtures("on_device")
+
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
 COLS = [1, 7, 1023, 4097]
 
@@ -428,6 +431,7 @@ def test_fused_exact_with_tiny_gamma_and_large_beta():
             assert err < tol, (dtype, name, err)
 
 
+@pytest.mark.cpu_only
 def test_saved_bytes_count_the_kept_columns():
     """Two kept columns add rows x 2 fp32 values and 2 int64 indices, nothing else."""
     rows, cols = 21, 96
