@@ -47,4 +47,8 @@ Status validate(const ActivationBackwardParams& p) {
 }
 
 }  // namespace detail
+
+TEMPO_CUDA_UNAVAILABLE(activation_forward_cuda, ActivationForwardParams, "activation forward")
+TEMPO_CUDA_UNAVAILABLE(activation_backward_cuda, ActivationBackwardParams, "activation backward")
+
 }  // namespace tempo

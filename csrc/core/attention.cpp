@@ -35,3 +35,8 @@ Status validate(const AttentionSoftmaxBackwardParams& p) {
 }
 
 }  // namespace tempo::detail
+
+namespace tempo {
+TEMPO_CUDA_UNAVAILABLE(attention_softmax_forward_cuda, AttentionSoftmaxForwardParams, "attention softmax forward")
+TEMPO_CUDA_UNAVAILABLE(attention_softmax_backward_cuda, AttentionSoftmaxBackwardParams, "attention softmax backward")
+}  // namespace tempo

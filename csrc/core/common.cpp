@@ -20,7 +20,11 @@ const char* dtype_name(DType dtype) {
   return "unknown";
 }
 
-bool cuda_compiled();  // defined by the CUDA sources, or by cuda/unavailable.cpp
+#if defined(TEMPO_WITH_CUDA) && !TEMPO_WITH_CUDA
+bool cuda_compiled() { return false; }
+#else
+bool cuda_compiled();  // defined by the CUDA sources
+#endif
 
 BuildInfo build_info() {
   BuildInfo info{TEMPO_VERSION, cuda_compiled(), false, 1};

@@ -38,3 +38,8 @@ Status validate(const DropoutBackwardParams& p) {
 }
 
 }  // namespace tempo::detail
+
+namespace tempo {
+TEMPO_CUDA_UNAVAILABLE(dropout_forward_cuda, DropoutForwardParams, "dropout forward")
+TEMPO_CUDA_UNAVAILABLE(dropout_backward_cuda, DropoutBackwardParams, "dropout backward")
+}  // namespace tempo

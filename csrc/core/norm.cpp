@@ -148,4 +148,8 @@ Status validate(const NormBackwardParams& p) {
 }
 
 }  // namespace detail
+
+TEMPO_CUDA_UNAVAILABLE(norm_forward_cuda, NormForwardParams, "norm forward")
+TEMPO_CUDA_UNAVAILABLE(norm_backward_cuda, NormBackwardParams, "norm backward")
+
 }  // namespace tempo

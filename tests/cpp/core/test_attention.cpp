@@ -152,4 +152,14 @@ TEST(AttentionCore, RejectsParametersABackendWouldMisread) {
   EXPECT_FALSE(tempo::attention_softmax_forward_cpu(f).ok());
 }
 
+// A build without CUDA still has every CUDA entry point, and each says why it cannot run.
+TEST(CoreBuild, CudaEntryPointsSayWhyWithoutCuda) {
+  if (tempo::build_info().cuda_compiled) GTEST_SKIP() << "this build has the CUDA kernels";
+  tempo::AttentionSoftmaxForwardParams f;
+  const tempo::Status s = tempo::attention_softmax_forward_cuda(f, nullptr);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.message(), "attention softmax forward: this build of tempo has no CUDA kernels");
+  EXPECT_FALSE(tempo::attention_softmax_backward_cuda(tempo::AttentionSoftmaxBackwardParams{}, nullptr).ok());
+}
+
 }  // namespace

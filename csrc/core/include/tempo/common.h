@@ -53,6 +53,19 @@ BuildInfo build_info();
 
 }  // namespace tempo
 
+// In a build without CUDA (TEMPO_WITH_CUDA=0, set by the build for the core's sources) an
+// op's CUDA entry point still exists and says why it cannot run; each op's core .cpp
+// declares its own, beside its validation:
+//   TEMPO_CUDA_UNAVAILABLE(norm_forward_cuda, NormForwardParams, "norm forward")
+#if defined(TEMPO_WITH_CUDA) && !TEMPO_WITH_CUDA
+#define TEMPO_CUDA_UNAVAILABLE(fn, Params, what)                                              \
+  Status fn(const Params&, void*) {                                                           \
+    return Status::Error(std::string(what) + ": this build of tempo has no CUDA kernels");    \
+  }
+#else
+#define TEMPO_CUDA_UNAVAILABLE(fn, Params, what)
+#endif
+
 // Validation inside the core: return an error Status instead of asserting.
 #define TEMPO_CORE_CHECK(cond, msg)                                \
   do {                                                             \
