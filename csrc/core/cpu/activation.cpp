@@ -112,19 +112,13 @@ void backward_block(const ActivationBackwardParams& p, int64_t start, int64_t en
 // Runs kernel<A, T>(p, begin, end) over p's elements for p.act and p.dtype.
 template <template <Activation, typename> class Kernel, typename P>
 Status dispatch(const P& p) {
-  auto by_type = [&](auto act_tag) -> Status {
+  const bool known = math::by_activation(p.act, [&](auto act_tag) {
     constexpr Activation A = decltype(act_tag)::value;
     math::by_dtype(p.dtype, [&](auto t) {
       cpu::run_blocks(p.numel, kBlock, [&](int64_t b, int64_t e) { Kernel<A, decltype(t)>::run(p, b, e); });
     });
-    return Status::Ok();
-  };
-  switch (p.act) {
-    case Activation::kGeluErf: return by_type(std::integral_constant<Activation, Activation::kGeluErf>{});
-    case Activation::kGeluTanh: return by_type(std::integral_constant<Activation, Activation::kGeluTanh>{});
-    case Activation::kSilu: return by_type(std::integral_constant<Activation, Activation::kSilu>{});
-  }
-  return Status::Error("activation: unknown activation");
+  });
+  return known ? Status::Ok() : Status::Error("activation: unknown activation");
 }
 
 template <Activation A, typename T>

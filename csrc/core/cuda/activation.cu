@@ -106,13 +106,9 @@ __global__ void backward_kernel(ActivationBackwardParams p, bool vec) {
 
 template <typename F>
 Status dispatch(Activation act, DType dtype, F&& f) {
-  auto by_type = [&](auto act_tag) { math::by_dtype(dtype, [&](auto t) { f(act_tag, t); }); };
-  switch (act) {
-    case Activation::kGeluErf: by_type(std::integral_constant<Activation, Activation::kGeluErf>{}); break;
-    case Activation::kGeluTanh: by_type(std::integral_constant<Activation, Activation::kGeluTanh>{}); break;
-    case Activation::kSilu: by_type(std::integral_constant<Activation, Activation::kSilu>{}); break;
-  }
-  return Status::Ok();
+  const bool known =
+      math::by_activation(act, [&](auto act_tag) { math::by_dtype(dtype, [&](auto t) { f(act_tag, t); }); });
+  return known ? Status::Ok() : Status::Error("activation: unknown activation");
 }
 
 }  // namespace
@@ -123,10 +119,10 @@ Status activation_forward_cuda(const ActivationForwardParams& p, void* stream) {
   const bool vec = aligned16(p.x) && aligned16(p.y);
   const int64_t bytes = bit_mask_bytes(p.numel);
   auto st = static_cast<cudaStream_t>(stream);
-  dispatch(p.act, p.dtype, [&](auto act_tag, auto t) {
+  const Status d = dispatch(p.act, p.dtype, [&](auto act_tag, auto t) {
     forward_kernel<decltype(act_tag)::value, decltype(t)><<<grid_for(bytes), kThreads, 0, st>>>(p, vec);
   });
-  return launch_status("activation forward");
+  return d.ok() ? launch_status("activation forward") : d;
 }
 
 Status activation_backward_cuda(const ActivationBackwardParams& p, void* stream) {
@@ -135,10 +131,10 @@ Status activation_backward_cuda(const ActivationBackwardParams& p, void* stream)
   const bool vec = aligned16(p.y) && aligned16(p.grad_y) && aligned16(p.grad_x);
   const int64_t bytes = bit_mask_bytes(p.numel);
   auto st = static_cast<cudaStream_t>(stream);
-  dispatch(p.act, p.dtype, [&](auto act_tag, auto t) {
+  const Status d = dispatch(p.act, p.dtype, [&](auto act_tag, auto t) {
     backward_kernel<decltype(act_tag)::value, decltype(t)><<<grid_for(bytes), kThreads, 0, st>>>(p, vec);
   });
-  return launch_status("activation backward");
+  return d.ok() ? launch_status("activation backward") : d;
 }
 
 }  // namespace tempo

@@ -12,6 +12,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "tempo/activation.h"
 #include "activation_tables.h"
@@ -269,6 +270,18 @@ TEMPO_HD double act_grad_from_output(double y, bool right) {
     if (step <= 1e-16 * (1.0 + fabs(x)) || hi - lo <= 1e-16 * (1.0 + fabs(x))) break;
   }
   return M::derivative(x);
+}
+
+// f(std::integral_constant<Activation, A>{}) for act: the one activation switch of the CPU and
+// CUDA launches (a new activation is added here, beside its math). False for an unknown act.
+template <typename F>
+bool by_activation(Activation act, F&& f) {
+  switch (act) {
+    case Activation::kGeluErf: f(std::integral_constant<Activation, Activation::kGeluErf>{}); return true;
+    case Activation::kGeluTanh: f(std::integral_constant<Activation, Activation::kGeluTanh>{}); return true;
+    case Activation::kSilu: f(std::integral_constant<Activation, Activation::kSilu>{}); return true;
+  }
+  return false;
 }
 
 }  // namespace tempo::math
