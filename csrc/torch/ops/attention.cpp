@@ -30,50 +30,6 @@ namespace tempo {
 namespace {
 using namespace torch_impl;
 
-void check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const char* op) {
-  for (auto [t, name] : {std::pair<const at::Tensor*, const char*>{&q, "q"}, {&k, "k"}, {&v, "v"}}) {
-    check_floating(*t, op, name);
-    check_device(*t, op, name);
-    TORCH_CHECK(t->dim() == 4, op, ": argument '", name, "' must be 4-D [batch, heads, seq, head_dim], got shape ",
-                t->sym_sizes());
-  }
-  check_like(k, q, op, "k");
-  check_like(v, q, op, "v");
-  TORCH_CHECK(k.sym_size(0) == q.sym_size(0) && v.sym_size(0) == q.sym_size(0), op,
-              ": q, k and v must have one batch size, got ", q.sym_size(0), ", ", k.sym_size(0), ", ", v.sym_size(0));
-  TORCH_CHECK(k.sym_size(1) == q.sym_size(1) && v.sym_size(1) == q.sym_size(1), op,
-              ": q, k and v must have one number of heads, got ", q.sym_size(1), ", ", k.sym_size(1), ", ",
-              v.sym_size(1));
-  TORCH_CHECK(k.sym_size(3) == q.sym_size(3), op, ": argument 'k' must have the head dim of q (", q.sym_size(3),
-              "), got ", k.sym_size(3));
-  TORCH_CHECK(v.sym_size(2) == k.sym_size(2), op, ": argument 'v' must have the sequence length of k (",
-              k.sym_size(2), "), got ", v.sym_size(2));
-}
-
-double scale_of(const at::Tensor& q, std::optional<double> scale) {
-  if (scale.has_value()) return *scale;
-  const int64_t d = q.sym_size(3).guard_int(__FILE__, __LINE__);
-  return 1.0 / std::sqrt(static_cast<double>(std::max<int64_t>(d, 1)));
-}
-
-// The mask as additive fp32 values (bool: 0 where true, -inf where false), still in its own
-// (broadcastable) shape, expanded to [B, A, Sq, Sk] by strides.
-at::Tensor additive_mask(const at::Tensor& mask, c10::SymIntArrayRef sizes, const c10::Device& device, const char* op) {
-  TORCH_CHECK(mask.scalar_type() == at::kBool || at::isFloatingType(mask.scalar_type()), op,
-              ": argument 'attn_mask' must be bool or floating, got ", mask.scalar_type());
-  TORCH_CHECK(mask.device() == device, op, ": argument 'attn_mask' must be on the device of q (", device, "), got ",
-              mask.device());
-  TORCH_CHECK(!mask.requires_grad(), op, ": argument 'attn_mask' requires grad; gradients of the mask are not "
-              "supported (pass a mask without requires_grad, or use backend='eager')");
-  TORCH_CHECK(mask.dim() <= 4 && at::is_expandable_to(mask.sym_sizes(), sizes), op, ": argument 'attn_mask' of shape ",
-              mask.sym_sizes(), " does not broadcast to [batch, heads, q_len, k_len] = ", sizes);
-  at::Tensor add = mask.scalar_type() == at::kBool
-                       ? at::where(mask, at::zeros({}, mask.options().dtype(at::kFloat)),
-                                   at::full({}, -std::numeric_limits<float>::infinity(), mask.options().dtype(at::kFloat)))
-                       : mask.to(at::kFloat);
-  return add.expand_symint(sizes);
-}
-
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward_kernel(const at::Tensor& q, const at::Tensor& k,
                                                                         const at::Tensor& v,
                                                                         const std::optional<at::Tensor>& attn_mask,
