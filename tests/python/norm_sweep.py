@@ -35,8 +35,8 @@ def columns(kind, dtype, ordinary=64, seed=0):
         for r in (RATIOS if kind == "layer_norm" else [0.0]):
             gam.append(gv)
             bet.append(r * abs(gv))
-    gam += (1 + 0.3 * torch.randn(ordinary, generator=g, dtype=torch.float64)).tolist()
-    bet += (0.1 * torch.randn(ordinary, generator=g, dtype=torch.float64)).tolist()
+    gam += (1 + 0.3 * torch.randn(ordinary, generator=g, dtype=torch.float64, device="cpu")).tolist()
+    bet += (0.1 * torch.randn(ordinary, generator=g, dtype=torch.float64, device="cpu")).tolist()
     w = torch.tensor(gam, dtype=torch.float64).to(dtype)
     b = torch.tensor(bet, dtype=torch.float64).to(dtype)
     b = torch.where(torch.isfinite(b), b, torch.zeros_like(b))
@@ -56,9 +56,10 @@ def measure(kind, dtype, rows=48, seed=0):
     kept columns (bool over columns), and the columns' gamma / beta."""
     w64, b64 = columns(kind, dtype, seed=seed)
     cols = w64.numel()
-    g = torch.Generator().manual_seed(seed + 1)
-    x = (2 * torch.randn(rows, cols, generator=g, dtype=torch.float64) + 0.5).to(dtype)
-    dy = torch.randn(rows, cols, generator=g, dtype=torch.float64).to(dtype)
+    g = torch.Generator().manual_seed(seed + 1)  # CPU draws, moved to the device under test
+    dev = torch.get_default_device()
+    x = (2 * torch.randn(rows, cols, generator=g, dtype=torch.float64, device="cpu") + 0.5).to(dev, dtype)
+    dy = torch.randn(rows, cols, generator=g, dtype=torch.float64, device="cpu").to(dev, dtype)
     if kind == "layer_norm":
         ours = lambda x, w, b: tempo.layer_norm(x, cols, w, b)  # noqa: E731
         ref = lambda x, w, b: F.layer_norm(x, [cols], w, b)  # noqa: E731
@@ -84,7 +85,7 @@ def measure(kind, dtype, rows=48, seed=0):
             e["dbeta"] = (o[3] - exact[3]).abs() / scale_b.clamp_min(1e-300)
         e["nonfinite"] = sum(int((~torch.isfinite(t)).sum()) for t in o[1:])
         errors[who] = e
-    kept = torch.zeros(cols, dtype=torch.bool)
+    kept = torch.zeros(cols, dtype=torch.bool, device=w64.device)
     kept[torch.ops.tempo.norm_kept_columns(d(w64), d(b64))] = True
     return errors, kept, w64, b64
 

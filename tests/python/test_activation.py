@@ -133,7 +133,7 @@ def test_mlp_training_matches_torch(name):
         model = torch.nn.Sequential(torch.nn.Linear(20, 64), act, torch.nn.Linear(64, 1))
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
         gen = torch.Generator().manual_seed(1)
-        xs = torch.randn(100, 32, 20, generator=gen)
+        xs = torch.randn(100, 32, 20, generator=gen, device="cpu").to(torch.get_default_device())
         ys = torch.sin(xs.sum(-1, keepdim=True))
         losses = []
         for i in range(100):
