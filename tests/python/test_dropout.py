@@ -156,6 +156,7 @@ def test_non_finite_propagates():
     assert torch.equal(y[finite].double(), ref[finite].float().double())
 
 
+@pytest.mark.cpu_only  # it places its tensors on both devices itself
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (CPU/CUDA mask agreement)")
 @pytest.mark.parametrize("mode", ["bits", "philox"])
 def test_cuda_matches_cpu(mode):
