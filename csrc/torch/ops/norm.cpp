@@ -235,6 +235,15 @@ BackwardOut norm_backward(NormKind kind, const at::Tensor& grad, const at::Tenso
   if (w) check_like(*w, y, op, "weight");
   if (b) check_like(*b, y, op, "bias");
   check_kept_xhat(kept_cols, kept_xhat, rows, y, op);
+  if (!kept_cols && (w || b) && !y.is_meta() && y.numel() > 0) {
+    // Called without the forward's kept columns (the autograd path always passes them): a
+    // column that needs keeping is an error on every device, not inf/NaN on CUDA.
+    const at::Tensor need = kept_columns_kernel(w ? std::optional<at::Tensor>(*w) : std::nullopt,
+                                                b ? std::optional<at::Tensor>(*b) : std::nullopt);
+    TORCH_CHECK(need.numel() == 0, op, ": column ", need.cpu()[0].item<int64_t>(),
+                " cannot be recovered from y (its gamma is zero, subnormal or tiny against beta); pass the "
+                "forward's kept_cols (norm_kept_columns) and kept_xhat");
+  }
   const at::Tensor slot = kept_slot(kept_cols, cols, y, op);
   const auto opts = y.options();
   BackwardOut out;
