@@ -1,0 +1,132 @@
+"""tempo.optimize(model): apply tempo's layers to a model that is already built (a Hugging
+Face BERT, RoBERTa, GPT-2 or LLaMA, or anything made of the same layer types), in place.
+
+Parameters stay the same Parameter objects, so optimizers, state dicts (saved before or after)
+and isinstance checks are unaffected; modules keep their eps, dropout p, train/eval mode,
+dtype and device. What is patched is declared in RULES, one row per layer type: which
+modules it matches, which technique it belongs to, and how it is replaced.
+"""
+import torch
+import torch.nn.functional as F
+
+from . import nn as tnn
+from . import ops
+
+TECHNIQUES = ("gelu", "silu", "layer_norm", "rms_norm", "dropout", "bdrln")
+
+
+def _subclass(module, prefix, forward):
+    """Turns `module` into an instance of a subclass of its class with `forward` (state,
+    parameters and isinstance checks unchanged)."""
+    cls = type(module)
+    name = prefix + cls.__name__
+    cache = _subclass.cache
+    key = (cls, name)
+    if key not in cache:
+        cache[key] = type(name, (cls,), {"forward": forward, "__module__": __name__})
+    module.__class__ = cache[key]
+    return module
+
+
+_subclass.cache = {}
+
+
+# ---- the replacements ----------------------------------------------------------------------
+
+def _layer_norm(m):
+    m.__class__ = tnn.LayerNorm  # a torch.nn.LayerNorm subclass: same parameters and state dict
+    return m
+
+
+def _hf_rms_norm_forward(self, hidden_states):
+    eps = getattr(self, "variance_epsilon", getattr(self, "eps", None))
+    return ops.rms_norm(hidden_states, hidden_states.shape[-1], self.weight, eps)
+
+
+def _rms_norm(m):
+    if isinstance(m, torch.nn.RMSNorm):
+        m.__class__ = tnn.RMSNorm
+        return m
+    return _subclass(m, "Tempo", _hf_rms_norm_forward)
+
+
+def _is_hf_rms_norm(m):
+    return (type(m).__name__.endswith("RMSNorm") and isinstance(getattr(m, "weight", None), torch.nn.Parameter)
+            and (hasattr(m, "variance_epsilon") or hasattr(m, "eps")))
+
+
+def _gelu(approximate):
+    return lambda m: tnn.GELU(approximate)
+
+
+def _bdrln_forward(self, hidden_states, input_tensor):
+    # dense -> dropout -> LayerNorm(+ residual), as BertSelfOutput / BertOutput, in one pass.
+    h = F.linear(hidden_states, self.dense.weight)
+    ln = self.LayerNorm
+    return ops.bias_dropout_add_layer_norm(h, self.dense.bias, input_tensor, self.dropout.p, ln.weight, ln.bias,
+                                           ln.eps, training=self.training)
+
+
+def _is_bdrln(m):
+    return (type(m).__name__.endswith("Output") and isinstance(getattr(m, "dense", None), torch.nn.Linear)
+            and isinstance(getattr(m, "dropout", None), torch.nn.Dropout)
+            and isinstance(getattr(m, "LayerNorm", None), torch.nn.LayerNorm)
+            and len(m.LayerNorm.normalized_shape) == 1)
+
+
+def _act_class(*names):
+    def match(m):
+        return type(m).__name__ in names and type(m).__module__.startswith("transformers.")
+    return match
+
+
+# (technique, match, replace); the first matching row applies. `replace` returns the module
+# to put in the parent's slot (the same object when patched in place).
+RULES = [
+    ("bdrln", _is_bdrln, lambda m: _subclass(m, "Tempo", _bdrln_forward)),
+    ("layer_norm", lambda m: type(m) is torch.nn.LayerNorm, _layer_norm),
+    ("rms_norm", lambda m: type(m) is torch.nn.RMSNorm or _is_hf_rms_norm(m), _rms_norm),
+    ("gelu", lambda m: type(m) is torch.nn.GELU, lambda m: tnn.GELU(m.approximate)),
+    ("gelu", _act_class("GELUActivation"), _gelu("none")),
+    ("gelu", _act_class("NewGELUActivation", "GELUTanh", "PytorchGELUTanh"), _gelu("tanh")),
+    ("silu", lambda m: type(m) is torch.nn.SiLU or _act_class("SiLUActivation")(m), lambda m: tnn.SiLU()),
+    ("dropout", lambda m: type(m) is torch.nn.Dropout, lambda m: tnn.Dropout(m.p)),
+]
+
+
+def optimize(model: torch.nn.Module, techniques="all", attention: str = "keep") -> torch.nn.Module:
+    """Patches `model` in place with tempo's layers and returns it.
+
+    techniques: "all" or an iterable of "gelu", "silu", "layer_norm", "rms_norm", "dropout",
+    "bdrln" (dense + dropout + residual + LayerNorm in one pass, BERT/RoBERTa's output blocks).
+    attention: only "keep" (the model's own attention) so far.
+    """
+    chosen = set(TECHNIQUES) if techniques == "all" else set(techniques)
+    unknown = chosen - set(TECHNIQUES)
+    if unknown:
+        raise ValueError("tempo.optimize: unknown technique(s) %s; known: %s" % (sorted(unknown), ", ".join(TECHNIQUES)))
+    if attention != "keep":
+        raise ValueError("tempo.optimize: attention=%r is not available yet; only 'keep'" % (attention,))
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError("tempo.optimize: expected a torch.nn.Module, got %s" % type(model).__name__)
+    done = set()
+
+    def visit(parent):
+        for name, child in list(parent.named_children()):
+            if id(child) in done:
+                continue
+            ours = type(child).__module__.startswith("tempo.")  # already patched: optimize is idempotent
+            rule = None if ours else next((r for r in RULES if r[0] in chosen and r[1](child)), None)
+            if rule is not None:
+                new = rule[2](child)
+                new.train(child.training)
+                done.add(id(new))
+                if new is not child:
+                    setattr(parent, name, new)
+                if rule[0] == "bdrln":  # its LayerNorm and dropout are used through the fused op
+                    done.update({id(new.LayerNorm), id(new.dropout)})
+                    continue
+            visit(getattr(parent, name))
+
+    visit(model)
+    return model

