@@ -94,12 +94,43 @@ RULES = [
 ]
 
 
+class Report:
+    """What tempo.optimize did: one row per module it patched or looked at and left, with
+    why. Prints as a table; `rows` is a list of (path, class, technique, action)."""
+
+    def __init__(self, rows):
+        self.rows = rows
+
+    @property
+    def patched(self):
+        return [r for r in self.rows if r[3] == "patched"]
+
+    def __str__(self):
+        if not self.rows:
+            return "tempo.optimize: nothing recorded"
+        w = [max(len(str(r[i])) for r in self.rows + [("module", "class", "technique", "action")]) for i in range(4)]
+        lines = ["%-*s  %-*s  %-*s  %s" % (w[0], "module", w[1], "class", w[2], "technique", "action")]
+        lines += ["%-*s  %-*s  %-*s  %s" % (w[0], r[0], w[1], r[1], w[2], r[2], r[3]) for r in self.rows]
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+
+_LOOKS_PATCHABLE = ("norm", "gelu", "silu", "swish", "act", "dropout")
+
+
+def _rule_for(module, chosen):
+    return next((r for r in RULES if r[0] in chosen and r[1](module)), None)
+
+
 def optimize(model: torch.nn.Module, techniques="all", attention: str = "keep") -> torch.nn.Module:
     """Patches `model` in place with tempo's layers and returns it.
 
     techniques: "all" or an iterable of "gelu", "silu", "layer_norm", "rms_norm", "dropout",
     "bdrln" (dense + dropout + residual + LayerNorm in one pass, BERT/RoBERTa's output blocks).
     attention: only "keep" (the model's own attention) so far.
+    Layers not recognised are left exactly as they are (tempo.report lists them);
+    tempo.restore undoes the patch. A second call patches only what the first did not.
     """
     chosen = set(TECHNIQUES) if techniques == "all" else set(techniques)
     unknown = chosen - set(TECHNIQUES)
@@ -109,24 +140,72 @@ def optimize(model: torch.nn.Module, techniques="all", attention: str = "keep") 
         raise ValueError("tempo.optimize: attention=%r is not available yet; only 'keep'" % (attention,))
     if not isinstance(model, torch.nn.Module):
         raise TypeError("tempo.optimize: expected a torch.nn.Module, got %s" % type(model).__name__)
+    undo = model.__dict__.setdefault("_tempo_undo", [])
+    rows = []
     done = set()
 
-    def visit(parent):
+    def visit(parent, prefix):
         for name, child in list(parent.named_children()):
+            path = prefix + name
             if id(child) in done:
                 continue
-            ours = type(child).__module__.startswith("tempo.")  # already patched: optimize is idempotent
-            rule = None if ours else next((r for r in RULES if r[0] in chosen and r[1](child)), None)
+            ours = type(child).__module__.startswith("tempo.")  # already patched
+            rule = None if ours else _rule_for(child, chosen)
             if rule is not None:
+                original_class = type(child)
                 new = rule[2](child)
                 new.train(child.training)
                 done.add(id(new))
                 if new is not child:
                     setattr(parent, name, new)
+                    undo.append(("child", parent, name, child))
+                else:
+                    undo.append(("class", child, original_class))
+                rows.append((path, original_class.__name__, rule[0], "patched"))
                 if rule[0] == "bdrln":  # its LayerNorm and dropout are used through the fused op
                     done.update({id(new.LayerNorm), id(new.dropout)})
                     continue
-            visit(getattr(parent, name))
+            elif not ours:
+                lname = type(child).__name__.lower()
+                other = _rule_for(child, set(TECHNIQUES))
+                if other is not None:
+                    rows.append((path, type(child).__name__, other[0], "skipped: technique not chosen"))
+                elif "attention" in lname and not any("attention" in type(c).__name__.lower() for c in child.children()):
+                    rows.append((path, type(child).__name__, "attention", "kept: attention='keep'"))
+                elif any(k in lname for k in _LOOKS_PATCHABLE) and not list(child.children()):
+                    rows.append((path, type(child).__name__, "-", "skipped: not understood, left as it is"))
+            visit(getattr(parent, name), path + ".")
 
-    visit(model)
+    visit(model, "")
+    model.__dict__["_tempo_report"] = Report(model.__dict__.get("_tempo_report", Report([])).rows + rows)
+    if not any(r[3] == "patched" for r in rows) and not undo:
+        raise ValueError("tempo.optimize: nothing to patch in %s (no layer of a known type for techniques %s)"
+                         % (type(model).__name__, sorted(chosen)))
+    return model
+
+
+def report(model: torch.nn.Module) -> Report:
+    """What tempo.optimize patched in `model`, module by module, and what it left and why."""
+    rep = model.__dict__.get("_tempo_report")
+    if rep is None:
+        raise ValueError("tempo.report: %s has not been through tempo.optimize" % type(model).__name__)
+    return rep
+
+
+def restore(model: torch.nn.Module) -> torch.nn.Module:
+    """Undoes tempo.optimize exactly: the original modules and classes come back (the
+    Parameters were never replaced)."""
+    undo = model.__dict__.pop("_tempo_undo", None)
+    if undo is None:
+        raise ValueError("tempo.restore: %s has not been through tempo.optimize" % type(model).__name__)
+    for entry in reversed(undo):
+        if entry[0] == "child":
+            _, parent, name, child = entry
+            current = getattr(parent, name)
+            child.train(current.training)
+            setattr(parent, name, child)
+        else:
+            _, module, cls = entry
+            module.__class__ = cls
+    model.__dict__.pop("_tempo_report", None)
     return model

@@ -121,3 +121,48 @@ def test_techniques_subset_idempotent_and_errors():
         tempo.optimize(bert(), techniques=["fast"])
     with pytest.raises(ValueError, match="attention='sdpa' is not available yet"):
         tempo.optimize(bert(), attention="sdpa")
+
+
+def test_restore_gives_back_bitwise_the_original_outputs():
+    model = bert(dropout=0.1).eval()
+    ids = torch.randint(1000, 30000, (2, 12), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        before = model(input_ids=ids).last_hidden_state.clone()
+    classes = [type(m) for m in model.modules()]
+    tempo.optimize(model)
+    assert any(type(m).__module__.startswith("tempo.") for m in model.modules())
+    tempo.restore(model)
+    assert [type(m) for m in model.modules()] == classes
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=ids).last_hidden_state, before)
+    with pytest.raises(ValueError, match="has not been through tempo.optimize"):
+        tempo.restore(model)
+
+
+def test_report_says_what_was_patched_and_what_was_left():
+    model = tempo.optimize(bert(), techniques=["gelu", "layer_norm", "bdrln"])
+    rep = tempo.report(model)
+    rows = {r[0]: r for r in rep.rows}
+    assert rows["encoder.layer.0.output"][2:] == ("bdrln", "patched")
+    assert rows["embeddings.LayerNorm"][2:] == ("layer_norm", "patched")
+    assert rows["embeddings.dropout"][3] == "skipped: technique not chosen"
+    assert rows["encoder.layer.0.attention.self"][3] == "kept: attention='keep'"
+    assert "encoder.layer.0.attention" not in rows  # the innermost attention module only
+    assert len(rep.patched) == 1 + 6 * 3 and "module" in str(rep)
+
+
+def test_unknown_layers_are_left_exactly_and_reported():
+    act = transformers.activations.QuickGELUActivation()
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), act, torch.nn.LayerNorm(16))
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        before = model(x)
+    tempo.optimize(model)
+    assert model[1] is act  # not understood: untouched
+    rows = {r[0]: r for r in tempo.report(model).rows}
+    assert rows["1"][3] == "skipped: not understood, left as it is"
+    assert rows["2"][3] == "patched"
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), before)
+    with pytest.raises(ValueError, match="nothing to patch"):
+        tempo.optimize(torch.nn.Sequential(torch.nn.Linear(4, 4), act))
