@@ -94,6 +94,53 @@ RULES = [
 ]
 
 
+# ---- attention, through transformers' attention-function registry --------------------------
+
+ATTENTION = {"tempo": "tempo", "fused": "tempo_fused", "sdpa": "sdpa", "auto": "tempo"}
+
+
+def _repeat_kv(module, key, value):
+    groups = getattr(module, "num_key_value_groups", 1)
+    if groups > 1:  # grouped-query attention: each key/value head serves `groups` query heads
+        key = key.repeat_interleave(groups, dim=1)
+        value = value.repeat_interleave(groups, dim=1)
+    return key, value
+
+
+def _causal(module, attention_mask, query):
+    return attention_mask is None and bool(getattr(module, "is_causal", False)) and query.shape[-2] > 1
+
+
+def _tempo_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """transformers' attention-function signature over tempo.attention: q, k, v [B, H, S, D],
+    an additive (or boolean) mask broadcastable to [B, H, Sq, Sk]; returns ([B, S, H, D], None)."""
+    key, value = _repeat_kv(module, key, value)
+    mask = attention_mask[..., : key.shape[-2]] if attention_mask is not None else None
+    out = ops.attention(query, key, value, mask, dropout_p=dropout, causal=_causal(module, mask, query), scale=scaling)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _tempo_fused_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """As _tempo_attention over tempo.fused_attention (no S^2 tensor kept)."""
+    key, value = _repeat_kv(module, key, value)
+    mask = attention_mask[..., : key.shape[-2]] if attention_mask is not None else None
+    out = ops.fused_attention(query, key, value, mask, dropout_p=dropout, causal=_causal(module, mask, query),
+                              scale=scaling)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _register_attention():
+    import transformers
+    from transformers import masking_utils
+
+    if "tempo" not in transformers.AttentionInterface._global_mapping:
+        transformers.AttentionInterface.register("tempo", _tempo_attention)
+        transformers.AttentionInterface.register("tempo_fused", _tempo_fused_attention)
+        eager_mask = masking_utils.ALL_MASK_ATTENTION_FUNCTIONS["eager"]  # additive masks, as eager attention
+        masking_utils.AttentionMaskInterface.register("tempo", eager_mask)
+        masking_utils.AttentionMaskInterface.register("tempo_fused", eager_mask)
+
+
 class Report:
     """What tempo.optimize did: one row per module it patched or looked at and left, with
     why. Prints as a table; `rows` is a list of (path, class, technique, action)."""
@@ -103,7 +150,7 @@ class Report:
 
     @property
     def patched(self):
-        return [r for r in self.rows if r[3] == "patched"]
+        return [r for r in self.rows if r[3].startswith("patched")]
 
     def __str__(self):
         if not self.rows:
@@ -128,7 +175,9 @@ def optimize(model: torch.nn.Module, techniques="all", attention: str = "keep") 
 
     techniques: "all" or an iterable of "gelu", "silu", "layer_norm", "rms_norm", "dropout",
     "bdrln" (dense + dropout + residual + LayerNorm in one pass, BERT/RoBERTa's output blocks).
-    attention: only "keep" (the model's own attention) so far.
+    attention: "keep" (the model's own), "tempo" (output-only softmax, dropout recomputed from
+    1-bit masks), "fused" (tempo.fused_attention: no S^2 tensor), "sdpa" (torch's), or "auto"
+    (tempo); set through transformers' attention-function registry on a transformers model.
     Layers not recognised are left exactly as they are (tempo.report lists them);
     tempo.restore undoes the patch. A second call patches only what the first did not.
     """
@@ -136,12 +185,21 @@ def optimize(model: torch.nn.Module, techniques="all", attention: str = "keep") 
     unknown = chosen - set(TECHNIQUES)
     if unknown:
         raise ValueError("tempo.optimize: unknown technique(s) %s; known: %s" % (sorted(unknown), ", ".join(TECHNIQUES)))
-    if attention != "keep":
-        raise ValueError("tempo.optimize: attention=%r is not available yet; only 'keep'" % (attention,))
+    if attention != "keep" and attention not in ATTENTION:
+        raise ValueError("tempo.optimize: unknown attention %r; known: keep, %s" % (attention, ", ".join(ATTENTION)))
     if not isinstance(model, torch.nn.Module):
         raise TypeError("tempo.optimize: expected a torch.nn.Module, got %s" % type(model).__name__)
+    config = getattr(model, "config", None)
+    if attention != "keep" and not (hasattr(model, "set_attn_implementation") and config is not None):
+        raise ValueError("tempo.optimize: attention=%r needs a transformers model (its attention-function "
+                         "registry); %s is not one" % (attention, type(model).__name__))
     undo = model.__dict__.setdefault("_tempo_undo", [])
     rows = []
+    if attention != "keep":
+        _register_attention()
+        undo.append(("attention", model, config._attn_implementation))
+        model.set_attn_implementation(ATTENTION[attention])
+        rows.append(("", type(model).__name__, "attention", "patched: %s" % ATTENTION[attention]))
     done = set()
 
     def visit(parent, prefix):
@@ -170,7 +228,8 @@ def optimize(model: torch.nn.Module, techniques="all", attention: str = "keep") 
                 other = _rule_for(child, set(TECHNIQUES))
                 if other is not None:
                     rows.append((path, type(child).__name__, other[0], "skipped: technique not chosen"))
-                elif "attention" in lname and not any("attention" in type(c).__name__.lower() for c in child.children()):
+                elif ("attention" in lname and not any("attention" in type(c).__name__.lower() for c in child.children())
+                      and attention == "keep"):
                     rows.append((path, type(child).__name__, "attention", "kept: attention='keep'"))
                 elif any(k in lname for k in _LOOKS_PATCHABLE) and not list(child.children()):
                     rows.append((path, type(child).__name__, "-", "skipped: not understood, left as it is"))
@@ -178,7 +237,7 @@ def optimize(model: torch.nn.Module, techniques="all", attention: str = "keep") 
 
     visit(model, "")
     model.__dict__["_tempo_report"] = Report(model.__dict__.get("_tempo_report", Report([])).rows + rows)
-    if not any(r[3] == "patched" for r in rows) and not undo:
+    if not any(r[3].startswith("patched") for r in rows) and not undo:
         raise ValueError("tempo.optimize: nothing to patch in %s (no layer of a known type for techniques %s)"
                          % (type(model).__name__, sorted(chosen)))
     return model
@@ -199,7 +258,10 @@ def restore(model: torch.nn.Module) -> torch.nn.Module:
     if undo is None:
         raise ValueError("tempo.restore: %s has not been through tempo.optimize" % type(model).__name__)
     for entry in reversed(undo):
-        if entry[0] == "child":
+        if entry[0] == "attention":
+            _, root, implementation = entry
+            root.set_attn_implementation(implementation)
+        elif entry[0] == "child":
             _, parent, name, child = entry
             current = getattr(parent, name)
             child.train(current.training)
