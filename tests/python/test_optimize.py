@@ -298,3 +298,38 @@ def test_ddp_two_gloo_processes_equal_one_process_with_the_combined_batch(tmp_pa
     assert ddp.keys() == single.keys()
     for k in single:
         torch.testing.assert_close(ddp[k], single[k], rtol=1e-5, atol=1e-6, msg=k)
+
+
+def _hf_layer_bytes(seq, attention):
+    """Bytes one encoder layer of a patched BERT (hidden 1024, 16 heads, dropout 0.1, batch 1)
+    keeps for backward: 2 layers minus 1, by saved-tensor hooks."""
+    def kept(layers):
+        cfg = transformers.BertConfig(num_hidden_layers=layers, hidden_size=1024, intermediate_size=4096,
+                                      num_attention_heads=16, vocab_size=1000, max_position_embeddings=512)
+        torch.manual_seed(0)
+        m = tempo.optimize(transformers.BertModel(cfg, add_pooling_layer=False).train(), attention=attention)
+        ids = torch.randint(0, 1000, (1, seq))
+        return saved_bytes(lambda: m(input_ids=ids).last_hidden_state, list(m.parameters()))[0]
+    return kept(2) - kept(1)
+
+
+def test_patched_bert_keeps_what_the_cpp_policies_keep_per_layer():
+    """A patched Hugging Face BERT-large layer keeps what the C++ model's `tempo` and
+    `tempo-sdpa` policies keep (tempo bench --ablation), within 3%, at S=128 and 512."""
+    import subprocess
+
+    binary = os.environ.get("TEMPO_BIN", os.path.join(os.path.dirname(__file__), "..", "..", "build", "tempo"))
+    r = subprocess.run([binary, "bench", "--model", "bert-large", "--ablation", "--ablation-seqs", "128,512"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    cpp = {}
+    for line in r.stdout.splitlines():
+        for policy in ("tempo (all of tempo)", "tempo-sdpa (tempo + fused attention)"):
+            if line.startswith(policy):
+                cells = line[len(policy):].split()
+                cpp[policy.split()[0]] = [float(cells[0]) * 2**20, float(cells[3]) * 2**20]  # MiB at 128, 512
+    assert set(cpp) == {"tempo", "tempo-sdpa"}, r.stdout
+    for i, seq in enumerate((128, 512)):
+        for policy, attention in (("tempo", "tempo"), ("tempo-sdpa", "fused")):
+            ours = _hf_layer_bytes(seq, attention)
+            assert abs(ours - cpp[policy][i]) <= 0.03 * cpp[policy][i], (seq, policy, ours, cpp[policy][i])
