@@ -36,7 +36,8 @@ struct BenchResult {
   int64_t optimizer_peak_bytes = 0;
   double step_ms = 0, tokens_per_s = 0;
   std::optional<int64_t> max_batch;
-  double max_batch_tokens_per_s = 0;
+  double max_batch_tokens_per_s = 0;  // median of >= 3 steps at max_batch after a warm-up
+  double max_batch_spread = 0;        // slowest / fastest of those steps - 1
 };
 
 // Parses `tempo bench` arguments; throws std::invalid_argument with a clear message.

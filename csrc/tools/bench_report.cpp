@@ -30,7 +30,7 @@ void print_table(const std::vector<BenchResult>& rs, bool budget) {
   // backward (where the policies differ) apart from the optimizer step's (the same for all).
   std::printf("%-22s %14s %8s %14s %8s %13s %10s %11s %8s", "policy", "activations", "vs eager", "fwd+bwd peak",
               "vs eager", "optim peak", "step ms", "tokens/s", "vs eager");
-  if (budget) std::printf(" %9s %8s %14s %8s", "max batch", "vs eager", "tokens/s @max", "vs eager");
+  if (budget) std::printf(" %9s %8s %14s %8s %7s", "max batch", "vs eager", "tokens/s @max", "vs eager", "spread");
   std::printf("\n");
   for (const auto& r : rs) {
     std::printf("%-22s %10.1f MiB %8s %10.1f MiB %8s %9.1f MiB %10.1f %11.1f %8s", r.policy.c_str(),
@@ -39,10 +39,11 @@ void print_table(const std::vector<BenchResult>& rs, bool budget) {
                 mib(r.optimizer_peak_bytes), r.step_ms, r.tokens_per_s,
                 e ? ratio(r.tokens_per_s, e->tokens_per_s).c_str() : "-");
     if (budget)
-      std::printf(" %9lld %8s %14.1f %8s", (long long)r.max_batch.value_or(0),
+      std::printf(" %9lld %8s %14.1f %8s %7s", (long long)r.max_batch.value_or(0),
                   e && e->max_batch ? ratio(r.max_batch.value_or(0), *e->max_batch).c_str() : "-",
                   r.max_batch_tokens_per_s,
-                  e ? ratio(r.max_batch_tokens_per_s, e->max_batch_tokens_per_s).c_str() : "-");
+                  e ? ratio(r.max_batch_tokens_per_s, e->max_batch_tokens_per_s).c_str() : "-",
+                  (std::to_string(static_cast<int>(100.0 * r.max_batch_spread + 0.5)) + "%").c_str());
     std::printf("\n");
   }
 }
@@ -54,12 +55,14 @@ void print_json(const std::vector<BenchResult>& rs) {
     std::printf("%s\n  {\"model\": \"%s\", \"seq\": %lld, \"dtype\": \"%s\", \"device\": \"%s\", \"policy\": \"%s\", "
                 "\"batch\": %lld, \"activation_bytes\": %lld, \"peak_bytes\": %lld, \"train_peak_bytes\": %lld, "
                 "\"optimizer_peak_bytes\": %lld, \"step_ms\": %.3f, "
-                "\"tokens_per_s\": %.3f, \"max_batch\": %s, \"max_batch_tokens_per_s\": %s}",
+                "\"tokens_per_s\": %.3f, \"max_batch\": %s, \"max_batch_tokens_per_s\": %s, "
+                "\"max_batch_spread\": %s}",
                 i ? "," : "", r.model.c_str(), (long long)r.seq, r.dtype.c_str(), r.device.c_str(), r.policy.c_str(),
                 (long long)r.batch, (long long)r.activation_bytes, (long long)r.peak_bytes,
                 (long long)r.train_peak_bytes, (long long)r.optimizer_peak_bytes, r.step_ms, r.tokens_per_s,
                 r.max_batch ? std::to_string(*r.max_batch).c_str() : "null",
-                r.max_batch ? std::to_string(r.max_batch_tokens_per_s).c_str() : "null");
+                r.max_batch ? std::to_string(r.max_batch_tokens_per_s).c_str() : "null",
+                r.max_batch ? std::to_string(r.max_batch_spread).c_str() : "null");
   }
   std::printf("\n]\n");
 }
@@ -70,13 +73,14 @@ void append_csv(const std::string& path, const std::vector<BenchResult>& rs) {
   if (!f) throw std::runtime_error("tempo bench: cannot write --csv " + path);
   if (fresh)
     f << "model,seq,dtype,device,policy,batch,activation_bytes,peak_bytes,train_peak_bytes,optimizer_peak_bytes,"
-         "step_ms,tokens_per_s,max_batch,max_batch_tokens_per_s\n";
+         "step_ms,tokens_per_s,max_batch,max_batch_tokens_per_s,max_batch_spread\n";
   for (const auto& r : rs)
     f << r.model << "," << r.seq << "," << r.dtype << "," << r.device << "," << r.policy << "," << r.batch << ","
       << r.activation_bytes << "," << r.peak_bytes << "," << r.train_peak_bytes << "," << r.optimizer_peak_bytes
       << "," << r.step_ms << "," << r.tokens_per_s << ","
       << (r.max_batch ? std::to_string(*r.max_batch) : "") << ","
-      << (r.max_batch ? std::to_string(r.max_batch_tokens_per_s) : "") << "\n";
+      << (r.max_batch ? std::to_string(r.max_batch_tokens_per_s) : "") << ","
+      << (r.max_batch ? std::to_string(r.max_batch_spread) : "") << "\n";
 }
 
 // Two horizontal bar charts: activation memory per policy, throughput per policy (at the

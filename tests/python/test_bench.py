@@ -35,6 +35,7 @@ def test_json_fields_and_budget_search(tmp_path):
         assert x["seq"] == 32 and x["batch"] == 2 and x["dtype"] == "fp32" and x["device"] == "cpu"
         assert 0 < x["activation_bytes"] < x["peak_bytes"]
         assert x["max_batch"] >= 1 and x["tokens_per_s"] > 0
+        assert x["max_batch_tokens_per_s"] > 0 and x["max_batch_spread"] >= 0  # median of >= 3 steps, and their spread
     eager, tempo_, fused = rows
     assert tempo_["activation_bytes"] < eager["activation_bytes"]
     assert tempo_["train_peak_bytes"] < eager["train_peak_bytes"]
@@ -52,6 +53,7 @@ def test_without_budget_max_batch_is_null():
     r = bench(*TINY, "--policies", "eager", "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)[0]["max_batch"] is None
+    assert json.loads(r.stdout)[0]["max_batch_spread"] is None
 
 
 def test_ablation_prints_each_technique():
