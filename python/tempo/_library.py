@@ -12,7 +12,9 @@ def _candidates():
     env = os.environ.get("TEMPO_LIBRARY")
     if env:
         yield Path(env)
-    yield Path(__file__).resolve().parent.parent.parent / "build" / "lib" / _NAME  # the source tree after `make`
+    here = Path(__file__).resolve().parent
+    yield here / "lib" / _NAME  # an installed package (pip install .)
+    yield here.parent.parent / "build" / "lib" / _NAME  # the source tree after `make`
 
 
 def library_path():

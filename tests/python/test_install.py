@@ -1,0 +1,24 @@
+"""`pip install --no-build-isolation .` builds the package with the same CMake tree against
+the torch already installed, and `import tempo` outside the source tree then loads the op
+library from the installed package (here into a --target folder, so the venv is untouched)."""
+import os
+import subprocess
+import sys
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+def test_pip_install_gives_a_working_package(tmp_path):
+    target = tmp_path / "site"
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "--no-build-isolation", "--no-deps", "-q",
+                        "--target", str(target), ROOT], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert (target / "tempo" / "lib" / "libtempo_torch.so").is_file()
+    check = ("import sys; sys.path.insert(0, %r); import torch, tempo; "
+             "assert tempo.library_path().startswith(%r), tempo.library_path(); "
+             "x = torch.randn(3, 5, requires_grad=True); tempo.gelu(x).sum().backward(); "
+             "print(tempo.__version__)" % (str(target), str(target)))
+    r = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=300, cwd=str(tmp_path),
+                       env={k: v for k, v in os.environ.items() if k != "TEMPO_LIBRARY"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip() == "0.1.0"
