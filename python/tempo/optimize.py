@@ -111,22 +111,20 @@ def _causal(module, attention_mask, query):
     return attention_mask is None and bool(getattr(module, "is_causal", False)) and query.shape[-2] > 1
 
 
-def _tempo_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """transformers' attention-function signature over tempo.attention: q, k, v [B, H, S, D],
-    an additive (or boolean) mask broadcastable to [B, H, Sq, Sk]; returns ([B, S, H, D], None)."""
-    key, value = _repeat_kv(module, key, value)
-    mask = attention_mask[..., : key.shape[-2]] if attention_mask is not None else None
-    out = ops.attention(query, key, value, mask, dropout_p=dropout, causal=_causal(module, mask, query), scale=scaling)
-    return out.transpose(1, 2).contiguous(), None
+def _attention_function(op):
+    """transformers' attention-function signature over a tempo attention op: q, k, v
+    [B, H, S, D], an additive (or boolean) mask broadcastable to [B, H, Sq, Sk]; returns
+    ([B, S, H, D], None)."""
+    def forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+        key, value = _repeat_kv(module, key, value)
+        mask = attention_mask[..., : key.shape[-2]] if attention_mask is not None else None
+        out = op(query, key, value, mask, dropout_p=dropout, causal=_causal(module, mask, query), scale=scaling)
+        return out.transpose(1, 2).contiguous(), None
+    return forward
 
 
-def _tempo_fused_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """As _tempo_attention over tempo.fused_attention (no S^2 tensor kept)."""
-    key, value = _repeat_kv(module, key, value)
-    mask = attention_mask[..., : key.shape[-2]] if attention_mask is not None else None
-    out = ops.fused_attention(query, key, value, mask, dropout_p=dropout, causal=_causal(module, mask, query),
-                              scale=scaling)
-    return out.transpose(1, 2).contiguous(), None
+_tempo_attention = _attention_function(ops.attention)
+_tempo_fused_attention = _attention_function(ops.fused_attention)  # no S^2 tensor kept
 
 
 def _register_attention():

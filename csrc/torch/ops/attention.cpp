@@ -49,27 +49,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward_kernel(const at
     mask = additive_mask(*attn_mask, probs.sym_sizes(), probs.device(), op);
   DropoutKeep keep = new_dropout_keep(probs, dropout_p, mode);
   at::Tensor dropped = dropout_p > 0.0 ? at::empty_like(probs) : at::Tensor();
-  if (!q.is_meta() && probs.numel() > 0) {
-    AttentionSoftmaxForwardParams prm;
-    prm.dtype = to_core_dtype(q.scalar_type());
-    prm.scores = probs.mutable_data_ptr();
-    prm.dropped = dropped.defined() ? dropped.mutable_data_ptr() : nullptr;
-    prm.mode = mode;
-    prm.mask_bits = keep.mask;
-    if (mask.defined()) {
-      prm.attn_mask = mask.const_data_ptr<float>();
-      for (int d = 0; d < 4; ++d) prm.mask_stride[d] = mask.stride(d);
-    }
-    prm.batch = q.size(0);
-    prm.heads = q.size(1);
-    prm.rows = q.size(2);
-    prm.cols = k.size(2);
-    prm.scale = sc;
-    prm.causal = causal;
-    prm.p = dropout_p;
-    prm.rng = keep.rng;
-    run_core(q, prm, attention_softmax_forward_cpu, attention_softmax_forward_cuda, op);
-  }
+  softmax_forward(probs, dropped, mask, q, 0, sc, causal, dropout_p, mode, keep.mask, keep.rng, op);
   at::Tensor out = at::matmul(dropped.defined() ? dropped : probs, v);
   return {out, probs, keep.keep};
 }

@@ -10,6 +10,8 @@
 #include <optional>
 
 #include "common.h"
+#include "dtype.h"
+#include "tempo/attention.h"
 
 namespace tempo::torch_impl {
 
@@ -55,6 +57,36 @@ inline at::Tensor additive_mask(const at::Tensor& mask, c10::SymIntArrayRef size
                                    at::full({}, -std::numeric_limits<float>::infinity(), mask.options().dtype(at::kFloat)))
                        : mask.to(at::kFloat);
   return add.expand_symint(sizes);
+}
+
+// The core's softmax forward over `scores` ([B, A, rows, cols], rows starting at row_offset
+// of q's seq_q): P written over it and, with dropout, P_d into `dropped`. The whole matrix
+// (row_offset 0, rows = seq_q) may store its bits (bits mode); blocks draw them (philox).
+inline void softmax_forward(const at::Tensor& scores, const at::Tensor& dropped, const at::Tensor& mask,
+                            const at::Tensor& q, int64_t row_offset, double scale, bool causal, double p,
+                            DropoutMode mode, uint8_t* mask_bits, const PhiloxState& rng, const char* op) {
+  if (q.is_meta() || scores.numel() == 0) return;
+  AttentionSoftmaxForwardParams prm;
+  prm.dtype = to_core_dtype(q.scalar_type());
+  prm.scores = scores.mutable_data_ptr();
+  prm.dropped = dropped.defined() ? dropped.mutable_data_ptr() : nullptr;
+  prm.mode = mode;
+  prm.mask_bits = mask_bits;
+  if (mask.defined()) {
+    prm.attn_mask = mask.const_data_ptr<float>();
+    for (int d = 0; d < 4; ++d) prm.mask_stride[d] = mask.stride(d);
+  }
+  prm.batch = scores.size(0);
+  prm.heads = scores.size(1);
+  prm.rows = scores.size(2);
+  prm.cols = scores.size(3);
+  prm.row_offset = row_offset;
+  prm.seq_q = q.size(2);
+  prm.scale = scale;
+  prm.causal = causal;
+  prm.p = p;
+  prm.rng = rng;
+  run_core(q, prm, attention_softmax_forward_cpu, attention_softmax_forward_cuda, op);
 }
 
 }  // namespace tempo::torch_impl

@@ -36,32 +36,6 @@ int64_t block_rows_for(const at::Tensor& q, const at::Tensor& k, int64_t request
   return std::max<int64_t>(1, std::min<int64_t>(Sq, (int64_t{8} << 20) / per_row));
 }
 
-// One block's P (in `scores`, over q_blk k^T) and, with dropout, P_d (in `dropped`).
-void block_softmax(const at::Tensor& scores, const at::Tensor& dropped, const at::Tensor& mask, const at::Tensor& q,
-                   int64_t row_offset, double scale, bool causal, double p, const PhiloxState& rng, const char* op) {
-  if (q.is_meta() || scores.numel() == 0) return;
-  AttentionSoftmaxForwardParams prm;
-  prm.dtype = to_core_dtype(q.scalar_type());
-  prm.scores = scores.mutable_data_ptr();
-  prm.dropped = dropped.defined() ? dropped.mutable_data_ptr() : nullptr;
-  prm.mode = DropoutMode::kPhilox;  // blocks of rows draw their bits
-  if (mask.defined()) {
-    prm.attn_mask = mask.const_data_ptr<float>();
-    for (int d = 0; d < 4; ++d) prm.mask_stride[d] = mask.stride(d);
-  }
-  prm.batch = scores.size(0);
-  prm.heads = scores.size(1);
-  prm.rows = scores.size(2);
-  prm.cols = scores.size(3);
-  prm.row_offset = row_offset;
-  prm.seq_q = q.size(2);
-  prm.scale = scale;
-  prm.causal = causal;
-  prm.p = p;
-  prm.rng = rng;
-  run_core(q, prm, attention_softmax_forward_cpu, attention_softmax_forward_cuda, op);
-}
-
 std::tuple<at::Tensor, at::Tensor> fused_attention_forward_kernel(const at::Tensor& q, const at::Tensor& k,
                                                                   const at::Tensor& v,
                                                                   const std::optional<at::Tensor>& attn_mask,
@@ -86,7 +60,7 @@ std::tuple<at::Tensor, at::Tensor> fused_attention_forward_kernel(const at::Tens
     const at::Tensor qb = q.narrow(2, i0, n);
     at::Tensor s = at::matmul(qb, kt).contiguous();
     at::Tensor d = dropout_p > 0.0 ? at::empty_like(s) : at::Tensor();
-    block_softmax(s, d, mask, q, i0, sc, causal, dropout_p, keep.rng, op);
+    softmax_forward(s, d, mask, q, i0, sc, causal, dropout_p, DropoutMode::kPhilox, nullptr, keep.rng, op);
     out.narrow(2, i0, n).copy_(at::matmul(d.defined() ? d : s, v));
   }
   return {out, keep.keep};
@@ -122,7 +96,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_attention_backward_kernel(
     // Recompute the block's P and P_d exactly as the forward did.
     at::Tensor s = at::matmul(qb, kt).contiguous();
     at::Tensor d = dropout_p > 0.0 ? at::empty_like(s) : at::Tensor();
-    block_softmax(s, d, mask, q, i0, sc, causal, dropout_p, rng, op);
+    softmax_forward(s, d, mask, q, i0, sc, causal, dropout_p, DropoutMode::kPhilox, nullptr, rng, op);
     dv.add_(at::matmul((d.defined() ? d : s).transpose(-2, -1), gb));
     d.reset();
     at::Tensor ds = at::matmul(gb, vt).contiguous();
