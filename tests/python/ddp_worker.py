@@ -2,6 +2,7 @@
 DistributedDataParallel over Gloo on this machine's loopback, for a given number of steps,
 on its half of each batch; rank 0 saves the final parameters."""
 import copy
+import gc
 import os
 
 import torch
@@ -59,5 +60,11 @@ def run(rank, world, port, out):
             opt.step()
         if rank == 0:
             torch.save(copy.deepcopy(model.module.state_dict()), out)
+        # Neither rank tears down its Gloo pairs while the other still uses them (a rank that
+        # left early made its peer abort in teardown, under load): meet, drop DDP's reducer
+        # (it holds the group), then destroy.
+        dist.barrier()
+        del model, opt
+        gc.collect()
     finally:
         dist.destroy_process_group()
