@@ -18,6 +18,28 @@ def reset_peak(device="cpu") -> None:
     torch.ops.tempo.memory_reset_peak(torch.device(device))
 
 
+def set_cpu_limit(nbytes: int) -> None:
+    """A CPU budget: an allocation that would take the counted bytes past ``nbytes`` raises
+    ``torch.OutOfMemoryError``, as a full GPU does (0 removes it). Counts only tensors
+    allocated after tracking began (a limit starts tracking)."""
+    torch.ops.tempo.memory_set_cpu_limit(int(nbytes))
+
+
+class cpu_limit:
+    """``with tempo.memory.cpu_limit(nbytes): ...``: the limit inside the block only."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = int(nbytes)
+
+    def __enter__(self):
+        set_cpu_limit(self.nbytes)
+        return self
+
+    def __exit__(self, *exc):
+        set_cpu_limit(0)
+        return False
+
+
 class Scope:
     """Bytes held and the peak over a ``with`` block, relative to its start:
     ``with tempo.memory.Scope() as s: ...; s.held, s.peak``."""

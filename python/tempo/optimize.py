@@ -168,7 +168,7 @@ def _rule_for(module, chosen):
     return next((r for r in RULES if r[0] in chosen and r[1](module)), None)
 
 
-def optimize(model: torch.nn.Module, techniques="all", attention: str = "keep") -> torch.nn.Module:
+def optimize(model: torch.nn.Module, techniques="all", attention: str = "keep", modules=None) -> torch.nn.Module:
     """Patches `model` in place with tempo's layers and returns it.
 
     techniques: "all" or an iterable of "gelu", "silu", "layer_norm", "rms_norm", "dropout",
@@ -176,6 +176,9 @@ def optimize(model: torch.nn.Module, techniques="all", attention: str = "keep") 
     attention: "keep" (the model's own), "tempo" (output-only softmax, dropout recomputed from
     1-bit masks), "fused" (tempo.fused_attention: no S^2 tensor), "sdpa" (torch's), or "auto"
     (tempo); set through transformers' attention-function registry on a transformers model.
+    modules: None (everywhere), an iterable of module paths (a module and everything under it,
+    e.g. "bert.encoder.layer.0"), or a callable path -> bool; outside them nothing is patched
+    (attention, set model-wide, is not limited by it).
     Layers not recognised are left exactly as they are (tempo.report lists them);
     tempo.restore undoes the patch. A second call patches only what the first did not.
     """
@@ -191,6 +194,21 @@ def optimize(model: torch.nn.Module, techniques="all", attention: str = "keep") 
     if attention != "keep" and not (hasattr(model, "set_attn_implementation") and config is not None):
         raise ValueError("tempo.optimize: attention=%r needs a transformers model (its attention-function "
                          "registry); %s is not one" % (attention, type(model).__name__))
+    if modules is None:
+        inside = None
+    elif callable(modules):
+        inside = modules
+    else:
+        paths = [str(p) for p in modules]
+        if not paths:
+            raise ValueError("tempo.optimize: modules is empty")
+        known = {n for n, _ in model.named_modules()}
+        missing = [p for p in paths if p not in known]
+        if missing:
+            raise ValueError("tempo.optimize: no module named %s in %s" % (missing, type(model).__name__))
+
+        def inside(path):
+            return any(path == p or path.startswith(p + ".") for p in paths)
     undo = model.__dict__.setdefault("_tempo_undo", [])
     rows = []
     if attention != "keep":
@@ -207,6 +225,10 @@ def optimize(model: torch.nn.Module, techniques="all", attention: str = "keep") 
                 continue
             ours = type(child).__module__.startswith("tempo.")  # already patched
             rule = None if ours else _rule_for(child, chosen)
+            if rule is not None and inside is not None and not inside(path):
+                rows.append((path, type(child).__name__, rule[0], "skipped: outside modules"))
+                visit(child, path + ".")
+                continue
             if rule is not None:
                 original_class = type(child)
                 new = rule[2](child)
@@ -236,6 +258,8 @@ def optimize(model: torch.nn.Module, techniques="all", attention: str = "keep") 
     visit(model, "")
     model.__dict__["_tempo_report"] = Report(model.__dict__.get("_tempo_report", Report([])).rows + rows)
     if not any(r[3].startswith("patched") for r in rows) and not undo:
+        model.__dict__.pop("_tempo_undo", None)  # the model is as it was: not "patched"
+        model.__dict__.pop("_tempo_report", None)
         raise ValueError("tempo.optimize: nothing to patch in %s (no layer of a known type for techniques %s)"
                          % (type(model).__name__, sorted(chosen)))
     return model

@@ -1,5 +1,6 @@
 // The counting CPU allocator and the device-generic statistics behind tempo/memory.h, with
-// the ops that open them to Python (tempo::memory_track, memory_stats, memory_reset_peak).
+// the ops that open them to Python (tempo::memory_track, memory_stats, memory_reset_peak,
+// memory_set_cpu_limit).
 #include <ATen/DeviceAccelerator.h>
 #include <c10/core/CPUAllocator.h>
 #include <torch/library.h>
@@ -17,6 +18,7 @@ namespace {
 
 std::atomic<int64_t> g_current{0};
 std::atomic<int64_t> g_peak{0};
+std::atomic<int64_t> g_limit{0};  // 0: none
 
 void add(int64_t n) {
   const int64_t now = g_current.fetch_add(n) + n;
@@ -54,6 +56,13 @@ class CountingAllocator final : public c10::Allocator {
  public:
   explicit CountingAllocator(c10::Allocator* base) : base_(base) {}
   c10::DataPtr allocate(size_t n) override {
+    const int64_t limit = g_limit.load();
+    if (limit > 0 && g_current.load() + static_cast<int64_t>(n) > limit) {
+      // The same error type as a CUDA out-of-memory (torch.OutOfMemoryError in Python), so a
+      // search for the largest batch treats the two alike.
+      TORCH_CHECK_WITH(OutOfMemoryError, false, "tempo::memory: CPU out of memory under the limit of ", limit,
+                       " bytes: ", g_current.load(), " bytes held, ", n, " more requested");
+    }
     c10::DataPtr inner = base_->allocate(n);
     void* data = inner.get();
     const c10::Device device = inner.device();
@@ -90,6 +99,13 @@ void track_cpu() {
 
 bool tracking_cpu() { return g_installed.load(); }
 
+void set_cpu_limit(int64_t bytes) {
+  TORCH_CHECK(bytes >= 0, "tempo::memory: the CPU limit must be >= 0 bytes (0: none), got ", bytes);
+  if (bytes > 0) track_cpu();
+  g_limit.store(bytes);
+}
+int64_t cpu_limit() { return g_limit.load(); }
+
 Stats stats(const c10::Device& device) {
   if (device.is_cpu()) {
     TORCH_CHECK(tracking_cpu(), "tempo::memory: CPU bytes are counted only after track_cpu() "
@@ -123,6 +139,7 @@ std::vector<int64_t> op_stats(c10::Device device) {
   return {s.current, s.peak};
 }
 void op_reset_peak(c10::Device device) { reset_peak(device); }
+void op_set_limit(int64_t bytes) { set_cpu_limit(bytes); }
 }  // namespace
 
 }  // namespace tempo::memory
@@ -131,4 +148,5 @@ TORCH_LIBRARY_FRAGMENT(tempo, m) {
   m.def("memory_track() -> ()", &tempo::memory::op_track);
   m.def("memory_stats(Device device) -> int[]", &tempo::memory::op_stats);
   m.def("memory_reset_peak(Device device) -> ()", &tempo::memory::op_reset_peak);
+  m.def("memory_set_cpu_limit(int bytes) -> ()", &tempo::memory::op_set_limit);
 }

@@ -15,6 +15,13 @@ namespace tempo::memory {
 void track_cpu();
 bool tracking_cpu();
 
+// A CPU budget enforced by the counting allocator: an allocation that would take the bytes it
+// counts past `bytes` raises c10::OutOfMemoryError (torch.OutOfMemoryError), as a full GPU
+// does. 0 removes it; a limit installs the allocator. The check and the count are separate
+// atomics, so concurrent allocations may overshoot it by what they request together.
+void set_cpu_limit(int64_t bytes);
+int64_t cpu_limit();
+
 struct Stats {
   int64_t current = 0;  // bytes held now
   int64_t peak = 0;     // largest `current` since the last reset

@@ -1,0 +1,99 @@
+"""Measuring helpers shared by tempo.bench and tempo.auto: a budget enforced as a real
+out-of-memory error, the largest-batch search, byte sizes in and out."""
+import argparse
+import contextlib
+import gc
+
+import torch
+
+from . import memory
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def free(device):
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+@contextlib.contextmanager
+def budget_enforced(device, budget):
+    """Inside: a real out-of-memory error past `budget` bytes (all tracked bytes on CPU; the
+    caching allocator's fraction of the device on CUDA)."""
+    if budget is None:
+        yield
+        return
+    if device.type == "cpu":
+        with memory.cpu_limit(budget):
+            yield
+    else:
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total), device)
+        try:
+            yield
+        finally:
+            torch.cuda.set_per_process_memory_fraction(1.0, device)
+
+
+def fits(step, batch, device, budget):
+    """The measurements of `step(batch)` under the budget, or None on out-of-memory (only
+    torch.OutOfMemoryError counts; any other error propagates)."""
+    try:
+        with budget_enforced(device, budget):
+            return step(batch)
+    except torch.OutOfMemoryError:
+        free(device)
+        return None
+
+
+def largest_batch(probe, budget):
+    """The largest batch for which `probe(batch)` (a step's measurements with "peak_bytes",
+    or None when it ran out of memory) fits the budget, as the C++ bench finds it: each
+    candidate predicted from a linear model of the step's peak in the batch (its slope from
+    the steps measured so far) and verified by running it. Once a batch has failed, no
+    candidate lies beyond the middle of what is still open (a bisection when the prediction
+    overshoots), and at least one more than the largest seen to fit is tried, so the search
+    ends on a batch that fits next to one that does not. Returns (batch, its measurements),
+    or (None, None) if batch 1 does not fit."""
+    p1 = probe(1)
+    if p1 is None:
+        return None, None
+    lo, at_lo, hi, slope = 1, p1, None, None
+    for _ in range(40):
+        if hi is not None and hi - lo <= 1:
+            break
+        cand = 2 * lo if slope is None else lo + max(1, int((budget - at_lo["peak_bytes"]) // slope))
+        if hi is not None:
+            cand = min(cand, (lo + hi) // 2)
+        at = probe(cand)
+        if at is None:
+            hi = cand
+        else:
+            slope = max((at["peak_bytes"] - p1["peak_bytes"]) / (cand - 1), 1.0)
+            lo, at_lo = cand, at
+    return lo, at_lo
+
+
+def format_bytes(n):
+    v, u = float(n), 0
+    units = ("B", "KiB", "MiB", "GiB", "TiB")
+    while u < 4 and abs(v) >= 1024:
+        v, u = v / 1024, u + 1
+    return "%d B" % n if u == 0 else "%.2f %s" % (v, units[u])
+
+
+def parse_bytes(text):
+    units = {"": 1, "B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "KB": 1e3, "MB": 1e6, "GB": 1e9}
+    num = text.rstrip("KMGiB")
+    unit = text[len(num):]
+    try:
+        v = float(num) * units[unit]
+    except (ValueError, KeyError):
+        raise argparse.ArgumentTypeError("cannot read a size from %r (e.g. 11GiB, 512MiB)" % text)
+    if v <= 0:
+        raise argparse.ArgumentTypeError("a size must be positive, got %r" % text)
+    return int(v)

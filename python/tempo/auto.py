@@ -1,0 +1,218 @@
+"""tempo.auto(model, make_batch, budget): Auto-Tempo (the Tempo paper, section 5.2). Decides,
+by measurement under a memory budget, whether (fast) or where (fine) to apply tempo.
+
+Each candidate is applied to the model (tempo.optimize), its largest batch under the budget is
+found by running training steps (forward and backward) until a real out-of-memory error
+(torch.OutOfMemoryError: on CUDA from the allocator under the budget's memory fraction, on CPU
+from tempo's counting allocator under the budget), and its throughput at that batch is the
+median of timed steps after a warm-up. The winner is left applied; the others are undone.
+
+The budget covers the model's parameters and buffers, their gradients and everything a step
+allocates; an optimizer's state is not part of the step, so leave room for it in the budget
+(on CUDA the default, the device's free memory, already excludes state that exists).
+"""
+import gc
+import statistics
+import time
+
+import torch
+
+from . import memory
+from ._measure import free, sync, budget_enforced, largest_batch, parse_bytes
+from .optimize import TECHNIQUES, optimize, restore
+
+
+class AutoReport:
+    """What tempo.auto measured and chose. `rows`: (candidate, largest batch, samples/s,
+    tokens/s) per candidate; `choice`; `why`. Prints as a table."""
+
+    def __init__(self, method, budget, rows, choice, why):
+        self.method, self.budget, self.rows, self.choice, self.why = method, budget, rows, choice, why
+
+    def __str__(self):
+        lines = ["tempo.auto (%s) under %.2f GiB" % (self.method, self.budget / 2**30),
+                 "%-34s %10s %12s %12s" % ("candidate", "max batch", "samples/s", "tokens/s")]
+        for name, mb, sps, tps in self.rows:
+            mark = " <- chosen" if name == self.choice else ""
+            lines.append("%-34s %10s %12s %12s%s" % (name, mb if mb is not None else "OOM at 1",
+                                                     "%.1f" % sps if sps else "-", "%.0f" % tps if tps else "-", mark))
+        lines.append("choice: %s (%s)" % (self.choice, self.why))
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+
+def _device_of(model):
+    p = next(model.parameters(), None)
+    if p is None:
+        raise ValueError("tempo.auto: the model has no parameters")
+    return p.device
+
+
+def _loss(out):
+    loss = getattr(out, "loss", None)
+    if loss is None and isinstance(out, torch.Tensor):
+        loss = out if out.dim() == 0 else out.float().pow(2).mean()
+    if loss is None:
+        raise ValueError("tempo.auto: the model's output has no .loss; make_batch should include labels, or pass "
+                         "loss_fn")
+    return loss
+
+
+def _tokens(batch, batch_size):
+    ids = batch.get("input_ids") if isinstance(batch, dict) else None
+    return ids.numel() if isinstance(ids, torch.Tensor) else batch_size
+
+
+def _call(model, batch):
+    if isinstance(batch, dict):
+        return model(**batch)
+    if isinstance(batch, (tuple, list)):
+        return model(*batch)
+    return model(batch)
+
+
+def _candidates(model, method, transformers_model):
+    """(name, techniques, attention, module filter) per candidate, baseline first."""
+    attention = "tempo" if transformers_model else "keep"
+    out = [("baseline (as given)", None, None, None), ("tempo: all", "all", attention, None)]
+    if method == "fast":
+        return out
+    for t in TECHNIQUES:
+        out.append(("tempo: %s only" % t, [t], "keep", None))
+    if transformers_model:
+        out.append(("tempo: attention only", [], "tempo", None))
+    blocks = max((m for m in model.modules() if isinstance(m, torch.nn.ModuleList)), key=len, default=None)
+    if blocks is not None and len(blocks) >= 2:
+        prefix = next(n for n, m in model.named_modules() if m is blocks)
+        half = len(blocks) // 2
+        keep = tuple("%s.%d." % (prefix, i) for i in range(half))
+        out.append(("tempo: all, first %d of %d layers" % (half, len(blocks)), "all", "keep",
+                    lambda path, keep=keep: (path + ".").startswith(keep)))
+    return out
+
+
+def auto(model, make_batch, budget=None, method="fast", loss_fn=None, steps=3, max_batch=1 << 16):
+    """Applies tempo to `model` where measurement says it pays, and returns an AutoReport.
+
+    make_batch(batch_size) -> a training batch: a dict of model kwargs (with labels, so that
+    the output has .loss), a tuple of positional args, or one tensor; loss_fn(output) -> loss
+    if the output has no .loss. budget: bytes or a string ("11GiB"); on CUDA it defaults to
+    the device's free memory, on CPU it is required. method: "fast" (apply everything if the
+    larger batch it allows gives more throughput, else leave the model as it is) or "fine"
+    (the candidate with the most throughput at its largest batch among: no change, all
+    techniques, each technique alone, attention alone, all techniques on half the layers).
+    """
+    if method not in ("fast", "fine"):
+        raise ValueError("tempo.auto: method must be 'fast' or 'fine', got %r" % (method,))
+    if not callable(make_batch):
+        raise TypeError("tempo.auto: make_batch must be callable as make_batch(batch_size)")
+    if isinstance(budget, str):
+        budget = parse_bytes(budget)
+    device = _device_of(model)
+    if budget is None:
+        if device.type != "cuda":
+            raise ValueError("tempo.auto: on %s the budget is required (bytes or e.g. '8GiB')" % device.type)
+        budget = torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_allocated(device)
+    if budget <= 0:
+        raise ValueError("tempo.auto: the budget must be positive, got %r" % (budget,))
+    if "_tempo_undo" in model.__dict__:
+        raise ValueError("tempo.auto: the model is already patched by tempo.optimize; tempo.restore it first")
+    loss_of = loss_fn or _loss
+    transformers_model = hasattr(model, "set_attn_implementation") and getattr(model, "config", None) is not None
+    was_training = model.training
+    model.train()
+
+    if device.type == "cpu":
+        memory.track()
+    held_by_model = sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers()))
+    if budget - held_by_model <= 0:
+        raise ValueError("tempo.auto: the budget (%.3f GiB) does not even hold the model's parameters and buffers "
+                         "(%.3f GiB)" % (budget / 2**30, held_by_model / 2**30))
+
+    def probe(batch_size):
+        """One forward + backward at batch_size under the budget: its peak as the budget sees
+        it (CPU: the bytes the step allocated on top of what was held, plus the model's
+        parameters and buffers, which may predate tracking; CUDA: all allocated bytes), its
+        time and tokens; None on a real out-of-memory error."""
+        if batch_size > max_batch:
+            return None
+        model.zero_grad(set_to_none=True)
+        gc.collect()
+        if device.type == "cpu":
+            start = memory.stats(device)[0]
+            memory.reset_peak(device)
+            limit = memory.cpu_limit(start + budget - held_by_model)
+        else:
+            torch.cuda.reset_peak_memory_stats(device)
+            limit = budget_enforced(device, budget)
+        try:
+            with limit:
+                batch = make_batch(batch_size)
+                sync(device)
+                t0 = time.perf_counter()
+                loss_of(_call(model, batch)).backward()
+                sync(device)
+                ms = (time.perf_counter() - t0) * 1e3
+            peak = (memory.stats(device)[1] - start + held_by_model if device.type == "cpu"
+                    else torch.cuda.max_memory_allocated(device))
+            return {"peak_bytes": peak, "ms": ms, "tokens": _tokens(batch, batch_size)}
+        except torch.OutOfMemoryError:
+            return None
+        finally:
+            batch = None
+            model.zero_grad(set_to_none=True)
+            free(device)
+
+    rows, results = [], {}
+    try:
+        for name, techniques, attention, modules in _candidates(model, method, transformers_model):
+            if techniques is not None:
+                try:
+                    optimize(model, techniques=techniques, attention=attention, modules=modules)
+                except ValueError:  # nothing of this kind in the model (it is left unchanged)
+                    continue
+            try:
+                mb, _ = largest_batch(probe, budget)
+                sps = tps = None
+                if mb is not None:
+                    ms, tokens = [], 0
+                    for _ in range(max(steps, 1)):  # after the search's steps (the warm-up)
+                        m = probe(mb)
+                        if m is None:
+                            break
+                        ms.append(m["ms"])
+                        tokens = m["tokens"]
+                    if ms:
+                        med = statistics.median(ms) / 1e3
+                        sps, tps = mb / med, tokens / med
+                rows.append((name, mb, sps, tps))
+                results[name] = (techniques, attention, modules, mb, tps or 0.0)
+            finally:
+                if techniques is not None:
+                    restore(model)
+        base = results["baseline (as given)"]
+        fitting = {k: v for k, v in results.items() if v[3] is not None}
+        if not fitting:
+            raise ValueError("tempo.auto: the model does not fit the budget (%.3f GiB) at batch 1, with or without "
+                             "tempo" % (budget / 2**30))
+        if method == "fast":
+            t = results.get("tempo: all")
+            if t is not None and t[3] is not None and (base[3] is None or (t[3] > base[3] and t[4] > base[4])):
+                choice = "tempo: all"
+                why = ("the baseline does not fit at batch 1" if base[3] is None else
+                       "batch %d -> %d raised throughput %.0f -> %.0f tokens/s" % (base[3], t[3], base[4], t[4]))
+            else:
+                choice = "baseline (as given)"
+                why = ("tempo allows no larger batch" if t is None or t[3] is None or t[3] <= (base[3] or 0) else
+                       "the larger batch (%d vs %d) did not raise throughput (%.0f vs %.0f tokens/s)"
+                       % (t[3], base[3], t[4], base[4]))
+        else:
+            choice = max(fitting, key=lambda k: fitting[k][4])
+            why = "the most tokens/s at its largest batch among %d candidates" % len(fitting)
+        techniques, attention, modules, _, _ = results[choice]
+        if techniques is not None:
+            optimize(model, techniques=techniques, attention=attention, modules=modules)
+        return AutoReport(method, budget, rows, choice, why)
+    finally:
+        model.train(was_training)

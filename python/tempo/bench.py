@@ -1,0 +1,362 @@
+"""python -m tempo.bench: memory, largest batch and throughput of a Hugging Face model per
+memory policy, with the measurements and output fields of the C++ `tempo bench`.
+
+Models are built from configs (random weights, nothing downloaded) or loaded from a local
+folder (--model PATH). One model serves every policy, switched between steps, so that the
+timed steps of all policies can be interleaved (drift on a shared machine hits each alike)
+and only one copy of the weights and the optimizer state is held:
+
+  eager       transformers' eager attention        sdpa        torch's fused attention
+  checkpoint  eager + gradient_checkpointing       compile     torch.compile of the eager model
+  tempo       tempo.optimize(attention="tempo")    tempo-sdpa  tempo.optimize(attention="fused")
+
+Memory is counted exactly: on CPU by tempo's counting allocator (tempo.memory), which with
+--budget also enforces the budget (an allocation past it raises torch.OutOfMemoryError, as
+on a GPU); on CUDA by the caching allocator's statistics.
+"""
+import argparse
+import contextlib
+import csv
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+from . import memory
+from ._measure import free, sync, fits, format_bytes, largest_batch, parse_bytes
+from .optimize import optimize, restore
+
+POLICIES = ("eager", "sdpa", "checkpoint", "compile", "tempo", "tempo-sdpa")
+SIZES = {  # (hidden, layers, heads, intermediate, positions, vocab): the C++ presets' sizes
+    "bert": {"base": (768, 12, 12, 3072, 512, 30522), "large": (1024, 24, 16, 4096, 512, 30522)},
+    "roberta": {"base": (768, 12, 12, 3072, 514, 50265), "large": (1024, 24, 16, 4096, 514, 50265)},
+    "gpt2": {"base": (768, 12, 12, 3072, 1024, 50257), "medium": (1024, 24, 16, 4096, 1024, 50257),
+             "large": (1280, 36, 20, 5120, 1024, 50257)},
+    "llama": {"small": (512, 8, 8, 1376, 2048, 32000)},
+}
+FIELDS = ("model", "seq", "dtype", "device", "policy", "batch", "activation_bytes", "peak_bytes", "train_peak_bytes",
+          "optimizer_peak_bytes", "step_ms", "tokens_per_s", "max_batch", "max_batch_tokens_per_s", "max_batch_spread")
+
+
+def build_model(family, size="base", path=None):
+    """A Hugging Face LM (masked for bert/roberta, causal for gpt2/llama) in train mode: from
+    `path` (a local folder, offline) or from the preset sizes with random weights."""
+    import transformers as tf
+
+    if path is not None:
+        config = tf.AutoConfig.from_pretrained(path, local_files_only=True)
+        causal = config.model_type in ("gpt2", "llama", "mistral", "qwen2")
+        cls = tf.AutoModelForCausalLM if causal else tf.AutoModelForMaskedLM
+        model = cls.from_pretrained(path, local_files_only=True, attn_implementation="eager")
+        return model.train(), os.path.basename(os.path.normpath(path)), causal
+    if family not in SIZES:
+        raise ValueError("tempo.bench: unknown model %r; known: %s, or a folder" % (family, ", ".join(SIZES)))
+    if size not in SIZES[family]:
+        raise ValueError("tempo.bench: %s has sizes %s, not %r" % (family, ", ".join(SIZES[family]), size))
+    h, n, a, i, p, v = SIZES[family][size]
+    if family in ("bert", "roberta"):
+        cls = tf.BertConfig if family == "bert" else tf.RobertaConfig
+        extra = {"pad_token_id": 1} if family == "roberta" else {}
+        config = cls(hidden_size=h, num_hidden_layers=n, num_attention_heads=a, intermediate_size=i,
+                     max_position_embeddings=p, vocab_size=v, **extra)
+        model = (tf.BertForMaskedLM if family == "bert" else tf.RobertaForMaskedLM)(config)
+    elif family == "gpt2":
+        config = tf.GPT2Config(n_embd=h, n_layer=n, n_head=a, n_inner=i, n_positions=p, vocab_size=v)
+        model = tf.GPT2LMHeadModel(config)
+    else:
+        config = tf.LlamaConfig(hidden_size=h, num_hidden_layers=n, num_attention_heads=a, intermediate_size=i,
+                                max_position_embeddings=p, vocab_size=v, rms_norm_eps=1e-6)
+        model = tf.LlamaForCausalLM(config)
+    model.set_attn_implementation("eager")
+    return model.train(), "%s-%s" % (family, size), family in ("gpt2", "llama")
+
+
+def synthetic_batch(model, batch, seq, causal, seed, device):
+    """Token ids and labels (causal: the ids; masked: 15% of positions, the rest -100)."""
+    g = torch.Generator().manual_seed(seed)
+    vocab = model.config.vocab_size
+    ids = torch.randint(4, vocab, (batch, seq), generator=g)
+    if causal:
+        labels = ids.clone()
+    else:
+        labels = torch.where(torch.rand(batch, seq, generator=g) < 0.15, ids, torch.full_like(ids, -100))
+    return {"input_ids": ids.to(device), "labels": labels.to(device)}
+
+
+class Policies:
+    """Switches one model between the policies; `use(name)` is a context manager giving the
+    callable to run (the compiled module for `compile`)."""
+
+    def __init__(self, model):
+        self.model = model
+        self.compiled = None
+
+    @contextlib.contextmanager
+    def use(self, name):
+        m = self.model
+        if name not in POLICIES:
+            raise ValueError("tempo.bench: unknown policy %r; known: %s" % (name, ", ".join(POLICIES)))
+        if name == "sdpa":
+            m.set_attn_implementation("sdpa")
+        elif name == "checkpoint":
+            if not m.supports_gradient_checkpointing:
+                raise ValueError("tempo.bench: %s does not support gradient checkpointing" % type(m).__name__)
+            m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        elif name in ("tempo", "tempo-sdpa"):
+            optimize(m, attention="tempo" if name == "tempo" else "fused")
+        try:
+            if name == "compile":
+                if self.compiled is None:
+                    self.compiled = torch.compile(m)
+                yield self.compiled
+            else:
+                yield m
+        finally:
+            if name == "sdpa":
+                m.set_attn_implementation("eager")
+            elif name == "checkpoint":
+                m.gradient_checkpointing_disable()
+            elif name in ("tempo", "tempo-sdpa"):
+                restore(m)
+
+
+def train_step(run, model, opt, batch, device):
+    """One full step (forward, backward, AdamW) with its memory and time: activation bytes
+    held after the forward and the peaks beyond what was held before the step (forward +
+    backward; the optimizer step), the absolute peak, and milliseconds."""
+    opt.zero_grad(set_to_none=True)
+    free(device)
+    sync(device)
+    base = memory.stats(device)[0]
+    memory.reset_peak(device)
+    t0 = time.perf_counter()
+    loss = run(**batch).loss
+    sync(device)
+    activation = memory.stats(device)[0] - base
+    loss.backward()
+    sync(device)
+    train_abs = memory.stats(device)[1]
+    memory.reset_peak(device)
+    opt.step()
+    sync(device)
+    ms = (time.perf_counter() - t0) * 1e3
+    opt_abs = memory.stats(device)[1]
+    if not torch.isfinite(loss.detach()).item():
+        raise RuntimeError("tempo.bench: the loss is not finite")
+    return {"activation_bytes": activation, "train_peak_bytes": train_abs - base,
+            "optimizer_peak_bytes": opt_abs - base, "peak_bytes": max(train_abs, opt_abs), "step_ms": ms}
+
+
+def dropout_mask_bytes(model, batch):
+    """Bytes of dropout masks the eager model keeps for backward, by saved-tensor hooks: float
+    tensors whose values are all 0 or 1/(1-p) for a dropout p of the model (PyTorch's CPU
+    dropout keeps such a 4-byte mask; its CUDA dropout a 1-byte one)."""
+    scales = {1.0 / (1.0 - m.p) for m in model.modules() if isinstance(m, torch.nn.Dropout) and 0 < m.p < 1}
+    attn_p = getattr(model.config, "attention_probs_dropout_prob", None) or getattr(model.config, "attn_pdrop", None)
+    if attn_p and 0 < attn_p < 1:
+        scales.add(1.0 / (1.0 - attn_p))
+    seen, total = set(), 0
+
+    def pack(t):
+        nonlocal total
+        if t.is_floating_point() and t.numel() > 0 and t.data_ptr() not in seen:
+            for s in scales:
+                if bool(((t == 0) | (t == s)).all()) and bool((t == s).any()):
+                    seen.add(t.data_ptr())
+                    total += t.numel() * t.element_size()
+                    break
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(**batch).loss
+    return total
+
+
+def run(args):
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("tempo.bench: --device cuda but no CUDA device is available")
+    if device.type == "cpu":
+        memory.track()  # before the model: weights and optimizer state are counted too
+    torch.manual_seed(0)
+    model, name, causal = build_model(args.model, args.size, args.model if os.path.isdir(args.model) else None)
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
+    model.to(device=device, dtype=dtype)
+    limit = model.config.max_position_embeddings - (model.config.pad_token_id + 1 if "roberta" in name else 0)
+    if args.seq > limit:
+        raise SystemExit("tempo.bench: --seq %d exceeds %s's %d positions" % (args.seq, name, limit))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    switch = Policies(model)
+    seed = [0]
+
+    def step_of(policy):
+        def step(batch):
+            seed[0] += 1
+            b = synthetic_batch(model, batch, args.seq, causal, seed[0], device)
+            with switch.use(policy) as callable_model:
+                return train_step(callable_model, model, opt, b, device)
+        return step
+
+    results = {p: {"model": name, "seq": args.seq, "dtype": args.dtype, "device": device.type, "policy": p,
+                   "batch": args.batch} for p in args.policies}
+    say = (lambda s: print("\r\033[K" + s, end="", file=sys.stderr, flush=True)) if sys.stderr.isatty() else (lambda s: None)
+    # Equal batch: a warm-up step per policy (compile compiles here), then rounds of one step
+    # per policy; memory from the first round, time the median over the rounds.
+    times = {p: [] for p in args.policies}
+    for p in args.policies:
+        say("warm-up: %s" % p)
+        step_of(p)(args.batch)
+    for r in range(args.steps):
+        for p in args.policies:
+            say("step %d/%d: %s" % (r + 1, args.steps, p))
+            m = step_of(p)(args.batch)
+            if r == 0:
+                results[p].update({k: m[k] for k in ("activation_bytes", "peak_bytes", "train_peak_bytes",
+                                                      "optimizer_peak_bytes")})
+            times[p].append(m["step_ms"])
+    for p in args.policies:
+        results[p]["step_ms"] = statistics.median(times[p])
+        results[p]["tokens_per_s"] = args.batch * args.seq / (results[p]["step_ms"] / 1e3)
+    if args.budget is not None:
+        for p in args.policies:
+            say("largest batch: %s" % p)
+            step = step_of(p)
+            mb, _ = largest_batch(lambda b: fits(step, b, device, args.budget), args.budget)
+            if mb is None:
+                raise SystemExit("tempo.bench: the budget (%s) is too small for batch 1 under policy %r"
+                                 % (format_bytes(args.budget), p))
+            results[p]["max_batch"] = mb
+        at_max = {p: [] for p in args.policies}
+        for r in range(max(args.steps, 3)):  # the verifying steps were the warm-up
+            for p in args.policies:
+                say("throughput at batch %d, step %d: %s" % (results[p]["max_batch"], r + 1, p))
+                at_max[p].append(step_of(p)(results[p]["max_batch"])["step_ms"])
+        for p in args.policies:
+            ms = sorted(at_max[p])
+            results[p]["max_batch_tokens_per_s"] = results[p]["max_batch"] * args.seq / (statistics.median(ms) / 1e3)
+            results[p]["max_batch_spread"] = ms[-1] / ms[0] - 1.0
+    say("")
+    rows = [results[p] for p in args.policies]
+    masks = None
+    if device.type == "cpu" and "eager" in args.policies:
+        masks = dropout_mask_bytes(model, synthetic_batch(model, args.batch, args.seq, causal, 1, device))
+        model.zero_grad(set_to_none=True)
+    return rows, masks
+
+
+def print_table(rows, masks, budget):
+    r0 = rows[0]
+    print("%s, seq %d, batch %d, %s, %s" % (r0["model"], r0["seq"], r0["batch"], r0["dtype"], r0["device"]))
+    eager = next((r for r in rows if r["policy"] == "eager"), r0)
+    head = "%-12s %14s %8s %14s %10s %11s %8s" % ("policy", "activations", "vs eager", "fwd+bwd peak", "step ms",
+                                                   "tokens/s", "vs eager")
+    if budget is not None:
+        head += " %9s %8s %14s %8s %7s" % ("max batch", "vs eager", "tokens/s @max", "vs eager", "spread")
+    print(head)
+    for r in rows:
+        line = "%-12s %10.1f MiB %7.2fx %10.1f MiB %10.1f %11.1f %7.2fx" % (
+            r["policy"], r["activation_bytes"] / 2**20, eager["activation_bytes"] / max(r["activation_bytes"], 1),
+            r["train_peak_bytes"] / 2**20, r["step_ms"], r["tokens_per_s"], r["tokens_per_s"] / eager["tokens_per_s"])
+        if budget is not None:
+            line += " %9d %7.2fx %14.1f %7.2fx %6.1f%%" % (
+                r["max_batch"], r["max_batch"] / eager["max_batch"], r["max_batch_tokens_per_s"],
+                r["max_batch_tokens_per_s"] / eager["max_batch_tokens_per_s"], 100 * r["max_batch_spread"])
+        print(line)
+    if masks is not None:
+        bool_eager = eager["activation_bytes"] - masks * 3 // 4
+        print("dropout masks: the CPU eager baseline keeps 4-byte float masks (%s of its activations); with 1-byte "
+              "bool masks, as CUDA's dropout keeps, eager would hold %s:" % (format_bytes(masks), format_bytes(bool_eager)))
+        for r in rows:
+            if r["policy"] != "eager":
+                print("  %-12s holds %7.2fx less than that" % (r["policy"], bool_eager / max(r["activation_bytes"], 1)))
+
+
+def write_outputs(args, rows, masks):
+    if args.json:
+        print(json.dumps([dict(r, eager_dropout_mask_bytes=masks) for r in rows], indent=1))
+    else:
+        print_table(rows, masks, args.budget)
+    if args.csv:
+        new = not os.path.exists(args.csv)
+        with open(args.csv, "a", newline="") as f:
+            w = csv.writer(f)
+            if new:
+                w.writerow(FIELDS)
+            for r in rows:
+                w.writerow([r.get(k, "") for k in FIELDS])
+    if args.plot:
+        write_svg(args.plot, rows)
+
+
+def write_svg(path, rows):
+    """Two bar charts: activation MiB per policy; tokens/s (at the largest batch if known)."""
+    W, bar, gap, left = 760, 22, 8, 130
+    charts = [("activation memory after forward (MiB, lower is better)", [r["activation_bytes"] / 2**20 for r in rows]),
+              ("tokens/s%s (higher is better)" % (" at the largest batch" if "max_batch" in rows[0] else ""),
+               [r.get("max_batch_tokens_per_s", r["tokens_per_s"]) for r in rows])]
+    H = 60 + len(charts) * (40 + len(rows) * (bar + gap))
+    out = ['<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="13">' % (W, H),
+           '<rect width="100%" height="100%" fill="white"/>',
+           '<text x="20" y="28" font-size="17" font-weight="bold">tempo.bench: %s, seq %d, %s, %s</text>'
+           % (rows[0]["model"], rows[0]["seq"], rows[0]["dtype"], rows[0]["device"])]
+    y = 60
+    colors = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948")
+    for title, values in charts:
+        out.append('<text x="20" y="%d" font-weight="bold">%s</text>' % (y + 14, title))
+        y += 30
+        top = max(values) or 1
+        for i, (r, v) in enumerate(zip(rows, values)):
+            w = max(1, int((W - left - 120) * v / top))
+            out.append('<text x="%d" y="%d" text-anchor="end">%s</text>' % (left - 8, y + bar * 0.7, r["policy"]))
+            out.append('<rect x="%d" y="%d" width="%d" height="%d" fill="%s"/>' % (left, y, w, bar, colors[i % 6]))
+            out.append('<text x="%d" y="%d">%.1f</text>' % (left + w + 6, y + bar * 0.7, v))
+            y += bar + gap
+        y += 10
+    out.append("</svg>")
+    with open(path, "w") as f:
+        f.write("\n".join(out) + "\n")
+
+
+def parser():
+    p = argparse.ArgumentParser(prog="python -m tempo.bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="bert", help="bert | roberta | gpt2 | llama, or a local model folder")
+    p.add_argument("--size", default=None, help="base | large | medium | small (per family)")
+    p.add_argument("--seq", type=int, default=128)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--policies", default="eager,sdpa,checkpoint,tempo,tempo-sdpa",
+                   help="comma-separated: " + ", ".join(POLICIES))
+    p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--budget", type=parse_bytes, default=None, help="e.g. 11GiB: find each policy's largest batch")
+    p.add_argument("--steps", type=int, default=3, help="timed steps per policy (median)")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--csv", default=None)
+    p.add_argument("--plot", default=None, help="an .svg file")
+    return p
+
+
+def main(argv=None):
+    args = parser().parse_args(argv)
+    args.policies = [s for s in args.policies.split(",") if s]
+    bad = [s for s in args.policies if s not in POLICIES]
+    if bad or not args.policies:
+        parser().error("unknown policy %s; known: %s" % (bad, ", ".join(POLICIES)))
+    if args.seq < 2 or args.batch < 1 or args.steps < 1:
+        parser().error("--seq must be at least 2, --batch and --steps at least 1")
+    if args.plot and not args.plot.endswith(".svg"):
+        parser().error("--plot writes SVG; give a file name ending in .svg")
+    if not os.path.isdir(args.model):
+        args.size = args.size or next(iter(SIZES.get(args.model, {"base": 0})))
+    try:
+        rows, masks = run(args)
+    except ValueError as e:
+        raise SystemExit(str(e))
+    write_outputs(args, rows, masks)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

