@@ -1,6 +1,7 @@
-"""A rank of the DDP test (tests/python/test_optimize.py): trains a patched small BERT with
-DistributedDataParallel over Gloo on this machine's loopback, for a given number of steps,
-on its half of each batch; rank 0 saves the final parameters."""
+"""A rank of the DDP and FSDP tests (tests/python/test_optimize.py): trains a patched small
+BERT with DistributedDataParallel, or with FSDP2 (fully_shard per encoder layer and the
+whole model), over Gloo on this machine's loopback, for a given number of steps, on its half
+of each batch; rank 0 saves the final parameters (gathered from the shards under FSDP)."""
 import copy
 import gc
 import os
@@ -44,22 +45,38 @@ def train_single():
     return model
 
 
-def run(rank, world, port, out):
+def wrap(model, mode):
+    if mode == "ddp":
+        return torch.nn.parallel.DistributedDataParallel(model)
+    from torch.distributed.fsdp import fully_shard
+    for layer in model.bert.encoder.layer:
+        fully_shard(layer)
+    return fully_shard(model)
+
+
+def full_state(model, mode):
+    if mode == "ddp":
+        return copy.deepcopy(model.module.state_dict())
+    return {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in model.state_dict().items()}
+
+
+def run(rank, world, port, out, mode="ddp"):
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        model = torch.nn.parallel.DistributedDataParallel(make_model())
+        model = wrap(make_model(), mode)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         half = BATCH // world
         for inputs, labels in batches():
             sl = slice(rank * half, (rank + 1) * half)
             opt.zero_grad()
-            loss_of(model, inputs[sl], labels[sl]).backward()  # DDP averages the ranks' gradients
+            loss_of(model, inputs[sl], labels[sl]).backward()  # DDP / FSDP average the ranks' gradients
             opt.step()
+        state = full_state(model, mode)  # a collective under FSDP: every rank takes part
         if rank == 0:
-            torch.save(copy.deepcopy(model.module.state_dict()), out)
+            torch.save(state, out)
         # Neither rank tears down its Gloo pairs while the other still uses them (a rank that
         # left early made its peer abort in teardown, under load): meet, drop DDP's reducer
         # (it holds the group), then destroy.

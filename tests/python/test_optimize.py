@@ -279,9 +279,11 @@ def test_torch_compile_full_graph_of_a_patched_model(family):
             torch.testing.assert_close(p.grad, grads[n].grad, rtol=1e-5, atol=1e-6)
 
 
-def test_ddp_two_gloo_processes_equal_one_process_with_the_combined_batch(tmp_path):
-    """DistributedDataParallel over Gloo (2 processes on this machine's loopback), a patched
-    small BERT, 10 SGD steps: the same parameters as one process on the combined batch."""
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+def test_two_gloo_processes_equal_one_process_with_the_combined_batch(tmp_path, mode):
+    """DistributedDataParallel, and FSDP2 (fully_shard), over Gloo (2 processes on this
+    machine's loopback), a patched small BERT, 10 SGD steps: the same parameters as one
+    process on the combined batch."""
     import socket
 
     import torch.multiprocessing as mp
@@ -291,13 +293,13 @@ def test_ddp_two_gloo_processes_equal_one_process_with_the_combined_batch(tmp_pa
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    out = str(tmp_path / "ddp.pt")
-    mp.spawn(ddp_worker.run, args=(2, port, out), nprocs=2, join=True)
-    ddp = torch.load(out)
+    out = str(tmp_path / "dist.pt")
+    mp.spawn(ddp_worker.run, args=(2, port, out, mode), nprocs=2, join=True)
+    dist_state = torch.load(out)
     single = ddp_worker.train_single().state_dict()
-    assert ddp.keys() == single.keys()
+    assert dist_state.keys() == single.keys()
     for k in single:
-        torch.testing.assert_close(ddp[k], single[k], rtol=1e-5, atol=1e-6, msg=k)
+        torch.testing.assert_close(dist_state[k], single[k], rtol=1e-5, atol=1e-6, msg=k)
 
 
 def _hf_layer_bytes(seq, attention):
