@@ -304,10 +304,12 @@ BenchResult bench_policy(const BenchOptions& o, const ModelConfig& c, const std:
     }
     double slope = std::max<double>({static_cast<double>(p2.activation - p1.activation),
                                      static_cast<double>(p2.peak - p1.peak), 1.0});
-    for (int iter = 0; iter < 8 && (hi < 0 || hi - lo > 1); ++iter) {
-      int64_t cand = lo + static_cast<int64_t>(std::floor((budget - at_lo.peak) / slope));
-      if (hi > 0) cand = std::min(cand, hi - 1);
-      if (cand <= lo) break;  // the model says nothing larger fits
+    // Once a batch has failed, no candidate lies beyond the middle of what is still open (a
+    // bisection when the prediction overshoots); at least lo + 1 is tried, so the search
+    // ends on a batch that fits next to one that does not (python/tempo/_measure.py alike).
+    for (int iter = 0; iter < 16 && (hi < 0 || hi - lo > 1); ++iter) {
+      int64_t cand = lo + std::max<int64_t>(1, static_cast<int64_t>(std::floor((budget - at_lo.peak) / slope)));
+      if (hi > 0) cand = std::min(cand, (lo + hi) / 2);
       progress(o, tag + "budget search: verifying batch " + std::to_string(cand));
       const StepStats at = run.step(cand, 102 + iter);
       slope = std::max(static_cast<double>(at.peak - p1.peak) / static_cast<double>(cand - 1), 1.0);
