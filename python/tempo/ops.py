@@ -87,3 +87,21 @@ def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask
     computed over blocks of query rows, keeping only q, k, v, the mask and a 16-byte seed for
     backward: no S^2 tensor. The backward recomputes each block's probabilities."""
     return torch.ops.tempo.fused_attention(q, k, v, attn_mask, dropout_p, causal, scale, block_rows)
+
+
+def causal_linear_attention(qf: torch.Tensor, kf: torch.Tensor, v: torch.Tensor, state=None, eps: float = 1e-6,
+                            mode: str = "iterative"):
+    """Causal linear attention over one chunk with a carried state (SLiM). qf, kf: feature-mapped
+    queries and keys [..., C, M] (non-negative); v [..., C, D]; state: (num [..., M, D],
+    den [..., M]), the sums of k v^T and of k before the chunk, or None (zeros). Returns
+    (y [..., C, D], (num, den) after the chunk), y_l = S_l^T q_l / (z_l . q_l + eps). mode
+    "iterative" keeps only the inputs for backward; "prefix" uses torch ops over the C x M x D
+    prefix sum. States are float32 (float64 for float64 data)."""
+    num, den = state if state is not None else (None, None)
+    if mode == "iterative":
+        y, num, den = torch.ops.tempo.causal_linear_attention(qf, kf, v, num, den, eps)
+    elif mode == "prefix":
+        y, num, den = torch.ops.tempo.causal_linear_attention_prefix(qf, kf, v, num, den, eps)
+    else:
+        raise ValueError("tempo.causal_linear_attention: mode must be 'iterative' or 'prefix', got %r" % (mode,))
+    return y, (num, den)

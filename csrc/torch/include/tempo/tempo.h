@@ -9,4 +9,5 @@
 #include "tempo/ops/attention.h"
 #include "tempo/ops/dropout.h"
 #include "tempo/ops/fused_attention.h"
+#include "tempo/ops/linear_attention.h"
 #include "tempo/ops/norm.h"
