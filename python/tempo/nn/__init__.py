@@ -1,6 +1,7 @@
 """Drop-in modules."""
 from .activation import GELU, SiLU
 from .attention import SelfAttention
+from .linear_attention import CausalLinearAttention, FeatureMap
 from .norm import Dropout, LayerNorm, RMSNorm
 
-__all__ = ["GELU", "SiLU", "LayerNorm", "RMSNorm", "Dropout", "SelfAttention"]
+__all__ = ["GELU", "SiLU", "LayerNorm", "RMSNorm", "Dropout", "SelfAttention", "CausalLinearAttention", "FeatureMap"]
