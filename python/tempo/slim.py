@@ -2,8 +2,8 @@
 grow with the sequence length, with exact gradients (design notes: TECHNIQUES.md section 8).
 
 `loss_and_backward(model, tokens, chunk)` runs the sequence in chunks twice: a forward without
-a graph that carries each layer's prefix-sum state to the end, then a backward over the
-chunks in reverse. For each chunk it rebuilds every layer's state before the chunk by
+a graph that carries each layer's prefix-sum state up to the last chunk, then a backward over
+the chunks in reverse. For each chunk it rebuilds every layer's state before the chunk by
 subtracting the chunk's own contribution from the state after it, recomputes the chunk with
 autograd from those states (leaves), and back-propagates the chunk's loss plus the surrogate
 sum_r <G_r, state_r after the chunk>, where G_r is the gradient that flowed into that state
@@ -133,10 +133,11 @@ def loss_and_backward(model, tokens, chunk, loss_weight=None):
     chunk = L if chunk is None else min(chunk, L)
     total = weight.sum().clamp_min(1)
     starts = list(range(0, L, chunk))
-    # Forward without a graph: each layer's state after the last chunk, and the loss.
+    # Forward without a graph up to the last chunk: each layer's state before it, and the loss
+    # so far (the last chunk's forward is the backward's first recomputation).
     states, loss = [None] * len(model.blocks), torch.zeros((), dtype=torch.float64, device=tokens.device)
     with torch.no_grad():
-        for s in starts:
+        for s in starts[:-1]:
             logits, states = model.forward_chunk(inputs[:, s:s + chunk], s, states)
             loss += _chunk_loss(model, logits, targets[:, s:s + chunk], weight[:, s:s + chunk]).double()
     # Backward over the chunks in reverse, carrying the states and their gradients.
@@ -144,31 +145,36 @@ def loss_and_backward(model, tokens, chunk, loss_weight=None):
     for s in reversed(starts):
         x = model.embed_chunk(inputs[:, s:s + chunk], s)
         before, after = [], []
+        last = s == starts[-1]
         for r, block in enumerate(model.blocks):
-            with torch.no_grad():  # the state before the chunk: after minus the chunk's own sums
-                num_inc, den_inc = block.state_increment(x.detach())
-                prev = (states[r][0] - num_inc.to(states[r][0].dtype), states[r][1] - den_inc.to(states[r][1].dtype))
             if s == 0:  # the first chunk starts from zeros: no state, nothing to rebuild
-                prev_leaf = None
+                prev = prev_leaf = None
             else:
-                prev_leaf = (prev[0].requires_grad_(), prev[1].requires_grad_())
+                if last:  # the forward stopped before this chunk: its state is the one before
+                    prev = states[r]
+                else:  # the state before the chunk: after minus the chunk's own sums
+                    with torch.no_grad():
+                        num_inc, den_inc = block.state_increment(x.detach())
+                        prev = (states[r][0] - num_inc.to(states[r][0].dtype),
+                                states[r][1] - den_inc.to(states[r][1].dtype))
+                prev_leaf = (prev[0].detach().requires_grad_(), prev[1].detach().requires_grad_())
             x, out_state = block(x, prev_leaf)
             before.append(prev_leaf)
             after.append(out_state)
             states[r] = prev
         logits = model.head(model.ln(x))
-        phi = _chunk_loss(model, logits, targets[:, s:s + chunk], weight[:, s:s + chunk]) / total
+        chunk_loss = _chunk_loss(model, logits, targets[:, s:s + chunk], weight[:, s:s + chunk])
+        if last:
+            loss += chunk_loss.detach().double()
+        phi = chunk_loss / total
         for r in range(len(model.blocks)):  # the surrogate: <G_r, state_r after the chunk>
             if grads[r] is not None:
                 phi = phi + (after[r][0] * grads[r][0]).sum() + (after[r][1] * grads[r][1]).sum()
         leaves = [t for b in before if b is not None for t in b]
         params = [p for p in model.parameters() if p.requires_grad]
-        got = torch.autograd.grad(phi, params + leaves, allow_unused=True)
-        for p, g in zip(params, got[:len(params)]):
-            if g is not None:
-                p.grad = g if p.grad is None else p.grad + g
-        it = iter(got[len(params):])
-        grads = [None if b is None else (next(it), next(it)) for b in before]
+        # Accumulates into the parameters' .grad (as full backprop would) and the leaves' .grad.
+        phi.backward(inputs=params + leaves)
+        grads = [None if b is None else (b[0].grad, b[1].grad) for b in before]
     return (loss / total).to(model.head.weight.dtype)
 
 
@@ -188,3 +194,100 @@ def gradient_discrepancy(model, tokens, chunk, loss_weight=None):
 
 __all__ = ["PerformerLM", "PerformerBlock", "PRESETS", "loss_and_backward", "full_loss_and_backward",
            "gradient_discrepancy"]
+
+
+def measure(model, tokens, chunks, repeats=1):
+    """For each chunk size (None: full backpropagation): the step's peak bytes above what was
+    held (tempo's CPU tracker, or CUDA's allocator), its time (median of `repeats`), and the
+    relative L2 gradient discrepancy to full backpropagation. A warm-up step each, then
+    `repeats` rounds of one step per configuration."""
+    import statistics
+    import time
+
+    from . import memory
+
+    device = tokens.device
+    if device.type == "cpu":
+        memory.track()
+    params = [p for p in model.parameters() if p.requires_grad]
+    for p in params:
+        p.grad = torch.zeros_like(p)  # held before every step: the peaks count the step's own work
+    configs = [None] + [c for c in chunks if c is not None]
+
+    def step(chunk):
+        for p in params:
+            p.grad.zero_()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        memory.reset_peak(device)
+        start = memory.stats(device)[0]
+        t0 = time.perf_counter()
+        loss = full_loss_and_backward(model, tokens) if chunk is None else loss_and_backward(model, tokens, chunk)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        ms = (time.perf_counter() - t0) * 1e3
+        peak = memory.stats(device)[1] - start
+        g = torch.cat([p.grad.flatten().double() for p in params])
+        return {"peak_bytes": peak, "ms": ms, "loss": float(loss), "grad": g}
+
+    first = {c: step(c) for c in configs}  # also the warm-up
+    times = {c: [] for c in configs}
+    for _ in range(repeats):  # interleaved, so that drift on a shared machine hits all alike
+        for c in configs:
+            times[c].append(step(c)["ms"])
+    ref = first[None]["grad"]
+    rows = [{"chunk": c, "peak_bytes": first[c]["peak_bytes"], "step_ms": statistics.median(times[c]),
+             "loss": first[c]["loss"], "grad_rel_discrepancy": ((first[c]["grad"] - ref).norm() / ref.norm()).item()}
+            for c in configs]
+    order = {c: i for i, c in enumerate(chunks)}
+    return sorted(rows, key=lambda r: order.get(r["chunk"], -1))
+
+
+def main(argv=None):
+    import argparse
+    import json
+
+    p = argparse.ArgumentParser(prog="python -m tempo.slim",
+                                description="SLiM: peak memory, step time and gradient discrepancy to full "
+                                            "backpropagation for each chunk size")
+    p.add_argument("--preset", default="copy", choices=sorted(PRESETS))
+    p.add_argument("--seq", type=int, default=None, help="sequence length L (default: the preset's)")
+    p.add_argument("--chunks", default="64,128,full", help="comma-separated chunk sizes; 'full' = full backprop")
+    p.add_argument("--layers", type=int, default=None)
+    p.add_argument("--repeats", type=int, default=3, help="timed rounds after the warm-up (median)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--json", action="store_true")
+    a = p.parse_args(argv)
+    chunks = []
+    for c in a.chunks.split(","):
+        if c == "full":
+            chunks.append(None)
+        elif c.isdigit() and int(c) > 0:
+            chunks.append(int(c))
+        else:
+            p.error("--chunks takes positive integers and 'full', got %r" % c)
+    L = a.seq or PRESETS[a.preset][0]
+    if L < 2:
+        p.error("--seq must be at least 2")
+    torch.manual_seed(0)
+    model = PerformerLM.preset(a.preset, max_len=L, **({"layers": a.layers} if a.layers else {})).to(a.device)
+    tokens = torch.randint(0, 256, (1, L + 1), device=a.device)
+    rows = [dict(preset=a.preset, seq=L, **r) for r in measure(model, tokens, chunks, a.repeats)]
+    if a.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    full = next(r for r in rows if r["chunk"] is None)
+    print("%s, L = %d, %s (peak: bytes above what was held; discrepancy: relative L2 to full backprop)"
+          % (a.preset, L, a.device))
+    print("%-8s %14s %8s %12s %8s %14s" % ("chunk", "peak", "vs full", "step ms", "vs full", "discrepancy"))
+    for r in rows:
+        print("%-8s %10.2f MiB %7.3fx %12.1f %7.2fx %14.2e" % (
+            "full" if r["chunk"] is None else r["chunk"], r["peak_bytes"] / 2**20, r["peak_bytes"] / full["peak_bytes"],
+            r["step_ms"], r["step_ms"] / full["step_ms"], r["grad_rel_discrepancy"]))
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())
