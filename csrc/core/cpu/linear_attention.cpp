@@ -19,6 +19,19 @@ void load_row(const T* src, int64_t n, double* dst) {
   for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<double>(math::to_float(src[i]));
 }
 
+// The state before the chunk (or zeros) into the running sums S, z.
+template <typename T>
+void load_state(const LinearAttentionInputs& p, int64_t r, std::vector<double>& S, std::vector<double>& z) {
+  using St = state_t<T>;
+  if (p.num_in) {
+    load_row(static_cast<const St*>(p.num_in) + r * p.m * p.d, p.m * p.d, S.data());
+    load_row(static_cast<const St*>(p.den_in) + r * p.m, p.m, z.data());
+  } else {
+    std::fill(S.begin(), S.end(), 0.0);
+    std::fill(z.begin(), z.end(), 0.0);
+  }
+}
+
 template <typename T>
 void forward_row(const LinearAttentionForwardParams& p, int64_t r, std::vector<double>& S, std::vector<double>& z,
                  std::vector<double>& ql, std::vector<double>& kl, std::vector<double>& vl) {
@@ -28,13 +41,7 @@ void forward_row(const LinearAttentionForwardParams& p, int64_t r, std::vector<d
   const T* k = static_cast<const T*>(p.k) + r * p.len * m;
   const T* v = static_cast<const T*>(p.v) + r * p.len * d;
   T* y = static_cast<T*>(p.y) + r * p.len * d;
-  if (p.num_in) {
-    load_row(static_cast<const St*>(p.num_in) + r * m * d, m * d, S.data());
-    load_row(static_cast<const St*>(p.den_in) + r * m, m, z.data());
-  } else {
-    std::fill(S.begin(), S.end(), 0.0);
-    std::fill(z.begin(), z.end(), 0.0);
-  }
+  load_state<T>(p, r, S, z);
   std::vector<double> n(d);
   for (int64_t l = 0; l < p.len; ++l) {
     load_row(q + l * m, m, ql.data());
@@ -75,13 +82,7 @@ void backward_row(const LinearAttentionBackwardParams& p, int64_t r, std::vector
   T* gv = static_cast<T*>(p.grad_v) + r * p.len * d;
   // The sums after the chunk, again from the state in (the forward's rounded state out would
   // bring its rounding into every S_l rebuilt from it).
-  if (p.num_in) {
-    load_row(static_cast<const St*>(p.num_in) + r * m * d, m * d, S.data());
-    load_row(static_cast<const St*>(p.den_in) + r * m, m, z.data());
-  } else {
-    std::fill(S.begin(), S.end(), 0.0);
-    std::fill(z.begin(), z.end(), 0.0);
-  }
+  load_state<T>(p, r, S, z);
   for (int64_t l = 0; l < p.len; ++l) {
     load_row(k + l * m, m, kl.data());
     load_row(v + l * d, d, vl.data());

@@ -83,6 +83,39 @@ Shape concrete_shape(const at::Tensor& q, const at::Tensor& v) {
   return s;
 }
 
+// The contiguous inputs the core reads, kept alive for the call, and the core's view of them
+// (with the CUDA kernels' workspace).
+struct CoreInputs {
+  at::Tensor q, k, v, num, den, workspace;
+};
+CoreInputs core_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                       const std::optional<at::Tensor>& num, const std::optional<at::Tensor>& den, double eps,
+                       bool backward, LinearAttentionInputs* p) {
+  CoreInputs in{q.contiguous(), k.contiguous(), v.contiguous(), {}, {}, {}};
+  const Shape s = concrete_shape(q, v);
+  p->dtype = to_core_dtype(q.scalar_type());
+  p->q = in.q.const_data_ptr();
+  p->k = in.k.const_data_ptr();
+  p->v = in.v.const_data_ptr();
+  if (num.has_value() && num->defined()) {
+    in.num = num->contiguous();
+    in.den = den->contiguous();
+    p->num_in = in.num.const_data_ptr();
+    p->den_in = in.den.const_data_ptr();
+  }
+  p->rows = s.rows;
+  p->len = s.len;
+  p->m = s.m;
+  p->d = s.d;
+  p->eps = eps;
+  if (q.is_cuda()) {
+    in.workspace = at::empty({linear_attention_workspace_bytes(s.rows, s.m, s.d, backward)},
+                             q.options().dtype(at::kByte));
+    p->workspace = in.workspace.mutable_data_ptr();
+  }
+  return in;
+}
+
 at::Tensor empty_state(const at::Tensor& q, c10::SymDimVector shape) {
   return at::empty_symint(shape, q.options().dtype(state_type(q)));
 }
@@ -99,31 +132,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_kernel(const at::Tensor& 
   const Shape s = concrete_shape(q, v);
   if (s.rows == 0) return {y, num_out, den_out};
   c10::OptionalDeviceGuard guard(q.device());
-  const at::Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
-  at::Tensor nc, dc, ws;
   LinearAttentionForwardParams p;
-  p.dtype = to_core_dtype(q.scalar_type());
-  p.q = qc.const_data_ptr();
-  p.k = kc.const_data_ptr();
-  p.v = vc.const_data_ptr();
-  if (num.has_value() && num->defined()) {
-    nc = num->contiguous();
-    dc = den->contiguous();
-    p.num_in = nc.const_data_ptr();
-    p.den_in = dc.const_data_ptr();
-  }
+  const CoreInputs in = core_inputs(q, k, v, num, den, eps, /*backward=*/false, &p);
   p.y = y.mutable_data_ptr();
   p.num_out = num_out.mutable_data_ptr();
   p.den_out = den_out.mutable_data_ptr();
-  p.rows = s.rows;
-  p.len = s.len;
-  p.m = s.m;
-  p.d = s.d;
-  p.eps = eps;
-  if (q.is_cuda()) {
-    ws = at::empty({linear_attention_workspace_bytes(s.rows, s.m, s.d, false)}, q.options().dtype(at::kByte));
-    p.workspace = ws.mutable_data_ptr();
-  }
   run_core(q, p, linear_attention_forward_cpu, linear_attention_forward_cuda, op);
   return {y, num_out, den_out};
 }
@@ -158,19 +171,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_
   const Shape s = concrete_shape(q, v);
   if (s.rows == 0) return result();
   c10::OptionalDeviceGuard guard(q.device());
-  const at::Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous(), gyc = grad_y.contiguous();
-  at::Tensor nc, dc, gnc, gdc, ws;
   LinearAttentionBackwardParams p;
-  p.dtype = to_core_dtype(q.scalar_type());
-  p.q = qc.const_data_ptr();
-  p.k = kc.const_data_ptr();
-  p.v = vc.const_data_ptr();
-  if (has_state) {
-    nc = num->contiguous();
-    dc = den->contiguous();
-    p.num_in = nc.const_data_ptr();
-    p.den_in = dc.const_data_ptr();
-  }
+  const CoreInputs in = core_inputs(q, k, v, num, den, eps, /*backward=*/true, &p);
+  const at::Tensor gyc = grad_y.contiguous();
+  at::Tensor gnc, gdc;
   p.grad_y = gyc.const_data_ptr();
   if (grad_num.has_value() && grad_num->defined()) {
     gnc = grad_num->contiguous();
@@ -185,15 +189,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_
   p.grad_v = gv.mutable_data_ptr();
   p.grad_num_in = gnum.mutable_data_ptr();
   p.grad_den_in = gden.mutable_data_ptr();
-  p.rows = s.rows;
-  p.len = s.len;
-  p.m = s.m;
-  p.d = s.d;
-  p.eps = eps;
-  if (q.is_cuda()) {
-    ws = at::empty({linear_attention_workspace_bytes(s.rows, s.m, s.d, true)}, q.options().dtype(at::kByte));
-    p.workspace = ws.mutable_data_ptr();
-  }
   run_core(q, p, linear_attention_backward_cpu, linear_attention_backward_cuda, op);
   return result();
 }

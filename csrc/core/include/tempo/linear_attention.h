@@ -15,28 +15,26 @@ namespace tempo {
 
 // Tensors are contiguous: q, k [rows, len, m]; v, y [rows, len, d]; num [rows, m, d];
 // den [rows, m]. Data in `dtype`; the states in its state type (linear_attention_state_dtype).
-struct LinearAttentionForwardParams {
+// What the forward and the backward both read:
+struct LinearAttentionInputs {
   DType dtype = DType::kFloat32;
   const void* q = nullptr;
   const void* k = nullptr;
   const void* v = nullptr;
-  const void* num_in = nullptr;  // null: zeros (the first chunk)
+  const void* num_in = nullptr;  // the state before the chunk; null: zeros (the first chunk)
   const void* den_in = nullptr;  // null: zeros
-  void* y = nullptr;             // out
-  void* num_out = nullptr;       // out
-  void* den_out = nullptr;       // out
   int64_t rows = 0, len = 0, m = 0, d = 0;
-  double eps = 1e-6;  // added to every denominator
+  double eps = 1e-6;          // added to every denominator
   void* workspace = nullptr;  // CUDA: linear_attention_workspace_bytes (the running sums); CPU: unused
 };
 
-struct LinearAttentionBackwardParams {
-  DType dtype = DType::kFloat32;
-  const void* q = nullptr;
-  const void* k = nullptr;
-  const void* v = nullptr;
-  const void* num_in = nullptr;        // the forward's state in (null: zeros)
-  const void* den_in = nullptr;
+struct LinearAttentionForwardParams : LinearAttentionInputs {
+  void* y = nullptr;        // out
+  void* num_out = nullptr;  // out: the state after the chunk
+  void* den_out = nullptr;  // out
+};
+
+struct LinearAttentionBackwardParams : LinearAttentionInputs {
   const void* grad_y = nullptr;        // [rows, len, d]
   const void* grad_num_out = nullptr;  // null: zeros
   const void* grad_den_out = nullptr;  // null: zeros
@@ -45,9 +43,6 @@ struct LinearAttentionBackwardParams {
   void* grad_v = nullptr;
   void* grad_num_in = nullptr;  // out, state type
   void* grad_den_in = nullptr;
-  int64_t rows = 0, len = 0, m = 0, d = 0;
-  double eps = 1e-6;
-  void* workspace = nullptr;  // CUDA: linear_attention_workspace_bytes; CPU: unused
 };
 
 // The states' element type: float64 for float64 data, float32 otherwise.
