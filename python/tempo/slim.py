@@ -41,7 +41,8 @@ class PerformerBlock(torch.nn.Module):
 
 class PerformerLM(torch.nn.Module):
     """A causal linear-attention language model over bytes (vocabulary 256 by default) with
-    learned absolute positions up to `max_len`. `forward_chunk(tokens, offset, states)` runs
+    fixed sinusoidal positions up to `max_len` (no parameters that grow with the length, and a
+    chunk computes its own). `forward_chunk(tokens, offset, states)` runs
     positions offset .. offset + C - 1 from the layers' states and returns (logits, states)."""
 
     def __init__(self, d_model=256, layers=1, ffn=1024, heads=4, max_len=512, vocab=256, feature_map="sqr",
@@ -49,7 +50,7 @@ class PerformerLM(torch.nn.Module):
         super().__init__()
         self.vocab, self.max_len = vocab, max_len
         self.embed = torch.nn.Embedding(vocab, d_model)
-        self.pos = torch.nn.Embedding(max_len, d_model)
+        self.d_model = d_model
         self.blocks = torch.nn.ModuleList(PerformerBlock(d_model, heads, ffn, feature_map, mode) for _ in range(layers))
         self.ln = LayerNorm(d_model)
         self.head = torch.nn.Linear(d_model, vocab)
@@ -61,9 +62,19 @@ class PerformerLM(torch.nn.Module):
         L, d, n, f, h = PRESETS[name]
         return cls(**{"d_model": d, "layers": n, "ffn": f, "heads": h, "max_len": L, **overrides})
 
+    def positions(self, offset, length, device, dtype):
+        """Sinusoidal encodings of positions offset .. offset + length - 1 (Vaswani et al.)."""
+        pos = torch.arange(offset, offset + length, device=device, dtype=torch.float64).unsqueeze(1)
+        freq = torch.exp(torch.arange(0, self.d_model, 2, device=device, dtype=torch.float64)
+                         * (-torch.log(torch.tensor(10000.0, dtype=torch.float64)) / self.d_model))
+        enc = torch.zeros(length, self.d_model, device=device, dtype=torch.float64)
+        enc[:, 0::2] = torch.sin(pos * freq)
+        enc[:, 1::2] = torch.cos(pos * freq)[:, : self.d_model // 2]
+        return enc.to(dtype)
+
     def embed_chunk(self, tokens, offset):
-        positions = torch.arange(offset, offset + tokens.shape[1], device=tokens.device)
-        return self.embed(tokens) + self.pos(positions)
+        x = self.embed(tokens)
+        return x + self.positions(offset, tokens.shape[1], tokens.device, x.dtype)
 
     def forward_chunk(self, tokens, offset=0, states=None):
         x = self.embed_chunk(tokens, offset)
