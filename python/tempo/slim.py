@@ -29,14 +29,17 @@ class PerformerBlock(torch.nn.Module):
         self.ln2 = LayerNorm(d_model)
         self.mlp = torch.nn.Sequential(torch.nn.Linear(d_model, ffn), GELU(), torch.nn.Linear(ffn, d_model))
 
-    def state_increment(self, x):
-        """What this chunk adds to the layer's state: the attention's sums over the chunk."""
-        return self.attn.kv_sums(self.ln1(x))
-
     def forward(self, x, state=None):
         a, state = self.attn(self.ln1(x), state)
         x = x + a
         return x + self.mlp(self.ln2(x)), state
+
+    def forward_rebuilding(self, x, state_after):
+        """The block from the state before x, rebuilt from the state after it (a leaf):
+        (output, state after, state before)."""
+        a, state, before = self.attn.forward_rebuilding(self.ln1(x), state_after)
+        x = x + a
+        return x + self.mlp(self.ln2(x)), state, before
 
 
 class PerformerLM(torch.nn.Module):
@@ -159,20 +162,16 @@ def loss_and_backward(model, tokens, chunk, loss_weight=None):
         last = s == starts[-1]
         for r, block in enumerate(model.blocks):
             if s == 0:  # the first chunk starts from zeros: no state, nothing to rebuild
-                prev = prev_leaf = None
-            else:
-                if last:  # the forward stopped before this chunk: its state is the one before
-                    prev = states[r]
-                else:  # the state before the chunk: after minus the chunk's own sums
-                    with torch.no_grad():
-                        num_inc, den_inc = block.state_increment(x.detach())
-                        prev = (states[r][0] - num_inc.to(states[r][0].dtype),
-                                states[r][1] - den_inc.to(states[r][1].dtype))
-                prev_leaf = (prev[0].detach().requires_grad_(), prev[1].detach().requires_grad_())
-            x, out_state = block(x, prev_leaf)
+                x, out_state = block(x)
+                prev_leaf = None
+            elif last:  # the forward stopped before this chunk: its state is the one before
+                prev_leaf = (states[r][0].detach().requires_grad_(), states[r][1].detach().requires_grad_())
+                x, out_state = block(x, prev_leaf)
+            else:  # the state before the chunk: after minus the chunk's own sums
+                x, out_state, prev_leaf = block.forward_rebuilding(x, states[r])
             before.append(prev_leaf)
             after.append(out_state)
-            states[r] = prev
+            states[r] = None if prev_leaf is None else (prev_leaf[0].detach(), prev_leaf[1].detach())
         logits = model.head(model.ln(x))
         chunk_loss = _chunk_loss(model, logits, targets[:, s:s + chunk], weight[:, s:s + chunk])
         if last:

@@ -77,13 +77,32 @@ class CausalLinearAttention(torch.nn.Module):
         q, k, v = self.qkv(x).view(B, L, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
         return self.feature_map(q, True), self.feature_map(k, False), v
 
+    @staticmethod
+    def _sums(kf, v):
+        st = torch.float64 if v.dtype == torch.float64 else torch.float32
+        return kf.to(st).transpose(-1, -2) @ v.to(st), kf.to(st).sum(-2)
+
+    def _merge(self, y):
+        B, _, L, _ = y.shape
+        return self.out(y.transpose(1, 2).reshape(B, L, -1))
+
     def kv_sums(self, x: torch.Tensor):
         _, kf, v = self._features(x)
-        st = torch.float64 if v.dtype == torch.float64 else torch.float32
-        return (kf.to(st).transpose(-1, -2) @ v.to(st)), kf.to(st).sum(-2)
+        return self._sums(kf, v)
 
     def forward(self, x: torch.Tensor, state=None):
         qf, kf, v = self._features(x)
         y, state = causal_linear_attention(qf, kf, v, state, eps=self.eps, mode=self.mode)
-        B, _, L, _ = y.shape
-        return self.out(y.transpose(1, 2).reshape(B, L, -1)), state
+        return self._merge(y), state
+
+    def forward_rebuilding(self, x: torch.Tensor, state_after):
+        """SLiM's backward step: the state before x rebuilt from the state after it (minus x's
+        own sums, from the same features the forward uses), as a leaf that requires grad;
+        returns (y, state after, that leaf)."""
+        qf, kf, v = self._features(x)
+        with torch.no_grad():
+            num_inc, den_inc = self._sums(kf, v)
+            before = ((state_after[0] - num_inc.to(state_after[0].dtype)).requires_grad_(),
+                      (state_after[1] - den_inc.to(state_after[1].dtype)).requires_grad_())
+        y, state = causal_linear_attention(qf, kf, v, before, eps=self.eps, mode=self.mode)
+        return self._merge(y), state, before
