@@ -123,7 +123,7 @@ class Policies:
                 restore(m)
 
 
-def train_step(run, model, opt, batch, device):
+def train_step(run, opt, batch, device):
     """One full step (forward, backward, AdamW) with its memory and time: activation bytes
     held after the forward and the peaks beyond what was held before the step (forward +
     backward; the optimizer step), the absolute peak, and milliseconds."""
@@ -197,7 +197,7 @@ def run(args):
             seed[0] += 1
             b = synthetic_batch(model, batch, args.seq, causal, seed[0], device)
             with switch.use(policy) as callable_model:
-                return train_step(callable_model, model, opt, b, device)
+                return train_step(callable_model, opt, b, device)
         return step
 
     results = {p: {"model": name, "seq": args.seq, "dtype": args.dtype, "device": device.type, "policy": p,

@@ -20,6 +20,13 @@ __device__ double ld(const T* p, int64_t i) {
   return static_cast<double>(math::to_float(p[i]));
 }
 
+// dst[0 .. n) = src[offset ..] (a state, or its gradient, in the state type St), or zeros when
+// src is null; the block's threads split the elements.
+template <typename St>
+__device__ void load_or_zero(const void* src, int64_t offset, int64_t n, double* dst) {
+  for (int64_t e = threadIdx.x; e < n; e += blockDim.x) dst[e] = src ? static_cast<const St*>(src)[offset + e] : 0.0;
+}
+
 template <typename T>
 __global__ void la_forward_kernel(LinearAttentionForwardParams p) {
   using St = state_t<T>;
@@ -36,8 +43,8 @@ __global__ void la_forward_kernel(LinearAttentionForwardParams p) {
     const T* k = static_cast<const T*>(p.k) + r * p.len * m;
     const T* v = static_cast<const T*>(p.v) + r * p.len * d;
     T* y = static_cast<T*>(p.y) + r * p.len * d;
-    for (int64_t e = tid; e < m * d; e += bd) S[e] = p.num_in ? static_cast<const St*>(p.num_in)[r * m * d + e] : 0.0;
-    for (int64_t i = tid; i < m; i += bd) z[i] = p.den_in ? static_cast<const St*>(p.den_in)[r * m + i] : 0.0;
+    load_or_zero<St>(p.num_in, r * m * d, m * d, S);
+    load_or_zero<St>(p.den_in, r * m, m, z);
     __syncthreads();
     for (int64_t l = 0; l < p.len; ++l) {
       double part = 0.0;
@@ -90,14 +97,10 @@ __global__ void la_backward_kernel(LinearAttentionBackwardParams p) {
     T* gk = static_cast<T*>(p.grad_k) + r * p.len * m;
     T* gv = static_cast<T*>(p.grad_v) + r * p.len * d;
     // The sums after the chunk, from the state in; the gradients of the state out.
-    for (int64_t e = tid; e < m * d; e += bd) {
-      S[e] = p.num_in ? static_cast<const St*>(p.num_in)[r * m * d + e] : 0.0;
-      G[e] = p.grad_num_out ? static_cast<const St*>(p.grad_num_out)[r * m * d + e] : 0.0;
-    }
-    for (int64_t i = tid; i < m; i += bd) {
-      z[i] = p.den_in ? static_cast<const St*>(p.den_in)[r * m + i] : 0.0;
-      H[i] = p.grad_den_out ? static_cast<const St*>(p.grad_den_out)[r * m + i] : 0.0;
-    }
+    load_or_zero<St>(p.num_in, r * m * d, m * d, S);
+    load_or_zero<St>(p.grad_num_out, r * m * d, m * d, G);
+    load_or_zero<St>(p.den_in, r * m, m, z);
+    load_or_zero<St>(p.grad_den_out, r * m, m, H);
     __syncthreads();
     for (int64_t l = 0; l < p.len; ++l) {
       for (int64_t i = tid; i < m; i += bd) {
