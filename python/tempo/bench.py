@@ -225,19 +225,20 @@ def run(args):
             say("largest batch: %s" % p)
             step = step_of(p)
             mb, _ = largest_batch(lambda b: fits(step, b, device, args.budget), args.budget)
-            if mb is None:
-                raise SystemExit("tempo.bench: the budget (%s) is too small for batch 1 under policy %r"
-                                 % (format_bytes(args.budget), p))
-            results[p]["max_batch"] = mb
-        at_max = {p: [] for p in args.policies}
+            results[p]["max_batch"] = mb or 0  # 0: not even batch 1 fits under this policy
+        if not any(results[p]["max_batch"] for p in args.policies):
+            raise SystemExit("tempo.bench: the budget (%s) is too small for batch 1 under every policy"
+                             % format_bytes(args.budget))
+        fitting = [p for p in args.policies if results[p]["max_batch"]]
+        at_max = {p: [] for p in fitting}
         for r in range(max(args.steps, 3)):  # the verifying steps were the warm-up
-            for p in args.policies:
+            for p in fitting:
                 say("throughput at batch %d, step %d: %s" % (results[p]["max_batch"], r + 1, p))
                 at_max[p].append(step_of(p)(results[p]["max_batch"])["step_ms"])
         for p in args.policies:
-            ms = sorted(at_max[p])
-            results[p]["max_batch_tokens_per_s"] = results[p]["max_batch"] * args.seq / (statistics.median(ms) / 1e3)
-            results[p]["max_batch_spread"] = ms[-1] / ms[0] - 1.0
+            ms = sorted(at_max.get(p, []))
+            results[p]["max_batch_tokens_per_s"] = results[p]["max_batch"] * args.seq / (statistics.median(ms) / 1e3) if ms else 0.0
+            results[p]["max_batch_spread"] = ms[-1] / ms[0] - 1.0 if ms else None
     say("")
     rows = [results[p] for p in args.policies]
     masks = None
@@ -261,9 +262,15 @@ def print_table(rows, masks, budget):
             r["policy"], r["activation_bytes"] / 2**20, eager["activation_bytes"] / max(r["activation_bytes"], 1),
             r["train_peak_bytes"] / 2**20, r["step_ms"], r["tokens_per_s"], r["tokens_per_s"] / eager["tokens_per_s"])
         if budget is not None:
-            line += " %9d %7.2fx %14.1f %7.2fx %6.1f%%" % (
-                r["max_batch"], r["max_batch"] / eager["max_batch"], r["max_batch_tokens_per_s"],
-                r["max_batch_tokens_per_s"] / eager["max_batch_tokens_per_s"], 100 * r["max_batch_spread"])
+            if not r["max_batch"]:
+                line += " %9s %8s %14s %8s %7s" % ("0", "-", "does not fit", "-", "-")
+            elif not eager["max_batch"]:  # the baseline does not fit: no ratio to it
+                line += " %9d %8s %14.1f %8s %6.1f%%" % (r["max_batch"], "-", r["max_batch_tokens_per_s"], "-",
+                                                         100 * r["max_batch_spread"])
+            else:
+                line += " %9d %7.2fx %14.1f %7.2fx %6.1f%%" % (
+                    r["max_batch"], r["max_batch"] / eager["max_batch"], r["max_batch_tokens_per_s"],
+                    r["max_batch_tokens_per_s"] / eager["max_batch_tokens_per_s"], 100 * r["max_batch_spread"])
         print(line)
     if masks is not None:
         bool_eager = eager["activation_bytes"] - masks * 3 // 4

@@ -203,6 +203,34 @@ def test_bench_module_on_a_local_folder(tmp_path):
     assert "4-byte float masks" in r.stdout and "bool masks" in r.stdout
 
 
+def test_bench_module_reports_a_policy_that_does_not_fit_as_max_batch_zero(tmp_path):
+    # A long sequence on a tiny model: the attention activations, not the AdamW state, set the peak.
+    folder = tmp_path / "bert"
+    cfg = transformers.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                                  vocab_size=100, max_position_embeddings=512, attn_implementation="eager")
+    torch.manual_seed(0)
+    transformers.BertForMaskedLM(cfg).save_pretrained(folder)
+    env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(__file__), "..", "..", "python"))
+    run = lambda *extra: subprocess.run([sys.executable, "-m", "tempo.bench", "--model", str(folder), "--seq", "512",
+                                         "--batch", "1", "--policies", "eager,tempo-sdpa", "--steps", "1", *extra],
+                                        capture_output=True, text=True, timeout=600, env=env)
+    r = run("--json")
+    assert r.returncode == 0, r.stderr
+    e, f = json.loads(r.stdout)
+    assert f["peak_bytes"] < e["peak_bytes"]
+    # A budget between the two policies' peaks at batch 1: eager does not fit, tempo-sdpa does.
+    budget = (e["peak_bytes"] + f["peak_bytes"]) // 2
+    r = run("--budget", str(budget), "--json")
+    assert r.returncode == 0, r.stderr
+    e, f = json.loads(r.stdout)
+    assert e["max_batch"] == 0 and e["max_batch_tokens_per_s"] == 0 and e["max_batch_spread"] is None
+    assert f["max_batch"] >= 1 and f["max_batch_tokens_per_s"] > 0
+    r = run("--budget", str(budget))
+    assert r.returncode == 0 and "does not fit" in r.stdout, r.stdout + r.stderr
+    r = run("--budget", str(f["peak_bytes"] // 2))  # nothing fits: a clear error
+    assert r.returncode != 0 and "too small for batch 1 under every policy" in r.stderr and "Traceback" not in r.stderr
+
+
 def test_bench_module_errors():
     env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(__file__), "..", "..", "python"))
     for args, message in ((["--policies", "eager,fast"], "unknown policy"),
