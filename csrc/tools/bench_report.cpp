@@ -83,47 +83,58 @@ void append_csv(const std::string& path, const std::vector<BenchResult>& rs) {
       << (r.max_batch ? std::to_string(r.max_batch_spread) : "") << "\n";
 }
 
-// Two horizontal bar charts: activation memory per policy, throughput per policy (at the
-// maximum batch when there is a budget, else at the given batch).
-void write_svg(const std::string& path, const std::vector<BenchResult>& rs, const std::string& title) {
+// Bar charts side by side, one bar per label, each bar's value (and note) written beside it.
+void write_bar_charts(const std::string& path, const std::string& title, const std::vector<std::string>& labels,
+                      const std::vector<BarChart>& charts) {
   std::ofstream f(path);
-  if (!f) throw std::runtime_error("tempo bench: cannot write --plot " + path);
-  const int bar = 26, gap = 10, left = 150, width = 360, top = 70;
-  const int chart_h = static_cast<int>(rs.size()) * (bar + gap);
-  const int W = left + width + 80 + left + width + 80, H = top + chart_h + 60;
-  const bool budget = !rs.empty() && rs[0].max_batch.has_value();
+  if (!f) throw std::runtime_error("cannot write the plot " + path);
+  const int bar = 26, gap = 10, left = 150, width = 360, top = 70, pitch = left + width + 80;
+  const int chart_h = static_cast<int>(labels.size()) * (bar + gap);
+  const int W = pitch * static_cast<int>(charts.size()), H = top + chart_h + 60;
   f << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << H
     << "\" font-family=\"sans-serif\" font-size=\"13\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
   f << "<text x=\"20\" y=\"28\" font-size=\"17\" font-weight=\"bold\">" << title << "</text>\n";
   const char* colors[] = {"#7f7f7f", "#bcbd22", "#1f77b4", "#d62728", "#9467bd", "#2ca02c", "#ff7f0e", "#17becf"};
-  for (int chart = 0; chart < 2; ++chart) {
-    const int x0 = chart == 0 ? left : left + width + 80 + left;
+  for (size_t c = 0; c < charts.size(); ++c) {
+    const auto& chart = charts[c];
+    const int x0 = left + pitch * static_cast<int>(c);
     double vmax = 0;
-    for (const auto& r : rs) {
-      const double v = chart == 0 ? mib(r.activation_bytes) : (budget ? r.max_batch_tokens_per_s : r.tokens_per_s);
-      vmax = std::max(vmax, v);
-    }
-    f << "<text x=\"" << x0 - left + 20 << "\" y=\"" << top - 14 << "\" font-weight=\"bold\">"
-      << (chart == 0 ? "activation memory after forward (MiB, lower is better)"
-                     : (budget ? "tokens/s at the largest batch in budget (higher is better)"
-                               : "tokens/s (higher is better)"))
+    for (double v : chart.values) vmax = std::max(vmax, v);
+    f << "<text x=\"" << x0 - left + 20 << "\" y=\"" << top - 14 << "\" font-weight=\"bold\">" << chart.title
       << "</text>\n";
-    for (size_t i = 0; i < rs.size(); ++i) {
-      const auto& r = rs[i];
-      const double v = chart == 0 ? mib(r.activation_bytes) : (budget ? r.max_batch_tokens_per_s : r.tokens_per_s);
+    for (size_t i = 0; i < labels.size() && i < chart.values.size(); ++i) {
+      const double v = chart.values[i];
       const int y = top + static_cast<int>(i) * (bar + gap);
       const int w = vmax > 0 ? static_cast<int>(width * v / vmax) : 0;
-      f << "<text x=\"" << x0 - 8 << "\" y=\"" << y + bar * 0.7 << "\" text-anchor=\"end\">" << r.policy << "</text>\n";
+      f << "<text x=\"" << x0 - 8 << "\" y=\"" << y + bar * 0.7 << "\" text-anchor=\"end\">" << labels[i]
+        << "</text>\n";
       f << "<rect x=\"" << x0 << "\" y=\"" << y << "\" width=\"" << std::max(w, 1) << "\" height=\"" << bar
         << "\" fill=\"" << colors[i % 8] << "\"/>\n";
       std::ostringstream label;
       label.precision(1);
       label << std::fixed << v;
-      if (chart == 1 && budget) label << " (batch " << r.max_batch.value_or(0) << ")";
+      if (i < chart.notes.size() && !chart.notes[i].empty()) label << " (" << chart.notes[i] << ")";
       f << "<text x=\"" << x0 + w + 6 << "\" y=\"" << y + bar * 0.7 << "\">" << label.str() << "</text>\n";
     }
   }
   f << "</svg>\n";
+}
+
+// Activation memory per policy, and throughput per policy (at the largest batch when there
+// is a budget, else at the given batch).
+void write_svg(const std::string& path, const std::vector<BenchResult>& rs, const std::string& title) {
+  const bool budget = !rs.empty() && rs[0].max_batch.has_value();
+  std::vector<std::string> labels;
+  BarChart act{"activation memory after forward (MiB, lower is better)", {}, {}};
+  BarChart tps{budget ? "tokens/s at the largest batch in budget (higher is better)" : "tokens/s (higher is better)",
+               {}, {}};
+  for (const auto& r : rs) {
+    labels.push_back(r.policy);
+    act.values.push_back(mib(r.activation_bytes));
+    tps.values.push_back(budget ? r.max_batch_tokens_per_s : r.tokens_per_s);
+    tps.notes.push_back(budget ? "batch " + std::to_string(r.max_batch.value_or(0)) : "");
+  }
+  write_bar_charts(path, title, labels, {act, tps});
 }
 
 }  // namespace tempo::tools

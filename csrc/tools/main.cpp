@@ -1,4 +1,4 @@
-// The `tempo` command line: `tempo --version`, `tempo env`, `tempo bench`.
+// The `tempo` command line: `tempo --version`, `tempo env`, `tempo bench`, `tempo slim`.
 #include <ATen/Parallel.h>
 #include <torch/cuda.h>
 #include <torch/version.h>
@@ -13,6 +13,7 @@
 #include "tempo/common.h"
 
 #include "bench.h"
+#include "slim.h"
 
 namespace {
 
@@ -23,6 +24,8 @@ void usage(FILE* out) {
                "  env         versions, threads, CUDA built and present\n"
                "  bench       memory, maximum batch and throughput of a model per memory policy\n"
                "              (tempo bench --help)\n"
+               "  slim        SLiM: peak memory, time and gradient discrepancy per chunk size of a\n"
+               "              chunked Performer step (tempo slim --help)\n"
                "  help        this text\n");
 }
 
@@ -59,18 +62,23 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (cmd == "env") return env();
-  if (cmd == "bench") {
+  if (cmd == "bench" || cmd == "slim") {
+    const bool bench = cmd == "bench";
     std::vector<std::string> args(argv + 2, argv + argc);
     for (const auto& a : args)
       if (a == "--help" || a == "-h") {
-        tempo::tools::print_bench_usage(stdout);
+        bench ? tempo::tools::print_bench_usage(stdout) : tempo::tools::print_slim_usage(stdout);
         return 0;
       }
     try {
-      return tempo::tools::run_bench(tempo::tools::parse_bench_args(args));
+      return bench ? tempo::tools::run_bench(tempo::tools::parse_bench_args(args))
+                   : tempo::tools::run_slim(tempo::tools::parse_slim_args(args));
     } catch (const std::invalid_argument& e) {
-      std::fprintf(stderr, "%s%s (see tempo bench --help)\n", isatty(2) ? "\r\033[K" : "", e.what());
+      std::fprintf(stderr, "%s%s (see tempo %s --help)\n", isatty(2) ? "\r\033[K" : "", e.what(), cmd.c_str());
       return 2;
+    } catch (const c10::Error& e) {
+      std::fprintf(stderr, "%s%s\n", isatty(2) ? "\r\033[K" : "", e.what_without_backtrace());
+      return 1;
     } catch (const std::exception& e) {
       std::fprintf(stderr, "%s%s\n", isatty(2) ? "\r\033[K" : "", e.what());
       return 1;

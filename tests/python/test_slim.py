@@ -1,7 +1,10 @@
 """SLiM: chunked training of a causal linear-attention LM (tempo.slim) gives full
 backpropagation's gradients and loss, in memory that does not grow with the length; the
 feature maps and the CausalLinearAttention module; bad input."""
+import json
 import math
+import os
+import subprocess
 
 import pytest
 import torch
@@ -132,3 +135,58 @@ def test_bad_input_gives_clear_errors():
     with pytest.raises(ValueError, match="unknown feature map"):
         tempo.nn.FeatureMap("softmax", 8)
     assert slim.PerformerLM.preset("copy").max_len == 512
+
+
+# ---- build/tempo slim (the C++ model and trainer) -----------------------------------------------
+
+BIN = os.environ.get("TEMPO_BIN", os.path.join(os.path.dirname(__file__), "..", "..", "build", "tempo"))
+TINY = ["--preset", "copy", "--seq", "96", "--d-model", "32", "--heads", "4", "--ffn", "64", "--repeats", "1"]
+
+
+def tempo_slim(*args):
+    return subprocess.run([BIN, "slim", *args], capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.skipif(not os.path.exists(BIN), reason="build/tempo is not built")
+def test_cli_json_fields_discrepancy_and_memory(tmp_path):
+    svg = tmp_path / "slim.svg"
+    r = tempo_slim(*TINY, "--chunks", "1,7,32,96,full", "--policies", "eager,tempo", "--json", "--plot", str(svg))
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    assert [(x["policy"], x["chunk"]) for x in rows] == [(p, c) for p in ("eager", "tempo")
+                                                         for c in (1, 7, 32, 96, None)]
+    for x in rows:
+        assert set(x) >= {"preset", "seq", "chunk", "peak_bytes", "step_ms", "grad_rel_discrepancy"}
+        assert x["preset"] == "copy" and x["seq"] == 96 and x["peak_bytes"] > 0 and x["step_ms"] > 0
+        assert x["grad_rel_discrepancy"] <= 1e-5  # against this policy's full backpropagation
+    by = {(x["policy"], x["chunk"]): x for x in rows}
+    for p in ("eager", "tempo"):
+        full = by[(p, None)]
+        assert full["grad_rel_discrepancy"] == 0
+        assert by[(p, 1)]["peak_bytes"] < by[(p, 32)]["peak_bytes"] < full["peak_bytes"]
+        assert by[(p, 96)]["peak_bytes"] <= 1.2 * full["peak_bytes"]  # C = L: within 1.2x full backprop
+        for c in (1, 7, 32, 96):
+            assert math.isclose(by[(p, c)]["loss"], full["loss"], rel_tol=1e-6)
+    # The same weights and tokens under both policies; in-place GELU and LayerNorm keep less.
+    assert math.isclose(by[("eager", None)]["loss"], by[("tempo", None)]["loss"], rel_tol=1e-6)
+    assert by[("tempo", None)]["peak_bytes"] < by[("eager", None)]["peak_bytes"]
+    assert svg.read_text().startswith("<svg") and "chunk 32" in svg.read_text()
+    r = tempo_slim(*TINY, "--chunks", "16,full", "--dtype", "fp64")
+    assert r.returncode == 0 and "discrepancy" in r.stdout and "full" in r.stdout, r.stderr
+    fp64 = [line.split() for line in r.stdout.splitlines() if line.startswith("tempo ")]
+    assert float(fp64[0][-2]) <= 1e-10  # the C = 16 row's discrepancy in fp64
+
+
+@pytest.mark.skipif(not os.path.exists(BIN), reason="build/tempo is not built")
+def test_cli_errors():
+    for args, message in ((["--chunks", "0"], "--chunks must be a positive integer"),
+                          (["--chunks", "8,x"], "--chunks must be a positive integer"),
+                          (["--seq", "1"], "--seq must be at least 2"),
+                          (["--preset", "wiki"], "unknown preset 'wiki'"),
+                          (["--policies", "checkpoint"], "--policies takes eager and tempo"),
+                          (["--heads", "5"], "not a multiple of heads"),
+                          (["--feature-map", "tanh"], "unknown feature map"),
+                          (["--plot", "x.png"], "ending in .svg"),
+                          (["--bogus"], "unknown argument")):
+        r = tempo_slim(*args)
+        assert r.returncode == 2 and message in r.stderr, (args, r.stderr)

@@ -1,7 +1,10 @@
 // The model layer (target Tempo::tempo_models): BERT, RoBERTa, GPT-2 and LLaMA-style models
-// under memory policies, with everything of tempo/nn.h.
+// under memory policies, the PerformerLM and its SLiM chunked trainer, with everything of
+// tempo/nn.h.
 #pragma once
 
 #include "tempo/models/config.h"
+#include "tempo/models/performer.h"
+#include "tempo/models/slim.h"
 #include "tempo/models/transformer.h"
 #include "tempo/nn.h"
