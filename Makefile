@@ -42,7 +42,9 @@ test: build
 
 setup: sysdeps venv
 
-# System packages: a C++ toolchain, CMake, Ninja, GoogleTest; ccache when available.
+# System packages: a C++ toolchain, CMake, Ninja, GoogleTest; ccache when available; python3-doc
+# (the reStructuredText sources of Python's documentation, about 12 MB of English prose under
+# the PSF licence: the default corpus of the text examples and of training).
 sysdeps:
 	@missing=""; \
 	command -v cmake >/dev/null || missing="$$missing cmake"; \
@@ -51,6 +53,7 @@ sysdeps:
 	command -v ccache >/dev/null || missing="$$missing ccache"; \
 	[ -f /usr/include/gtest/gtest.h ] || missing="$$missing libgtest-dev"; \
 	python3 -c "import venv" 2>/dev/null || missing="$$missing python3-venv"; \
+	[ -d /usr/share/doc/python3/html/_sources ] || missing="$$missing python3-doc"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=""; else SUDO=sudo; fi; \
