@@ -5,6 +5,7 @@
 
 #include "tempo/models/config.h"
 #include "tempo/models/performer.h"
+#include "tempo/models/pretrained.h"
 #include "tempo/models/slim.h"
 #include "tempo/models/transformer.h"
 #include "tempo/nn.h"
