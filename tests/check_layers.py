@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The layering the build promises: core -> torch (ops) -> nn -> models -> tools. A file may
+"""The layering the build promises: core -> torch (ops) -> nn -> models -> train -> tools. A file may
 include public headers of its own layer and of the layers below, and private headers only of
 its own layer; no relative include may leave its layer's folder. Exits 1 listing violations.
 
@@ -9,13 +9,14 @@ import os
 import re
 import sys
 
-LAYERS = ["core", "torch", "nn", "models", "tools"]
+LAYERS = ["core", "torch", "nn", "models", "train", "tools"]
 # The public header folders each layer owns (under its include/), by the first path parts.
 PUBLIC = {
     "core": lambda h: h.startswith("tempo/") and os.path.exists(os.path.join(ROOT, "core", "include", h)),
     "torch": lambda h: h.startswith("tempo/") and os.path.exists(os.path.join(ROOT, "torch", "include", h)),
     "nn": lambda h: h.startswith("tempo/") and os.path.exists(os.path.join(ROOT, "nn", "include", h)),
     "models": lambda h: h.startswith("tempo/") and os.path.exists(os.path.join(ROOT, "models", "include", h)),
+    "train": lambda h: h.startswith("tempo/") and os.path.exists(os.path.join(ROOT, "train", "include", h)),
     "tools": lambda h: False,
 }
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)

@@ -24,7 +24,10 @@ std::map<std::string, at::Tensor> read_safetensors(const std::string&) { no_json
 void write_safetensors(const std::string&, const std::vector<std::pair<std::string, at::Tensor>>&,
                        const std::map<std::string, std::string>&) { no_json(); }
 ModelConfig config_from_json(const std::string&, const std::string&) { no_json(); }
-TransformerModel load_pretrained(const std::string&, const MemoryPolicy&, LoadReport*) { no_json(); }
+TransformerModel load_pretrained(const std::string&, const MemoryPolicy&, LoadReport*,
+                                 const std::function<void(ModelConfig&)>&) {
+  no_json();
+}
 void save_pretrained(TransformerModel&, const std::string&) { no_json(); }
 }  // namespace tempo::models
 #else
@@ -386,14 +389,19 @@ ModelConfig config_from_json(const std::string& text, const std::string& name) {
 
 // ---- load and save ----------------------------------------------------------------------------
 
-TransformerModel load_pretrained(const std::string& dir, const MemoryPolicy& policy, LoadReport* report) {
+TransformerModel load_pretrained(const std::string& dir, const MemoryPolicy& policy, LoadReport* report,
+                                 const std::function<void(ModelConfig&)>& adjust) {
   const fs::path root(dir);
   TORCH_CHECK(fs::is_directory(root), kLoad, ": ", dir, " is not a directory");
   std::ifstream cf(root / "config.json");
   TORCH_CHECK(cf.good(), kLoad, ": ", dir, " has no config.json");
   std::stringstream text;
   text << cf.rdbuf();
-  const ModelConfig c = config_from_json(text.str(), root.filename().string());
+  ModelConfig c = config_from_json(text.str(), root.filename().string());
+  if (adjust) {
+    adjust(c);
+    c.validate();
+  }
   // The weights: one file, or shards named by an index.
   std::map<std::string, at::Tensor> theirs;
   if (fs::exists(root / "model.safetensors")) {

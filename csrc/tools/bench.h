@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "report.h"
+
 namespace tempo::tools {
 
 struct BenchOptions {
@@ -49,19 +51,11 @@ std::string format_bytes(int64_t bytes);
 int run_bench(const BenchOptions& options);
 void print_bench_usage(FILE* out);
 
-// Output of the results (bench_report.cpp).
+// Output of the results (report.cpp).
 void print_table(const std::vector<BenchResult>& results, bool budget);
 void print_json(const std::vector<BenchResult>& results);
 void append_csv(const std::string& path, const std::vector<BenchResult>& results);
 void write_svg(const std::string& path, const std::vector<BenchResult>& results, const std::string& title);
 
-// An SVG of bar charts side by side (also `tempo slim --plot`): one bar per label in each.
-struct BarChart {
-  std::string title;
-  std::vector<double> values;
-  std::vector<std::string> notes;  // written after a bar's value, in parentheses (may be empty)
-};
-void write_bar_charts(const std::string& path, const std::string& title, const std::vector<std::string>& labels,
-                      const std::vector<BarChart>& charts);
 
 }  // namespace tempo::tools

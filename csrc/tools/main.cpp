@@ -1,4 +1,5 @@
-// The `tempo` command line: `tempo --version`, `tempo env`, `tempo bench`, `tempo slim`.
+// The `tempo` command line: `tempo --version`, `tempo env`, `tempo bench`, `tempo slim`,
+// `tempo train`, `tempo plot`.
 #include <ATen/Parallel.h>
 #include <torch/cuda.h>
 #include <torch/version.h>
@@ -14,6 +15,7 @@
 
 #include "bench.h"
 #include "slim.h"
+#include "train.h"
 
 namespace {
 
@@ -26,6 +28,8 @@ void usage(FILE* out) {
                "              (tempo bench --help)\n"
                "  slim        SLiM: peak memory, time and gradient discrepancy per chunk size of a\n"
                "              chunked Performer step (tempo slim --help)\n"
+               "  train       train a model on real text: log, checkpoints, exact resume (tempo train --help)\n"
+               "  plot        loss curves of tempo train runs (tempo plot OUT.svg RUN_DIR...)\n"
                "  help        this text\n");
 }
 
@@ -62,17 +66,20 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (cmd == "env") return env();
-  if (cmd == "bench" || cmd == "slim") {
-    const bool bench = cmd == "bench";
+  if (cmd == "bench" || cmd == "slim" || cmd == "train" || cmd == "plot") {
     std::vector<std::string> args(argv + 2, argv + argc);
     for (const auto& a : args)
       if (a == "--help" || a == "-h") {
-        bench ? tempo::tools::print_bench_usage(stdout) : tempo::tools::print_slim_usage(stdout);
+        if (cmd == "bench") tempo::tools::print_bench_usage(stdout);
+        else if (cmd == "slim") tempo::tools::print_slim_usage(stdout);
+        else tempo::tools::print_train_usage(stdout);
         return 0;
       }
     try {
-      return bench ? tempo::tools::run_bench(tempo::tools::parse_bench_args(args))
-                   : tempo::tools::run_slim(tempo::tools::parse_slim_args(args));
+      if (cmd == "bench") return tempo::tools::run_bench(tempo::tools::parse_bench_args(args));
+      if (cmd == "slim") return tempo::tools::run_slim(tempo::tools::parse_slim_args(args));
+      if (cmd == "train") return tempo::tools::run_train(tempo::tools::parse_train_args(args));
+      return tempo::tools::run_plot(args);
     } catch (const std::invalid_argument& e) {
       std::fprintf(stderr, "%s%s (see tempo %s --help)\n", isatty(2) ? "\r\033[K" : "", e.what(), cmd.c_str());
       return 2;

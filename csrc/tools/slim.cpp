@@ -10,7 +10,7 @@
 
 #include <unistd.h>
 
-#include "bench.h"
+#include "report.h"
 #include "tempo/memory.h"
 #include "tempo/models/slim.h"
 

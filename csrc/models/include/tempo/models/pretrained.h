@@ -6,6 +6,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -41,8 +42,10 @@ struct LoadReport {
 // A model of the folder's config.json under `policy`, its weights from model.safetensors (or
 // the shards of model.safetensors.index.json), converted to float32. Every backbone parameter
 // must be in the checkpoint with its shape; task heads may be absent (then fresh, reported).
+// `adjust` may change what does not change a shape (dropout, eps) before the model is built.
 TransformerModel load_pretrained(const std::string& dir, const MemoryPolicy& policy = MemoryPolicy::parse("eager"),
-                                 LoadReport* report = nullptr);
+                                 LoadReport* report = nullptr,
+                                 const std::function<void(ModelConfig&)>& adjust = nullptr);
 // config.json and model.safetensors that transformers (and load_pretrained) read back: the
 // architecture's ...ForMaskedLM / ...LMHeadModel / ...ForCausalLM names and layout.
 void save_pretrained(TransformerModel& model, const std::string& dir);

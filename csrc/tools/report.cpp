@@ -1,4 +1,5 @@
-// Output of `tempo bench`: the aligned table, JSON, CSV rows and an SVG chart.
+// Output of the command line: `tempo bench`'s table, JSON and CSV rows, and the SVG charts.
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -115,6 +116,56 @@ void write_bar_charts(const std::string& path, const std::string& title, const s
       label << std::fixed << v;
       if (i < chart.notes.size() && !chart.notes[i].empty()) label << " (" << chart.notes[i] << ")";
       f << "<text x=\"" << x0 + w + 6 << "\" y=\"" << y + bar * 0.7 << "\">" << label.str() << "</text>\n";
+    }
+  }
+  f << "</svg>\n";
+}
+
+void write_line_charts(const std::string& path, const std::string& title, const std::vector<LineChart>& charts) {
+  std::ofstream f(path);
+  if (!f) throw std::runtime_error("cannot write the plot " + path);
+  const int left = 70, width = 420, height = 260, top = 60, pitch = left + width + 40;
+  const int W = pitch * static_cast<int>(std::max<size_t>(charts.size(), 1)), H = top + height + 90;
+  const char* colors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#7f7f7f", "#bcbd22", "#17becf"};
+  f << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << H
+    << "\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
+  f << "<text x=\"20\" y=\"26\" font-size=\"16\" font-weight=\"bold\">" << title << "</text>\n";
+  for (size_t c = 0; c < charts.size(); ++c) {
+    const auto& ch = charts[c];
+    const int x0 = left + pitch * static_cast<int>(c);
+    double xmin = 1e300, xmax = -1e300, ymin = 1e300, ymax = -1e300;
+    for (const auto& s : ch.series)
+      for (const auto& [x, y] : s.points) {
+        xmin = std::min(xmin, x), xmax = std::max(xmax, x), ymin = std::min(ymin, y), ymax = std::max(ymax, y);
+      }
+    if (xmin > xmax) xmin = 0, xmax = 1, ymin = 0, ymax = 1;
+    if (xmax == xmin) xmax = xmin + 1;
+    if (ymax == ymin) ymax = ymin + 1;
+    const auto X = [&](double x) { return x0 + (x - xmin) / (xmax - xmin) * width; };
+    const auto Y = [&](double y) { return top + height - (y - ymin) / (ymax - ymin) * height; };
+    f << "<text x=\"" << x0 << "\" y=\"" << top - 12 << "\" font-weight=\"bold\">" << ch.title << "</text>\n";
+    f << "<rect x=\"" << x0 << "\" y=\"" << top << "\" width=\"" << width << "\" height=\"" << height
+      << "\" fill=\"none\" stroke=\"#999\"/>\n";
+    for (int k = 0; k <= 4; ++k) {  // y ticks
+      const double y = ymin + (ymax - ymin) * k / 4.0;
+      char label[32];
+      std::snprintf(label, sizeof label, "%.3g", y);
+      f << "<text x=\"" << x0 - 6 << "\" y=\"" << Y(y) + 4 << "\" text-anchor=\"end\">" << label << "</text>\n";
+    }
+    char xl[64];
+    std::snprintf(xl, sizeof xl, "%.0f", xmin);
+    f << "<text x=\"" << x0 << "\" y=\"" << top + height + 16 << "\">" << xl << "</text>\n";
+    std::snprintf(xl, sizeof xl, "%.0f", xmax);
+    f << "<text x=\"" << x0 + width << "\" y=\"" << top + height + 16 << "\" text-anchor=\"end\">" << xl
+      << "</text>\n<text x=\"" << x0 + width / 2 << "\" y=\"" << top + height + 32 << "\" text-anchor=\"middle\">"
+      << ch.x_label << "</text>\n";
+    for (size_t s = 0; s < ch.series.size(); ++s) {
+      const auto& se = ch.series[s];
+      f << "<polyline fill=\"none\" stroke-width=\"1.5\" stroke=\"" << colors[s % 8] << "\" points=\"";
+      for (const auto& [x, y] : se.points) f << X(x) << "," << Y(y) << " ";
+      f << "\"/>\n";
+      f << "<text x=\"" << x0 + 10 << "\" y=\"" << top + height + 50 + 14 * static_cast<int>(s) << "\" fill=\""
+        << colors[s % 8] << "\">" << se.name << "</text>\n";
     }
   }
   f << "</svg>\n";

@@ -1,0 +1,191 @@
+#include "tempo/train/checkpoint.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
+#include <torch/serialize.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include "tempo/models/pretrained.h"
+
+namespace tempo::train {
+
+namespace {
+namespace fs = std::filesystem;
+const char* kOp = "tempo::train checkpoint";
+const char* kFiles[] = {"model.safetensors", "optimizer.pt", "state.safetensors"};
+
+std::array<uint32_t, 256> crc_table() {
+  std::array<uint32_t, 256> t{};
+  for (uint32_t i = 0; i < 256; ++i) {
+    uint32_t c = i;
+    for (int k = 0; k < 8; ++k) c = c & 1 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+    t[i] = c;
+  }
+  return t;
+}
+
+void fsync_path(const fs::path& p) {
+  const int fd = ::open(p.c_str(), O_RDONLY);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+
+std::string step_name(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "step-%09lld", static_cast<long long>(step));
+  return buf;
+}
+
+std::vector<std::pair<int64_t, fs::path>> checkpoints(const fs::path& dir) {
+  std::vector<std::pair<int64_t, fs::path>> out;
+  if (!fs::is_directory(dir)) return out;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string n = e.path().filename().string();
+    if (e.is_directory() && n.rfind("step-", 0) == 0) {
+      try {
+        out.emplace_back(std::stoll(n.substr(5)), e.path());
+      } catch (...) {
+      }
+    }
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  return out;
+}
+
+// Named parameters and buffers of the model.
+std::vector<std::pair<std::string, at::Tensor>> model_tensors(torch::nn::Module& m) {
+  std::vector<std::pair<std::string, at::Tensor>> t;
+  for (const auto& p : m.named_parameters()) t.emplace_back("param." + p.key(), p.value());
+  for (const auto& b : m.named_buffers()) t.emplace_back("buffer." + b.key(), b.value());
+  return t;
+}
+
+// Empty if the checkpoint verifies, else why not.
+std::string verify(const fs::path& ck) {
+  std::ifstream mf(ck / "MANIFEST");
+  if (!mf.good()) return "no MANIFEST";
+  std::string name;
+  uint64_t size = 0;
+  uint32_t crc = 0;
+  int seen = 0;
+  while (mf >> name >> size >> std::hex >> crc >> std::dec) {
+    const fs::path f = ck / name;
+    std::error_code ec;
+    if (!fs::exists(f, ec)) return name + " is missing";
+    if (fs::file_size(f) != size)
+      return name + " has " + std::to_string(fs::file_size(f)) + " bytes, the manifest says " + std::to_string(size);
+    if (file_crc32(f.string()) != crc) return name + " fails its checksum";
+    ++seen;
+  }
+  if (seen != 3) return "the MANIFEST is incomplete";
+  return "";
+}
+}  // namespace
+
+uint32_t file_crc32(const std::string& path) {
+  static const auto table = crc_table();
+  std::ifstream f(path, std::ios::binary);
+  TORCH_CHECK(f.good(), kOp, ": cannot read ", path);
+  uint32_t c = 0xFFFFFFFFu;
+  std::vector<char> buf(1 << 20);
+  while (f) {
+    f.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+    const std::streamsize n = f.gcount();
+    for (std::streamsize i = 0; i < n; ++i) c = table[(c ^ static_cast<uint8_t>(buf[i])) & 0xFF] ^ (c >> 8);
+  }
+  return c ^ 0xFFFFFFFFu;
+}
+
+std::string save_checkpoint(const std::string& dir, int64_t step, torch::nn::Module& model,
+                            torch::optim::Optimizer& optimizer, int keep) {
+  const fs::path root(dir), final_path = root / step_name(step), tmp = root / (".tmp-" + step_name(step));
+  fs::create_directories(root);
+  fs::remove_all(tmp);
+  fs::create_directories(tmp);
+  tempo::models::write_safetensors((tmp / "model.safetensors").string(), model_tensors(model));
+  torch::save(optimizer, (tmp / "optimizer.pt").string());
+  std::vector<std::pair<std::string, at::Tensor>> state{{"step", at::tensor({step}, at::kLong)}};
+  {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    state.emplace_back("rng.cpu", gen.get_state());
+  }
+  if (at::hasCUDA())
+    for (int64_t d = 0; d < static_cast<int64_t>(at::getNumGPUs()); ++d) {
+      auto gen = at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(d)));
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      state.emplace_back("rng.cuda." + std::to_string(d), gen.get_state());
+    }
+  tempo::models::write_safetensors((tmp / "state.safetensors").string(), state);
+  {
+    std::ofstream mf(tmp / "MANIFEST");
+    for (const char* f : kFiles) {
+      const fs::path p = tmp / f;
+      char crc[16];
+      std::snprintf(crc, sizeof crc, "%08x", file_crc32(p.string()));
+      mf << f << " " << fs::file_size(p) << " " << crc << "\n";
+    }
+    mf.flush();
+    TORCH_CHECK(mf.good(), kOp, ": writing the MANIFEST of ", tmp.string(), " failed");
+  }
+  for (const char* f : kFiles) fsync_path(tmp / f);
+  fsync_path(tmp / "MANIFEST");
+  fsync_path(tmp);
+  fs::remove_all(final_path);
+  fs::rename(tmp, final_path);
+  fsync_path(root);
+  const auto all = checkpoints(root);
+  for (size_t i = static_cast<size_t>(std::max(keep, 1)); i < all.size(); ++i) fs::remove_all(all[i].second);
+  return final_path.string();
+}
+
+std::optional<int64_t> load_latest_checkpoint(const std::string& dir, torch::nn::Module& model,
+                                              torch::optim::Optimizer& optimizer, std::vector<std::string>* skipped) {
+  for (const auto& [step, path] : checkpoints(dir)) {
+    const std::string why = verify(path);
+    if (!why.empty()) {
+      if (skipped) skipped->push_back(path.string() + ": " + why);
+      continue;
+    }
+    auto tensors = tempo::models::read_safetensors((path / "model.safetensors").string());
+    at::NoGradGuard no_grad;
+    for (auto& [name, t] : model_tensors(model)) {
+      const auto it = tensors.find(name);
+      TORCH_CHECK(it != tensors.end() && it->second.sizes() == t.sizes(), kOp, ": ", path.string(), " does not hold ",
+                  name, " of this model (a checkpoint of another model?)");
+      t.copy_(it->second);
+    }
+    torch::load(optimizer, (path / "optimizer.pt").string());
+    auto state = tempo::models::read_safetensors((path / "state.safetensors").string());
+    TORCH_CHECK(state.at("step").item<int64_t>() == step, kOp, ": ", path.string(), " holds another step");
+    {
+      auto gen = at::detail::getDefaultCPUGenerator();
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      gen.set_state(state.at("rng.cpu"));
+    }
+    if (at::hasCUDA())
+      for (int64_t d = 0; d < static_cast<int64_t>(at::getNumGPUs()); ++d) {
+        const auto it = state.find("rng.cuda." + std::to_string(d));
+        if (it == state.end()) continue;
+        auto gen = at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(d)));
+        std::lock_guard<std::mutex> lock(gen.mutex());
+        gen.set_state(it->second);
+      }
+    return step;
+  }
+  return std::nullopt;
+}
+
+}  // namespace tempo::train

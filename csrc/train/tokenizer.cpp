@@ -1,0 +1,99 @@
+#include "tempo/train/tokenizer.h"
+
+#include <c10/util/Exception.h>
+#include <sentencepiece_processor.h>
+#include <sentencepiece_trainer.h>
+
+#include <fstream>
+#include <sstream>
+
+namespace tempo::train {
+
+namespace {
+const char* kOp = "tempo::train::Tokenizer";
+
+// Lines of the files in order, each file read once (SentencePiece's trainer samples from them).
+class Lines : public sentencepiece::SentenceIterator {
+ public:
+  explicit Lines(const std::vector<std::string>& files) : files_(files) { next(); }
+  bool done() const override { return file_ >= files_.size() && !has_; }
+  void Next() override { next(); }
+  const std::string& value() const override { return line_; }
+  sentencepiece::util::Status status() const override { return {}; }
+
+ private:
+  void next() {
+    has_ = false;
+    while (!has_) {
+      if (!in_.is_open() || !std::getline(in_, line_)) {
+        if (in_.is_open()) in_.close();
+        if (file_ >= files_.size()) return;
+        in_.open(files_[file_++]);
+        continue;
+      }
+      has_ = !line_.empty();
+    }
+  }
+  const std::vector<std::string>& files_;
+  size_t file_ = 0;
+  std::ifstream in_;
+  std::string line_;
+  bool has_ = false;
+};
+}  // namespace
+
+Tokenizer::Tokenizer() : sp_(std::make_unique<sentencepiece::SentencePieceProcessor>()) {}
+Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
+Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
+Tokenizer::~Tokenizer() = default;
+
+Tokenizer Tokenizer::load(const std::string& path) {
+  Tokenizer t;
+  const auto status = t.sp_->Load(path);
+  TORCH_CHECK(status.ok(), kOp, ": cannot load the SentencePiece model ", path, ": ", status.ToString());
+  t.path_ = path;
+  return t;
+}
+
+Tokenizer Tokenizer::train(const std::vector<std::string>& files, const std::string& model_path, int vocab_size,
+                           uint64_t seed) {
+  TORCH_CHECK(!files.empty(), kOp, ": no text files to train a tokenizer on");
+  TORCH_CHECK(vocab_size >= 16, kOp, ": vocab_size must be at least 16, got ", vocab_size);
+  std::string prefix = model_path;
+  if (prefix.size() > 6 && prefix.compare(prefix.size() - 6, 6, ".model") == 0) prefix.resize(prefix.size() - 6);
+  std::ostringstream args;
+  args << "--model_prefix=" << prefix << " --vocab_size=" << vocab_size << " --model_type=unigram"
+       << " --pad_id=0 --unk_id=1 --bos_id=2 --eos_id=3 --user_defined_symbols=[MASK]"
+       << " --input_sentence_size=300000 --shuffle_input_sentence=true --max_sentence_length=8192"
+       << " --character_coverage=0.9995 --hard_vocab_limit=false --num_threads=1 --minloglevel=2";
+  // One thread and a fixed seed: the same corpus gives the same tokenizer.
+  sentencepiece::SetRandomGeneratorSeed(static_cast<unsigned int>(seed % 4294967295ull + 1));
+  Lines lines(files);
+  const auto status = sentencepiece::SentencePieceTrainer::Train(args.str(), &lines);
+  TORCH_CHECK(status.ok(), kOp, ": training SentencePiece failed: ", status.ToString());
+  return load(prefix + ".model");
+}
+
+std::vector<int> Tokenizer::encode(const std::string& text) const {
+  std::vector<int> ids;
+  const auto status = sp_->Encode(text, &ids);
+  TORCH_CHECK(status.ok(), kOp, ": encoding failed: ", status.ToString());
+  return ids;
+}
+
+std::string Tokenizer::decode(const std::vector<int>& ids) const {
+  std::string s;
+  const auto status = sp_->Decode(ids, &s);
+  TORCH_CHECK(status.ok(), kOp, ": decoding failed: ", status.ToString());
+  return s;
+}
+
+int Tokenizer::vocab_size() const { return sp_->GetPieceSize(); }
+int Tokenizer::pad_id() const { return sp_->pad_id(); }
+int Tokenizer::eos_id() const { return sp_->eos_id(); }
+int Tokenizer::mask_id() const {
+  const int id = sp_->PieceToId("[MASK]");
+  return id == sp_->unk_id() ? -1 : id;
+}
+
+}  // namespace tempo::train

@@ -1,0 +1,354 @@
+#include "tempo/train/trainer.h"
+
+#include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
+#include <torch/cuda.h>
+#include <torch/nn/utils/clip_grad.h>
+#include <torch/optim/adamw.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+#include "tempo/memory.h"
+#include "tempo/models/pretrained.h"
+#include "tempo/train/checkpoint.h"
+#include "tempo/train/data.h"
+
+namespace tempo::train {
+
+namespace {
+namespace fs = std::filesystem;
+using tempo::models::Arch;
+using tempo::models::MemoryPolicy;
+using tempo::models::ModelConfig;
+using tempo::models::TransformerModel;
+
+[[noreturn]] void user_error(const std::string& what) { throw std::invalid_argument("tempo train: " + what); }
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Autocast to bf16 for the forward (fp32 master weights and optimizer), when asked.
+struct Autocast {
+  Autocast(bool on, c10::DeviceType d) : on_(on), d_(d) {
+    if (!on_) return;
+    prev_ = at::autocast::is_autocast_enabled(d_);
+    at::autocast::set_autocast_enabled(d_, true);
+    at::autocast::set_autocast_dtype(d_, at::kBFloat16);
+  }
+  ~Autocast() {
+    if (!on_) return;
+    at::autocast::set_autocast_enabled(d_, prev_);
+    at::autocast::clear_cache();
+  }
+  bool on_, prev_ = false;
+  c10::DeviceType d_;
+};
+
+bool is_norm_or_bias(const std::string& name) {
+  return name.find("bias") != std::string::npos || name.find("norm") != std::string::npos;
+}
+
+// The number of predicted positions of a batch.
+int64_t targets_of(const tempo::models::Batch& b, bool mlm) {
+  return mlm ? b.labels.ne(-100).sum().item<int64_t>() : b.input_ids.size(0) * (b.input_ids.size(1) - 1);
+}
+
+struct LogRow {
+  int64_t step;
+  double loss, lr, tokens_per_s;
+  int64_t held_bytes;
+  double eval_loss;  // NaN: not evaluated
+  double grad_norm;
+};
+
+const char* kHeader = "step,loss,lr,tokens_per_s,held_bytes,eval_loss,grad_norm";
+
+// Keeps the header and the rows up to `step` (a resumed run rewrites what follows).
+void truncate_log(const fs::path& log, int64_t step) {
+  std::ifstream in(log);
+  std::vector<std::string> keep;
+  std::string line;
+  while (std::getline(in, line)) {
+    if (keep.empty()) {
+      keep.push_back(line);
+      continue;
+    }
+    if (std::stoll(line.substr(0, line.find(','))) <= step) keep.push_back(line);
+  }
+  in.close();
+  std::ofstream out(log, std::ios::trunc);
+  for (const auto& l : keep) out << l << "\n";
+}
+
+}  // namespace
+
+double learning_rate(int64_t step, int64_t warmup, int64_t steps, double lr) {
+  if (warmup > 0 && step <= warmup) return lr * static_cast<double>(step) / static_cast<double>(warmup);
+  if (steps <= warmup) return lr;
+  return lr * std::max(0.0, static_cast<double>(steps - step) / static_cast<double>(steps - warmup));
+}
+
+TrainSummary train(const TrainOptions& o, Communicator& comm) {
+  // ---- options ----
+  if (o.out.empty()) user_error("--out DIR is required (the log, checkpoints and tokenizer go there)");
+  if (o.seq < 2 || o.batch < 1 || o.accum < 1 || o.steps < 1 || o.warmup < 0 || o.lr <= 0 || o.clip < 0 ||
+      o.weight_decay < 0 || o.eval_batches < 1)
+    user_error("--seq >= 2, --batch, --accum, --steps, --eval-batches >= 1, --lr > 0 and --warmup, --clip, "
+               "--weight-decay >= 0 are required");
+  if (o.dtype != "fp32" && o.dtype != "bf16") user_error("--dtype must be fp32 or bf16, got '" + o.dtype + "'");
+  if (o.device != "cpu" && o.device != "cuda") user_error("--device must be cpu or cuda, got '" + o.device + "'");
+  const c10::Device device(o.device == "cuda" ? c10::kCUDA : c10::kCPU);
+  if (device.is_cuda() && !at::hasCUDA()) user_error("--device cuda but no CUDA device is available");
+  if (device.is_cpu()) tempo::memory::track_cpu();
+  const fs::path out(o.out), ckdir = out / "checkpoints", log = out / "log.csv";
+  const bool lead = comm.rank() == 0;
+  if (o.resume && !fs::exists(ckdir)) user_error("--resume, but " + ckdir.string() + " holds no checkpoint");
+  if (!o.resume && fs::exists(ckdir) && !fs::is_empty(ckdir))
+    user_error(out.string() + " already holds checkpoints: add --resume to continue that run, or choose another --out");
+
+  // ---- tokenizer and corpus ----
+  Corpus corpus;
+  std::string tokenizer_note;
+  const int64_t min_eval = o.seq * o.batch;  // at least one eval batch
+  try {
+    if (o.data.empty()) user_error("--data is required");
+    if (is_pretokenized(o.data)) {
+      corpus = load_pretokenized(o.data, 0.05, min_eval);
+    } else {
+      const auto files = text_files(o.data);
+      const fs::path saved = out / "tokenizer.model";
+      fs::create_directories(out);
+      if (o.tokenizer != "train") {
+        corpus = tokenize_corpus(files, Tokenizer::load(o.tokenizer), 0.05, min_eval);
+      } else if (fs::exists(saved)) {  // the run's own (a resumed run, or one re-run into the same folder)
+        corpus = tokenize_corpus(files, Tokenizer::load(saved.string()), 0.05, min_eval);
+      } else {
+        if (lead) Tokenizer::train(files, saved.string(), static_cast<int>(o.vocab), o.seed);
+        comm.barrier();
+        corpus = tokenize_corpus(files, Tokenizer::load(saved.string()), 0.05, min_eval);
+        tokenizer_note = "trained a SentencePiece tokenizer (" + std::to_string(corpus.vocab_size) + " pieces): " +
+                         saved.string();
+      }
+    }
+  } catch (const c10::Error& e) {
+    user_error(e.what_without_backtrace());
+  }
+
+  // ---- the model ----
+  TransformerModel model{nullptr};
+  const MemoryPolicy policy = [&] {
+    try {
+      return MemoryPolicy::parse(o.policy);
+    } catch (const c10::Error& e) {
+      user_error(e.what_without_backtrace());
+    }
+  }();
+  torch::manual_seed(o.seed);  // fresh heads and weights, then dropout: the same under every policy
+  try {
+    if (fs::is_directory(o.model)) {
+      model = tempo::models::load_pretrained(o.model, policy, nullptr, [&](ModelConfig& c) {
+        if (o.dropout >= 0) c.dropout = c.attention_dropout = o.dropout;
+      });
+      if (model->config().vocab < corpus.vocab_size)
+        user_error("the corpus has ids up to " + std::to_string(corpus.vocab_size) + " but " + o.model + " has " +
+                   std::to_string(model->config().vocab) + " embeddings (tokenize with the model's own tokenizer: "
+                   "python -m tempo.pretokenize)");
+    } else {
+      ModelConfig c = ModelConfig::preset(o.model);
+      if (o.hidden) c.hidden = o.hidden;
+      if (o.layers) c.layers = o.layers;
+      if (o.heads) c.heads = o.heads;
+      if (o.intermediate) c.intermediate = o.intermediate;
+      if (o.positions) c.max_positions = o.positions;
+      c.vocab = corpus.vocab_size;
+      if (o.dropout >= 0) c.dropout = c.attention_dropout = o.dropout;
+      model = TransformerModel(c, policy);
+    }
+  } catch (const c10::Error& e) {
+    user_error(e.what_without_backtrace());
+  }
+  const ModelConfig& cfg = model->config();
+  const bool encoder = cfg.arch == Arch::kBert || cfg.arch == Arch::kRoberta;
+  const std::string objective = o.objective.empty() ? (encoder ? "mlm" : "clm") : o.objective;
+  if (objective != "mlm" && objective != "clm") user_error("--objective must be mlm or clm, got '" + objective + "'");
+  if ((objective == "mlm") != encoder)
+    user_error(std::string("--objective ") + objective + " does not fit a " + tempo::models::arch_name(cfg.arch) +
+               " (mlm: bert, roberta; clm: gpt2, llama)");
+  const bool mlm = objective == "mlm";
+  if (mlm && corpus.mask_id < 0) user_error("masked-LM training needs a [MASK] token; the tokenizer has none");
+  const int64_t max_seq = cfg.arch == Arch::kLlama ? cfg.max_positions
+                          : cfg.arch == Arch::kRoberta ? cfg.max_positions - cfg.pad_id - 1
+                                                       : cfg.max_positions;
+  if (o.seq > max_seq)
+    user_error("--seq " + std::to_string(o.seq) + " is longer than the model's " + std::to_string(max_seq) +
+               " positions");
+  model->to(device);
+  model->train();
+
+  // ---- optimizer: no weight decay on biases and norms ----
+  std::vector<at::Tensor> decay, no_decay;
+  for (const auto& p : model->named_parameters()) (is_norm_or_bias(p.key()) ? no_decay : decay).push_back(p.value());
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(decay, std::make_unique<torch::optim::AdamWOptions>(
+                                 torch::optim::AdamWOptions(o.lr).weight_decay(o.weight_decay).eps(1e-6)));
+  groups.emplace_back(no_decay, std::make_unique<torch::optim::AdamWOptions>(
+                                    torch::optim::AdamWOptions(o.lr).weight_decay(0.0).eps(1e-6)));
+  torch::optim::AdamW opt(std::move(groups), torch::optim::AdamWOptions(o.lr));
+
+  // ---- resume ----
+  TrainSummary summary;
+  if (!tokenizer_note.empty()) summary.notes.push_back(tokenizer_note);
+  int64_t start = 0;
+  if (o.resume) {
+    std::vector<std::string> skipped;
+    const auto step = load_latest_checkpoint(ckdir.string(), *model, opt, &skipped);
+    for (const auto& s : skipped) summary.notes.push_back("skipped a damaged checkpoint: " + s);
+    if (!step) user_error("--resume, but no checkpoint in " + ckdir.string() + " verifies");
+    start = *step;
+    summary.notes.push_back("resumed from step " + std::to_string(start));
+    if (lead && fs::exists(log)) truncate_log(log, start);
+  }
+  if (lead) {
+    fs::create_directories(out);
+    if (!fs::exists(log)) std::ofstream(log) << kHeader << "\n";
+  }
+
+  // ---- data ----
+  Windows train_windows(corpus.train, o.seq, o.seed, /*shuffle=*/true);
+  Windows eval_windows(corpus.eval, o.seq, o.seed, /*shuffle=*/false);
+  const int64_t eval_n = std::min<int64_t>(o.eval_batches * o.batch, eval_windows.count());
+  const int world = comm.world(), rank = comm.rank();
+  auto evaluate = [&]() {
+    model->eval();
+    at::NoGradGuard no_grad;
+    Autocast ac(o.dtype == "bf16", device.type());
+    double sum = 0;
+    int64_t count = 0;
+    for (int64_t first = 0; first < eval_n; first += o.batch) {
+      const int64_t n = std::min(o.batch, eval_n - first);
+      auto b = make_batch(eval_windows.batch(first, n), first, mlm, o.seed + 1, corpus.mask_id, corpus.vocab_size);
+      b.input_ids = b.input_ids.to(device), b.attention_mask = b.attention_mask.to(device);
+      if (b.labels.defined()) b.labels = b.labels.to(device);
+      const int64_t t = targets_of(b, mlm);
+      sum += model->loss(b).item<double>() * static_cast<double>(t);
+      count += t;
+    }
+    model->train();
+    return sum / static_cast<double>(std::max<int64_t>(count, 1));
+  };
+
+  // ---- steps ----
+  std::ofstream logf;
+  if (lead) logf.open(log, std::ios::app);
+  const double t_start = now_s();
+  int64_t tokens_done = 0;
+  for (int64_t step = start + 1; step <= o.steps; ++step) {
+    const double t0 = now_s();
+    const double lr = learning_rate(step, o.warmup, o.steps, o.lr);
+    for (auto& g : opt.param_groups()) static_cast<torch::optim::AdamWOptions&>(g.options()).lr(lr);
+    opt.zero_grad(true);
+    // This rank's micro-batches; every count of targets summed over ranks first, so that the
+    // gradient is that of the mean over the whole step's targets (as one process would have).
+    std::vector<tempo::models::Batch> micro;
+    at::Tensor counts = at::zeros({1}, at::kDouble);
+    for (int64_t k = 0; k < o.accum; ++k) {
+      const int64_t first = (((step - 1) * o.accum + k) * world + rank) * o.batch;
+      micro.push_back(make_batch(train_windows.batch(first, o.batch), first, mlm, o.seed, corpus.mask_id,
+                                 corpus.vocab_size));
+      counts[0] += static_cast<double>(targets_of(micro.back(), mlm));
+    }
+    std::vector<at::Tensor> c{counts};
+    comm.allreduce_sum(c);
+    const double total = counts.item<double>();
+    double loss_sum = 0;
+    try {
+      for (auto& b : micro) {
+        b.input_ids = b.input_ids.to(device), b.attention_mask = b.attention_mask.to(device);
+        if (b.labels.defined()) b.labels = b.labels.to(device);
+        const double t = static_cast<double>(targets_of(b, mlm));
+        at::Tensor loss;
+        {
+          Autocast ac(o.dtype == "bf16", device.type());
+          loss = model->loss(b);
+        }
+        TORCH_CHECK(std::isfinite(loss.item<double>()), "tempo train: the loss is not finite at step ", step);
+        (loss * (t / total)).backward();
+        loss_sum += loss.item<double>() * t;
+      }
+    } catch (const c10::OutOfMemoryError& e) {
+      if (step == start + 1)
+        user_error("a batch of " + std::to_string(o.batch) + " x " + std::to_string(o.seq) + " does not fit" +
+                   (o.budget ? " the budget" : " the device") + " under policy " + o.policy +
+                   " (lower --batch and raise --accum)");
+      throw;
+    }
+    std::vector<at::Tensor> grads;
+    for (auto& p : model->parameters())
+      if (p.grad().defined()) grads.push_back(p.grad());
+    if (world > 1) {
+      at::Tensor flat = at::cat([&] {
+        std::vector<at::Tensor> v;
+        for (auto& g : grads) v.push_back(g.flatten());
+        return v;
+      }());
+      std::vector<at::Tensor> f{flat};
+      comm.allreduce_sum(f);
+      int64_t off = 0;
+      for (auto& g : grads) {
+        g.copy_(flat.narrow(0, off, g.numel()).view_as(g));
+        off += g.numel();
+      }
+    }
+    at::Tensor ls = at::tensor({loss_sum}, at::kDouble);
+    std::vector<at::Tensor> l{ls};
+    comm.allreduce_sum(l);
+    const double loss = ls.item<double>() / total;
+    const double norm = o.clip > 0 ? torch::nn::utils::clip_grad_norm_(model->parameters(), o.clip)
+                                   : 0.0;
+    opt.step();
+    if (device.is_cuda()) torch::cuda::synchronize();
+    const double dt = now_s() - t0;
+    const int64_t tokens = o.batch * o.seq * o.accum * world;
+    tokens_done += tokens;
+    double eval = std::nan("");
+    if ((o.eval_every > 0 && step % o.eval_every == 0) || step == o.steps || step == 1) eval = evaluate();
+    const auto mem = tempo::memory::stats(device);
+    summary.peak_bytes = std::max(summary.peak_bytes, mem.peak);
+    if (step == start + 1) summary.first_step = step, summary.first_loss = loss, summary.first_eval = eval;
+    if (std::isnan(summary.first_eval) && !std::isnan(eval)) summary.first_eval = eval;
+    summary.last_step = step, summary.last_loss = loss;
+    if (!std::isnan(eval)) summary.last_eval = eval;
+    if (lead) {
+      char row[256];
+      std::snprintf(row, sizeof row, "%lld,%.6f,%.6g,%.1f,%lld,%s,%.6f", static_cast<long long>(step), loss, lr,
+                    tokens / dt, static_cast<long long>(mem.current),
+                    std::isnan(eval) ? "" : std::to_string(eval).c_str(), norm);
+      logf << row << "\n";
+      logf.flush();
+    }
+    if (o.progress && lead) {
+      const double elapsed = now_s() - t_start;
+      const double eta = elapsed / static_cast<double>(step - start) * static_cast<double>(o.steps - step);
+      std::fprintf(stderr, "\r\033[Kstep %lld/%lld  loss %.4f  %.0f tokens/s  held %.1f MiB  ETA %.0fs",
+                   static_cast<long long>(step), static_cast<long long>(o.steps), loss, tokens / dt,
+                   mem.current / 1048576.0, eta);
+      std::fflush(stderr);
+    }
+    if (o.save_every > 0 && (step % o.save_every == 0 || step == o.steps)) {
+      if (lead) save_checkpoint(ckdir.string(), step, *model, opt);
+      comm.barrier();
+    }
+  }
+  if (o.progress && lead) std::fprintf(stderr, "\r\033[K");
+  summary.tokens_per_s = tokens_done / std::max(now_s() - t_start, 1e-9);
+  return summary;
+}
+
+}  // namespace tempo::train
