@@ -43,7 +43,8 @@ test: build
 setup: sysdeps venv
 
 # System packages: a C++ toolchain, CMake, Ninja, GoogleTest, nlohmann-json (Hugging Face
-# checkpoints); ccache when available; python3-doc
+# checkpoints), SentencePiece (tempo train's tokenizer), Gloo's headers (tempo train's data
+# parallelism on c10d); ccache when available; python3-doc
 # (the reStructuredText sources of Python's documentation, about 12 MB of English prose under
 # the PSF licence: the default corpus of the text examples and of training).
 sysdeps:
@@ -54,6 +55,8 @@ sysdeps:
 	command -v ccache >/dev/null || missing="$$missing ccache"; \
 	[ -f /usr/include/gtest/gtest.h ] || missing="$$missing libgtest-dev"; \
 	[ -f /usr/include/nlohmann/json.hpp ] || missing="$$missing nlohmann-json3-dev"; \
+	[ -f /usr/include/sentencepiece_processor.h ] || missing="$$missing libsentencepiece-dev pkg-config"; \
+	[ -f /usr/include/gloo/algorithm.h ] || missing="$$missing libgloo-dev"; \
 	python3 -c "import venv" 2>/dev/null || missing="$$missing python3-venv"; \
 	[ -d /usr/share/doc/python3/html/_sources ] || missing="$$missing python3-doc"; \
 	if [ -n "$$missing" ]; then \

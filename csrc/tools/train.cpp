@@ -6,11 +6,19 @@
 #include <sstream>
 #include <stdexcept>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <cstdlib>
 
 #include "bench.h"
 #include "report.h"
 #include "tempo/memory.h"
+#include "tempo/train/distributed.h"
 
 namespace tempo::tools {
 
@@ -77,7 +85,7 @@ void print_train_usage(FILE* out) {
                "                   [--weight-decay W] [--clip C] [--eval-every N] [--eval-batches N]\n"
                "                   [--save-every N] [--seed S] [--dtype fp32|bf16] [--device cpu|cuda]\n"
                "                   [--hidden H] [--layers L] [--heads A] [--intermediate I] [--positions P]\n"
-               "                   [--dropout P] [--budget BYTES] [--resume] [--plot FILE.svg]\n"
+               "                   [--dropout P] [--budget BYTES] [--resume] [--plot FILE.svg] [--nproc N]\n"
                "Trains a BERT/RoBERTa (masked LM) or GPT-2/LLaMA (causal LM) on real text and writes\n"
                "DIR/log.csv (step, loss, lr, tokens_per_s, held_bytes, eval_loss, grad_norm), DIR/checkpoints/\n"
                "(every --save-every steps and at the end; the newest two kept) and DIR/tokenizer.model.\n"
@@ -86,13 +94,17 @@ void print_train_usage(FILE* out) {
                "are held out for the eval loss. --resume continues from the newest checkpoint that\n"
                "verifies, exactly (the same losses as a run never interrupted). Defaults: --model bert-base\n"
                "--policy tempo --seq 128 --batch 8 --steps 300 --lr 5e-4 --warmup 30 --weight-decay 0.01\n"
-               "--clip 1 --eval-every 50 --save-every 100.\n"
+               "--clip 1 --eval-every 50 --save-every 100. --nproc N: N data-parallel processes on this\n"
+               "machine (c10d, Gloo), each reading its share of every step's batch (--batch is per process);\n"
+               "across machines, start one per process with torchrun's RANK, WORLD_SIZE, MASTER_ADDR,\n"
+               "MASTER_PORT set.\n"
                "usage: tempo plot OUT.svg RUN_DIR [RUN_DIR...]   the runs' loss and eval-loss curves\n",
                kDefaultCorpus);
 }
 
 TrainCommand parse_train_args(const std::vector<std::string>& args) {
   TrainCommand c;
+  c.args = args;
   auto& o = c.options;
   o.data = kDefaultCorpus;
   o.progress = isatty(2);
@@ -132,6 +144,7 @@ TrainCommand parse_train_args(const std::vector<std::string>& args) {
     else if (k == "--out") o.out = value();
     else if (k == "--resume") o.resume = true;
     else if (k == "--plot") c.plot = value();
+    else if (k == "--nproc") c.nproc = static_cast<int>(integer(k, value(), 1));
     else throw std::invalid_argument("tempo train: unknown argument '" + k + "'");
   }
   if (o.lr <= 0) throw std::invalid_argument("tempo train: --lr must be positive");
@@ -141,11 +154,92 @@ TrainCommand parse_train_args(const std::vector<std::string>& args) {
   return c;
 }
 
+namespace {
+// A free TCP port on this machine for the children's rendezvous.
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  socklen_t len = sizeof a;
+  int port = 0;
+  if (fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
+    port = ntohs(a.sin_port);
+  if (fd >= 0) ::close(fd);
+  if (!port) throw std::runtime_error("tempo train: no free port for --nproc");
+  return port;
+}
+
+// --nproc N: this program N times with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set, as
+// torchrun starts workers; if one fails, the others are stopped. The exit status: the worst.
+int spawn(const TrainCommand& c) {
+  if (!tempo::train::gloo_available())
+    throw std::invalid_argument("tempo train: --nproc needs Gloo (this build has none: install libgloo-dev and rebuild)");
+  const std::string port = std::to_string(free_port()), world = std::to_string(c.nproc);
+  std::vector<std::string> args{"tempo", "train"};
+  for (size_t i = 0; i < c.args.size(); ++i) {
+    if (c.args[i] == "--nproc") {
+      ++i;
+      continue;
+    }
+    args.push_back(c.args[i]);
+  }
+  std::vector<pid_t> pids;
+  for (int r = 0; r < c.nproc; ++r) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::setenv("RANK", std::to_string(r).c_str(), 1);
+      ::setenv("WORLD_SIZE", world.c_str(), 1);
+      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+      ::setenv("MASTER_PORT", port.c_str(), 1);
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+      argv.push_back(nullptr);
+      ::execv("/proc/self/exe", argv.data());
+      std::_Exit(127);
+    }
+    if (pid < 0) throw std::runtime_error("tempo train: fork failed");
+    pids.push_back(pid);
+  }
+  int worst = 0;
+  for (size_t done = 0; done < pids.size(); ++done) {
+    int status = 0;
+    const pid_t pid = ::wait(&status);
+    const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+    if (code != 0 && worst == 0)
+      for (pid_t p : pids)
+        if (p != pid) ::kill(p, SIGTERM);
+    worst = std::max(worst, code);
+  }
+  return worst;
+}
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atoi(v) : fallback;
+}
+}  // namespace
+
 int run_train(const TrainCommand& c) {
-  tempo::train::Communicator single;
+  if (c.nproc > 1) return spawn(c);
   const auto& o = c.options;
+  // Launched as one of several (by --nproc, or by torchrun-style environment variables).
+  const int world = env_int("WORLD_SIZE", 1), rank = env_int("RANK", 0);
+  std::unique_ptr<tempo::train::Communicator> comm;
+  if (world > 1) {
+    const char* addr = std::getenv("MASTER_ADDR");
+    comm = tempo::train::make_gloo_communicator(rank, world, addr ? addr : "127.0.0.1", env_int("MASTER_PORT", 29500));
+  } else {
+    comm = std::make_unique<tempo::train::Communicator>();
+  }
   if (o.budget) tempo::memory::set_cpu_limit(o.budget);
-  const auto s = tempo::train::train(o, single);
+  tempo::train::TrainOptions opts = o;
+  opts.progress = o.progress && rank == 0;
+  const auto s = tempo::train::train(opts, *comm);
+  if (rank != 0) return 0;
+  if (world > 1) std::printf("data parallel: %d processes (Gloo)\n", world);
   for (const auto& n : s.notes) std::printf("%s\n", n.c_str());
   std::printf("steps %lld..%lld: loss %.4f -> %.4f, eval loss %.4f -> %.4f, %.0f tokens/s, peak %.1f MiB\n",
               static_cast<long long>(s.first_step), static_cast<long long>(s.last_step), s.first_loss, s.last_loss,

@@ -223,25 +223,30 @@ TrainSummary train(const TrainOptions& o, Communicator& comm) {
   // ---- data ----
   Windows train_windows(corpus.train, o.seq, o.seed, /*shuffle=*/true);
   Windows eval_windows(corpus.eval, o.seq, o.seed, /*shuffle=*/false);
-  const int64_t eval_n = std::min<int64_t>(o.eval_batches * o.batch, eval_windows.count());
   const int world = comm.world(), rank = comm.rank();
+  // The eval set: the first eval_batches x batch x world windows of the held-out ids (the same
+  // for any split of the global batch), each rank evaluating its share, the sums combined.
+  const int64_t eval_n = std::min<int64_t>(o.eval_batches * o.batch * world, eval_windows.count());
   auto evaluate = [&]() {
     model->eval();
-    at::NoGradGuard no_grad;
-    Autocast ac(o.dtype == "bf16", device.type());
-    double sum = 0;
-    int64_t count = 0;
-    for (int64_t first = 0; first < eval_n; first += o.batch) {
-      const int64_t n = std::min(o.batch, eval_n - first);
-      auto b = make_batch(eval_windows.batch(first, n), first, mlm, o.seed + 1, corpus.mask_id, corpus.vocab_size);
-      b.input_ids = b.input_ids.to(device), b.attention_mask = b.attention_mask.to(device);
-      if (b.labels.defined()) b.labels = b.labels.to(device);
-      const int64_t t = targets_of(b, mlm);
-      sum += model->loss(b).item<double>() * static_cast<double>(t);
-      count += t;
+    at::Tensor acc = at::zeros({2}, at::kDouble);  // summed loss, targets
+    {
+      at::NoGradGuard no_grad;
+      Autocast ac(o.dtype == "bf16", device.type());
+      for (int64_t first = rank * o.batch; first < eval_n; first += o.batch * world) {
+        const int64_t n = std::min(o.batch, eval_n - first);
+        auto b = make_batch(eval_windows.batch(first, n), first, mlm, o.seed + 1, corpus.mask_id, corpus.vocab_size);
+        b.input_ids = b.input_ids.to(device), b.attention_mask = b.attention_mask.to(device);
+        if (b.labels.defined()) b.labels = b.labels.to(device);
+        const int64_t t = targets_of(b, mlm);
+        acc[0] += model->loss(b).item<double>() * static_cast<double>(t);
+        acc[1] += static_cast<double>(t);
+      }
     }
+    std::vector<at::Tensor> a{acc};
+    comm.allreduce_sum(a);
     model->train();
-    return sum / static_cast<double>(std::max<int64_t>(count, 1));
+    return acc[0].item<double>() / std::max(acc[1].item<double>(), 1.0);
   };
 
   // ---- steps ----
@@ -292,18 +297,28 @@ TrainSummary train(const TrainOptions& o, Communicator& comm) {
     std::vector<at::Tensor> grads;
     for (auto& p : model->parameters())
       if (p.grad().defined()) grads.push_back(p.grad());
-    if (world > 1) {
-      at::Tensor flat = at::cat([&] {
-        std::vector<at::Tensor> v;
-        for (auto& g : grads) v.push_back(g.flatten());
-        return v;
-      }());
-      std::vector<at::Tensor> f{flat};
-      comm.allreduce_sum(f);
-      int64_t off = 0;
+    if (world > 1) {  // summed over ranks in buckets of about 25 MiB, all in flight at once
+      constexpr int64_t kBucketBytes = 25ll << 20;
+      std::vector<std::vector<at::Tensor>> members(1);
+      int64_t bytes = 0;
       for (auto& g : grads) {
-        g.copy_(flat.narrow(0, off, g.numel()).view_as(g));
-        off += g.numel();
+        if (bytes > 0 && bytes + g.nbytes() > kBucketBytes) members.emplace_back(), bytes = 0;
+        members.back().push_back(g);
+        bytes += static_cast<int64_t>(g.nbytes());
+      }
+      std::vector<at::Tensor> flats;
+      for (auto& m : members) {
+        std::vector<at::Tensor> parts;
+        for (auto& g : m) parts.push_back(g.flatten());
+        flats.push_back(at::cat(parts));
+      }
+      comm.allreduce_sum(flats);
+      for (size_t b = 0; b < members.size(); ++b) {
+        int64_t off = 0;
+        for (auto& g : members[b]) {
+          g.copy_(flats[b].narrow(0, off, g.numel()).view_as(g));
+          off += g.numel();
+        }
       }
     }
     at::Tensor ls = at::tensor({loss_sum}, at::kDouble);

@@ -172,3 +172,37 @@ def test_minilm_fine_tunes_with_the_same_losses_under_each_policy(tmp_path):
         for a, b in zip(losses[policy], losses["eager"]):
             assert math.isclose(a, b, rel_tol=1e-3), (policy, losses)
     assert losses["eager"][-1] < losses["eager"][0]
+
+
+def test_two_gloo_processes_equal_one_with_the_combined_batch(text, tmp_path):
+    """--nproc 2 (c10d, Gloo) with 2 sequences per process against 1 process with 4: the same
+    windows and masks per step, gradients summed over ranks, so the same parameters after 10
+    steps within fp32 rounding (dropout 0: each process would draw its own masks)."""
+    st = pytest.importorskip("safetensors.torch")
+    import torch
+    data, tok = text
+    args = [*TINY, "--data", data, "--tokenizer", tok, "--steps", "10", "--save-every", "10", "--eval-every", "5",
+            "--dropout", "0"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    r = train(*args, "--out", one)
+    assert r.returncode == 0, r.stderr
+    r = train(*[("2" if (i > 0 and args[i - 1] == "--batch") else a) for i, a in enumerate(args)], "--nproc", "2",
+              "--out", two)
+    assert r.returncode == 0, r.stderr
+    if "built without Gloo" in r.stderr:
+        pytest.skip("built without Gloo's headers")
+    assert "data parallel: 2 processes" in r.stdout
+    a = st.load_file(str(one / "checkpoints" / "step-000000010" / "model.safetensors"))
+    b = st.load_file(str(two / "checkpoints" / "step-000000010" / "model.safetensors"))
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=1e-5, atol=1e-6, msg=k)
+    _, ra = log_rows(one)
+    _, rb = log_rows(two)
+    for x, y in zip(ra, rb):
+        assert math.isclose(float(x["loss"]), float(y["loss"]), rel_tol=1e-5)
+        if x["eval_loss"]:
+            assert math.isclose(float(x["eval_loss"]), float(y["eval_loss"]), rel_tol=1e-5)
+    # A failing process fails the whole run.
+    r = train(*args, "--nproc", "2", "--seq", "1000", "--out", tmp_path / "bad")
+    assert r.returncode == 2 and "longer than the model's" in r.stderr
