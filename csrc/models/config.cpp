@@ -112,7 +112,7 @@ MemoryPolicy MemoryPolicy::parse(const std::string& spec) {
   TORCH_CHECK(!base.empty(), "tempo::models: unknown memory policy '", spec, "'; known:", known.str(),
               " (optionally followed by +toggle / -toggle)");
   const bool tempo = base == "tempo" || base == "tempo-sdpa";
-  p.inplace_gelu = p.inplace_norm = p.bit_dropout = tempo;
+  p.inplace_gelu = p.inplace_norm = p.bit_dropout = p.fused_head = tempo;
   p.attention = base == "tempo" ? "tempo" : base == "sdpa" ? "sdpa" : base == "tempo-sdpa" ? "fused" : "eager";
   p.checkpoint = base == "checkpoint";
   size_t i = base.size();
@@ -131,9 +131,10 @@ MemoryPolicy MemoryPolicy::parse(const std::string& spec) {
     else if (t == "sdpa") p.attention = on ? "sdpa" : "eager";
     else if (t == "fused") p.attention = on ? "fused" : "eager";
     else if (t == "checkpoint") p.checkpoint = on;
+    else if (t == "head") p.fused_head = on;
     else
       TORCH_CHECK(false, "tempo::models: unknown toggle '", t, "' in memory policy '", spec,
-                  "' (gelu, norm, dropout, attention, sdpa, fused, checkpoint)");
+                  "' (gelu, norm, dropout, attention, sdpa, fused, checkpoint, head)");
     i = j;
   }
   return p;

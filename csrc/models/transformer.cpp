@@ -10,6 +10,7 @@
 #include "tempo/nn/dropout.h"
 #include "tempo/ops/activation.h"
 #include "tempo/ops/dropout.h"
+#include "tempo/ops/linear_cross_entropy.h"
 #include "tempo/ops/norm.h"
 
 namespace tempo::models {
@@ -196,11 +197,12 @@ at::Tensor TransformerModelImpl::loss(const Batch& batch) {
   namespace F = torch::nn::functional;
   if (is_decoder(c.arch)) {  // next-token prediction on real tokens
     TORCH_CHECK(!batch.classify, "tempo::models: ", arch_name(c.arch), " has no classification head");
-    const at::Tensor logits = c.arch == Arch::kLlama ? lm_head->forward(h) : at::matmul(h, tokens->weight.t());
+    const at::Tensor& w = c.arch == Arch::kLlama ? lm_head->weight : tokens->weight;
     at::Tensor target = batch.input_ids.slice(1, 1).clone();
     if (batch.attention_mask.defined()) target.masked_fill_(batch.attention_mask.slice(1, 1).eq(0), -100);
-    return F::cross_entropy(logits.slice(1, 0, -1).reshape({-1, c.vocab}), target.reshape({-1}),
-                            F::CrossEntropyFuncOptions().ignore_index(-100));
+    const at::Tensor hs = h.slice(1, 0, -1).reshape({-1, c.hidden});
+    if (ops_->policy().fused_head) return tempo::linear_cross_entropy(hs, w, std::nullopt, target.reshape({-1}));
+    return F::cross_entropy(at::matmul(hs, w.t()), target.reshape({-1}), F::CrossEntropyFuncOptions().ignore_index(-100));
   }
   if (batch.classify) {
     const at::Tensor pooled = at::tanh(pooler->forward(h.select(1, 0)));
@@ -213,8 +215,9 @@ at::Tensor TransformerModelImpl::loss(const Batch& batch) {
   const at::Tensor hs = h.reshape({-1, c.hidden}).index_select(0, sel);
   at::Tensor t = ops_->gelu(mlm_dense->forward(hs), "none");
   t = ops_->norm(t, *mlm_norm, false, c.eps);
-  const at::Tensor logits = at::matmul(t, tokens->weight.t()) + mlm_bias;
-  return F::cross_entropy(logits, batch.labels.reshape({-1}).index_select(0, sel));
+  const at::Tensor target = batch.labels.reshape({-1}).index_select(0, sel);
+  if (ops_->policy().fused_head) return tempo::linear_cross_entropy(t, tokens->weight, mlm_bias, target);
+  return F::cross_entropy(at::matmul(t, tokens->weight.t()) + mlm_bias, target);
 }
 
 TransformerModel make_model(const ModelConfig& config, const MemoryPolicy& policy) {

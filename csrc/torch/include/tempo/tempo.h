@@ -10,4 +10,5 @@
 #include "tempo/ops/dropout.h"
 #include "tempo/ops/fused_attention.h"
 #include "tempo/ops/linear_attention.h"
+#include "tempo/ops/linear_cross_entropy.h"
 #include "tempo/ops/norm.h"

@@ -46,12 +46,14 @@ struct ModelConfig {
 //   checkpoint  eager, each layer recomputed from its input in backward (RNG replayed)
 //   sdpa        eager with torch's scaled_dot_product_attention
 //   tempo       in-place GELU/SiLU and norms, tempo attention (output-only softmax, dropout
-//               recomputation), bit masks (post-LN: fused bias-dropout-residual-LayerNorm)
+//               recomputation), bit masks (post-LN: fused bias-dropout-residual-LayerNorm),
+//               the LM head fused with the loss (tempo::linear_cross_entropy: no logits kept)
 //   tempo-sdpa  tempo with fused attention (no S^2 tensor): torch's scaled_dot_product_attention
 //               where torch has a fused kernel for the inputs, else tempo::fused_attention (on
 //               CPU with attention dropout torch's sdpa would fall back to its math path)
 // A base name may be followed by toggles, "+t" to turn a technique on and "-t" off, with t in
-// gelu, norm, dropout (bit masks), attention (tempo attention), sdpa, fused, checkpoint; e.g.
+// gelu, norm, dropout (bit masks), attention (tempo attention), sdpa, fused, checkpoint, head
+// (the fused LM head); e.g.
 // "eager+gelu" (in-place GELU alone, for the paper's ablation) or "tempo-norm".
 struct MemoryPolicy {
   std::string name = "eager";
@@ -60,6 +62,7 @@ struct MemoryPolicy {
   bool inplace_norm = false;        // LayerNorm, RMSNorm
   bool bit_dropout = false;         // hidden dropout keeps 1 bit per element
   bool checkpoint = false;
+  bool fused_head = false;          // LM head + loss by tempo::linear_cross_entropy (no logits kept)
 
   static MemoryPolicy parse(const std::string& spec);
   static std::vector<std::string> names();  // the five bases

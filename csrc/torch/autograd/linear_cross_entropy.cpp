@@ -1,0 +1,55 @@
+// Autograd kernel of tempo::linear_cross_entropy: saves hidden, weight, bias, labels and one
+// float32 log-sum-exp per row; never the logits.
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/library.h>
+
+#include "common.h"
+#include "tempo/ops/linear_cross_entropy.h"
+
+namespace tempo {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossEntropyFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& weight,
+                            const std::optional<at::Tensor>& bias, const at::Tensor& labels, int64_t ignore,
+                            double smoothing, c10::string_view reduction, int64_t chunk) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto [loss, lse] = linear_cross_entropy_forward(hidden, weight, bias, labels, ignore, smoothing, reduction, chunk);
+    const bool has_bias = bias.has_value() && bias->defined();
+    ctx->save_for_backward({hidden, weight, has_bias ? *bias : at::Tensor(), labels, lse});
+    ctx->saved_data["has_bias"] = has_bias;
+    ctx->saved_data["ignore"] = ignore;
+    ctx->saved_data["smoothing"] = smoothing;
+    ctx->saved_data["reduction"] = std::string(reduction);
+    ctx->saved_data["chunk"] = chunk;
+    return loss;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto s = ctx->get_saved_variables();
+    const bool has_bias = ctx->saved_data["has_bias"].toBool();
+    return autograd_impl::once_differentiable("tempo::linear_cross_entropy", [&]() -> variable_list {
+      auto [gh, gw, gb] = linear_cross_entropy_backward(
+          grads[0], s[0], s[1], has_bias ? std::optional<at::Tensor>(s[2]) : std::nullopt, s[3], s[4],
+          ctx->saved_data["ignore"].toInt(), ctx->saved_data["smoothing"].toDouble(),
+          ctx->saved_data["reduction"].toStringRef(), ctx->saved_data["chunk"].toInt());
+      return {gh, gw, has_bias ? gb : at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
+              at::Tensor()};
+    });
+  }
+};
+
+at::Tensor linear_cross_entropy_autograd(const at::Tensor& hidden, const at::Tensor& weight,
+                                         const std::optional<at::Tensor>& bias, const at::Tensor& labels,
+                                         int64_t ignore, double smoothing, c10::string_view reduction, int64_t chunk) {
+  return LinearCrossEntropyFunction::apply(hidden, weight, bias, labels, ignore, smoothing, reduction, chunk);
+}
+
+}  // namespace
+}  // namespace tempo
+
+TORCH_LIBRARY_IMPL(tempo, Autograd, m) { m.impl("linear_cross_entropy", tempo::linear_cross_entropy_autograd); }

@@ -1,0 +1,36 @@
+// C++ API of tempo's fused LM head and loss: cross_entropy(linear(hidden, weight, bias), labels)
+// computed over chunks of rows, keeping no logits for backward (the backward recomputes each
+// chunk's logits from hidden and the row's saved log-sum-exp). The logits of a step (S x V
+// per sequence, 206 MB for GPT-2 at S = 1024) are never all in memory, forward or backward.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/string_view.h>
+
+#include <optional>
+#include <tuple>
+
+namespace tempo {
+
+// hidden [..., H]; weight [V, H]; bias [V] or none; labels [...] int64 in [0, V) or
+// ignore_index. reduction "mean" (over the rows not ignored; 0, not NaN, when all are
+// ignored), "sum" or "none" (the per-row losses, shape of labels, 0 where ignored).
+// label_smoothing as torch's cross_entropy. chunk: rows per chunk (0: about 32 MiB of fp32
+// logits per chunk). A label outside [0, V) that is not ignore_index: an error naming it.
+at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                                const at::Tensor& labels, int64_t ignore_index = -100, double label_smoothing = 0.0,
+                                c10::string_view reduction = "mean", int64_t chunk = 0);
+
+// The ops behind it: forward -> (loss, lse [N] float32), backward -> (grad_hidden,
+// grad_weight, grad_bias (undefined without a bias)).
+std::tuple<at::Tensor, at::Tensor> linear_cross_entropy_forward(const at::Tensor& hidden, const at::Tensor& weight,
+                                                                const std::optional<at::Tensor>& bias,
+                                                                const at::Tensor& labels, int64_t ignore_index,
+                                                                double label_smoothing, c10::string_view reduction,
+                                                                int64_t chunk);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_backward(
+    const at::Tensor& grad, const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+    const at::Tensor& labels, const at::Tensor& lse, int64_t ignore_index, double label_smoothing,
+    c10::string_view reduction, int64_t chunk);
+
+}  // namespace tempo

@@ -1,0 +1,222 @@
+// Schemas, kernels and C++ API of tempo::linear_cross_entropy. The kernels are ATen
+// compositions over chunks of rows (device-generic, CompositeExplicitAutograd): per chunk the
+// logits are formed in the data's dtype (as F.linear would), reduced in float32 to a
+// log-sum-exp per row, and dropped; the backward forms them again and turns them into the
+// chunk's share of every gradient.
+#include "tempo/ops/linear_cross_entropy.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
+
+#include "common.h"
+
+TORCH_LIBRARY_FRAGMENT(tempo, m) {
+  m.def("linear_cross_entropy(Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, int ignore_index=-100, "
+        "float label_smoothing=0.0, str reduction='mean', int chunk=0) -> Tensor");
+  m.def("linear_cross_entropy_forward(Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, int ignore_index, "
+        "float label_smoothing, str reduction, int chunk) -> (Tensor, Tensor)");
+  m.def("linear_cross_entropy_backward(Tensor grad, Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, "
+        "Tensor lse, int ignore_index, float label_smoothing, str reduction, int chunk) -> (Tensor, Tensor, Tensor)");
+}
+
+namespace tempo {
+namespace {
+using namespace torch_impl;
+const char* kOp = "tempo::linear_cross_entropy";
+
+enum class Reduction { kMean, kSum, kNone };
+
+Reduction reduction_of(c10::string_view r) {
+  if (r == "mean") return Reduction::kMean;
+  if (r == "sum") return Reduction::kSum;
+  if (r == "none") return Reduction::kNone;
+  TORCH_CHECK(false, kOp, ": reduction must be mean, sum or none, got '", std::string(r), "'");
+}
+
+// Checks shapes, dtypes and devices; returns (N, H, V).
+std::tuple<int64_t, int64_t, int64_t> check(const at::Tensor& h, const at::Tensor& w, const std::optional<at::Tensor>& b,
+                                            const at::Tensor& labels, double smoothing) {
+  check_device(h, kOp, "hidden");
+  check_device(w, kOp, "weight");
+  TORCH_CHECK(h.is_floating_point(), kOp, ": argument 'hidden' must be floating point, got ", h.scalar_type());
+  TORCH_CHECK(h.dim() >= 1, kOp, ": argument 'hidden' must be [..., H], got a scalar");
+  TORCH_CHECK(w.dim() == 2 && w.size(1) == h.size(-1), kOp, ": argument 'weight' must be [V, ", h.size(-1),
+              "] for hidden [..., ", h.size(-1), "], got ", w.sizes());
+  TORCH_CHECK(w.scalar_type() == h.scalar_type() && w.device() == h.device(), kOp,
+              ": argument 'weight' must have hidden's dtype and device (", h.scalar_type(), ", ", h.device(), "), got ",
+              w.scalar_type(), ", ", w.device());
+  if (b.has_value() && b->defined())
+    TORCH_CHECK(b->dim() == 1 && b->size(0) == w.size(0) && b->scalar_type() == h.scalar_type() &&
+                    b->device() == h.device(),
+                kOp, ": argument 'bias' must be [", w.size(0), "] like weight, got ", b->sizes(), " ", b->scalar_type());
+  TORCH_CHECK(labels.scalar_type() == at::kLong, kOp, ": argument 'labels' must be int64, got ", labels.scalar_type());
+  TORCH_CHECK(labels.device() == h.device(), kOp, ": argument 'labels' must be on hidden's device ", h.device());
+  const int64_t N = h.numel() / std::max<int64_t>(h.size(-1), 1);
+  TORCH_CHECK(labels.numel() == N && labels.dim() == h.dim() - 1 &&
+                  labels.sizes() == h.sizes().slice(0, h.dim() - 1),
+              kOp, ": argument 'labels' must have hidden's leading shape ", h.sizes().slice(0, h.dim() - 1), ", got ",
+              labels.sizes());
+  TORCH_CHECK(smoothing >= 0.0 && smoothing <= 1.0, kOp, ": label_smoothing must be in [0, 1], got ", smoothing);
+  TORCH_CHECK(w.size(0) > 0, kOp, ": the vocabulary (weight's rows) is empty");
+  return {N, h.size(-1), w.size(0)};
+}
+
+void check_labels(const at::Tensor& labels, int64_t V, int64_t ignore) {
+  if (labels.is_meta() || labels.numel() == 0) return;
+  const at::Tensor bad = labels.ne(ignore).logical_and(labels.lt(0).logical_or(labels.ge(V)));
+  if (bad.any().item<bool>()) {
+    const int64_t i = bad.flatten().nonzero()[0][0].item<int64_t>();
+    TORCH_CHECK(false, kOp, ": label ", labels.flatten()[i].item<int64_t>(), " at row ", i, " is outside [0, ", V,
+                ") and is not ignore_index (", ignore, ")");
+  }
+}
+
+int64_t rows_per_chunk(int64_t chunk, int64_t V, int64_t N) {
+  if (chunk > 0) return chunk;
+  return std::max<int64_t>(1, std::min<int64_t>(N, (32ll << 20) / (4 * V)));
+}
+
+std::tuple<at::Tensor, at::Tensor> forward_kernel(const at::Tensor& hidden, const at::Tensor& weight,
+                                                  const std::optional<at::Tensor>& bias, const at::Tensor& labels,
+                                                  int64_t ignore, double smoothing, c10::string_view reduction,
+                                                  int64_t chunk) {
+  auto [N, H, V] = check(hidden, weight, bias, labels, smoothing);
+  const Reduction red = reduction_of(reduction);
+  TORCH_CHECK(chunk >= 0, kOp, ": chunk must be >= 0 (0: automatic), got ", chunk);
+  const auto f32 = hidden.options().dtype(at::kFloat);
+  at::Tensor lse = at::empty({N}, f32);
+  at::Tensor rows = at::empty({N}, f32);  // per-row losses (0 where ignored)
+  if (!hidden.is_meta() && N > 0) {
+    check_labels(labels, V, ignore);
+    c10::OptionalDeviceGuard guard(hidden.device());
+    const at::Tensor h = hidden.reshape({N, H}), y = labels.reshape({N});
+    const std::optional<at::Tensor> b = bias.has_value() && bias->defined() ? bias : std::nullopt;
+    const int64_t C = rows_per_chunk(chunk, V, N);
+    for (int64_t r0 = 0; r0 < N; r0 += C) {
+      const int64_t n = std::min(C, N - r0);
+      const at::Tensor z = at::linear(h.narrow(0, r0, n), weight, b).to(at::kFloat);  // [n, V]
+      const at::Tensor l = at::logsumexp(z, {1});
+      const at::Tensor yc = y.narrow(0, r0, n);
+      const at::Tensor keep = yc.ne(ignore);
+      const at::Tensor zy = z.gather(1, yc.clamp(0, V - 1).unsqueeze(1)).squeeze(1);
+      at::Tensor loss = l - (1.0 - smoothing) * zy;
+      if (smoothing > 0) loss = loss - smoothing * z.mean(1);
+      lse.narrow(0, r0, n).copy_(l);
+      rows.narrow(0, r0, n).copy_(at::where(keep, loss, at::zeros({}, f32)));
+    }
+  } else if (!hidden.is_meta()) {
+    lse.zero_(), rows.zero_();
+  }
+  at::Tensor loss;
+  if (red == Reduction::kNone) {
+    loss = rows.reshape(labels.sizes()).to(hidden.scalar_type());
+  } else {
+    at::Tensor total = rows.sum();
+    if (red == Reduction::kMean) total = total / labels.ne(ignore).sum().clamp_min(1).to(at::kFloat);
+    loss = total.to(hidden.scalar_type());
+  }
+  return {loss, lse};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_kernel(
+    const at::Tensor& grad, const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+    const at::Tensor& labels, const at::Tensor& lse, int64_t ignore, double smoothing, c10::string_view reduction,
+    int64_t chunk) {
+  auto [N, H, V] = check(hidden, weight, bias, labels, smoothing);
+  const Reduction red = reduction_of(reduction);
+  const bool has_bias = bias.has_value() && bias->defined();
+  const bool low = hidden.scalar_type() != at::kFloat && hidden.scalar_type() != at::kDouble;
+  const auto acc = low ? at::kFloat : hidden.scalar_type();  // gradient accumulation across chunks
+  at::Tensor gh = at::empty_like(hidden, at::MemoryFormat::Contiguous);
+  at::Tensor gw = at::zeros(weight.sizes(), weight.options().dtype(acc));
+  at::Tensor gb = has_bias ? at::zeros({V}, weight.options().dtype(acc)) : at::Tensor();
+  if (hidden.is_meta() || N == 0) {
+    if (!hidden.is_meta()) gh.zero_();
+    return {gh, gw.to(weight.scalar_type()), has_bias ? gb.to(weight.scalar_type()) : gb};
+  }
+  c10::OptionalDeviceGuard guard(hidden.device());
+  const at::Tensor h = hidden.reshape({N, H}), y = labels.reshape({N});
+  at::Tensor ghf = gh.view({N, H});
+  // d loss_i / d z_i = softmax(z_i) - (1 - eps) onehot(y_i) - eps / V, times the row's weight:
+  // grad (reduction none: per row; mean: over the rows not ignored), 0 where ignored.
+  at::Tensor scale;
+  if (red == Reduction::kNone) {
+    scale = grad.reshape({N}).to(at::kFloat);
+  } else {
+    at::Tensor g = grad.to(at::kFloat);
+    if (red == Reduction::kMean) g = g / y.ne(ignore).sum().clamp_min(1).to(at::kFloat);
+    scale = g.expand({N});
+  }
+  scale = at::where(y.ne(ignore), scale, at::zeros({}, scale.options()));
+  const std::optional<at::Tensor> b = has_bias ? bias : std::nullopt;
+  const int64_t C = rows_per_chunk(chunk, V, N);
+  for (int64_t r0 = 0; r0 < N; r0 += C) {
+    const int64_t n = std::min(C, N - r0);
+    const at::Tensor hc = h.narrow(0, r0, n);
+    at::Tensor dz = at::linear(hc, weight, b).to(at::kFloat);  // the logits again
+    dz.sub_(lse.narrow(0, r0, n).unsqueeze(1)).exp_();         // softmax
+    const at::Tensor yc = y.narrow(0, r0, n).clamp(0, V - 1).unsqueeze(1);
+    dz.scatter_add_(1, yc, at::full({n, 1}, -(1.0 - smoothing), dz.options()));
+    if (smoothing > 0) dz.sub_(smoothing / static_cast<double>(V));
+    dz.mul_(scale.narrow(0, r0, n).unsqueeze(1));
+    const at::Tensor dzc = dz.to(hidden.scalar_type());
+    ghf.narrow(0, r0, n).copy_(at::matmul(dzc, weight));
+    gw.addmm_(dz.t(), low ? hc.to(at::kFloat) : hc);
+    if (has_bias) gb.add_(dz.sum(0));
+  }
+  return {gh, gw.to(weight.scalar_type()), has_bias ? gb.to(weight.scalar_type()) : gb};
+}
+
+at::Tensor composite(const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                     const at::Tensor& labels, int64_t ignore, double smoothing, c10::string_view reduction,
+                     int64_t chunk) {
+  return std::get<0>(linear_cross_entropy_forward(hidden, weight, bias, labels, ignore, smoothing, reduction, chunk));
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> linear_cross_entropy_forward(const at::Tensor& hidden, const at::Tensor& weight,
+                                                                const std::optional<at::Tensor>& bias,
+                                                                const at::Tensor& labels, int64_t ignore_index,
+                                                                double label_smoothing, c10::string_view reduction,
+                                                                int64_t chunk) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("tempo::linear_cross_entropy_forward", "")
+                       .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
+                                                                 const std::optional<at::Tensor>&, const at::Tensor&,
+                                                                 int64_t, double, c10::string_view, int64_t)>();
+  return op.call(hidden, weight, bias, labels, ignore_index, label_smoothing, reduction, chunk);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_backward(
+    const at::Tensor& grad, const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+    const at::Tensor& labels, const at::Tensor& lse, int64_t ignore_index, double label_smoothing,
+    c10::string_view reduction, int64_t chunk) {
+  static auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("tempo::linear_cross_entropy_backward", "")
+          .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+              const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+              const at::Tensor&, const at::Tensor&, int64_t, double, c10::string_view, int64_t)>();
+  return op.call(grad, hidden, weight, bias, labels, lse, ignore_index, label_smoothing, reduction, chunk);
+}
+
+at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                                const at::Tensor& labels, int64_t ignore_index, double label_smoothing,
+                                c10::string_view reduction, int64_t chunk) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("tempo::linear_cross_entropy", "")
+                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                                         const at::Tensor&, int64_t, double, c10::string_view, int64_t)>();
+  return op.call(hidden, weight, bias, labels, ignore_index, label_smoothing, reduction, chunk);
+}
+
+}  // namespace tempo
+
+TORCH_LIBRARY_IMPL(tempo, CompositeExplicitAutograd, m) {
+  m.impl("linear_cross_entropy", tempo::composite);
+  m.impl("linear_cross_entropy_forward", tempo::forward_kernel);
+  m.impl("linear_cross_entropy_backward", tempo::backward_kernel);
+}

@@ -1,0 +1,122 @@
+"""tempo.linear_cross_entropy against F.cross_entropy(F.linear(...)) (loss and gradients of
+hidden, weight and bias): reductions, ignored labels, all ignored, label smoothing, chunks
+that do not divide the rows, bf16 (2x plain PyTorch's error against float64), what it keeps
+for backward (no logits), opcheck, compile, bad input."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tempo
+from saved import saved_bytes
+
+
+def inputs(N=37, H=24, V=101, dtype=torch.float32, bias=True, ignore_share=0.2, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(N, H, generator=g).to(dtype)
+    w = (torch.randn(V, H, generator=g) * 0.3).to(dtype)
+    b = torch.randn(V, generator=g).to(dtype) if bias else None
+    y = torch.randint(0, V, (N,), generator=g)
+    y[torch.rand(N, generator=g) < ignore_share] = -100
+    return h, w, b, y
+
+
+def grads(fn, h, w, b, y, gout=None):
+    leaves = [t.detach().clone().requires_grad_() for t in (h, w, b) if t is not None]
+    hh, ww = leaves[0], leaves[1]
+    bb = leaves[2] if b is not None else None
+    loss = fn(hh, ww, bb, y)
+    (loss if gout is None else loss * gout).sum().backward()
+    return loss.detach(), [t.grad for t in leaves]
+
+
+def ref(h, w, b, y, **kw):
+    return F.cross_entropy(F.linear(h, w, b).float(), y, **kw).to(h.dtype)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+@pytest.mark.parametrize("chunk", [0, 1, 5, 37, 100])
+@pytest.mark.parametrize("bias", [True, False])
+def test_matches_cross_entropy_of_linear(reduction, smoothing, chunk, bias):
+    h, w, b, y = inputs(bias=bias)
+    gout = torch.randn(37) if reduction == "none" else None
+    l1, g1 = grads(lambda *a: tempo.linear_cross_entropy(*a, reduction=reduction, label_smoothing=smoothing,
+                                                         chunk=chunk), h, w, b, y, gout)
+    l2, g2 = grads(lambda *a: ref(*a, reduction=reduction, label_smoothing=smoothing), h, w, b, y, gout)
+    torch.testing.assert_close(l1, l2, rtol=1e-5, atol=1e-5)
+    for a, e in zip(g1, g2):
+        torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-6)
+
+
+def test_leading_dims_and_a_vocabulary_the_chunk_does_not_divide():
+    g = torch.Generator().manual_seed(1)
+    h = torch.randn(3, 7, 16, generator=g)
+    w, y = torch.randn(1001, 16, generator=g), torch.randint(0, 1001, (3, 7), generator=g)
+    got = tempo.linear_cross_entropy(h, w, labels=y, chunk=4, reduction="none")
+    assert got.shape == (3, 7)
+    torch.testing.assert_close(got, F.cross_entropy(F.linear(h, w).transpose(1, 2), y, reduction="none"))
+
+
+def test_all_labels_ignored_gives_zero_not_nan_and_zero_gradients():
+    h, w, b, y = inputs()
+    y[:] = -100
+    loss, gs = grads(lambda *a: tempo.linear_cross_entropy(*a), h, w, b, y)
+    assert loss.item() == 0.0  # F.cross_entropy gives NaN here, which would poison a training run
+    assert all(torch.count_nonzero(g) == 0 for g in gs)
+    assert torch.isnan(ref(h, w, b, y))
+
+
+def test_bf16_within_twice_plain_pytorch_error():
+    h, w, b, y = inputs(N=64, H=48, V=500, dtype=torch.bfloat16)
+    exact_l, exact_g = grads(lambda *a: ref(*a), h.double(), w.double(), b.double(), y)
+    got_l, got_g = grads(lambda *a: tempo.linear_cross_entropy(*a, chunk=7), h, w, b, y)
+    plain_l, plain_g = grads(lambda *a: ref(*a), h, w, b, y)
+    assert got_l.dtype == torch.bfloat16 and all(g.dtype == torch.bfloat16 for g in got_g)
+    err = lambda a, e: ((a.double() - e).norm() / e.norm()).item()
+    assert err(got_l, exact_l) <= 2 * err(plain_l, exact_l) + 1e-3
+    for a, p, e in zip(got_g, plain_g, exact_g):
+        assert err(a, e) <= 2 * err(p, e), (err(a, e), err(p, e))
+
+
+def test_keeps_no_logits_for_backward():
+    N, H, V = 512, 64, 4000
+    h = torch.randn(N, H, requires_grad=True)
+    w = torch.randn(V, H, requires_grad=True)
+    y = torch.randint(0, V, (N,))
+    kept = saved_bytes(lambda: tempo.linear_cross_entropy(h, w, labels=y, chunk=64))
+    eager = saved_bytes(lambda: F.cross_entropy(F.linear(h, w), y))
+    # ours: hidden, weight (the parameters, held anyway), labels and 4 bytes of lse per row
+    assert kept <= N * H * 4 + V * H * 4 + N * 8 + N * 4
+    assert eager >= N * V * 4  # the logits (and softmax's copy of them)
+
+
+def test_opcheck_and_compile():
+    h, w, b, y = inputs()
+    for args in ((h, w, b, y, -100, 0.0, "mean", 5), (h, w, None, y, -100, 0.1, "none", 0)):
+        torch.library.opcheck(torch.ops.tempo.linear_cross_entropy.default,
+                              tuple(a.detach().requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point()
+                                    else a for a in args))
+    f = torch.compile(lambda h, w, b, y: tempo.linear_cross_entropy(h, w, b, y, chunk=8), fullgraph=True)
+    torch.testing.assert_close(f(h, w, b, y), ref(h, w, b, y), rtol=1e-5, atol=1e-5)
+
+
+def test_bad_input_is_a_clear_error():
+    h, w, b, y = inputs()
+    bad = y.clone()
+    bad[3] = 101
+    with pytest.raises(RuntimeError, match="label 101 at row 3 is outside \\[0, 101\\)"):
+        tempo.linear_cross_entropy(h, w, b, bad)
+    bad[3] = -5
+    with pytest.raises(RuntimeError, match="label -5 at row 3"):
+        tempo.linear_cross_entropy(h, w, b, bad)
+    with pytest.raises(RuntimeError, match="'weight' must be \\[V, 24\\]"):
+        tempo.linear_cross_entropy(h, w[:, :5], b, y)
+    with pytest.raises(RuntimeError, match="'labels' must be int64"):
+        tempo.linear_cross_entropy(h, w, b, y.int())
+    with pytest.raises(RuntimeError, match="leading shape"):
+        tempo.linear_cross_entropy(h, w, b, y[:5])
+    with pytest.raises(RuntimeError, match="reduction must be mean, sum or none"):
+        tempo.linear_cross_entropy(h, w, b, y, reduction="avg")
+    with pytest.raises(RuntimeError, match="hidden's dtype"):
+        tempo.linear_cross_entropy(h, w.double(), b, y)
+    assert torch.isfinite(tempo.linear_cross_entropy(h, w, b, y))
