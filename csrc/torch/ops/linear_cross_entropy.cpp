@@ -82,13 +82,20 @@ std::tuple<at::Tensor, at::Tensor> forward_kernel(const at::Tensor& hidden, cons
                                                   const std::optional<at::Tensor>& bias, const at::Tensor& labels,
                                                   int64_t ignore, double smoothing, c10::string_view reduction,
                                                   int64_t chunk) {
-  auto [N, H, V] = check(hidden, weight, bias, labels, smoothing);
   const Reduction red = reduction_of(reduction);
   TORCH_CHECK(chunk >= 0, kOp, ": chunk must be >= 0 (0: automatic), got ", chunk);
   const auto f32 = hidden.options().dtype(at::kFloat);
+  if (hidden.is_meta()) {  // shapes only, symbolic where they are (torch.compile)
+    TORCH_CHECK(hidden.dim() >= 1 && weight.dim() == 2 && labels.scalar_type() == at::kLong, kOp,
+                ": hidden [..., H], weight [V, H] and int64 labels");
+    at::Tensor loss = red == Reduction::kNone ? at::empty_symint(labels.sym_sizes(), hidden.options())
+                                              : at::empty({}, hidden.options());
+    return {loss, at::empty_symint({labels.sym_numel()}, f32)};
+  }
+  auto [N, H, V] = check(hidden, weight, bias, labels, smoothing);
   at::Tensor lse = at::empty({N}, f32);
   at::Tensor rows = at::empty({N}, f32);  // per-row losses (0 where ignored)
-  if (!hidden.is_meta() && N > 0) {
+  if (N > 0) {
     check_labels(labels, V, ignore);
     c10::OptionalDeviceGuard guard(hidden.device());
     const at::Tensor h = hidden.reshape({N, H}), y = labels.reshape({N});
@@ -106,7 +113,7 @@ std::tuple<at::Tensor, at::Tensor> forward_kernel(const at::Tensor& hidden, cons
       lse.narrow(0, r0, n).copy_(l);
       rows.narrow(0, r0, n).copy_(at::where(keep, loss, at::zeros({}, f32)));
     }
-  } else if (!hidden.is_meta()) {
+  } else {
     lse.zero_(), rows.zero_();
   }
   at::Tensor loss;
@@ -124,16 +131,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_kernel(
     const at::Tensor& grad, const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
     const at::Tensor& labels, const at::Tensor& lse, int64_t ignore, double smoothing, c10::string_view reduction,
     int64_t chunk) {
-  auto [N, H, V] = check(hidden, weight, bias, labels, smoothing);
   const Reduction red = reduction_of(reduction);
   const bool has_bias = bias.has_value() && bias->defined();
+  if (hidden.is_meta())
+    return {at::empty_like(hidden, at::MemoryFormat::Contiguous), at::empty_like(weight),
+            has_bias ? at::empty_like(*bias) : at::Tensor()};
+  auto [N, H, V] = check(hidden, weight, bias, labels, smoothing);
   const bool low = hidden.scalar_type() != at::kFloat && hidden.scalar_type() != at::kDouble;
   const auto acc = low ? at::kFloat : hidden.scalar_type();  // gradient accumulation across chunks
   at::Tensor gh = at::empty_like(hidden, at::MemoryFormat::Contiguous);
   at::Tensor gw = at::zeros(weight.sizes(), weight.options().dtype(acc));
   at::Tensor gb = has_bias ? at::zeros({V}, weight.options().dtype(acc)) : at::Tensor();
-  if (hidden.is_meta() || N == 0) {
-    if (!hidden.is_meta()) gh.zero_();
+  if (N == 0) {
+    gh.zero_();
     return {gh, gw.to(weight.scalar_type()), has_bias ? gb.to(weight.scalar_type()) : gb};
   }
   c10::OptionalDeviceGuard guard(hidden.device());

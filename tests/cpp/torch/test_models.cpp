@@ -195,6 +195,42 @@ TEST(Models, StepZeroLossIsTheSameUnderEveryPolicy) {
   }
 }
 
+// The tempo policies compute the LM head and its loss with tempo::linear_cross_entropy: the
+// same loss and gradients, without the log-softmax of the logits kept for backward.
+TEST(Models, FusedHeadKeepsNoLogitsAndGivesTheSameGradients) {
+  tempo::memory::track_cpu();
+  for (const char* preset : {"gpt2", "bert-base", "llama-small"}) {
+    ModelConfig c = reduced(preset, 1, 4096);
+    c.hidden = 64, c.heads = 4, c.intermediate = 128;
+    c.dropout = c.attention_dropout = 0.0;
+    const int64_t B = 2, S = 64;
+    const Batch batch = tempo::models::synthetic_batch(c, B, S, 5);
+    int64_t held[2];
+    std::vector<at::Tensor> grads[2];
+    double loss[2];
+    const char* policies[2] = {"tempo-head", "tempo"};
+    for (int i = 0; i < 2; ++i) {
+      torch::manual_seed(0);
+      auto m = tempo::models::make_model(c, MemoryPolicy::parse(policies[i]));
+      tempo::memory::Scope scope(c10::Device(c10::kCPU));
+      at::Tensor l = m->loss(batch);
+      held[i] = scope.held();
+      l.backward();
+      loss[i] = l.item<double>();
+      grads[i] = grads_of(m);
+    }
+    EXPECT_NEAR(loss[1], loss[0], 1e-5 * loss[0]) << preset;
+    for (size_t k = 0; k < grads[0].size(); ++k)
+      EXPECT_TRUE(at::allclose(grads[1][k], grads[0][k], 1e-4, 1e-6)) << preset << " parameter " << k;
+    // The rows predicted: every next token (decoders), the labelled positions (BERT).
+    const int64_t rows = std::string(preset) == "bert-base" ? batch.labels.ne(-100).sum().item<int64_t>()
+                                                            : batch.attention_mask.slice(1, 1).sum().item<int64_t>();
+    // Eager keeps the log-softmax of the logits (rows x V floats); the fused head one float
+    // (the log-sum-exp) per row instead.
+    EXPECT_GE(held[0] - held[1], rows * (c.vocab - 1) * 4 - 64) << preset << ": " << held[0] << " vs " << held[1];
+  }
+}
+
 TEST(Models, FiftyStepsOfEagerAndTempoAgreeWithinHalfAPercent) {
   // bert-base and gpt2 shapes (hidden 768, 12 heads, FFN 3072) with 2 layers and a 4096-token
   // vocabulary, dropout on, a fresh batch each step. The baseline draws the same dropout masks
