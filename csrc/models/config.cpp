@@ -100,6 +100,16 @@ void ModelConfig::validate() const {
 
 std::vector<std::string> MemoryPolicy::names() { return {"eager", "checkpoint", "sdpa", "tempo", "tempo-sdpa"}; }
 
+void ModelConfig::resize(int64_t hidden_, int64_t layers_, int64_t heads_, int64_t intermediate_, int64_t positions_,
+                         int64_t vocab_) {
+  if (hidden_) hidden = hidden_;
+  if (layers_) layers = layers_;
+  if (heads_) heads = heads_;
+  if (intermediate_) intermediate = intermediate_;
+  if (positions_) max_positions = positions_;
+  if (vocab_) vocab = vocab_;
+}
+
 MemoryPolicy MemoryPolicy::parse(const std::string& spec) {
   MemoryPolicy p;
   p.name = spec;

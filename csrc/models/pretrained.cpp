@@ -185,6 +185,15 @@ std::vector<Rule> rules_for(const ModelConfig& c) {
   return r;
 }
 
+// The sizes under the names config.json uses for BERT, RoBERTa and LLaMA alike.
+void read_sizes(const json& j, ModelConfig& c) {
+  c.vocab = j.at("vocab_size");
+  c.hidden = j.at("hidden_size");
+  c.layers = j.at("num_hidden_layers");
+  c.heads = j.at("num_attention_heads");
+  c.intermediate = j.at("intermediate_size");
+}
+
 template <typename T>
 T get_or(const json& j, const char* key, T fallback) {
   const auto it = j.find(key);
@@ -322,11 +331,7 @@ ModelConfig config_from_json(const std::string& text, const std::string& name) {
   try {
     if (type == "bert" || type == "roberta") {
       c = ModelConfig::for_arch(type == "bert" ? Arch::kBert : Arch::kRoberta);
-      c.vocab = j.at("vocab_size");
-      c.hidden = j.at("hidden_size");
-      c.layers = j.at("num_hidden_layers");
-      c.heads = j.at("num_attention_heads");
-      c.intermediate = j.at("intermediate_size");
+      read_sizes(j, c);
       c.max_positions = j.at("max_position_embeddings");
       c.type_vocab = get_or<int64_t>(j, "type_vocab_size", c.type_vocab);
       c.pad_id = get_or<int64_t>(j, "pad_token_id", c.pad_id);
@@ -343,7 +348,7 @@ ModelConfig config_from_json(const std::string& text, const std::string& name) {
       c.hidden = j.at("n_embd");
       c.layers = j.at("n_layer");
       c.heads = j.at("n_head");
-      c.intermediate = get_or<int64_t>(j, "n_inner", 4 * c.hidden);
+      c.intermediate = get_or<int64_t>(j, "n_inner", 4 * c.hidden);  // null: 4 x hidden
       c.max_positions = j.at("n_positions");
       c.eps = get_or<double>(j, "layer_norm_epsilon", 1e-5);
       c.dropout = get_or<double>(j, "resid_pdrop", 0.1);
@@ -357,11 +362,7 @@ ModelConfig config_from_json(const std::string& text, const std::string& name) {
       if (!get_or<bool>(j, "scale_attn_weights", true)) refuse("scale_attn_weights false");
     } else if (type == "llama") {
       c = ModelConfig::for_arch(Arch::kLlama);
-      c.vocab = j.at("vocab_size");
-      c.hidden = j.at("hidden_size");
-      c.layers = j.at("num_hidden_layers");
-      c.heads = j.at("num_attention_heads");
-      c.intermediate = j.at("intermediate_size");
+      read_sizes(j, c);
       c.max_positions = get_or<int64_t>(j, "max_position_embeddings", c.max_positions);
       c.eps = get_or<double>(j, "rms_norm_eps", 1e-6);
       c.rope_theta = get_or<double>(j, "rope_theta", 10000.0);

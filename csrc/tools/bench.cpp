@@ -5,6 +5,8 @@
 // per-layer saving of each technique across sequence lengths.
 #include "bench.h"
 
+#include "args.h"
+
 #include <ATen/ATen.h>
 #include <torch/cuda.h>
 #include <torch/optim/adamw.h>
@@ -77,28 +79,8 @@ std::string format_bytes(int64_t bytes) {
 
 namespace {
 
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  size_t i = 0;
-  while (i <= s.size()) {
-    const size_t j = std::min(s.find(',', i), s.size());
-    if (j > i) out.push_back(s.substr(i, j - i));
-    i = j + 1;
-  }
-  return out;
-}
-
-int64_t positive(const std::string& flag, const std::string& v) {
-  int64_t x = 0;
-  try {
-    size_t pos = 0;
-    x = std::stoll(v, &pos);
-    if (pos != v.size()) x = 0;
-  } catch (...) {
-  }
-  if (x <= 0) throw std::invalid_argument("tempo bench: " + flag + " must be a positive integer, got '" + v + "'");
-  return x;
-}
+std::vector<std::string> split(const std::string& s) { return split_list(s); }
+int64_t positive(const std::string& flag, const std::string& v) { return parse_int("tempo bench", flag, v); }
 
 }  // namespace
 
@@ -163,12 +145,7 @@ ModelConfig config_of(const BenchOptions& o) {
   } else {
     c = ModelConfig::preset(o.model);
   }
-  if (o.hidden) c.hidden = o.hidden;
-  if (o.layers) c.layers = o.layers;
-  if (o.heads) c.heads = o.heads;
-  if (o.intermediate) c.intermediate = o.intermediate;
-  if (o.vocab) c.vocab = o.vocab;
-  if (o.positions) c.max_positions = o.positions;
+  c.resize(o.hidden, o.layers, o.heads, o.intermediate, o.positions, o.vocab);
   if (o.hidden || o.layers || o.heads || o.intermediate || o.vocab || o.positions) {
     std::string suffix;
     if (o.layers) suffix += "-L" + std::to_string(o.layers);

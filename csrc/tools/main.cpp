@@ -45,7 +45,7 @@ int env() {
   std::printf("cpu threads       %d (ATen intra-op), %d (tempo OpenMP%s)\n", at::get_num_threads(), info.max_threads,
               info.openmp ? "" : ", not built");
   std::printf("cuda kernels      %s\n", info.cuda_compiled ? "built"
-                                       : TEMPO_TORCH_CPU_ONLY ? "not built (torch has CUDA; no nvcc at build time)"
+                                       : TEMPO_TORCH_CPU_ONLY ? "not built (torch has CUDA; no nvcc, or TEMPO_CUDA=OFF, at build time)"
                                                        : "not built (CPU-only torch)");
   const bool present = torch::cuda::is_available();
   std::printf("cuda devices      %s\n",

@@ -10,6 +10,7 @@
 
 #include <unistd.h>
 
+#include "args.h"
 #include "report.h"
 #include "tempo/memory.h"
 #include "tempo/models/slim.h"
@@ -37,28 +38,8 @@ void print_slim_usage(FILE* out) {
 
 namespace {
 
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  size_t i = 0;
-  while (i <= s.size()) {
-    const size_t j = std::min(s.find(',', i), s.size());
-    if (j > i) out.push_back(s.substr(i, j - i));
-    i = j + 1;
-  }
-  return out;
-}
-
-int64_t positive(const std::string& flag, const std::string& v) {
-  int64_t x = 0;
-  try {
-    size_t pos = 0;
-    x = std::stoll(v, &pos);
-    if (pos != v.size()) x = 0;
-  } catch (...) {
-  }
-  if (x <= 0) throw std::invalid_argument("tempo slim: " + flag + " must be a positive integer, got '" + v + "'");
-  return x;
-}
+std::vector<std::string> split(const std::string& s) { return split_list(s); }
+int64_t positive(const std::string& flag, const std::string& v) { return parse_int("tempo slim", flag, v); }
 
 PerformerConfig config_of(const SlimOptions& o) {
   PerformerConfig c = PerformerConfig::preset(o.preset);

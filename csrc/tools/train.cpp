@@ -16,6 +16,7 @@
 #include <cstdlib>
 
 #include "bench.h"
+#include "args.h"
 #include "report.h"
 #include "tempo/memory.h"
 #include "tempo/train/distributed.h"
@@ -28,18 +29,7 @@ namespace fs = std::filesystem;
 const char* kDefaultCorpus = "/usr/share/doc/python3/html/_sources";
 
 int64_t integer(const std::string& flag, const std::string& v, int64_t min) {
-  int64_t x = 0;
-  bool ok = false;
-  try {
-    size_t pos = 0;
-    x = std::stoll(v, &pos);
-    ok = pos == v.size();
-  } catch (...) {
-  }
-  if (!ok || x < min)
-    throw std::invalid_argument("tempo train: " + flag + " must be an integer >= " + std::to_string(min) + ", got '" +
-                                v + "'");
-  return x;
+  return parse_int("tempo train", flag, v, min);
 }
 
 double number(const std::string& flag, const std::string& v) {
@@ -173,7 +163,7 @@ int free_port() {
 }
 
 // --nproc N: this program N times with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set, as
-// torchrun starts workers; if one fails, the others are stopped. The exit status: the worst.
+// torchrun starts workers; if one fails, the others are stopped.
 int spawn(const TrainCommand& c) {
   if (!tempo::train::gloo_available())
     throw std::invalid_argument("tempo train: --nproc needs Gloo (this build has none: install libgloo-dev and rebuild)");
@@ -203,17 +193,19 @@ int spawn(const TrainCommand& c) {
     if (pid < 0) throw std::runtime_error("tempo train: fork failed");
     pids.push_back(pid);
   }
-  int worst = 0;
+  // The exit status: the first failure's (a sibling stopped because of it does not count).
+  int first = 0;
   for (size_t done = 0; done < pids.size(); ++done) {
     int status = 0;
     const pid_t pid = ::wait(&status);
     const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
-    if (code != 0 && worst == 0)
+    if (code != 0 && first == 0) {
+      first = code;
       for (pid_t p : pids)
         if (p != pid) ::kill(p, SIGTERM);
-    worst = std::max(worst, code);
+    }
   }
-  return worst;
+  return first;
 }
 
 int env_int(const char* name, int fallback) {

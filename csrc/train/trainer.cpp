@@ -80,7 +80,11 @@ void truncate_log(const fs::path& log, int64_t step) {
       keep.push_back(line);
       continue;
     }
-    if (std::stoll(line.substr(0, line.find(','))) <= step) keep.push_back(line);
+    try {  // a row cut short by a kill is the last one, after the checkpoint: dropped either way
+      if (line.find(',') != std::string::npos && std::stoll(line.substr(0, line.find(','))) <= step)
+        keep.push_back(line);
+    } catch (const std::exception&) {
+    }
   }
   in.close();
   std::ofstream out(log, std::ios::trunc);
@@ -162,12 +166,7 @@ TrainSummary train(const TrainOptions& o, Communicator& comm) {
                    "python -m tempo.pretokenize)");
     } else {
       ModelConfig c = ModelConfig::preset(o.model);
-      if (o.hidden) c.hidden = o.hidden;
-      if (o.layers) c.layers = o.layers;
-      if (o.heads) c.heads = o.heads;
-      if (o.intermediate) c.intermediate = o.intermediate;
-      if (o.positions) c.max_positions = o.positions;
-      c.vocab = corpus.vocab_size;
+      c.resize(o.hidden, o.layers, o.heads, o.intermediate, o.positions, corpus.vocab_size);
       if (o.dropout >= 0) c.dropout = c.attention_dropout = o.dropout;
       model = TransformerModel(c, policy);
     }

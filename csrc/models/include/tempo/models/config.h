@@ -36,6 +36,9 @@ struct ModelConfig {
   // default sizes above: the one place they live, for presets and custom shapes alike.
   static ModelConfig for_arch(Arch arch);
   static std::vector<std::string> presets();
+  // Sizes given as nonzero replace the config's (0 keeps one).
+  void resize(int64_t hidden, int64_t layers, int64_t heads, int64_t intermediate, int64_t positions = 0,
+              int64_t vocab = 0);
   // A clear error for an inconsistent shape (hidden not divisible by heads, zero layers, ...).
   void validate() const;
   int64_t head_dim() const { return hidden / heads; }
