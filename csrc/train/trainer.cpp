@@ -60,13 +60,10 @@ int64_t targets_of(const tempo::models::Batch& b, bool mlm) {
   return mlm ? b.labels.ne(-100).sum().item<int64_t>() : b.input_ids.size(0) * (b.input_ids.size(1) - 1);
 }
 
-struct LogRow {
-  int64_t step;
-  double loss, lr, tokens_per_s;
-  int64_t held_bytes;
-  double eval_loss;  // NaN: not evaluated
-  double grad_norm;
-};
+void to_device(tempo::models::Batch& b, const c10::Device& device) {
+  b.input_ids = b.input_ids.to(device), b.attention_mask = b.attention_mask.to(device);
+  if (b.labels.defined()) b.labels = b.labels.to(device);
+}
 
 const char* kHeader = "step,loss,lr,tokens_per_s,held_bytes,eval_loss,grad_norm";
 
@@ -226,18 +223,22 @@ TrainSummary train(const TrainOptions& o, Communicator& comm) {
   // The eval set: the first eval_batches x batch x world windows of the held-out ids (the same
   // for any split of the global batch), each rank evaluating its share, the sums combined.
   const int64_t eval_n = std::min<int64_t>(o.eval_batches * o.batch * world, eval_windows.count());
+  // The eval batches are the same at every evaluation: made (masked, moved) once.
+  std::vector<std::pair<tempo::models::Batch, int64_t>> eval_set;  // batch, its targets
   auto evaluate = [&]() {
+    if (eval_set.empty())
+      for (int64_t first = rank * o.batch; first < eval_n; first += o.batch * world) {
+        const int64_t n = std::min(o.batch, eval_n - first);
+        auto b = make_batch(eval_windows.batch(first, n), first, mlm, o.seed + 1, corpus.mask_id, corpus.vocab_size);
+        to_device(b, device);
+        eval_set.emplace_back(b, targets_of(b, mlm));
+      }
     model->eval();
     at::Tensor acc = at::zeros({2}, at::kDouble);  // summed loss, targets
     {
       at::NoGradGuard no_grad;
       Autocast ac(o.dtype == "bf16", device.type());
-      for (int64_t first = rank * o.batch; first < eval_n; first += o.batch * world) {
-        const int64_t n = std::min(o.batch, eval_n - first);
-        auto b = make_batch(eval_windows.batch(first, n), first, mlm, o.seed + 1, corpus.mask_id, corpus.vocab_size);
-        b.input_ids = b.input_ids.to(device), b.attention_mask = b.attention_mask.to(device);
-        if (b.labels.defined()) b.labels = b.labels.to(device);
-        const int64_t t = targets_of(b, mlm);
+      for (const auto& [b, t] : eval_set) {
         acc[0] += model->loss(b).item<double>() * static_cast<double>(t);
         acc[1] += static_cast<double>(t);
       }
@@ -274,8 +275,7 @@ TrainSummary train(const TrainOptions& o, Communicator& comm) {
     double loss_sum = 0;
     try {
       for (auto& b : micro) {
-        b.input_ids = b.input_ids.to(device), b.attention_mask = b.attention_mask.to(device);
-        if (b.labels.defined()) b.labels = b.labels.to(device);
+        to_device(b, device);
         const double t = static_cast<double>(targets_of(b, mlm));
         at::Tensor loss;
         {
@@ -293,10 +293,10 @@ TrainSummary train(const TrainOptions& o, Communicator& comm) {
                    " (lower --batch and raise --accum)");
       throw;
     }
-    std::vector<at::Tensor> grads;
-    for (auto& p : model->parameters())
-      if (p.grad().defined()) grads.push_back(p.grad());
     if (world > 1) {  // summed over ranks in buckets of about 25 MiB, all in flight at once
+      std::vector<at::Tensor> grads;
+      for (auto& p : model->parameters())
+        if (p.grad().defined()) grads.push_back(p.grad());
       constexpr int64_t kBucketBytes = 25ll << 20;
       std::vector<std::vector<at::Tensor>> members(1);
       int64_t bytes = 0;
