@@ -1,5 +1,6 @@
 #include "train.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -76,6 +77,7 @@ void print_train_usage(FILE* out) {
                "                   [--save-every N] [--seed S] [--dtype fp32|bf16] [--device cpu|cuda]\n"
                "                   [--hidden H] [--layers L] [--heads A] [--intermediate I] [--positions P]\n"
                "                   [--dropout P] [--budget BYTES] [--resume] [--plot FILE.svg] [--nproc N]\n"
+               "                   [--bucket MIB] [--no-overlap]\n"
                "Trains a BERT/RoBERTa (masked LM) or GPT-2/LLaMA (causal LM) on real text and writes\n"
                "DIR/log.csv (step, loss, lr, tokens_per_s, held_bytes, eval_loss, grad_norm), DIR/checkpoints/\n"
                "(every --save-every steps and at the end; the newest two kept) and DIR/tokenizer.model.\n"
@@ -87,7 +89,9 @@ void print_train_usage(FILE* out) {
                "--clip 1 --eval-every 50 --save-every 100. --nproc N: N data-parallel processes on this\n"
                "machine (c10d, Gloo), each reading its share of every step's batch (--batch is per process);\n"
                "across machines, start one per process with torchrun's RANK, WORLD_SIZE, MASTER_ADDR,\n"
-               "MASTER_PORT set.\n"
+               "MASTER_PORT set. Gradients are summed over processes in buckets of --bucket MiB (25),\n"
+               "each started during the backward as soon as its gradients are final; --no-overlap sums\n"
+               "them all after the backward.\n"
                "usage: tempo plot OUT.svg RUN_DIR [RUN_DIR...]   the runs' loss and eval-loss curves\n",
                kDefaultCorpus);
 }
@@ -135,6 +139,11 @@ TrainCommand parse_train_args(const std::vector<std::string>& args) {
     else if (k == "--resume") o.resume = true;
     else if (k == "--plot") c.plot = value();
     else if (k == "--nproc") c.nproc = static_cast<int>(integer(k, value(), 1));
+    else if (k == "--bucket") {
+      const double mib = number(k, value());
+      if (!(mib > 0)) throw std::invalid_argument("tempo train: --bucket must be a positive number of MiB");
+      o.bucket_bytes = std::max<int64_t>(static_cast<int64_t>(mib * 1048576.0), 1);
+    } else if (k == "--no-overlap") o.overlap = false;
     else throw std::invalid_argument("tempo train: unknown argument '" + k + "'");
   }
   if (o.lr <= 0) throw std::invalid_argument("tempo train: --lr must be positive");

@@ -18,6 +18,7 @@
 #include "tempo/models/pretrained.h"
 #include "tempo/train/checkpoint.h"
 #include "tempo/train/data.h"
+#include "tempo/train/distributed.h"
 
 namespace tempo::train {
 
@@ -250,6 +251,9 @@ TrainSummary train(const TrainOptions& o, Communicator& comm) {
   };
 
   // ---- steps ----
+  // Data parallel: the gradients summed over ranks in buckets, overlapped with the backward.
+  std::unique_ptr<GradientReducer> reducer;
+  if (world > 1) reducer = std::make_unique<GradientReducer>(model->parameters(), comm, o.bucket_bytes, o.overlap);
   std::ofstream logf;
   if (lead) logf.open(log, std::ios::app);
   const double t_start = now_s();
@@ -275,6 +279,7 @@ TrainSummary train(const TrainOptions& o, Communicator& comm) {
     double loss_sum = 0;
     try {
       for (auto& b : micro) {
+        if (reducer && &b == &micro.back()) reducer->prepare();
         to_device(b, device);
         const double t = static_cast<double>(targets_of(b, mlm));
         at::Tensor loss;
@@ -293,33 +298,7 @@ TrainSummary train(const TrainOptions& o, Communicator& comm) {
                    " (lower --batch and raise --accum)");
       throw;
     }
-    if (world > 1) {  // summed over ranks in buckets of about 25 MiB, all in flight at once
-      std::vector<at::Tensor> grads;
-      for (auto& p : model->parameters())
-        if (p.grad().defined()) grads.push_back(p.grad());
-      constexpr int64_t kBucketBytes = 25ll << 20;
-      std::vector<std::vector<at::Tensor>> members(1);
-      int64_t bytes = 0;
-      for (auto& g : grads) {
-        if (bytes > 0 && bytes + g.nbytes() > kBucketBytes) members.emplace_back(), bytes = 0;
-        members.back().push_back(g);
-        bytes += static_cast<int64_t>(g.nbytes());
-      }
-      std::vector<at::Tensor> flats;
-      for (auto& m : members) {
-        std::vector<at::Tensor> parts;
-        for (auto& g : m) parts.push_back(g.flatten());
-        flats.push_back(at::cat(parts));
-      }
-      comm.allreduce_sum(flats);
-      for (size_t b = 0; b < members.size(); ++b) {
-        int64_t off = 0;
-        for (auto& g : members[b]) {
-          g.copy_(flats[b].narrow(0, off, g.numel()).view_as(g));
-          off += g.numel();
-        }
-      }
-    }
+    if (reducer) reducer->finish();
     at::Tensor ls = at::tensor({loss_sum}, at::kDouble);
     std::vector<at::Tensor> l{ls};
     comm.allreduce_sum(l);
@@ -361,6 +340,10 @@ TrainSummary train(const TrainOptions& o, Communicator& comm) {
     }
   }
   if (o.progress && lead) std::fprintf(stderr, "\r\033[K");
+  if (reducer)
+    summary.notes.push_back("gradients summed in " + std::to_string(reducer->buckets()) + " bucket(s) per step, " +
+                            std::to_string(reducer->started_in_backward()) + " started during the backward" +
+                            (o.overlap ? "" : " (--no-overlap)"));
   summary.tokens_per_s = tokens_done / std::max(now_s() - t_start, 1e-9);
   return summary;
 }

@@ -2,6 +2,7 @@
 equality, damaged checkpoints, bad input, MiniLM under each policy, `tempo plot`."""
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -183,26 +184,35 @@ def test_two_gloo_processes_equal_one_with_the_combined_batch(text, tmp_path):
     data, tok = text
     args = [*TINY, "--data", data, "--tokenizer", tok, "--steps", "10", "--save-every", "10", "--eval-every", "5",
             "--dropout", "0"]
-    one, two = tmp_path / "one", tmp_path / "two"
+    one = tmp_path / "one"
     r = train(*args, "--out", one)
     assert r.returncode == 0, r.stderr
-    r = train(*[("2" if (i > 0 and args[i - 1] == "--batch") else a) for i, a in enumerate(args)], "--nproc", "2",
-              "--out", two)
-    assert r.returncode == 0, r.stderr
-    if "built without Gloo" in r.stderr:
-        pytest.skip("built without Gloo's headers")
-    assert "data parallel: 2 processes" in r.stdout
+    half = [("2" if (i > 0 and args[i - 1] == "--batch") else a) for i, a in enumerate(args)]
     a = st.load_file(str(one / "checkpoints" / "step-000000010" / "model.safetensors"))
-    b = st.load_file(str(two / "checkpoints" / "step-000000010" / "model.safetensors"))
-    assert a.keys() == b.keys()
-    for k in a:
-        torch.testing.assert_close(b[k], a[k], rtol=1e-5, atol=1e-6, msg=k)
     _, ra = log_rows(one)
-    _, rb = log_rows(two)
-    for x, y in zip(ra, rb):
-        assert math.isclose(float(x["loss"]), float(y["loss"]), rel_tol=1e-5)
-        if x["eval_loss"]:
-            assert math.isclose(float(x["eval_loss"]), float(y["eval_loss"]), rel_tol=1e-5)
+    # The default 25 MiB buckets (this model's gradients fill one; the parameters that get none,
+    # the pooler's, go in a bucket of their own); about 20 KB buckets, each started from inside
+    # the backward as its gradients become final; the same small buckets all after it.
+    for name, extra, overlapped in (("two", [], True), ("small", ["--bucket", "0.02"], True),
+                                    ("after", ["--bucket", "0.02", "--no-overlap"], False)):
+        r = train(*half, "--nproc", "2", *extra, "--out", tmp_path / name)
+        assert r.returncode == 0, r.stderr
+        if "built without Gloo" in r.stderr:
+            pytest.skip("built without Gloo's headers")
+        assert "data parallel: 2 processes" in r.stdout
+        buckets, early = map(int, re.search(r"summed in (\d+) bucket\(s\) per step, (\d+) started during", r.stdout)
+                             .groups())
+        assert (buckets > 4) == bool(extra), r.stdout
+        assert (early > 0) == overlapped, r.stdout
+        b = st.load_file(str(tmp_path / name / "checkpoints" / "step-000000010" / "model.safetensors"))
+        assert a.keys() == b.keys()
+        for k in a:
+            torch.testing.assert_close(b[k], a[k], rtol=1e-5, atol=1e-6, msg=(name, k))
+        _, rb = log_rows(tmp_path / name)
+        for x, y in zip(ra, rb):
+            assert math.isclose(float(x["loss"]), float(y["loss"]), rel_tol=1e-5)
+            if x["eval_loss"]:
+                assert math.isclose(float(x["eval_loss"]), float(y["eval_loss"]), rel_tol=1e-5)
     # A failing process fails the whole run.
     r = train(*args, "--nproc", "2", "--seq", "1000", "--out", tmp_path / "bad")
     assert r.returncode == 2 and "longer than the model's" in r.stderr

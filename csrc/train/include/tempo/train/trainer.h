@@ -16,13 +16,21 @@
 
 namespace tempo::train {
 
-// Sums tensors across the processes of a data-parallel run (in place) and waits for all.
+// Sums tensors across the processes of a data-parallel run, in place. The default is one
+// process, where a sum over ranks is the tensor itself.
 class Communicator {
  public:
   virtual ~Communicator() = default;
   virtual int rank() const { return 0; }
   virtual int world() const { return 1; }
+  // Sums every tensor (all in flight at once) and waits for all.
   virtual void allreduce_sum(std::vector<at::Tensor>& tensors) { (void)tensors; }
+  // Starts summing one tensor and returns at once; calling the result waits for the sum.
+  // Every rank must start the same sums in the same order.
+  virtual std::function<void()> allreduce_sum_start(at::Tensor tensor) {
+    (void)tensor;
+    return [] {};
+  }
   virtual void barrier() {}
 };
 
@@ -44,6 +52,11 @@ struct TrainOptions {
   std::string out;
   bool resume = false;
   bool progress = false;      // a progress line on stderr
+  // Data parallel: gradients summed in buckets of about this many bytes, each started from
+  // inside the last backward of a step as soon as its gradients are final (overlap), or all
+  // after it (no overlap).
+  int64_t bucket_bytes = 25ll << 20;
+  bool overlap = true;
 };
 
 struct TrainSummary {
