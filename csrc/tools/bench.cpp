@@ -369,7 +369,7 @@ int run_ablation(const BenchOptions& o, const ModelConfig& base) {
 
 int run_bench(const BenchOptions& o) {
   if (o.device == "cuda" && !torch::cuda::is_available())
-    throw std::runtime_error("tempo bench: --device cuda but no CUDA device is available");
+    throw std::invalid_argument("tempo bench: --device cuda but no CUDA device is available");
   if (o.device == "cpu") tempo::memory::track_cpu();
   ModelConfig c;
   try {

@@ -123,7 +123,7 @@ SlimOptions parse_slim_args(const std::vector<std::string>& args) {
 std::vector<SlimResult> measure_slim(const SlimOptions& o) {
   const c10::Device device(o.device == "cuda" ? c10::kCUDA : c10::kCPU);
   if (device.is_cuda() && !torch::cuda::is_available())
-    throw std::runtime_error("tempo slim: --device cuda but no CUDA device is available");
+    throw std::invalid_argument("tempo slim: --device cuda but no CUDA device is available");
   if (device.is_cpu()) tempo::memory::track_cpu();
   const PerformerConfig c = config_of(o);
   const auto dtype = o.dtype == "fp64" ? at::kDouble : at::kFloat;

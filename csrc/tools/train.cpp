@@ -16,6 +16,8 @@
 
 #include <cstdlib>
 
+#include <torch/cuda.h>
+
 #include "bench.h"
 #include "args.h"
 #include "report.h"
@@ -87,7 +89,7 @@ void print_train_usage(FILE* out) {
                "verifies, exactly (the same losses as a run never interrupted). Defaults: --model bert-base\n"
                "--policy tempo --seq 128 --batch 8 --steps 300 --lr 5e-4 --warmup 30 --weight-decay 0.01\n"
                "--clip 1 --eval-every 50 --save-every 100. --nproc N: N data-parallel processes on this\n"
-               "machine (c10d, Gloo), each reading its share of every step's batch (--batch is per process);\n"
+               "machine (c10d: Gloo on the CPU, NCCL and a GPU each with --device cuda), each reading its share of every step's batch (--batch is per process);\n"
                "across machines, start one per process with torchrun's RANK, WORLD_SIZE, MASTER_ADDR,\n"
                "MASTER_PORT set. Gradients are summed over processes in buckets of --bucket MiB (25),\n"
                "each started during the backward as soon as its gradients are final; --no-overlap sums\n"
@@ -174,8 +176,17 @@ int free_port() {
 // --nproc N: this program N times with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set, as
 // torchrun starts workers; if one fails, the others are stopped.
 int spawn(const TrainCommand& c) {
-  if (!tempo::train::gloo_available())
+  if (c.options.device == "cuda") {
+    if (!tempo::train::nccl_available())
+      throw std::invalid_argument("tempo train: --device cuda --nproc needs NCCL (this build has none: build against "
+                                  "a CUDA torch whose nvidia-nccl package is installed)");
+    const auto gpus = static_cast<int>(torch::cuda::device_count());
+    if (gpus < c.nproc)
+      throw std::invalid_argument("tempo train: --nproc " + std::to_string(c.nproc) + " on CUDA needs a GPU per process, "
+                                  "this machine has " + std::to_string(gpus));
+  } else if (!tempo::train::gloo_available()) {
     throw std::invalid_argument("tempo train: --nproc needs Gloo (this build has none: install libgloo-dev and rebuild)");
+  }
   const std::string port = std::to_string(free_port()), world = std::to_string(c.nproc);
   std::vector<std::string> args{"tempo", "train"};
   for (size_t i = 0; i < c.args.size(); ++i) {
@@ -190,6 +201,7 @@ int spawn(const TrainCommand& c) {
     const pid_t pid = ::fork();
     if (pid == 0) {
       ::setenv("RANK", std::to_string(r).c_str(), 1);
+      ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
       ::setenv("WORLD_SIZE", world.c_str(), 1);
       ::setenv("MASTER_ADDR", "127.0.0.1", 1);
       ::setenv("MASTER_PORT", port.c_str(), 1);
@@ -229,9 +241,13 @@ int run_train(const TrainCommand& c) {
   // Launched as one of several (by --nproc, or by torchrun-style environment variables).
   const int world = env_int("WORLD_SIZE", 1), rank = env_int("RANK", 0);
   std::unique_ptr<tempo::train::Communicator> comm;
+  const bool nccl = o.device == "cuda";
   if (world > 1) {
     const char* addr = std::getenv("MASTER_ADDR");
-    comm = tempo::train::make_gloo_communicator(rank, world, addr ? addr : "127.0.0.1", env_int("MASTER_PORT", 29500));
+    const std::string a = addr ? addr : "127.0.0.1";
+    const int port = env_int("MASTER_PORT", 29500);
+    comm = nccl ? tempo::train::make_nccl_communicator(rank, world, a, port, env_int("LOCAL_RANK", rank))
+                : tempo::train::make_gloo_communicator(rank, world, a, port);
   } else {
     comm = std::make_unique<tempo::train::Communicator>();
   }
@@ -240,7 +256,7 @@ int run_train(const TrainCommand& c) {
   opts.progress = o.progress && rank == 0;
   const auto s = tempo::train::train(opts, *comm);
   if (rank != 0) return 0;
-  if (world > 1) std::printf("data parallel: %d processes (Gloo)\n", world);
+  if (world > 1) std::printf("data parallel: %d processes (%s)\n", world, nccl ? "NCCL" : "Gloo");
   for (const auto& n : s.notes) std::printf("%s\n", n.c_str());
   std::printf("steps %lld..%lld: loss %.4f -> %.4f, eval loss %.4f -> %.4f, %.0f tokens/s, peak %.1f MiB\n",
               static_cast<long long>(s.first_step), static_cast<long long>(s.last_step), s.first_loss, s.last_loss,

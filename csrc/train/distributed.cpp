@@ -13,8 +13,20 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #endif
+#if TEMPO_WITH_NCCL
+#include <c10/cuda/CUDAFunctions.h>
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#endif
 
 namespace tempo::train {
+
+namespace {
+[[maybe_unused]] void check_group(int rank, int world, int port) {
+  TORCH_CHECK(world >= 1 && rank >= 0 && rank < world, "tempo::train: rank ", rank, " of ", world, " is not valid");
+  TORCH_CHECK(port > 0 && port < 65536, "tempo::train: MASTER_PORT ", port, " is not a port");
+}
+}  // namespace
 
 #if TEMPO_WITH_GLOO
 namespace {
@@ -57,8 +69,7 @@ class GlooCommunicator : public Communicator {
 
 bool gloo_available() { return true; }
 std::unique_ptr<Communicator> make_gloo_communicator(int rank, int world, const std::string& addr, int port) {
-  TORCH_CHECK(world >= 1 && rank >= 0 && rank < world, "tempo::train: rank ", rank, " of ", world, " is not valid");
-  TORCH_CHECK(port > 0 && port < 65536, "tempo::train: MASTER_PORT ", port, " is not a port");
+  check_group(rank, world, port);
   return std::make_unique<GlooCommunicator>(rank, world, addr, port);
 }
 #else
@@ -66,6 +77,61 @@ bool gloo_available() { return false; }
 std::unique_ptr<Communicator> make_gloo_communicator(int, int, const std::string&, int) {
   TORCH_CHECK(false, "tempo::train: built without Gloo's headers, so no data parallelism "
               "(install libgloo-dev and rebuild)");
+}
+#endif
+
+#if TEMPO_WITH_NCCL
+namespace {
+class NcclCommunicator : public Communicator {
+ public:
+  NcclCommunicator(int rank, int world, const std::string& addr, int port, int local_rank)
+      : rank_(rank), world_(world), device_(c10::kCUDA, static_cast<c10::DeviceIndex>(local_rank)) {
+    c10::cuda::set_device(static_cast<c10::DeviceIndex>(local_rank));
+    c10d::TCPStoreOptions so;
+    so.port = static_cast<uint16_t>(port);
+    so.isServer = rank == 0;
+    so.numWorkers = world;
+    so.timeout = std::chrono::seconds(300);
+    auto store = c10::make_intrusive<c10d::TCPStore>(addr, so);
+    pg_ = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, world);
+  }
+  int rank() const override { return rank_; }
+  int world() const override { return world_; }
+  void allreduce_sum(std::vector<at::Tensor>& tensors) override {
+    std::vector<std::function<void()>> waits;
+    for (auto& t : tensors) waits.push_back(allreduce_sum_start(t));
+    for (auto& w : waits) w();
+  }
+  // NCCL sums device tensors; a CPU tensor goes through the device and back.
+  std::function<void()> allreduce_sum_start(at::Tensor t) override {
+    at::Tensor d = t.is_cuda() ? t : t.to(device_);
+    std::vector<at::Tensor> one{d};
+    auto work = pg_->allreduce(one);
+    return [work, t, d]() mutable {
+      work->wait();
+      if (!t.is_cuda()) t.copy_(d);
+    };
+  }
+  void barrier() override { pg_->barrier()->wait(); }
+
+ private:
+  int rank_, world_;
+  c10::Device device_;
+  c10::intrusive_ptr<c10d::ProcessGroupNCCL> pg_;
+};
+}  // namespace
+
+bool nccl_available() { return true; }
+std::unique_ptr<Communicator> make_nccl_communicator(int rank, int world, const std::string& addr, int port,
+                                                     int local_rank) {
+  check_group(rank, world, port);
+  return std::make_unique<NcclCommunicator>(rank, world, addr, port, local_rank);
+}
+#else
+bool nccl_available() { return false; }
+std::unique_ptr<Communicator> make_nccl_communicator(int, int, const std::string&, int, int) {
+  TORCH_CHECK(false, "tempo::train: built without NCCL (a CUDA torch and nccl.h are needed), so no data "
+              "parallelism on CUDA");
 }
 #endif
 

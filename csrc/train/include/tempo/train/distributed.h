@@ -1,7 +1,9 @@
-// Data parallelism on torch.distributed's c10d: a Communicator over ProcessGroupGloo (CPU),
-// with the rendezvous of torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)
-// through c10d's TCPStore. Built when Gloo's headers are present (Debian: libgloo-dev; torch's
-// wheels ship its library but not its headers); otherwise creating one raises.
+// Data parallelism on torch.distributed's c10d: a Communicator over ProcessGroupGloo (CPU) or
+// ProcessGroupNCCL (CUDA), with the rendezvous of torchrun's environment (RANK, WORLD_SIZE,
+// MASTER_ADDR, MASTER_PORT) through c10d's TCPStore. Gloo is built when its headers are present
+// (Debian: libgloo-dev; torch's wheels ship its library but not its headers), NCCL when torch
+// has CUDA and nccl.h is found (the torch wheel's nvidia-nccl package); otherwise creating one
+// raises.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -20,6 +22,11 @@ namespace tempo::train {
 bool gloo_available();
 // Joins the group `world` processes form at addr:port (rank 0 serves the store).
 std::unique_ptr<Communicator> make_gloo_communicator(int rank, int world, const std::string& addr, int port);
+bool nccl_available();
+// The same over NCCL, on CUDA device `local_rank` (made the current device). Tensors on the CPU
+// (the trainer's counts and loss sums) are summed through that device.
+std::unique_ptr<Communicator> make_nccl_communicator(int rank, int world, const std::string& addr, int port,
+                                                     int local_rank);
 
 // Sums the gradients of `params` over the ranks of `comm`, in buckets of about `bucket_bytes`
 // (each bucket one flat collective). With `overlap`, a bucket is started from inside the

