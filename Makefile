@@ -22,7 +22,8 @@ PYTHON_ABS = $(if $(findstring /,$(PYTHON)),$(abspath $(PYTHON)),$(shell command
 # The CUDA build: the whole library (CUDA kernels for sm_90, ops, modules, models, trainer with
 # NCCL, the tempo CLI and the C++ tests) linked against a CUDA torch in its own venv and build
 # folder, so that every CUDA path compiles and links on a machine without a GPU. Nothing runs on
-# CUDA here: the check is that `tempo env` sees the CUDA kernels and `--device cuda` fails cleanly.
+# CUDA here: the checks are that `tempo env` sees the CUDA kernels, that the activation kernels
+# for 16/32-bit data hold no fp64 instruction (cuobjdump), and that `--device cuda` fails cleanly.
 CUDA_VENV  ?= .venv-cuda
 CUDA_BUILD ?= build-cuda
 CUDA_TORCH ?= 2.14.1
@@ -48,6 +49,7 @@ bench: build
 test: build cuda-build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 	$(PYTHON) -m pytest -q tests/python
+	PYTHON=$(PYTHON) BUILD=$(BUILD) JOBS=$(JOBS) scripts/gpu_check.sh --dry-run $(BUILD)/gpu_check_dry
 
 setup: sysdeps venv
 
@@ -96,13 +98,15 @@ cuda-build: setup
 	@[ -x $(CUDA_VENV)/bin/python ] || python3 -m venv $(CUDA_VENV)
 	@$(CUDA_VENV)/bin/python -c "import torch; assert torch.__version__.startswith('$(CUDA_TORCH)') and torch.version.cuda" 2>/dev/null || \
 	  $(CUDA_VENV)/bin/python -m pip install -q torch==$(CUDA_TORCH) numpy
-	@[ -f $(CUDA_BUILD)/build.ninja ] || cmake -S . -B $(CUDA_BUILD) -G Ninja -DTEMPO_CUDA=ON \
+	@[ -f $(CUDA_BUILD)/build.ninja ] || cmake -S . -B $(CUDA_BUILD) -G Ninja -DTEMPO_CUDA=ON -DTEMPO_BUILD_TESTS=OFF \
 	  -DPython_EXECUTABLE=$(abspath $(CUDA_VENV))/bin/python -DTEMPO_CUDA_ARCHS=$(CUDA_ARCHS) -DTEMPO_NATIVE=$(NATIVE)
-	CCACHE_BASEDIR=$(CURDIR) cmake --build $(CUDA_BUILD) -j $(JOBS)
+	CCACHE_BASEDIR=$(CURDIR) cmake --build $(CUDA_BUILD) -j $(JOBS) --target tempo
 	$(CUDA_BUILD)/tempo env | tee $(CUDA_BUILD)/env.txt
-	grep -q "cuda kernels built" $(CUDA_BUILD)/env.txt
+	grep -Eq "cuda kernels +built" $(CUDA_BUILD)/env.txt
+	@# The activation kernels for 16/32-bit data: no fp64 instruction in their SASS.
+	$(CUDA_VENV)/bin/python scripts/check_fp64_sass.py $(CUDA_BUILD)/CMakeFiles/tempo_core.dir/csrc/core/cuda/activation.cu.o
 	@# With no GPU, every --device cuda path must refuse cleanly (exit 2), not crash.
-	@if ! $(CUDA_VENV)/bin/python -c "import torch, sys; sys.exit(torch.cuda.is_available())"; then \
+	@if $(CUDA_VENV)/bin/python -c "import torch, sys; sys.exit(torch.cuda.is_available())"; then \
 	  for cmd in "bench --device cuda --model bert-base --layers 1 --steps 1" "train --device cuda --out $(CUDA_BUILD)/none" \
 	             "slim --device cuda --preset copy --seq 64 --chunks 16"; do \
 	    $(CUDA_BUILD)/tempo $$cmd > $(CUDA_BUILD)/refusal.txt 2>&1; rc=$$?; \

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 import tempo
-from reference import DTYPES, VARIANTS, exact, half_ulp, recovery_bound, sweep
+from reference import DTYPES, VARIANTS, exact, forward_ulps, half_ulp, recovery_bound, sweep
 from saved import saved_bytes
 
 # Each test runs on every available device (conftest.on_device).
@@ -25,13 +25,13 @@ def grad_of(fn, x, *extra):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_forward_error_at_most_torch_error(name, dtype):
     """Flash-attention's rule: our error against fp64 <= 2x PyTorch's own error in dtype,
-    plus one rounding of the output."""
+    plus one rounding of the output (on CUDA for fp32: the fp32 forward's stated error)."""
     torch_fn, tempo_fn = VARIANTS[name]
     x = sweep(name, dtype, n=200_001)
     ref, _, _ = exact(name, x.to(torch.float64))
     ours = tempo_fn(x).to(torch.float64)
     theirs = torch_fn(x).to(torch.float64)
-    slack = 2 * half_ulp(ref, dtype) + (1e-300 if dtype == torch.float64 else 0)
+    slack = max(2, 2 * forward_ulps(name, x)) * half_ulp(ref, dtype) + (1e-300 if dtype == torch.float64 else 0)
     cond = ref.abs() * (1 + x.double() ** 2 + x.double().abs() ** 3) * 4e-16  # f ill-conditioned for x << 0
     assert torch.all((ours - ref).abs() <= 2 * (theirs - ref).abs() + slack + cond)
 

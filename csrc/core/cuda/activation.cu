@@ -6,6 +6,7 @@
 #include <string>
 
 #include "tempo/activation.h"
+#include "../math/activation_f32.h"
 #include "../math/activation_math.h"
 #include "common.cuh"
 
@@ -57,6 +58,17 @@ __device__ __forceinline__ void store8(T* base, int64_t i0, int64_t n, bool vec,
   }
 }
 
+// The forward value: fp32 arithmetic for 16/32-bit data (activation_f32.h: bandwidth-bound on
+// GPUs with a low fp64 rate, within kF32ForwardUlps), the C library's double for fp64.
+template <Activation A>
+__device__ __forceinline__ float forward_value(float z) {
+  return math::act_forward_f32<A>(z);
+}
+template <Activation A>
+__device__ __forceinline__ double forward_value(double z) {
+  return math::act_forward<A>(z);
+}
+
 template <Activation A, typename T>
 __global__ void forward_kernel(ActivationForwardParams p, bool vec) {
   using Acc = acc_t<T>;
@@ -74,7 +86,7 @@ __global__ void forward_kernel(ActivationForwardParams p, bool vec) {
     for (int q = 0; q < 8; ++q) {
       Acc z = math::to_float(in.v[q]);
       if (bias) z += math::to_float(bias[(i0 + q) % p.bias_size]);
-      math::store(&out.v[q], math::act_forward<A>(z));
+      math::store(&out.v[q], forward_value<A>(z));
       bits |= (i0 + q < p.numel && math::act_branch<A>(z)) ? (1u << q) : 0u;
     }
     store8(y, i0, p.numel, vec, out);

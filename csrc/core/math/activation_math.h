@@ -1,5 +1,5 @@
 // The math of the in-place activations, shared by the CPU and CUDA kernels so both compute
-// the same numbers:
+// the same numbers (except the CUDA forward of 16/32-bit data: activation_f32.h):
 //   forward  y = f(x) in double, rounded once to the storage type,
 //   backward g(y, m) = f'(f^-1(y, m)), m = [x >= x*]:
 //     fp32: piecewise polynomials of activation_tables.h (fit error under 3e-8),

@@ -8,6 +8,7 @@
 #include <limits>
 #include <vector>
 
+#include "math/activation_f32.h"
 #include "tempo/activation.h"
 
 namespace {
@@ -358,6 +359,75 @@ TEST(ActivationCore, EmptyAndInvalid) {
   EXPECT_FALSE(tempo::activation_backward_cpu(bp).ok());
   EXPECT_FALSE(tempo::activation_forward_cuda(tempo::ActivationForwardParams{}, nullptr).ok() &&
                !tempo::build_info().cuda_compiled);
+}
+
+// The CUDA forward of 16/32-bit data uses fp32 arithmetic only (math/activation_f32.h); the
+// same code runs here. Its error against the double reference over a million fp32 inputs
+// spread over every binade (every 4099th bit pattern) and a fine grid around the argmin is
+// within the stated kF32ForwardUlps (normal results) and one smallest-subnormal step
+// (subnormal results); NaN stays NaN, +-inf as torch.
+TEST(ActivationCore, Fp32ArithmeticForwardWithinItsStatedUlps) {
+  for (Activation a : {Activation::kGeluErf, Activation::kGeluTanh, Activation::kSilu}) {
+    float bound = 0;
+    tempo::math::by_activation(a, [&](auto tag) { bound = tempo::math::kF32ForwardUlps<decltype(tag)::value>; });
+    auto f32 = [&](float x) {
+      float y = 0;
+      tempo::math::by_activation(a, [&](auto tag) { y = tempo::math::act_forward_f32<decltype(tag)::value>(x); });
+      return y;
+    };
+    std::vector<float> xs;
+    for (uint64_t b = 0; b < (1ull << 32); b += 4099) {
+      const uint32_t u = static_cast<uint32_t>(b);
+      float x;
+      std::memcpy(&x, &u, sizeof x);
+      if (std::isfinite(x)) xs.push_back(x);
+    }
+    for (int i = -20000; i <= 20000; ++i) xs.push_back(static_cast<float>(ref_xstar(a) + i * 1e-6));
+    double worst = 0, worst_x = 0, worst_sub = 0;
+    for (float x : xs) {
+      const double ref = ref_f(a, static_cast<double>(x));
+      const float y = f32(x);
+      const float r = static_cast<float>(ref);
+      const bool sub = std::fabs(r) < std::numeric_limits<float>::min();
+      int e = 0;
+      std::frexp(r, &e);
+      const double ulp = sub ? std::ldexp(1.0, -149) : std::ldexp(1.0, e - 24);
+      const double err = std::fabs(static_cast<double>(y) - ref) / ulp;
+      if (sub) worst_sub = std::max(worst_sub, err);
+      else if (err > worst) worst = err, worst_x = x;
+    }
+    EXPECT_LE(worst, bound) << "activation " << static_cast<int>(a) << " at x = " << worst_x;
+    EXPECT_LE(worst_sub, 1.0) << "activation " << static_cast<int>(a);
+    EXPECT_GT(worst, 0.3) << "the sweep should see fp32 rounding at all";
+    // The CUDA backward reads this forward's y: its gradient (the same g(y, m), run here) stays
+    // within the recovery bound with u(y) widened from half an ulp to the forward's stated error.
+    const double xstar = ref_xstar(a), d2s = ref_d2f(a, xstar), widen = 2.0 * bound;
+    const auto grid = sweep(DType::kFloat32, a);
+    double worst_ratio = 0;
+    for (double xd : grid) {
+      const float x = static_cast<float>(xd);
+      float g = 0;
+      tempo::math::by_activation(a, [&](auto tag) {
+        constexpr Activation A = decltype(tag)::value;
+        g = tempo::math::act_grad_from_output<A>(tempo::math::act_forward_f32<A>(x), tempo::math::act_branch<A>(x));
+      });
+      const double exact = ref_df(a, x);
+      const double uy = widen * half_ulp(DType::kFloat32, ref_f(a, x));
+      const double cap = std::sqrt(2 * std::fabs(d2s) * widen * half_ulp(DType::kFloat32, ref_f(a, xstar)));
+      const double b = exact != 0 ? std::min(std::fabs(ref_d2f(a, x)) * uy / std::fabs(exact), cap) : cap;
+      const double lim = 2 * b + 2 * half_ulp(DType::kFloat32, exact) + 1e-6;
+      worst_ratio = std::max(worst_ratio, std::fabs(g - exact) / lim);
+      ASSERT_LE(std::fabs(g - exact), lim) << tempo::activation_name(a) << " x=" << x << " g=" << g << " exact " << exact;
+    }
+    std::printf("%-26s fp32 forward: worst %.3f ulp (normal), %.3f (subnormal); gradient error / widened bound %.3f\n",
+                tempo::activation_name(a), worst, worst_sub, worst_ratio);
+    const float inf = std::numeric_limits<float>::infinity();
+    EXPECT_TRUE(std::isnan(f32(std::numeric_limits<float>::quiet_NaN())));
+    EXPECT_EQ(f32(inf), inf);
+    EXPECT_TRUE(std::isnan(f32(-inf)));  // as PyTorch and the CPU kernels: -inf * 0
+    EXPECT_EQ(f32(1e30f), 1e30f);
+    EXPECT_EQ(f32(-1e30f), 0.0f);
+  }
 }
 
 }  // namespace
