@@ -92,7 +92,7 @@ $(BUILD)/build.ninja: | setup
 	cmake -S . -B $(BUILD) -G Ninja -DPython_EXECUTABLE=$(PYTHON_ABS) -DTEMPO_NATIVE=$(NATIVE)
 
 build: setup $(BUILD)/build.ninja
-	cmake --build $(BUILD) -j $(JOBS)
+	CCACHE_BASEDIR=$(CURDIR) cmake --build $(BUILD) -j $(JOBS)
 
 cuda-build: setup
 	@[ -x $(CUDA_VENV)/bin/python ] || python3 -m venv $(CUDA_VENV)

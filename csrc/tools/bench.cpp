@@ -32,6 +32,7 @@ void print_bench_usage(FILE* out) {
                "usage: tempo bench [--model PRESET|custom] [--seq S] [--batch B] [--policies eager,checkpoint,...]\n"
                "                   [--dtype fp32|bf16] [--device cpu|cuda] [--budget 11GiB] [--steps N]\n"
                "                   [--json] [--csv FILE] [--plot FILE.svg] [--ablation [--ablation-seqs 128,512]]\n"
+               "                   [--data-movement]\n"
                "                   custom sizes: --arch bert|roberta|gpt2|llama --hidden H --layers L --heads A\n"
                "                                 --intermediate I --vocab V --positions P (also override a preset's)\n"
                "--seq may not exceed the model's positions (bert-base: 512); --positions gives it more\n"
@@ -111,6 +112,7 @@ BenchOptions parse_bench_args(const std::vector<std::string>& args) {
     else if (k == "--csv") o.csv = value();
     else if (k == "--plot") o.plot = value();
     else if (k == "--ablation") o.ablation = true;
+    else if (k == "--data-movement") o.data_movement = true;
     else if (k == "--ablation-seqs") {
       o.ablation_seqs.clear();
       for (const auto& s : split(value())) o.ablation_seqs.push_back(positive(k, s));
@@ -242,6 +244,8 @@ BenchResult bench_policy(const BenchOptions& o, const ModelConfig& c, const std:
   r.policy = policy;
   r.seq = o.seq;
   r.batch = o.batch;
+  progress(o, tag + "data movement of one layer");
+  r.layer_bytes_moved = traffic_total(layer_traffic(o, c, policy));
   progress(o, tag + "warm-up step");
   run.step(o.batch, 1);
   std::vector<double> times;
@@ -378,6 +382,10 @@ int run_bench(const BenchOptions& o) {
     throw std::invalid_argument(e.what_without_backtrace());
   }
   if (o.ablation) return run_ablation(o, c);
+  if (o.data_movement) {
+    print_data_movement(o, c);
+    return 0;
+  }
   std::vector<BenchResult> results;
   for (size_t i = 0; i < o.policies.size(); ++i) results.push_back(bench_policy(o, c, o.policies[i], i, o.policies.size()));
   progress(o, "");

@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "report.h"
+#include "tempo/memory.h"
+#include "tempo/models/config.h"
 
 namespace tempo::tools {
 
@@ -23,6 +25,7 @@ struct BenchOptions {
   std::string csv, plot;
   bool ablation = false;
   std::vector<int64_t> ablation_seqs{128, 256, 512};
+  bool data_movement = false;  // the per-operator byte account of one layer, per policy
 };
 
 // One policy's measurements (the fields of --json).
@@ -40,6 +43,7 @@ struct BenchResult {
   std::optional<int64_t> max_batch;
   double max_batch_tokens_per_s = 0;  // median of >= 3 steps at max_batch after a warm-up
   double max_batch_spread = 0;        // slowest / fastest of those steps - 1
+  int64_t layer_bytes_moved = 0;      // one layer's forward + backward, per sequence (data_movement.cpp)
 };
 
 // Parses `tempo bench` arguments; throws std::invalid_argument with a clear message.
@@ -49,6 +53,15 @@ int64_t parse_bytes(const std::string& text);
 // bytes -> "2.83 MiB", "512 B", "11.00 GiB": the largest binary unit that keeps the value >= 1.
 std::string format_bytes(int64_t bytes);
 int run_bench(const BenchOptions& options);
+
+// The data-movement account (data_movement.cpp): every operator of one transformer layer's
+// forward and backward (batch 1, the bench's sequence length, dtype and device) under a
+// policy, with the bytes it reads and writes (tempo::memory::TrafficScope).
+std::vector<memory::OpTraffic> layer_traffic(const BenchOptions& o, const models::ModelConfig& c,
+                                             const std::string& policy);
+int64_t traffic_total(const std::vector<memory::OpTraffic>& ops, const std::string& phase = "");
+// Prints each policy's account and the totals side by side (tempo bench --data-movement).
+void print_data_movement(const BenchOptions& o, const models::ModelConfig& c);
 void print_bench_usage(FILE* out);
 
 // Output of the results (report.cpp).

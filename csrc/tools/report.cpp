@@ -57,13 +57,13 @@ void print_json(const std::vector<BenchResult>& rs) {
                 "\"batch\": %lld, \"activation_bytes\": %lld, \"peak_bytes\": %lld, \"train_peak_bytes\": %lld, "
                 "\"optimizer_peak_bytes\": %lld, \"step_ms\": %.3f, "
                 "\"tokens_per_s\": %.3f, \"max_batch\": %s, \"max_batch_tokens_per_s\": %s, "
-                "\"max_batch_spread\": %s}",
+                "\"max_batch_spread\": %s, \"layer_bytes_moved\": %lld}",
                 i ? "," : "", r.model.c_str(), (long long)r.seq, r.dtype.c_str(), r.device.c_str(), r.policy.c_str(),
                 (long long)r.batch, (long long)r.activation_bytes, (long long)r.peak_bytes,
                 (long long)r.train_peak_bytes, (long long)r.optimizer_peak_bytes, r.step_ms, r.tokens_per_s,
                 r.max_batch ? std::to_string(*r.max_batch).c_str() : "null",
                 r.max_batch ? std::to_string(r.max_batch_tokens_per_s).c_str() : "null",
-                r.max_batch ? std::to_string(r.max_batch_spread).c_str() : "null");
+                r.max_batch ? std::to_string(r.max_batch_spread).c_str() : "null", (long long)r.layer_bytes_moved);
   }
   std::printf("\n]\n");
 }
@@ -74,14 +74,14 @@ void append_csv(const std::string& path, const std::vector<BenchResult>& rs) {
   if (!f) throw std::runtime_error("tempo bench: cannot write --csv " + path);
   if (fresh)
     f << "model,seq,dtype,device,policy,batch,activation_bytes,peak_bytes,train_peak_bytes,optimizer_peak_bytes,"
-         "step_ms,tokens_per_s,max_batch,max_batch_tokens_per_s,max_batch_spread\n";
+         "step_ms,tokens_per_s,max_batch,max_batch_tokens_per_s,max_batch_spread,layer_bytes_moved\n";
   for (const auto& r : rs)
     f << r.model << "," << r.seq << "," << r.dtype << "," << r.device << "," << r.policy << "," << r.batch << ","
       << r.activation_bytes << "," << r.peak_bytes << "," << r.train_peak_bytes << "," << r.optimizer_peak_bytes
       << "," << r.step_ms << "," << r.tokens_per_s << ","
       << (r.max_batch ? std::to_string(*r.max_batch) : "") << ","
       << (r.max_batch ? std::to_string(r.max_batch_tokens_per_s) : "") << ","
-      << (r.max_batch ? std::to_string(r.max_batch_spread) : "") << "\n";
+      << (r.max_batch ? std::to_string(r.max_batch_spread) : "") << "," << r.layer_bytes_moved << "\n";
 }
 
 // Bar charts side by side, one bar per label, each bar's value (and note) written beside it.

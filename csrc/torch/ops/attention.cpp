@@ -93,6 +93,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_kernel(const a
       drop.p = dropout_p;
       drop.numel = pc.numel();
       run_core(q, drop, dropout_backward_cpu, dropout_backward_cuda, op);
+      const int64_t bytes = pc.numel() * static_cast<int64_t>(pc.element_size());
+      memory::note_traffic("tempo core: attention dropout recomputation", bytes, bytes);
     }
     dv = at::matmul(pd.transpose(-2, -1), grad);
   } else {
@@ -111,6 +113,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_kernel(const a
     prm.scale = sc;
     prm.p = dropout_p;
     run_core(q, prm, attention_softmax_backward_cpu, attention_softmax_backward_cuda, op);
+    note_softmax_backward_traffic(ds);
   }
   at::Tensor dq = at::matmul(ds, k);
   at::Tensor dk = at::matmul(ds.transpose(-2, -1), q);

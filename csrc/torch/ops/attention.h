@@ -12,6 +12,7 @@
 #include "common.h"
 #include "dtype.h"
 #include "tempo/attention.h"
+#include "tempo/memory.h"
 
 namespace tempo::torch_impl {
 
@@ -87,6 +88,15 @@ inline void softmax_forward(const at::Tensor& scores, const at::Tensor& dropped,
   prm.p = p;
   prm.rng = rng;
   run_core(q, prm, attention_softmax_forward_cpu, attention_softmax_forward_cuda, op);
+  // Data movement (tempo::memory::TrafficScope): S read, P written over it, P_d beside it.
+  const int64_t bytes = scores.numel() * static_cast<int64_t>(scores.element_size());
+  memory::note_traffic("tempo core: attention softmax (+ dropout)", bytes, dropped.defined() ? 2 * bytes : bytes);
+}
+
+// Data movement of the core's softmax backward over dS ([.., rows, cols], in place) with P.
+inline void note_softmax_backward_traffic(const at::Tensor& ds) {
+  const int64_t bytes = ds.numel() * static_cast<int64_t>(ds.element_size());
+  memory::note_traffic("tempo core: attention softmax backward", 2 * bytes, bytes);
 }
 
 }  // namespace tempo::torch_impl

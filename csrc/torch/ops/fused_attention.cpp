@@ -116,6 +116,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_attention_backward_kernel(
       prm.p = dropout_p;
       prm.rng = rng;
       run_core(q, prm, attention_softmax_backward_cpu, attention_softmax_backward_cuda, op);
+    note_softmax_backward_traffic(ds);
     }
     dq.narrow(2, i0, n).copy_(at::matmul(ds, k));
     dk.add_(at::matmul(ds.transpose(-2, -1), qb));

@@ -27,6 +27,66 @@ TEST(MemoryTracker, CountsAKnownAllocationExactly) {
   EXPECT_EQ(scope.peak(), 4021);
 }
 
+// The traffic account against sizes written out from the shapes, one operation per scope
+// (how an operation splits into kernels is torch's business; the sum is what it moves): an
+// elementwise op reads its operands and writes its result; a view moves nothing; an in-place
+// op reads and writes self; fill_ only writes; a broadcast operand counts its distinct
+// elements; a composite (linear) moves each operand and its result once; autograd's backward
+// is counted under its own label. A scalar operand wrapped in a tensor adds at most 12 bytes.
+TEST(MemoryTracker, TrafficOfKnownOpsIsTheirOperandsAndResults) {
+  const at::Tensor a = at::randn({1000}), b = at::randn({1000}), row = at::randn({1, 250});
+  const at::Tensor x = at::randn({8, 64}), w = at::randn({32, 64}), bias = at::randn({32});
+  at::Tensor c = at::randn({1000});
+  struct Moved {
+    int64_t read = 0, written = 0;
+    std::vector<tempo::memory::OpTraffic> ops;
+  };
+  auto measure = [](const std::function<void()>& f) {
+    Moved m;
+    tempo::memory::TrafficScope scope;
+    f();
+    m.ops = scope.ops();
+    for (const auto& o : m.ops) m.read += o.read, m.written += o.written;
+    EXPECT_EQ(scope.total(), m.read + m.written);
+    return m;
+  };
+  auto near = [](int64_t got, int64_t want) { return got >= want && got <= want + 12; };
+  Moved m = measure([&] { (void)at::add(a, b); });
+  EXPECT_EQ(m.read, 2 * 4000);
+  EXPECT_EQ(m.written, 4000);
+  m = measure([&] { (void)a.view({10, 100}); });
+  EXPECT_EQ(m.read + m.written, 0);
+  m = measure([&] { c.mul_(2.0); });
+  EXPECT_TRUE(near(m.read, 4000) && near(m.written, 4000)) << m.read << " " << m.written;
+  m = measure([&] { c.fill_(1.0); });
+  EXPECT_EQ(m.read, 0);
+  EXPECT_TRUE(near(m.written, 4000)) << m.written;
+  m = measure([&] { (void)at::add(a.view({4, 250}), row); });  // row broadcast over 4 rows: 1000 bytes once
+  EXPECT_EQ(m.read, 4000 + 1000);
+  EXPECT_EQ(m.written, 4000);
+  m = measure([&] { (void)at::linear(x, w, bias); });
+  EXPECT_EQ(m.read, (8 * 64 + 32 * 64 + 32) * 4);
+  EXPECT_EQ(m.written, 8 * 32 * 4);
+  for (const auto& o : m.ops) EXPECT_NE(o.op, "aten::linear");  // counted as its kernels
+  at::Tensor p = at::randn({1000}).requires_grad_(true);
+  {
+    tempo::memory::TrafficScope scope("forward");
+    at::Tensor loss = (p * p).sum();
+    scope.set_phase("backward");
+    loss.backward();
+    int64_t backward = 0, forward = 0;
+    for (const auto& o : scope.ops()) (o.phase == "backward" ? backward : forward) += o.read + o.written;
+    EXPECT_EQ(forward, 4000 + 4000 + 4000 + 4);  // p * p (p read once, the product written), its sum
+    EXPECT_GE(backward, 2 * 4000);  // the gradient 2 p g: p read and the gradient written at least
+  }
+  EXPECT_THROW(
+      {
+        tempo::memory::TrafficScope one;
+        tempo::memory::TrafficScope two;
+      },
+      c10::Error);
+}
+
 // A reduced model of a preset's shape.
 ModelConfig reduced(const std::string& preset, int64_t layers, int64_t vocab = 4096) {
   ModelConfig c = ModelConfig::preset(preset);

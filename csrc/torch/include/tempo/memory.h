@@ -42,3 +42,48 @@ class Scope {
 };
 
 }  // namespace tempo::memory
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace tempo::memory {
+
+// Data movement of the operators run in a scope: for every kernel-level operator call (ATen or
+// tempo, in the forward and in autograd's backward), the bytes of its tensor operands (read)
+// and of its tensor results (written), from their shapes and dtypes: what the operator moves
+// if it reads each operand and writes each result once, as a memory-bound kernel does. A
+// composite (linear, layer_norm, ...) is counted as the calls it makes; a call counts itself
+// when none of its sub-calls moved data (they only allocate or make views). Views (results that
+// alias an operand, not in place) move nothing; an operand seen twice in one call counts once;
+// a broadcast operand counts its distinct elements.
+struct OpTraffic {
+  std::string phase;  // the label set when the op ran
+  std::string op;     // "aten::addmm", "tempo::gelu", ...
+  int64_t calls = 0, read = 0, written = 0;
+};
+
+// A pass an operator's kernel makes outside the dispatcher (tempo's core kernels, called
+// directly): recorded as its own row under `kernel` (a no-op when no scope is open).
+void note_traffic(const char* kernel, int64_t read, int64_t written);
+
+class TrafficScope {
+ public:
+  // Counts on this thread (and in the threads its autograd backward runs on) until destroyed.
+  // One scope at a time.
+  explicit TrafficScope(std::string phase = "forward");
+  ~TrafficScope();
+  TrafficScope(const TrafficScope&) = delete;
+  TrafficScope& operator=(const TrafficScope&) = delete;
+  void set_phase(std::string phase);  // the label of the ops that follow
+  std::vector<OpTraffic> ops() const;  // by (phase, op), in the order first seen
+  int64_t total() const;               // read + written over every op
+
+  struct State;
+
+ private:
+  std::shared_ptr<State> state_;
+  uint64_t handle_ = 0;
+};
+
+}  // namespace tempo::memory
