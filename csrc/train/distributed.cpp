@@ -26,6 +26,18 @@ namespace {
   TORCH_CHECK(world >= 1 && rank >= 0 && rank < world, "tempo::train: rank ", rank, " of ", world, " is not valid");
   TORCH_CHECK(port > 0 && port < 65536, "tempo::train: MASTER_PORT ", port, " is not a port");
 }
+
+#if TEMPO_WITH_GLOO || TEMPO_WITH_NCCL
+// The rendezvous: rank 0 serves a TCPStore at addr:port, the others join it.
+c10::intrusive_ptr<c10d::Store> make_store(int rank, int world, const std::string& addr, int port) {
+  c10d::TCPStoreOptions so;
+  so.port = static_cast<uint16_t>(port);
+  so.isServer = rank == 0;
+  so.numWorkers = world;
+  so.timeout = std::chrono::seconds(300);
+  return c10::make_intrusive<c10d::TCPStore>(addr, so);
+}
+#endif
 }  // namespace
 
 #if TEMPO_WITH_GLOO
@@ -33,12 +45,7 @@ namespace {
 class GlooCommunicator : public Communicator {
  public:
   GlooCommunicator(int rank, int world, const std::string& addr, int port) : rank_(rank), world_(world) {
-    c10d::TCPStoreOptions so;
-    so.port = static_cast<uint16_t>(port);
-    so.isServer = rank == 0;
-    so.numWorkers = world;
-    so.timeout = std::chrono::seconds(300);
-    auto store = c10::make_intrusive<c10d::TCPStore>(addr, so);
+    auto store = make_store(rank, world, addr, port);
     auto opts = c10d::ProcessGroupGloo::Options::create();
     opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(addr));
     pg_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world, opts);
@@ -87,13 +94,7 @@ class NcclCommunicator : public Communicator {
   NcclCommunicator(int rank, int world, const std::string& addr, int port, int local_rank)
       : rank_(rank), world_(world), device_(c10::kCUDA, static_cast<c10::DeviceIndex>(local_rank)) {
     c10::cuda::set_device(static_cast<c10::DeviceIndex>(local_rank));
-    c10d::TCPStoreOptions so;
-    so.port = static_cast<uint16_t>(port);
-    so.isServer = rank == 0;
-    so.numWorkers = world;
-    so.timeout = std::chrono::seconds(300);
-    auto store = c10::make_intrusive<c10d::TCPStore>(addr, so);
-    pg_ = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, world);
+    pg_ = c10::make_intrusive<c10d::ProcessGroupNCCL>(make_store(rank, world, addr, port), rank, world);
   }
   int rank() const override { return rank_; }
   int world() const override { return world_; }

@@ -120,14 +120,8 @@ TEMPO_HD ExpParts exp_parts(float h, float l) {
   constexpr float kLn2Hi = 0.693147182464599609375f, kLn2Lo = -1.9046542121259336e-09f;
   const float r = fmaf(-n, kLn2Hi, h);
   const float rl = fmaf(-n, kLn2Lo, l);
-  // e^r = 1 + p, p = r + r^2 q(r) (Taylor to r^7: truncation 5e-9 relative); times 1 + rl.
-  float q = 1.0f / 5040.0f;
-  q = fmaf(q, r, 1.0f / 720.0f);
-  q = fmaf(q, r, 1.0f / 120.0f);
-  q = fmaf(q, r, 1.0f / 24.0f);
-  q = fmaf(q, r, 1.0f / 6.0f);
-  q = fmaf(q, r, 0.5f);
-  const float p = fmaf(r * r, q, r);
+  // e^r = 1 + p, p = r + r^2 q(r) (kept apart from the 1 for accuracy); times 1 + rl.
+  const float p = fmaf(r * r, exp_taylor_tail(r), r);
   const F2 m = fast_two_sum(1.0f, fmaf(rl, 1.0f + p, p));
   return {m.hi, m.lo, static_cast<int>(n)};
 }

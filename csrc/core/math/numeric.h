@@ -3,6 +3,7 @@
 // supported element type through fp32 (or fp64 for double).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -131,6 +132,18 @@ void by_dtype(DType dtype, F&& f) {
     case DType::kBFloat16: f(bf16_t{}); break;
     case DType::kFloat16: f(fp16_t{}); break;
   }
+}
+
+// (e^r - 1 - r) / r^2 for |r| <= ln(2)/2, in fp32: the Taylor polynomial to r^7 (e^r's
+// truncation 5e-9 relative), by Horner. The fp32 exponentials (softmax.h, activation_f32.h)
+// finish it their own way.
+TEMPO_HD float exp_taylor_tail(float r) {
+  float q = 1.0f / 5040.0f;
+  q = fmaf(q, r, 1.0f / 720.0f);
+  q = fmaf(q, r, 1.0f / 120.0f);
+  q = fmaf(q, r, 1.0f / 24.0f);
+  q = fmaf(q, r, 1.0f / 6.0f);
+  return fmaf(q, r, 0.5f);
 }
 
 }  // namespace tempo::math

@@ -15,13 +15,8 @@ TEMPO_HD float exp_nonpositive(float x) {
   const float n = (xc * 1.44269504f + 12582912.0f) - 12582912.0f;
   float r = fmaf(n, -0.693145752f, xc);
   r = fmaf(n, -1.42860677e-6f, r);
-  // e^r on |r| <= ln(2)/2: Taylor polynomial of degree 7 (truncation 5e-9 relative).
-  float q = 1.0f / 5040.0f;
-  q = fmaf(q, r, 1.0f / 720.0f);
-  q = fmaf(q, r, 1.0f / 120.0f);
-  q = fmaf(q, r, 1.0f / 24.0f);
-  q = fmaf(q, r, 1.0f / 6.0f);
-  q = fmaf(q, r, 0.5f);
+  // e^r on |r| <= ln(2)/2: 1 + r + r^2 exp_taylor_tail(r), Horner all the way.
+  float q = exp_taylor_tail(r);
   q = fmaf(q, r, 1.0f);
   q = fmaf(q, r, 1.0f);
   const float two_n = bits_float(static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23);
