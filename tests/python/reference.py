@@ -15,7 +15,8 @@ DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
 # The forward's largest error in ulps of the result: the CPU kernels compute in double and round
 # once (half an ulp); the CUDA kernels of fp32 data use fp32 arithmetic (csrc/core/math/
 # activation_f32.h, kF32ForwardUlps: measured over every fp32 input). 16-bit data on CUDA is
-# rounded from that fp32 value: within half an ulp of its own plus a 2^-16 share of those.
+# rounded from that fp32 value: within half an ulp of its own plus those fp32 ulps, each 2^-13
+# of an fp16 ulp (2^-16 of a bf16 one; the fp16 share is taken for both).
 CUDA_F32_FORWARD_ULPS = {"gelu": 2.33, "gelu_tanh": 1.28, "silu": 1.27}
 
 
