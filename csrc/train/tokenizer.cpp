@@ -1,11 +1,13 @@
 #include "tempo/train/tokenizer.h"
 
 #include <c10/util/Exception.h>
-#include <sentencepiece_processor.h>
-#include <sentencepiece_trainer.h>
 
 #include <fstream>
 #include <sstream>
+
+#if TEMPO_WITH_SENTENCEPIECE
+#include <sentencepiece_processor.h>
+#include <sentencepiece_trainer.h>
 
 namespace tempo::train {
 
@@ -97,3 +99,34 @@ int Tokenizer::mask_id() const {
 }
 
 }  // namespace tempo::train
+#else
+// Built without SentencePiece's C++ library (Debian: libsentencepiece-dev with pkg-config):
+// no tokenizer can be made; pretokenized ids (python -m tempo.pretokenize) still train.
+namespace sentencepiece {
+class SentencePieceProcessor {};
+}  // namespace sentencepiece
+
+namespace tempo::train {
+namespace {
+[[noreturn]] void unavailable() {
+  TORCH_CHECK(false, "tempo::train::Tokenizer: built without SentencePiece's C++ library (apt-get install "
+              "libsentencepiece-dev pkg-config and rebuild), so no tokenizer; give --data pretokenized ids "
+              "(python -m tempo.pretokenize) instead");
+}
+}  // namespace
+
+Tokenizer::Tokenizer() = default;
+Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
+Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
+Tokenizer::~Tokenizer() = default;
+Tokenizer Tokenizer::load(const std::string&) { unavailable(); }
+Tokenizer Tokenizer::train(const std::vector<std::string>&, const std::string&, int, uint64_t) { unavailable(); }
+std::vector<int> Tokenizer::encode(const std::string&) const { unavailable(); }
+std::string Tokenizer::decode(const std::vector<int>&) const { unavailable(); }
+int Tokenizer::vocab_size() const { unavailable(); }
+int Tokenizer::pad_id() const { unavailable(); }
+int Tokenizer::eos_id() const { unavailable(); }
+int Tokenizer::mask_id() const { unavailable(); }
+
+}  // namespace tempo::train
+#endif
