@@ -52,15 +52,6 @@ class GlooCommunicator : public Communicator {
   }
   int rank() const override { return rank_; }
   int world() const override { return world_; }
-  // One collective per tensor, all in flight at once (the buckets of a step's gradients).
-  void allreduce_sum(std::vector<at::Tensor>& tensors) override {
-    std::vector<c10::intrusive_ptr<c10d::Work>> works;
-    for (auto& t : tensors) {
-      std::vector<at::Tensor> one{t};
-      works.push_back(pg_->allreduce(one));
-    }
-    for (auto& w : works) w->wait();
-  }
   std::function<void()> allreduce_sum_start(at::Tensor t) override {
     std::vector<at::Tensor> one{t};
     auto work = pg_->allreduce(one);
@@ -98,11 +89,6 @@ class NcclCommunicator : public Communicator {
   }
   int rank() const override { return rank_; }
   int world() const override { return world_; }
-  void allreduce_sum(std::vector<at::Tensor>& tensors) override {
-    std::vector<std::function<void()>> waits;
-    for (auto& t : tensors) waits.push_back(allreduce_sum_start(t));
-    for (auto& w : waits) w();
-  }
   // NCCL sums device tensors; a CPU tensor goes through the device and back.
   std::function<void()> allreduce_sum_start(at::Tensor t) override {
     at::Tensor d = t.is_cuda() ? t : t.to(device_);

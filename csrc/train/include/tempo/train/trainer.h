@@ -23,13 +23,17 @@ class Communicator {
   virtual ~Communicator() = default;
   virtual int rank() const { return 0; }
   virtual int world() const { return 1; }
-  // Sums every tensor (all in flight at once) and waits for all.
-  virtual void allreduce_sum(std::vector<at::Tensor>& tensors) { (void)tensors; }
   // Starts summing one tensor and returns at once; calling the result waits for the sum.
   // Every rank must start the same sums in the same order.
   virtual std::function<void()> allreduce_sum_start(at::Tensor tensor) {
     (void)tensor;
     return [] {};
+  }
+  // Sums every tensor (all in flight at once) and waits for all.
+  void allreduce_sum(std::vector<at::Tensor>& tensors) {
+    std::vector<std::function<void()>> waits;
+    for (auto& t : tensors) waits.push_back(allreduce_sum_start(t));
+    for (auto& w : waits) w();
   }
   virtual void barrier() {}
 };
