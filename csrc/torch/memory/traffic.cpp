@@ -110,15 +110,15 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
       if (!f.child_written.count(s)) residual_written += tensor_bytes(t);
     });
   Frame* parent = t_frames.empty() ? nullptr : &t_frames.back();
-  auto mark_parent = [&](const Frame& self, bool counted) {
+  // The caller now knows this call moved data, and which storages it (or its sub-calls) read
+  // and wrote.
+  auto mark_parent = [&] {
     if (!parent) return;
     parent->children_moved = true;
-    if (counted) {
-      for (const void* s : self.storages) parent->child_read.insert(s);
-      for (const void* s : outputs) parent->child_written.insert(s);
-    }
-    parent->child_read.insert(self.child_read.begin(), self.child_read.end());
-    parent->child_written.insert(self.child_written.begin(), self.child_written.end());
+    for (const void* s : f.storages) parent->child_read.insert(s);
+    for (const void* s : outputs) parent->child_written.insert(s);
+    parent->child_read.insert(f.child_read.begin(), f.child_read.end());
+    parent->child_written.insert(f.child_written.begin(), f.child_written.end());
   };
   int64_t read = f.read;
   if (f.children_moved) {
@@ -128,7 +128,7 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
     for (size_t i = 0; i < f.storages.size(); ++i)
       if (!f.child_read.count(f.storages[i]) && !f.child_written.count(f.storages[i])) read += f.bytes[i];
     written = residual_written;
-    mark_parent(f, true);  // its operands and results are accounted for, by it or its sub-calls
+    mark_parent();  // its operands and results are accounted for, by it or its sub-calls
     if (read == 0 && written == 0) return;
   } else {
     if (!any_output) return;             // a query (sizes, a choice of backend)
@@ -136,7 +136,7 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
     // Allocation without initialisation writes nothing.
     if (name == "aten::empty" || name == "aten::empty_strided" || name == "aten::empty_like") return;
     if (read == 0 && written == 0) return;  // no element moved (an empty tensor, a no-op conversion)
-    mark_parent(f, true);
+    mark_parent();
   }
   record(name, read, written);
 }
