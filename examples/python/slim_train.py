@@ -11,6 +11,11 @@ curves side by side. Tasks:
 
     .venv/bin/python examples/python/slim_train.py --task copy [--seq 512] [--chunk 64] [--steps 600]
     .venv/bin/python examples/python/slim_train.py --task text [--data DIR] [--seq 1024] [--chunk 128]
+
+--checkpoint FILE saves both models, both optimisers and the batch generator every --save-every
+steps (atomically: a temporary file, then a rename) and, when FILE exists, resumes from it, so a
+long run can be stopped and continued with the same command; the resumed run sees the same
+batches as one never stopped.
 """
 import argparse
 import copy
@@ -79,6 +84,8 @@ def main():
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--every", type=int, default=50)
     p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--checkpoint", default=None, help="save here every --save-every steps; resume if it exists")
+    p.add_argument("--save-every", type=int, default=100)
     a = p.parse_args()
     seq = a.seq or (512 if a.task == "copy" else 1024)
     chunk = a.chunk or (64 if a.task == "copy" else 128)
@@ -107,8 +114,20 @@ def main():
     if a.task == "text":
         head += " %16s %16s" % ("eval bpb chunk", "eval bpb full")
     print(head + " %8s" % "s/step")
+    first = 1
+    if a.checkpoint and os.path.exists(a.checkpoint):
+        state = torch.load(a.checkpoint, weights_only=False)
+        if state["args"] != key_args(a):
+            sys.exit("slim_train: %s was written by a run with other settings: %s" % (a.checkpoint, state["args"]))
+        for m, s in zip((chunked, full), state["models"]):
+            m.load_state_dict(s)
+        for o, s in zip(opts, state["opts"]):
+            o.load_state_dict(s)
+        gen.set_state(state["gen"])
+        first = state["step"] + 1
+        print("resumed from %s after step %d" % (a.checkpoint, state["step"]))
     t0 = time.perf_counter()
-    for step in range(1, a.steps + 1):
+    for step in range(first, a.steps + 1):
         tokens, weight = make()
         losses = []
         for m, opt, c in ((chunked, opts[0], chunk), (full, opts[1], None)):
@@ -123,7 +142,18 @@ def main():
             if a.task == "text":
                 line += " %16.4f %16.4f" % (eval_bits_per_byte(chunked, held_out, seq),
                                             eval_bits_per_byte(full, held_out, seq))
-            print(line + " %8.2f" % ((time.perf_counter() - t0) / step), flush=True)
+            print(line + " %8.2f" % ((time.perf_counter() - t0) / (step - first + 1)), flush=True)
+        if a.checkpoint and (step % a.save_every == 0 or step == a.steps):
+            tmp = a.checkpoint + ".tmp"
+            torch.save({"args": key_args(a), "step": step, "gen": gen.get_state(),
+                        "models": [chunked.state_dict(), full.state_dict()],
+                        "opts": [o.state_dict() for o in opts]}, tmp)
+            os.replace(tmp, a.checkpoint)
+
+
+def key_args(a):
+    """The settings a resumed run must share with the run that wrote the checkpoint."""
+    return {k: getattr(a, k) for k in ("task", "data", "seq", "chunk", "batch", "layers", "symbols", "lr")}
 
 
 if __name__ == "__main__":

@@ -214,3 +214,31 @@ def test_train_example_curves_agree_on_text_and_copy(tmp_path):
     r = subprocess.run([sys.executable, os.path.join(root, "examples", "python", "slim_train.py"), "--task", "text",
                         "--data", str(tmp_path / "missing")], capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode != 0 and "no such file or directory" in r.stderr
+
+
+def test_train_example_resumes_from_its_checkpoint_exactly(tmp_path):
+    """slim_train.py --checkpoint: a run stopped after step 2 and resumed prints the same losses
+    for steps 3 and 4 as a run never stopped (same weights, optimiser states and batches)."""
+    import sys
+    root = os.path.join(os.path.dirname(__file__), "..", "..")
+    env = dict(os.environ, PYTHONPATH=os.path.join(root, "python"))
+
+    def run(steps, ckpt=None, extra=()):
+        cmd = [sys.executable, os.path.join(root, "examples", "python", "slim_train.py"), "--task", "copy",
+               "--seq", "32", "--chunk", "5", "--steps", str(steps), "--every", "1", "--batch", "2", "--threads", "1",
+               *extra]
+        if ckpt:
+            cmd += ["--checkpoint", str(ckpt), "--save-every", "1"]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+        return r, {int(x[0]): x[1:3] for x in (line.split() for line in r.stdout.splitlines())
+                   if x and x[0].isdigit()}
+
+    _, whole = run(4)
+    ckpt = tmp_path / "copy.pt"
+    _, first = run(2, ckpt)
+    r, rest = run(4, ckpt)
+    assert r.returncode == 0, r.stderr
+    assert "resumed from" in r.stdout and sorted(rest) == [3, 4]
+    assert {**first, **rest} == whole
+    r, _ = run(5, ckpt, ["--lr", "0.01"])  # other settings: refused
+    assert r.returncode != 0 and "other settings" in r.stderr
