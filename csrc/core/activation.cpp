@@ -1,6 +1,8 @@
 // Backend-independent parts of the activation ops: names and parameter validation.
 #include "tempo/activation.h"
 
+#include <algorithm>
+
 namespace tempo {
 
 const char* activation_name(Activation act) {
@@ -20,6 +22,12 @@ bool known(DType d) {
   return d == DType::kFloat32 || d == DType::kFloat64 || d == DType::kBFloat16 || d == DType::kFloat16;
 }
 }  // namespace
+
+int64_t activation_backward_workspace_elems(int64_t numel, int64_t bias_size) {
+  if (bias_size <= 0) return 0;
+  const int64_t rows = numel / bias_size;
+  return std::min<int64_t>(std::max<int64_t>(rows, 1), kActivationBiasGroups) * bias_size;
+}
 
 namespace detail {
 
@@ -43,6 +51,10 @@ Status validate(const ActivationBackwardParams& p) {
   if (p.numel == 0) return Status::Ok();
   TEMPO_CORE_CHECK(p.y && p.mask && p.grad_y && p.grad_x,
                    "activation backward: y, mask, grad_y and grad_x must be non-null");
+  if (p.grad_bias) {
+    TEMPO_CORE_CHECK(p.bias_size > 0 && p.numel % p.bias_size == 0,
+                     "activation backward: bias_size must divide numel");
+  }
   return Status::Ok();
 }
 

@@ -98,7 +98,9 @@ void ModelConfig::validate() const {
   TORCH_CHECK(num_labels > 0, m, ": num_labels must be positive");
 }
 
-std::vector<std::string> MemoryPolicy::names() { return {"eager", "checkpoint", "sdpa", "tempo", "tempo-sdpa"}; }
+std::vector<std::string> MemoryPolicy::names() {
+  return {"eager", "checkpoint", "sdpa", "tempo", "tempo-sdpa", "tempo-fused"};
+}
 
 void ModelConfig::resize(int64_t hidden_, int64_t layers_, int64_t heads_, int64_t intermediate_, int64_t positions_,
                          int64_t vocab_) {
@@ -121,9 +123,10 @@ MemoryPolicy MemoryPolicy::parse(const std::string& spec) {
   for (const auto& n : names()) known << " " << n;
   TORCH_CHECK(!base.empty(), "tempo::models: unknown memory policy '", spec, "'; known:", known.str(),
               " (optionally followed by +toggle / -toggle)");
-  const bool tempo = base == "tempo" || base == "tempo-sdpa";
+  const bool tempo = base == "tempo" || base == "tempo-sdpa" || base == "tempo-fused";
   p.inplace_gelu = p.inplace_norm = p.bit_dropout = p.fused_head = tempo;
-  p.attention = base == "tempo" ? "tempo" : base == "sdpa" ? "sdpa" : base == "tempo-sdpa" ? "fused" : "eager";
+  p.fused_kernels = base == "tempo-fused";
+  p.attention = base == "tempo" || base == "tempo-fused" ? "tempo" : base == "sdpa" ? "sdpa" : base == "tempo-sdpa" ? "fused" : "eager";
   p.checkpoint = base == "checkpoint";
   size_t i = base.size();
   while (i < spec.size()) {
@@ -142,9 +145,10 @@ MemoryPolicy MemoryPolicy::parse(const std::string& spec) {
     else if (t == "fused") p.attention = on ? "fused" : "eager";
     else if (t == "checkpoint") p.checkpoint = on;
     else if (t == "head") p.fused_head = on;
+    else if (t == "kernels") p.fused_kernels = on;
     else
       TORCH_CHECK(false, "tempo::models: unknown toggle '", t, "' in memory policy '", spec,
-                  "' (gelu, norm, dropout, attention, sdpa, fused, checkpoint, head)");
+                  "' (gelu, norm, dropout, attention, sdpa, fused, checkpoint, head, kernels)");
     i = j;
   }
   return p;

@@ -17,8 +17,10 @@ namespace tempo::models {
 
 // ---- the policy's ops ---------------------------------------------------------------------
 
-at::Tensor PolicyOps::gelu(const at::Tensor& x, const char* approximate) const {
-  return policy_.inplace_gelu ? tempo::gelu(x, approximate) : at::gelu(x, approximate);
+at::Tensor PolicyOps::gelu(const at::Tensor& x, const char* approximate, const at::Tensor& bias) const {
+  if (policy_.inplace_gelu)
+    return tempo::gelu(x, approximate, bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt);
+  return at::gelu(bias.defined() ? x + bias : x, approximate);
 }
 
 at::Tensor PolicyOps::silu(const at::Tensor& x) const { return policy_.inplace_gelu ? tempo::silu(x) : at::silu(x); }
@@ -45,10 +47,11 @@ at::Tensor PolicyOps::norm(const at::Tensor& x, const torch::nn::Module& m, bool
 }
 
 at::Tensor PolicyOps::add_norm(const at::Tensor& x, const at::Tensor& residual, double p, bool train,
-                               const tempo::nn::LayerNorm& n, double eps) const {
+                               const tempo::nn::LayerNorm& n, double eps, const at::Tensor& bias) const {
+  const std::optional<at::Tensor> b = bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt;
   if (policy_.bit_dropout && policy_.inplace_norm)
-    return tempo::bias_dropout_add_layer_norm(x, std::nullopt, residual, p, n->weight, n->bias, eps, "bits", train);
-  return norm(residual + dropout(x, p, train), *n, false, eps);
+    return tempo::bias_dropout_add_layer_norm(x, b, residual, p, n->weight, n->bias, eps, "bits", train);
+  return norm(residual + dropout(b ? x + bias : x, p, train), *n, false, eps);
 }
 
 // ---- one layer ----------------------------------------------------------------------------
@@ -77,7 +80,8 @@ void TransformerLayerImpl::reset() {
                                                                          .causal(is_decoder(c.arch))
                                                                          .backend(ops_->policy().attention)
                                                                          .rotary(llama)
-                                                                         .rope_theta(c.rope_theta)));
+                                                                         .rope_theta(c.rope_theta)
+                                                                         .fused_qkv(ops_->policy().fused_kernels)));
   fc1 = register_module("fc1", torch::nn::Linear(torch::nn::LinearOptions(c.hidden, c.intermediate).bias(!llama)));
   fc2 = register_module("fc2", torch::nn::Linear(torch::nn::LinearOptions(c.intermediate, c.hidden).bias(!llama)));
   if (llama)
@@ -90,13 +94,17 @@ at::Tensor TransformerLayerImpl::norm(int which, const at::Tensor& x) const {
   return ops_->norm(x, which == 1 ? *norm1 : *norm2, config_.arch == Arch::kLlama, config_.eps);
 }
 
-at::Tensor TransformerLayerImpl::ffn(const at::Tensor& x) {
-  switch (config_.arch) {
-    case Arch::kLlama:  // SwiGLU: tempo keeps SiLU(gate), up and the bit, not gate or the product
-      return fc2->forward(ops_->silu(gate->forward(x)) * fc1->forward(x));
-    case Arch::kGpt2: return fc2->forward(ops_->gelu(fc1->forward(x), "tanh"));
-    default: return fc2->forward(ops_->gelu(fc1->forward(x), "none"));
+at::Tensor TransformerLayerImpl::ffn(const at::Tensor& x, bool out_bias) {
+  at::Tensor a;
+  if (config_.arch == Arch::kLlama) {  // SwiGLU: tempo keeps SiLU(gate), up and the bit, not gate or the product
+    a = ops_->silu(gate->forward(x)) * fc1->forward(x);
+  } else {
+    const char* approximate = config_.arch == Arch::kGpt2 ? "tanh" : "none";
+    // Fused kernels: fc1's bias is added inside the activation's pass (bias + GELU + bit).
+    a = ops_->policy().fused_kernels ? ops_->gelu(at::linear(x, fc1->weight), approximate, fc1->bias)
+                                     : ops_->gelu(fc1->forward(x), approximate);
   }
+  return out_bias ? fc2->forward(a) : at::linear(a, fc2->weight);
 }
 
 at::Tensor TransformerLayerImpl::forward(const at::Tensor& x, const at::Tensor& mask) {
@@ -106,6 +114,12 @@ at::Tensor TransformerLayerImpl::forward(const at::Tensor& x, const at::Tensor& 
   if (!is_decoder(config_.arch)) {  // post-LN: LN(x + drop(attn(x))), LN(h + drop(ffn(h)))
     const tempo::nn::LayerNorm ln1(std::dynamic_pointer_cast<tempo::nn::LayerNormImpl>(norm1));
     const tempo::nn::LayerNorm ln2(std::dynamic_pointer_cast<tempo::nn::LayerNormImpl>(norm2));
+    if (ops_->policy().fused_kernels) {
+      // The out and fc2 projections' biases go into the bias-dropout-residual-LayerNorm pass.
+      const at::Tensor h = ops_->add_norm(attention->forward(x, m, false), x, p, train, ln1, config_.eps,
+                                          attention->out->bias);
+      return ops_->add_norm(ffn(h, false), h, p, train, ln2, config_.eps, fc2->bias);
+    }
     const at::Tensor h = ops_->add_norm(attention->forward(x, m), x, p, train, ln1, config_.eps);
     return ops_->add_norm(ffn(h), h, p, train, ln2, config_.eps);
   }

@@ -8,6 +8,7 @@
 #include "tempo/nn/dropout.h"
 #include "tempo/ops/attention.h"
 #include "tempo/ops/fused_attention.h"
+#include "tempo/ops/qkv_split.h"
 
 namespace tempo::nn {
 
@@ -80,13 +81,20 @@ void SelfAttentionImpl::reset() {
   out = register_module("out", torch::nn::Linear(torch::nn::LinearOptions(h, h).bias(options.bias())));
 }
 
-at::Tensor SelfAttentionImpl::forward(const at::Tensor& x, const std::optional<at::Tensor>& attention_mask) {
+at::Tensor SelfAttentionImpl::forward(const at::Tensor& x, const std::optional<at::Tensor>& attention_mask,
+                                      bool out_bias) {
   TORCH_CHECK(x.dim() == 3 && x.size(2) == options.hidden(), kOp, ": x must be [batch, seq, ", options.hidden(),
               "], got ", x.sizes());
   const int64_t B = x.size(0), S = x.size(1), A = options.heads(), d = options.hidden() / A;
-  // [B, S, 3, A, d] -> three [B, A, S, d] views of the one projection.
-  const at::Tensor qkv_out = qkv(x).view({B, S, 3, A, d}).permute({2, 0, 3, 1, 4});
-  at::Tensor q = qkv_out[0], k = qkv_out[1], v = qkv_out[2];
+  at::Tensor q, k, v;
+  if (options.fused_qkv()) {
+    const std::optional<at::Tensor> b = qkv->bias.defined() ? std::optional<at::Tensor>(qkv->bias) : std::nullopt;
+    std::tie(q, k, v) = tempo::qkv_split(at::linear(x, qkv->weight), b, A);
+  } else {
+    // [B, S, 3, A, d] -> three [B, A, S, d] views of the one projection.
+    const at::Tensor qkv_out = qkv(x).view({B, S, 3, A, d}).permute({2, 0, 3, 1, 4});
+    q = qkv_out[0], k = qkv_out[1], v = qkv_out[2];
+  }
   if (options.rotary()) {
     // The rotated q, k are new tensors; a copy of v lets the projection's output go.
     q = apply_rotary(q, options.rope_theta());
@@ -119,7 +127,8 @@ at::Tensor SelfAttentionImpl::forward(const at::Tensor& x, const std::optional<a
   else if (backend == "tempo-fused") o = tempo::fused_attention(q, k, v, mask, p, options.causal());
   else if (backend == "sdpa") o = sdpa_attention(q, k, v, mask, p, options.causal());
   else o = eager_attention(q, k, v, mask, p, options.causal());
-  return out(o.transpose(1, 2).reshape({B, S, options.hidden()}));
+  const at::Tensor merged = o.transpose(1, 2).reshape({B, S, options.hidden()});
+  return out_bias ? out(merged) : at::linear(merged, out->weight);
 }
 
 void SelfAttentionImpl::pretty_print(std::ostream& stream) const {

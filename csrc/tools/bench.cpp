@@ -38,8 +38,8 @@ void print_bench_usage(FILE* out) {
                "--seq may not exceed the model's positions (bert-base: 512); --positions gives it more\n"
                "(new position embeddings: for memory and speed figures, not for a pretrained model)\n"
                "presets: bert-base bert-large roberta-base roberta-large gpt2 gpt2-medium gpt2-large llama-small\n"
-               "policies: eager checkpoint sdpa tempo tempo-sdpa, each optionally with +t/-t toggles\n"
-               "          (t in gelu norm dropout attention sdpa fused checkpoint), e.g. eager+gelu\n");
+               "policies: eager checkpoint sdpa tempo tempo-sdpa tempo-fused, each optionally with +t/-t toggles\n"
+               "          (t in gelu norm dropout attention sdpa fused checkpoint head kernels), e.g. eager+gelu\n");
 }
 
 int64_t parse_bytes(const std::string& text) {

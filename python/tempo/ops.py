@@ -89,6 +89,15 @@ def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask
     return torch.ops.tempo.fused_attention(q, k, v, attn_mask, dropout_p, causal, scale, block_rows)
 
 
+def qkv_split(z: torch.Tensor, bias: Optional[torch.Tensor], heads: int):
+    """q, k, v ([B, heads, S, head_dim] each, contiguous) from z, the q/k/v projection without its
+    bias ([B, S, 3 hidden], q's columns first), plus the bias ([3 hidden] or None), in one pass:
+    the Data Movement paper's attention input bias. Equal to
+    (z + bias).view(B, S, 3, heads, -1).permute(2, 0, 3, 1, 4) made contiguous; the backward
+    gathers dz and sums the bias gradient in one pass. Keeps nothing for backward."""
+    return torch.ops.tempo.qkv_split(z, bias, heads)
+
+
 def causal_linear_attention(qf: torch.Tensor, kf: torch.Tensor, v: torch.Tensor, state=None, eps: float = 1e-6,
                             mode: str = "iterative"):
     """Causal linear attention over one chunk with a carried state (SLiM). qf, kf: feature-mapped

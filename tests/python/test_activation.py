@@ -82,6 +82,7 @@ def test_opcheck(name):
     torch.library.opcheck(fwd, (xx, *extra, None) if extra else (xx, None))
     y, m = fwd(xx, *extra, None) if extra else fwd(xx, None)
     torch.library.opcheck(bwd, (torch.randn_like(y), y, m, *extra))
+    torch.library.opcheck(bwd, (torch.randn_like(y), y, m, *extra, True))
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -3,6 +3,7 @@ build/pretrained_tool): the pretrained all-MiniLM-L6-v2 gives transformers' hidd
 every memory policy; models of each family saved by C++ load in transformers with the same
 outputs; damaged files and unsupported configs are refused with clear errors."""
 import json
+import math
 import os
 import struct
 import subprocess
@@ -16,7 +17,7 @@ safetensors_torch = pytest.importorskip("safetensors.torch")
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 TOOL = os.environ.get("TEMPO_PRETRAINED_TOOL", os.path.join(ROOT, "build", "pretrained_tool"))
 pytestmark = pytest.mark.skipif(not os.path.exists(TOOL), reason="build/pretrained_tool is not built")
-POLICIES = ["eager", "checkpoint", "sdpa", "tempo", "tempo-sdpa"]
+POLICIES = ["eager", "checkpoint", "sdpa", "tempo", "tempo-sdpa", "tempo-fused"]
 
 
 def minilm():
@@ -54,6 +55,32 @@ def test_minilm_hidden_states_equal_transformers_under_every_policy(tmp_path):
         assert fresh == {"mlm_dense.weight", "mlm_dense.bias", "mlm_norm.weight", "mlm_norm.bias", "mlm_bias",
                          "classifier.weight", "classifier.bias"}  # MiniLM is a bare encoder (+ pooler)
         assert {name for kind, name in report if kind == "unused"} <= {"embeddings.position_ids"}
+
+
+def test_minilm_gradients_of_tempo_fused_equal_tempo(tmp_path):
+    """The fused layer kernels (q/k/v split with its bias, bias + GELU, the projections' biases
+    inside the bias-dropout-residual-LayerNorm, their gradients summed in those passes) on the
+    pretrained MiniLM in train mode, dropout on: the same loss and gradients as the unfused tempo
+    layers (same seed, so the same masks), and as eager."""
+    folder = minilm()
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(1000, 30000, (2, 24), generator=g)
+    ids[:, 0], ids[:, -1] = 101, 102
+    mask = torch.ones_like(ids)
+    mask[1, 18:] = 0
+    labels = torch.full_like(ids, -100)
+    labels[:, 3:20:4] = ids[:, 3:20:4]
+    inp = tmp_path / "batch.safetensors"
+    safetensors_torch.save_file({"input_ids": ids, "attention_mask": mask, "labels": labels}, str(inp))
+    for other in ("tempo", "eager"):
+        r = tool("grads", folder, other, "tempo-fused", inp)
+        assert r.returncode == 0, r.stderr
+        out = dict(line.split(" ", 1) for line in r.stdout.splitlines())
+        a, b = map(float, out["loss"].split())
+        assert math.isclose(a, b, rel_tol=1e-5), (other, a, b)
+        worst = float(out["worst_rel_grad"].split()[0])
+        # fp32 through 6 layers, summed in another order: a few 1e-6 in the worst parameter
+        assert worst < 1e-4, (other, out["worst_rel_grad"])
 
 
 @pytest.mark.parametrize("arch,auto", [("bert", "BertModel"), ("roberta", "RobertaModel"), ("gpt2", "GPT2Model"),

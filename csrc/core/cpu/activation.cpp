@@ -4,7 +4,10 @@
 // chosen at run time, beside the scalar definition in activation_math.h.
 #include "tempo/activation.h"
 
+#include <omp.h>
+
 #include <algorithm>
+#include <vector>
 
 #include "../math/activation_math.h"
 #include "activation_simd.h"
@@ -121,6 +124,41 @@ Status dispatch(const P& p) {
   return known ? Status::Ok() : Status::Error("activation: unknown activation");
 }
 
+// The backward with the bias gradient fused in: each thread adds the grad_x it stores into its
+// own double column sums, which are then added in thread order (deterministic for a given
+// thread count).
+template <Activation A, typename T>
+void backward_with_bias(const ActivationBackwardParams& p) {
+  const int64_t M = p.bias_size;
+  const int64_t blocks = (p.numel + kBlock - 1) / kBlock;
+  const bool parallel = p.numel >= cpu::kParallelMinElems && blocks > 1;
+  const int threads = parallel ? omp_get_max_threads() : 1;
+  std::vector<double> parts(static_cast<size_t>(threads) * M, 0.0);
+#pragma omp parallel num_threads(threads) if (parallel)
+  {
+    double* part = parts.data() + static_cast<size_t>(omp_get_thread_num()) * M;
+#pragma omp for schedule(static)
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t start = b * kBlock, end = std::min(p.numel, start + kBlock);
+      backward_block<A, T>(p, start, end);
+      const T* dx = static_cast<const T*>(p.grad_x);
+      for (int64_t i = start; i < end;) {
+        const int64_t col = i % M;
+        const int64_t run = std::min(end - i, M - col);
+        double* pc = part + col;
+        const T* di = dx + i;
+#pragma omp simd
+        for (int64_t k = 0; k < run; ++k) pc[k] += static_cast<double>(math::to_float(di[k]));
+        i += run;
+      }
+    }
+  }
+  for (int t = 1; t < threads; ++t)
+    for (int64_t j = 0; j < M; ++j) parts[j] += parts[static_cast<size_t>(t) * M + j];
+  T* gb = static_cast<T*>(p.grad_bias);
+  for (int64_t j = 0; j < M; ++j) math::store(gb + j, static_cast<math::acc_t<T>>(parts[j]));
+}
+
 template <Activation A, typename T>
 struct Forward {
   static void run(const ActivationForwardParams& p, int64_t b, int64_t e) { forward_block<A, T>(p, b, e); }
@@ -149,7 +187,11 @@ Status activation_forward_cpu(const ActivationForwardParams& p) {
 Status activation_backward_cpu(const ActivationBackwardParams& p) {
   Status s = detail::validate(p);
   if (!s.ok() || p.numel == 0) return s;
-  return dispatch<Backward>(p);
+  if (!p.grad_bias) return dispatch<Backward>(p);
+  const bool known = math::by_activation(p.act, [&](auto act_tag) {
+    math::by_dtype(p.dtype, [&](auto t) { backward_with_bias<decltype(act_tag)::value, decltype(t)>(p); });
+  });
+  return known ? Status::Ok() : Status::Error("activation: unknown activation");
 }
 
 }  // namespace tempo

@@ -116,6 +116,40 @@ __global__ void backward_kernel(ActivationBackwardParams p, bool vec) {
   }
 }
 
+// The backward with the bias gradient (bdrb): block (column tile, row group); each thread owns
+// one column (coalesced across the warp), walks its group's rows storing grad_x and adding it
+// up, and writes its partial sum; column_sums_kernel then adds the groups in order.
+template <Activation A, typename T>
+__global__ void backward_bias_kernel(ActivationBackwardParams p, int64_t rows_per_group) {
+  using Acc = acc_t<T>;
+  const T* y = static_cast<const T*>(p.y);
+  const T* dy = static_cast<const T*>(p.grad_y);
+  T* dx = static_cast<T*>(p.grad_x);
+  const int64_t M = p.bias_size, rows = p.numel / M;
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= M) return;
+  const int64_t r0 = blockIdx.y * rows_per_group, r1 = min(rows, r0 + rows_per_group);
+  Acc sum = 0;
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t i = r * M + c;
+    const auto g = math::act_grad_from_output<A>(math::to_float(y[i]), ((p.mask[i >> 3] >> (i & 7)) & 1u) != 0);
+    T out;
+    math::store(&out, math::to_float(dy[i]) * g);
+    dx[i] = out;
+    sum += math::to_float(out);
+  }
+  static_cast<Acc*>(p.workspace)[blockIdx.y * M + c] = sum;
+}
+
+template <typename T>
+__global__ void column_sums_kernel(const acc_t<T>* parts, int64_t groups, int64_t M, T* out) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= M) return;
+  acc_t<T> sum = 0;
+  for (int64_t g = 0; g < groups; ++g) sum += parts[g * M + c];
+  math::store(out + c, sum);
+}
+
 template <typename F>
 Status dispatch(Activation act, DType dtype, F&& f) {
   const bool known =
@@ -140,9 +174,23 @@ Status activation_forward_cuda(const ActivationForwardParams& p, void* stream) {
 Status activation_backward_cuda(const ActivationBackwardParams& p, void* stream) {
   Status s = detail::validate(p);
   if (!s.ok() || p.numel == 0) return s;
+  auto st = static_cast<cudaStream_t>(stream);
+  if (p.grad_bias) {
+    TEMPO_CORE_CHECK(p.workspace, "activation backward: the CUDA bias gradient needs its workspace");
+    const int64_t M = p.bias_size, rows = p.numel / M;
+    const int64_t groups = activation_backward_workspace_elems(p.numel, M) / M;
+    const int64_t per_group = (rows + groups - 1) / groups;
+    const dim3 grid(static_cast<unsigned>((M + kThreads - 1) / kThreads), static_cast<unsigned>(groups));
+    const Status d = dispatch(p.act, p.dtype, [&](auto act_tag, auto t) {
+      using T = decltype(t);
+      backward_bias_kernel<decltype(act_tag)::value, T><<<grid, kThreads, 0, st>>>(p, per_group);
+      column_sums_kernel<T><<<grid.x, kThreads, 0, st>>>(static_cast<const acc_t<T>*>(p.workspace), groups, M,
+                                                          static_cast<T*>(p.grad_bias));
+    });
+    return d.ok() ? launch_status("activation backward (bias gradient)") : d;
+  }
   const bool vec = aligned16(p.y) && aligned16(p.grad_y) && aligned16(p.grad_x);
   const int64_t bytes = bit_mask_bytes(p.numel);
-  auto st = static_cast<cudaStream_t>(stream);
   const Status d = dispatch(p.act, p.dtype, [&](auto act_tag, auto t) {
     backward_kernel<decltype(act_tag)::value, decltype(t)><<<grid_for(bytes), kThreads, 0, st>>>(p, vec);
   });

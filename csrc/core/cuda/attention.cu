@@ -2,6 +2,8 @@
 // reductions, the same per-element math and Philox draws as the CPU kernels.
 #include <cfloat>
 
+#include <algorithm>
+
 #include "tempo/attention.h"
 #include "../math/philox.h"
 #include "../math/softmax.h"
@@ -92,7 +94,90 @@ __global__ void backward_kernel(AttentionSoftmaxBackwardParams p, uint64_t thres
   }
 }
 
+// ---- the q/k/v split (aib) ----------------------------------------------------------------
+
+// Element (t, c) of z [tokens, 3 A D]: c = (w A + a) D + j goes to out[w] at ((b A + a) S + s) D + j.
+template <typename T>
+__global__ void qkv_split_forward_kernel(QkvSplitForwardParams p) {
+  const int64_t S = p.seq, A = p.heads, D = p.head_dim, M = p.cols(), n = p.numel();
+  const T* z = static_cast<const T*>(p.z);
+  const T* bias = static_cast<const T*>(p.bias);
+  T* out[3] = {static_cast<T*>(p.q), static_cast<T*>(p.k), static_cast<T*>(p.v)};
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const int64_t t = i / M, c = i % M, w = c / (A * D), a = (c / D) % A, j = c % D;
+    const int64_t b = t / S, s = t % S;
+    T v = z[i];
+    if (bias) math::store(&v, math::to_float(v) + math::to_float(bias[c]));
+    out[w][((b * A + a) * S + s) * D + j] = v;
+  }
+}
+
+// Block (column tile, token group): each thread owns one column of dz, walks the group's
+// tokens gathering dz and, with a bias, adding it up into its partial sum.
+template <typename T>
+__global__ void qkv_split_backward_kernel(QkvSplitBackwardParams p, int64_t tokens_per_group) {
+  using Acc = math::acc_t<T>;
+  const int64_t S = p.seq, A = p.heads, D = p.head_dim, M = p.cols(), tokens = p.batch * S;
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= M) return;
+  const int64_t w = c / (A * D), a = (c / D) % A, j = c % D;
+  const T* in = static_cast<const T*>(w == 0 ? p.grad_q : w == 1 ? p.grad_k : p.grad_v);
+  T* dz = static_cast<T*>(p.grad_z);
+  const int64_t t0 = blockIdx.y * tokens_per_group, t1 = min(tokens, t0 + tokens_per_group);
+  Acc sum = 0;
+  for (int64_t t = t0; t < t1; ++t) {
+    const int64_t b = t / S, s = t % S;
+    const T v = in[((b * A + a) * S + s) * D + j];
+    dz[t * M + c] = v;
+    sum += math::to_float(v);
+  }
+  if (p.grad_bias) static_cast<Acc*>(p.workspace)[blockIdx.y * M + c] = sum;
+}
+
+template <typename T>
+__global__ void qkv_bias_sums_kernel(const math::acc_t<T>* parts, int64_t groups, int64_t M, T* out) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= M) return;
+  math::acc_t<T> sum = 0;
+  for (int64_t g = 0; g < groups; ++g) sum += parts[g * M + c];
+  math::store(out + c, sum);
+}
+
 }  // namespace
+
+Status qkv_split_forward_cuda(const QkvSplitForwardParams& p, void* stream) {
+  Status s = detail::validate(p);
+  if (!s.ok() || p.numel() == 0) return s;
+  auto st = static_cast<cudaStream_t>(stream);
+  math::by_dtype(p.dtype, [&](auto t) {
+    qkv_split_forward_kernel<decltype(t)><<<cuda::grid_for(p.numel()), cuda::kThreads, 0, st>>>(p);
+  });
+  return cuda::launch_status("qkv split forward");
+}
+
+Status qkv_split_backward_cuda(const QkvSplitBackwardParams& p, void* stream) {
+  Status s = detail::validate(p);
+  if (!s.ok()) return s;
+  auto st = static_cast<cudaStream_t>(stream);
+  const int64_t M = p.cols(), tokens = p.batch * p.seq;
+  if (M == 0) return s;
+  TEMPO_CORE_CHECK(!p.grad_bias || p.workspace, "qkv split backward: the CUDA bias gradient needs its workspace");
+  const int64_t groups = qkv_split_workspace_elems(tokens, M) / M;
+  const int64_t per_group = std::max<int64_t>(1, (tokens + groups - 1) / groups);
+  const unsigned tiles = static_cast<unsigned>((M + cuda::kThreads - 1) / cuda::kThreads);
+  math::by_dtype(p.dtype, [&](auto t) {
+    using T = decltype(t);
+    if (tokens > 0)
+      qkv_split_backward_kernel<T><<<dim3(tiles, static_cast<unsigned>(groups)), cuda::kThreads, 0, st>>>(p, per_group);
+    else if (p.grad_bias)
+      cudaMemsetAsync(p.workspace, 0, sizeof(math::acc_t<T>) * M, st);
+    if (p.grad_bias)
+      qkv_bias_sums_kernel<T><<<tiles, cuda::kThreads, 0, st>>>(static_cast<const math::acc_t<T>*>(p.workspace),
+                                                                tokens > 0 ? groups : 1, M, static_cast<T*>(p.grad_bias));
+  });
+  return cuda::launch_status("qkv split backward");
+}
 
 Status attention_softmax_forward_cuda(const AttentionSoftmaxForwardParams& p, void* stream) {
   Status s = detail::validate(p);

@@ -15,11 +15,9 @@ using autograd_impl::once_differentiable;
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// The gradient of the bias (broadcast over all but the last dim) is the sum of grad_x.
-at::Tensor bias_grad(const at::Tensor& gx, bool has_bias) {
-  if (!has_bias) return at::Tensor();
-  return gx.reshape({-1, gx.size(-1)}).sum(0);
-}
+// With a bias, its gradient (grad_x summed over all but the last dim) comes from the backward
+// kernel's same pass.
+at::Tensor bias_grad(const at::Tensor& gb, bool has_bias) { return has_bias ? gb : at::Tensor(); }
 
 class GeluFunction : public torch::autograd::Function<GeluFunction> {
  public:
@@ -36,9 +34,9 @@ class GeluFunction : public torch::autograd::Function<GeluFunction> {
     return once_differentiable("tempo::gelu", [&]() -> variable_list {
       const auto saved = ctx->get_saved_variables();
       const std::string approximate = ctx->saved_data["approximate"].toStringRef();
-      at::Tensor gx = gelu_backward(grads[0], saved[0], saved[1], approximate);
-      at::Tensor gb = bias_grad(gx, ctx->saved_data["has_bias"].toBool());
-      return {gx, at::Tensor(), gb};
+      const bool has_bias = ctx->saved_data["has_bias"].toBool();
+      auto [gx, gb] = gelu_backward(grads[0], saved[0], saved[1], approximate, has_bias);
+      return {gx, at::Tensor(), bias_grad(gb, has_bias)};
     });
   }
 };
@@ -55,9 +53,9 @@ class SiluFunction : public torch::autograd::Function<SiluFunction> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     return once_differentiable("tempo::silu", [&]() -> variable_list {
       const auto saved = ctx->get_saved_variables();
-      at::Tensor gx = silu_backward(grads[0], saved[0], saved[1]);
-      at::Tensor gb = bias_grad(gx, ctx->saved_data["has_bias"].toBool());
-      return {gx, gb};
+      const bool has_bias = ctx->saved_data["has_bias"].toBool();
+      auto [gx, gb] = silu_backward(grads[0], saved[0], saved[1], has_bias);
+      return {gx, bias_grad(gb, has_bias)};
     });
   }
 };

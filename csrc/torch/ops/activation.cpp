@@ -17,10 +17,10 @@
 TORCH_LIBRARY_FRAGMENT(tempo, m) {
   m.def("gelu(Tensor x, str approximate='none', Tensor? bias=None) -> Tensor");
   m.def("gelu_forward(Tensor x, str approximate, Tensor? bias) -> (Tensor, Tensor)");
-  m.def("gelu_backward(Tensor grad, Tensor y, Tensor mask, str approximate) -> Tensor");
+  m.def("gelu_backward(Tensor grad, Tensor y, Tensor mask, str approximate, bool bias_grad=False) -> (Tensor, Tensor)");
   m.def("silu(Tensor x, Tensor? bias=None) -> Tensor");
   m.def("silu_forward(Tensor x, Tensor? bias) -> (Tensor, Tensor)");
-  m.def("silu_backward(Tensor grad, Tensor y, Tensor mask) -> Tensor");
+  m.def("silu_backward(Tensor grad, Tensor y, Tensor mask, bool bias_grad=False) -> (Tensor, Tensor)");
 }
 
 namespace tempo {
@@ -69,8 +69,11 @@ std::tuple<at::Tensor, at::Tensor> activation_forward(const at::Tensor& x, const
   return {y, mask};
 }
 
-at::Tensor activation_backward(const at::Tensor& grad, const at::Tensor& y, const at::Tensor& mask,
-                               Activation act, const char* op) {
+// grad_x, and with bias_grad the bias gradient (grad_x summed over all but the last dim, in
+// the same pass: Ivanov et al.'s "bdrb"); without it an empty [0] tensor.
+std::tuple<at::Tensor, at::Tensor> activation_backward(const at::Tensor& grad, const at::Tensor& y,
+                                                       const at::Tensor& mask, bool bias_grad, Activation act,
+                                                       const char* op) {
   check_floating(grad, op, "grad");
   check_floating(y, op, "y");
   check_device(y, op, "y");
@@ -86,8 +89,12 @@ at::Tensor activation_backward(const at::Tensor& grad, const at::Tensor& y, cons
   TORCH_CHECK(grad.device() == y.device() && mask.device() == y.device(), op,
               ": arguments 'grad', 'y' and 'mask' must be on one device, got ", grad.device(), ", ", y.device(),
               ", ", mask.device());
+  TORCH_CHECK(!bias_grad || y.dim() >= 1, op, ": argument 'bias_grad' needs y with at least one dimension");
   at::Tensor dx = at::empty_like(y, at::MemoryFormat::Contiguous);
-  if (y.is_meta() || y.numel() == 0) return dx;
+  at::Tensor db = bias_grad ? (y.sym_numel() == 0 ? at::zeros_symint({y.sym_size(-1)}, y.options())
+                                                  : at::empty_symint({y.sym_size(-1)}, y.options()))
+                            : at::empty({0}, y.options());
+  if (y.is_meta() || y.numel() == 0) return {dx, db};
 
   c10::OptionalDeviceGuard guard(y.device());
   const at::Tensor yc = y.contiguous();
@@ -101,8 +108,18 @@ at::Tensor activation_backward(const at::Tensor& grad, const at::Tensor& y, cons
   p.grad_y = gc.const_data_ptr();
   p.grad_x = dx.mutable_data_ptr();
   p.numel = y.numel();
+  at::Tensor workspace;
+  if (bias_grad) {
+    p.grad_bias = db.mutable_data_ptr();
+    p.bias_size = y.size(-1);
+    if (y.is_cuda()) {
+      workspace = at::empty({activation_backward_workspace_elems(p.numel, p.bias_size)},
+                            y.options().dtype(y.scalar_type() == at::kDouble ? at::kDouble : at::kFloat));
+      p.workspace = workspace.mutable_data_ptr();
+    }
+  }
   run_core(y, p, activation_backward_cpu, activation_backward_cuda, op);
-  return dx;
+  return {dx, db};
 }
 
 }  // namespace torch_impl
@@ -116,15 +133,18 @@ std::tuple<at::Tensor, at::Tensor> gelu_forward_kernel(const at::Tensor& x, c10:
                                                        const std::optional<at::Tensor>& bias) {
   return activation_forward(x, bias, gelu_kind(approximate, "tempo::gelu"), "tempo::gelu");
 }
-at::Tensor gelu_backward_kernel(const at::Tensor& grad, const at::Tensor& y, const at::Tensor& mask,
-                                c10::string_view approximate) {
-  return activation_backward(grad, y, mask, gelu_kind(approximate, "tempo::gelu_backward"), "tempo::gelu_backward");
+std::tuple<at::Tensor, at::Tensor> gelu_backward_kernel(const at::Tensor& grad, const at::Tensor& y,
+                                                        const at::Tensor& mask, c10::string_view approximate,
+                                                        bool bias_grad) {
+  return activation_backward(grad, y, mask, bias_grad, gelu_kind(approximate, "tempo::gelu_backward"),
+                             "tempo::gelu_backward");
 }
 std::tuple<at::Tensor, at::Tensor> silu_forward_kernel(const at::Tensor& x, const std::optional<at::Tensor>& bias) {
   return activation_forward(x, bias, Activation::kSilu, "tempo::silu");
 }
-at::Tensor silu_backward_kernel(const at::Tensor& grad, const at::Tensor& y, const at::Tensor& mask) {
-  return activation_backward(grad, y, mask, Activation::kSilu, "tempo::silu_backward");
+std::tuple<at::Tensor, at::Tensor> silu_backward_kernel(const at::Tensor& grad, const at::Tensor& y,
+                                                        const at::Tensor& mask, bool bias_grad) {
+  return activation_backward(grad, y, mask, bias_grad, Activation::kSilu, "tempo::silu_backward");
 }
 // Below autograd (no_grad, inference, tracing of the forward alone): the output only.
 at::Tensor gelu_kernel(const at::Tensor& x, c10::string_view approximate, const std::optional<at::Tensor>& bias) {
@@ -164,10 +184,10 @@ std::tuple<at::Tensor, at::Tensor> gelu_forward(const at::Tensor& x, c10::string
   return op.call(x, approximate, bias);
 }
 
-at::Tensor gelu_backward(const at::Tensor& grad, const at::Tensor& y, const at::Tensor& mask,
-                         c10::string_view approximate) {
+std::tuple<at::Tensor, at::Tensor> gelu_backward(const at::Tensor& grad, const at::Tensor& y, const at::Tensor& mask,
+                                                 c10::string_view approximate, bool bias_grad) {
   static const auto& op = op_for<&gelu_backward>("tempo::gelu_backward");
-  return op.call(grad, y, mask, approximate);
+  return op.call(grad, y, mask, approximate, bias_grad);
 }
 
 std::tuple<at::Tensor, at::Tensor> silu_forward(const at::Tensor& x, const std::optional<at::Tensor>& bias) {
@@ -175,9 +195,10 @@ std::tuple<at::Tensor, at::Tensor> silu_forward(const at::Tensor& x, const std::
   return op.call(x, bias);
 }
 
-at::Tensor silu_backward(const at::Tensor& grad, const at::Tensor& y, const at::Tensor& mask) {
+std::tuple<at::Tensor, at::Tensor> silu_backward(const at::Tensor& grad, const at::Tensor& y, const at::Tensor& mask,
+                                                 bool bias_grad) {
   static const auto& op = op_for<&silu_backward>("tempo::silu_backward");
-  return op.call(grad, y, mask);
+  return op.call(grad, y, mask, bias_grad);
 }
 
 }  // namespace tempo

@@ -250,7 +250,7 @@ TEST(Models, StepZeroLossIsTheSameUnderEveryPolicy) {
     // Dropout off (eval): the policies change what is kept, not what is computed.
     const double eager = trajectory(c, "eager", 1, batch, false)[0];
     EXPECT_EQ(trajectory(c, "checkpoint", 1, batch, false)[0], eager) << preset;
-    for (const char* p : {"sdpa", "tempo", "tempo-sdpa"})
+    for (const char* p : {"sdpa", "tempo", "tempo-sdpa", "tempo-fused"})
       EXPECT_NEAR(trajectory(c, p, 1, batch, false)[0], eager, 1e-5 * eager) << preset << " " << p;
   }
 }
@@ -288,6 +288,56 @@ TEST(Models, FusedHeadKeepsNoLogitsAndGivesTheSameGradients) {
     // Eager keeps the log-softmax of the logits (rows x V floats); the fused head one float
     // (the log-sum-exp) per row instead.
     EXPECT_GE(held[0] - held[1], rows * (c.vocab - 1) * 4 - 64) << preset << ": " << held[0] << " vs " << held[1];
+  }
+}
+
+// tempo-fused (tempo with the Data Movement paper's fused layer kernels: qkv_split, bias +
+// GELU, the projections' biases inside bias-dropout-residual-LayerNorm, the bias gradients
+// summed in those passes) equals tempo: the same masks (same seed), the same loss and
+// gradients within fp32 tolerance, at BERT-base and BERT-large layer shapes, an odd shape
+// (hidden 36, 3 heads of 12, FFN 100, 13 tokens), GPT-2's (pre-LN: only the q/k/v split and
+// bias + GELU apply); and it keeps no more than tempo.
+TEST(Models, TempoFusedEqualsTempoForwardAndBackward) {
+  tempo::memory::track_cpu();
+  struct Case {
+    const char* preset;
+    int64_t hidden, heads, intermediate, batch, seq;
+  };
+  for (const Case& k : {Case{"bert-base", 768, 12, 3072, 2, 64}, Case{"bert-large", 1024, 16, 4096, 1, 48},
+                        Case{"bert-base", 36, 3, 100, 3, 13}, Case{"gpt2", 768, 12, 3072, 2, 40}}) {
+    ModelConfig c = reduced(k.preset, 1, 512);
+    c.hidden = k.hidden, c.heads = k.heads, c.intermediate = k.intermediate;
+    const Batch batch = tempo::models::synthetic_batch(c, k.batch, k.seq, 9);
+    double loss[2];
+    int64_t held[2];
+    std::vector<at::Tensor> grads[2];
+    const char* policies[2] = {"tempo", "tempo-fused"};
+    for (int i = 0; i < 2; ++i) {
+      torch::manual_seed(0);
+      auto m = tempo::models::make_model(c, MemoryPolicy::parse(policies[i]));
+      m->train();
+      {  // non-zero biases, so that a bias added twice or dropped shows
+        at::NoGradGuard no_grad;
+        for (auto& p : m->named_parameters())
+          if (p.key().find("bias") != std::string::npos) p.value().uniform_(-0.5, 0.5);
+      }
+      torch::manual_seed(1);
+      tempo::memory::Scope scope(c10::Device(c10::kCPU));
+      at::Tensor l = m->loss(batch);
+      held[i] = scope.held();
+      l.backward();
+      loss[i] = l.item<double>();
+      grads[i] = grads_of(m);
+    }
+    const std::string what = std::string(k.preset) + " hidden " + std::to_string(k.hidden);
+    EXPECT_NEAR(loss[1], loss[0], 2e-6 * loss[0]) << what;
+    ASSERT_EQ(grads[0].size(), grads[1].size());
+    for (size_t j = 0; j < grads[0].size(); ++j) {
+      const double ref = grads[0][j].norm().item<double>();
+      const double diff = (grads[1][j] - grads[0][j]).norm().item<double>();
+      EXPECT_LE(diff, 1e-5 * ref + 1e-9) << what << " parameter " << j << ": " << diff << " vs " << ref;
+    }
+    EXPECT_LE(held[1], held[0]) << what;
   }
 }
 

@@ -31,7 +31,20 @@ struct ActivationBackwardParams {
   const void* grad_y = nullptr;
   void* grad_x = nullptr;  // out: grad_y * f'(f^-1(y, m)); may alias grad_y
   int64_t numel = 0;
+  // Optional, the bias gradient fused into the same pass (Ivanov et al.'s "bdrb"): the sum of
+  // grad_x over all but the last dim, bias_size columns (numel a multiple of it), accumulated
+  // in double (fp64 data) or fp32 (CUDA) / double (CPU) and stored in dtype.
+  void* grad_bias = nullptr;
+  int64_t bias_size = 0;
+  // Scratch of the CUDA bias gradient: activation_backward_workspace_elems(numel, bias_size)
+  // elements of the math type (fp32, fp64 for fp64 data).
+  void* workspace = nullptr;
 };
+
+// The CUDA backward with a bias gradient runs at most this many row groups, each writing one
+// partial row of the column sums into the workspace.
+constexpr int64_t kActivationBiasGroups = 256;
+int64_t activation_backward_workspace_elems(int64_t numel, int64_t bias_size);
 
 Status activation_forward_cpu(const ActivationForwardParams& p);
 Status activation_backward_cpu(const ActivationBackwardParams& p);

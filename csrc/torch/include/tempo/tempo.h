@@ -12,3 +12,4 @@
 #include "tempo/ops/linear_attention.h"
 #include "tempo/ops/linear_cross_entropy.h"
 #include "tempo/ops/norm.h"
+#include "tempo/ops/qkv_split.h"

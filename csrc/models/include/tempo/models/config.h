@@ -66,9 +66,13 @@ struct MemoryPolicy {
   bool bit_dropout = false;         // hidden dropout keeps 1 bit per element
   bool checkpoint = false;
   bool fused_head = false;          // LM head + loss by tempo::linear_cross_entropy (no logits kept)
+  // The Data Movement paper's fused layer kernels: projections without their bias add, the bias
+  // fused into what follows (q/k/v: tempo::qkv_split; fc1: the activation; out and fc2: the
+  // bias-dropout-residual-LayerNorm), the bias gradients summed in those kernels' backward.
+  bool fused_kernels = false;
 
   static MemoryPolicy parse(const std::string& spec);
-  static std::vector<std::string> names();  // the five bases
+  static std::vector<std::string> names();  // the six bases
 };
 
 }  // namespace tempo::models

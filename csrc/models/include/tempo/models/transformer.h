@@ -31,13 +31,15 @@ class PolicyOps {
  public:
   explicit PolicyOps(MemoryPolicy policy) : policy_(std::move(policy)) {}
   const MemoryPolicy& policy() const { return policy_; }
-  at::Tensor gelu(const at::Tensor& x, const char* approximate) const;
+  // f(x + bias); the bias (optional) is fused into the in-place activation under the policy.
+  at::Tensor gelu(const at::Tensor& x, const char* approximate, const at::Tensor& bias = {}) const;
   at::Tensor silu(const at::Tensor& x) const;
   at::Tensor dropout(const at::Tensor& x, double p, bool train) const;
   at::Tensor norm(const at::Tensor& x, const torch::nn::Module& norm_module, bool rms, double eps) const;
-  // norm(residual + dropout(x)): one fused pass when the policy has bit masks and in-place norms.
+  // norm(residual + dropout(x + bias)) (bias optional): one fused pass when the policy has bit
+  // masks and in-place norms.
   at::Tensor add_norm(const at::Tensor& x, const at::Tensor& residual, double p, bool train,
-                      const tempo::nn::LayerNorm& norm, double eps) const;
+                      const tempo::nn::LayerNorm& norm, double eps, const at::Tensor& bias = {}) const;
 
  private:
   MemoryPolicy policy_;
@@ -55,7 +57,8 @@ class TransformerLayerImpl : public torch::nn::Cloneable<TransformerLayerImpl> {
 
  private:
   at::Tensor norm(int which, const at::Tensor& x) const;
-  at::Tensor ffn(const at::Tensor& x);
+  // out_bias = false leaves fc2's bias to the caller (fused into the next pass).
+  at::Tensor ffn(const at::Tensor& x, bool out_bias = true);
   ModelConfig config_;
   std::shared_ptr<const PolicyOps> ops_;
 };

@@ -30,6 +30,9 @@ struct SelfAttentionOptions {
   TORCH_ARG(std::string, mode) = "bits";     // tempo's dropout: bits | philox
   TORCH_ARG(bool, rotary) = false;           // rotary position embedding of q and k (LLaMA)
   TORCH_ARG(double, rope_theta) = 10000.0;
+  // q, k, v by tempo::qkv_split: the projection GEMM without its bias, then one pass adds the
+  // bias and writes the [B, A, S, d] layout (the Data Movement paper's "aib").
+  TORCH_ARG(bool, fused_qkv) = false;
 };
 
 class SelfAttentionImpl : public torch::nn::Cloneable<SelfAttentionImpl> {
@@ -38,7 +41,10 @@ class SelfAttentionImpl : public torch::nn::Cloneable<SelfAttentionImpl> {
   // x: [batch, seq, hidden]. attention_mask: [batch, seq] padding mask (nonzero / true:
   // attend to that key), or a bool (true: attend) / additive mask broadcastable to
   // [batch, heads, seq, seq].
-  at::Tensor forward(const at::Tensor& x, const std::optional<at::Tensor>& attention_mask = std::nullopt);
+  // out_bias = false leaves the output projection's bias (`out->bias`) to the caller, to be
+  // fused into what follows (tempo::bias_dropout_add_layer_norm's bias).
+  at::Tensor forward(const at::Tensor& x, const std::optional<at::Tensor>& attention_mask = std::nullopt,
+                     bool out_bias = true);
   void reset() override;
   void pretty_print(std::ostream& stream) const override;
   // The backend the last forward used ("auto" and "fused" resolved; "tempo-fused" is

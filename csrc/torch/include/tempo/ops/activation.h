@@ -17,12 +17,14 @@ at::Tensor gelu(const at::Tensor& x, c10::string_view approximate = "none",
 // f(x + bias) with f = SiLU, as torch::nn::functional::silu.
 at::Tensor silu(const at::Tensor& x, const std::optional<at::Tensor>& bias = std::nullopt);
 
-// The forward and backward ops behind them: (y, packed mask) and the input gradient.
+// The forward and backward ops behind them: (y, packed mask), and (the input gradient, the
+// bias gradient summed in the same pass when bias_grad, else an empty tensor).
 std::tuple<at::Tensor, at::Tensor> gelu_forward(const at::Tensor& x, c10::string_view approximate,
                                                 const std::optional<at::Tensor>& bias);
-at::Tensor gelu_backward(const at::Tensor& grad, const at::Tensor& y, const at::Tensor& mask,
-                         c10::string_view approximate);
+std::tuple<at::Tensor, at::Tensor> gelu_backward(const at::Tensor& grad, const at::Tensor& y, const at::Tensor& mask,
+                                                 c10::string_view approximate, bool bias_grad = false);
 std::tuple<at::Tensor, at::Tensor> silu_forward(const at::Tensor& x, const std::optional<at::Tensor>& bias);
-at::Tensor silu_backward(const at::Tensor& grad, const at::Tensor& y, const at::Tensor& mask);
+std::tuple<at::Tensor, at::Tensor> silu_backward(const at::Tensor& grad, const at::Tensor& y, const at::Tensor& mask,
+                                                 bool bias_grad = false);
 
 }  // namespace tempo
