@@ -13,6 +13,12 @@ from . import nn as tnn
 from . import ops
 
 TECHNIQUES = ("gelu", "silu", "layer_norm", "rms_norm", "dropout", "bdrln")
+# The Data Movement paper's bias fusions, added by fused=True (or named in techniques):
+# "qkv_split" (BERT/RoBERTa self-attention: one GEMM for q, k, v without the bias add, then
+# tempo.qkv_split adds the bias and writes the head layout in one pass), "bias_gelu"
+# (BERT/RoBERTa intermediate blocks: the dense layer without its bias add, the bias added
+# inside tempo.gelu's pass, its gradient summed in the backward's pass).
+FUSED_TECHNIQUES = ("qkv_split", "bias_gelu")
 
 
 def _subclass(module, prefix, forward):
@@ -74,6 +80,54 @@ def _is_bdrln(m):
             and len(m.LayerNorm.normalized_shape) == 1)
 
 
+_GELU_APPROXIMATE = {"GELUActivation": "none", "NewGELUActivation": "tanh", "GELUTanh": "tanh",
+                     "PytorchGELUTanh": "tanh"}
+
+
+def _gelu_approximate(act):
+    if type(act) is torch.nn.GELU:
+        return act.approximate
+    if type(act).__module__.startswith("transformers."):
+        return _GELU_APPROXIMATE.get(type(act).__name__)
+    if type(act).__module__.startswith("tempo.") and isinstance(act, tnn.GELU):
+        return act.approximate
+    return None
+
+
+def _is_bias_gelu(m):
+    # BertIntermediate / RobertaIntermediate: dense then a GELU
+    return (type(m).__name__.endswith("Intermediate") and isinstance(getattr(m, "dense", None), torch.nn.Linear)
+            and m.dense.bias is not None and _gelu_approximate(getattr(m, "intermediate_act_fn", None)) is not None)
+
+
+def _bias_gelu_forward(self, hidden_states):
+    return ops.gelu(F.linear(hidden_states, self.dense.weight), _gelu_approximate(self.intermediate_act_fn),
+                    bias=self.dense.bias)
+
+
+def _is_qkv_split(m):
+    # BertSelfAttention / RobertaSelfAttention: query, key, value Linears with biases
+    lin = [getattr(m, n, None) for n in ("query", "key", "value")]
+    return (type(m).__name__ in ("BertSelfAttention", "RobertaSelfAttention")
+            and type(m).__module__.startswith("transformers.")
+            and all(isinstance(x, torch.nn.Linear) and x.bias is not None for x in lin)
+            and hasattr(m, "num_attention_heads") and hasattr(m, "scaling"))
+
+
+def _qkv_split_forward(self, hidden_states, attention_mask=None, cache=None, **kwargs):
+    if cache is not None or kwargs.get("past_key_values") is not None:  # decoding with a cache: the original path
+        return type(self).__mro__[1].forward(self, hidden_states, attention_mask, cache, **kwargs)
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    from transformers.models.bert.modeling_bert import eager_attention_forward
+    w = torch.cat([self.query.weight, self.key.weight, self.value.weight])
+    b = torch.cat([self.query.bias, self.key.bias, self.value.bias])
+    q, k, v = ops.qkv_split(F.linear(hidden_states, w), b, self.num_attention_heads)
+    interface = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
+    out, weights = interface(self, q, k, v, attention_mask, dropout=0.0 if not self.training else self.dropout.p,
+                             scaling=self.scaling, **kwargs)
+    return out.reshape(*hidden_states.shape[:-1], -1).contiguous(), weights
+
+
 def _act_class(*names):
     def match(m):
         return type(m).__name__ in names and type(m).__module__.startswith("transformers.")
@@ -83,6 +137,8 @@ def _act_class(*names):
 # (technique, match, replace); the first matching row applies. `replace` returns the module
 # to put in the parent's slot (the same object when patched in place).
 RULES = [
+    ("qkv_split", _is_qkv_split, lambda m: _subclass(m, "Tempo", _qkv_split_forward)),
+    ("bias_gelu", _is_bias_gelu, lambda m: _subclass(m, "Tempo", _bias_gelu_forward)),
     ("bdrln", _is_bdrln, lambda m: _subclass(m, "Tempo", _bdrln_forward)),
     ("layer_norm", lambda m: type(m) is torch.nn.LayerNorm, _layer_norm),
     ("rms_norm", lambda m: type(m) is torch.nn.RMSNorm or _is_hf_rms_norm(m), _rms_norm),
@@ -168,7 +224,8 @@ def _rule_for(module, chosen):
     return next((r for r in RULES if r[0] in chosen and r[1](module)), None)
 
 
-def optimize(model: torch.nn.Module, techniques="all", attention: str = "keep", modules=None) -> torch.nn.Module:
+def optimize(model: torch.nn.Module, techniques="all", attention: str = "keep", modules=None,
+             fused: bool = False) -> torch.nn.Module:
     """Patches `model` in place with tempo's layers and returns it.
 
     techniques: "all" or an iterable of "gelu", "silu", "layer_norm", "rms_norm", "dropout",
@@ -176,6 +233,8 @@ def optimize(model: torch.nn.Module, techniques="all", attention: str = "keep", 
     attention: "keep" (the model's own), "tempo" (output-only softmax, dropout recomputed from
     1-bit masks), "fused" (tempo.fused_attention: no S^2 tensor), "sdpa" (torch's), or "auto"
     (tempo); set through transformers' attention-function registry on a transformers model.
+    fused: also the Data Movement paper's bias fusions, "qkv_split" and "bias_gelu" (BERT and
+    RoBERTa; see FUSED_TECHNIQUES), which may also be named in techniques.
     modules: None (everywhere), an iterable of module paths (a module and everything under it,
     e.g. "bert.encoder.layer.0"), or a callable path -> bool; outside them nothing is patched
     (attention, set model-wide, is not limited by it).
@@ -183,9 +242,12 @@ def optimize(model: torch.nn.Module, techniques="all", attention: str = "keep", 
     tempo.restore undoes the patch. A second call patches only what the first did not.
     """
     chosen = set(TECHNIQUES) if techniques == "all" else set(techniques)
-    unknown = chosen - set(TECHNIQUES)
+    if fused:
+        chosen |= set(FUSED_TECHNIQUES)
+    unknown = chosen - set(TECHNIQUES) - set(FUSED_TECHNIQUES)
     if unknown:
-        raise ValueError("tempo.optimize: unknown technique(s) %s; known: %s" % (sorted(unknown), ", ".join(TECHNIQUES)))
+        raise ValueError("tempo.optimize: unknown technique(s) %s; known: %s" % (
+            sorted(unknown), ", ".join(TECHNIQUES + FUSED_TECHNIQUES)))
     if attention != "keep" and attention not in ATTENTION:
         raise ValueError("tempo.optimize: unknown attention %r; known: keep, %s" % (attention, ", ".join(ATTENTION)))
     if not isinstance(model, torch.nn.Module):
@@ -242,6 +304,9 @@ def optimize(model: torch.nn.Module, techniques="all", attention: str = "keep", 
                 rows.append((path, original_class.__name__, rule[0], "patched"))
                 if rule[0] == "bdrln":  # its LayerNorm and dropout are used through the fused op
                     done.update({id(new.LayerNorm), id(new.dropout)})
+                    continue
+                if rule[0] == "bias_gelu":  # its activation runs inside the fused op
+                    done.add(id(new.intermediate_act_fn))
                     continue
             elif not ours:
                 lname = type(child).__name__.lower()
