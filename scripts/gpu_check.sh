@@ -109,7 +109,7 @@ tests() {
   TEMPO_LIBRARY="$PWD/$BUILD/lib/libtempo_torch.so" PYTHONPATH="$PWD/python" \
     "$PYTHON" -m pytest -q -x tests/python/test_activation.py tests/python/test_dropout.py tests/python/test_norm.py \
     tests/python/test_attention.py tests/python/test_memory.py tests/python/test_linear_attention.py \
-    tests/python/test_linear_cross_entropy.py tests/python/test_autocast.py -k "$filter" \
+    tests/python/test_linear_cross_entropy.py tests/python/test_autocast.py tests/python/test_fused_kernels.py -k "$filter" \
     --junitxml="$OUT/pytest.xml" || rc=1
   return $rc
 }
@@ -128,10 +128,19 @@ bench_cpp() {  # NAME MODEL SEQ BUDGET
   local name=$1 model=$2 seq=$3 budget=$4 extra=()
   [ $DRY = 1 ] && extra=(--hidden 64 --layers 1 --heads 2 --intermediate 128 --vocab 1024)
   "$BUILD/tempo" bench --device $DEVICE --model "$model" "${extra[@]}" --seq "$seq" --batch 1 --steps 3 \
-    --policies eager,checkpoint,sdpa,tempo,tempo-sdpa --budget "$budget" --json > "$OUT/$name.json"
+    --policies eager,checkpoint,sdpa,tempo,tempo-sdpa,tempo-fused --budget "$budget" --json > "$OUT/$name.json"
   local rc=$?
   cat "$OUT/$name.json"
   return $rc
+}
+
+# One encoder layer fwd+bwd, each policy alternated with eager (the Data Movement paper's
+# target: tempo-fused >= 1.3x eager on a GPU).
+layer() {
+  local size=(--model bert-large --seq 128,512 --batch 8 --reps 20)
+  [ $DRY = 1 ] && size=(--model bert-base --seq 16 --batch 1 --reps 2)
+  "$BUILD/bench_layer" --device $DEVICE "${size[@]}" --policies eager,tempo,tempo-fused,tempo-sdpa \
+    --csv "$OUT/layer.csv" --json "$OUT/layer.json"
 }
 
 bench_hf() {
@@ -151,7 +160,7 @@ bench_hf() {
 }
 
 export DRY OUT PYTHON BUILD DEVICE JOBS
-export -f build tests bandwidth bench_cpp bench_hf
+export -f build tests bandwidth layer bench_cpp bench_hf
 
 if [ $DRY = 1 ]; then
   B1=6MiB; B2=8MiB; M1=bert-base; M2=gpt2
@@ -168,6 +177,7 @@ step build 240 build
 if [ -x "$BUILD/tempo" ]; then
   step tests 150 tests
   step bandwidth 60 bandwidth
+  step layer 60 layer
   step bench_bert_s128_11g 45 bench_cpp bench_bert_s128_11g $M1 $S1 $B1
   step bench_bert_s512_11g 60 bench_cpp bench_bert_s512_11g $M1 $S2 $B1
   step bench_bert_s512_16g 60 bench_cpp bench_bert_s512_16g $M1 $S2 $B2

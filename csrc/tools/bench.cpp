@@ -245,7 +245,7 @@ BenchResult bench_policy(const BenchOptions& o, const ModelConfig& c, const std:
   r.seq = o.seq;
   r.batch = o.batch;
   progress(o, tag + "data movement of one layer");
-  r.layer_bytes_moved = traffic_total(layer_traffic(o, c, policy));
+  r.layer_bytes_moved = traffic_total(layer_traffic(o, c, policy)) / o.batch;  // per sequence of the batch
   progress(o, tag + "warm-up step");
   run.step(o.batch, 1);
   std::vector<double> times;

@@ -43,7 +43,7 @@ struct BenchResult {
   std::optional<int64_t> max_batch;
   double max_batch_tokens_per_s = 0;  // median of >= 3 steps at max_batch after a warm-up
   double max_batch_spread = 0;        // slowest / fastest of those steps - 1
-  int64_t layer_bytes_moved = 0;      // one layer's forward + backward, per sequence (data_movement.cpp)
+  int64_t layer_bytes_moved = 0;      // one layer's forward + backward at --batch, per sequence (data_movement.cpp)
 };
 
 // Parses `tempo bench` arguments; throws std::invalid_argument with a clear message.

@@ -41,10 +41,11 @@ def test_json_fields_and_budget_search(tmp_path):
     assert tempo_["train_peak_bytes"] < eager["train_peak_bytes"]
     assert fused["activation_bytes"] < tempo_["activation_bytes"]
     assert tempo_["max_batch"] >= eager["max_batch"]
-    # one layer's forward + backward per sequence: at least its weights read twice (the matmuls
-    # of the forward and of the backward), less under tempo (no byte masks, outputs kept)
+    # one layer's forward + backward at batch 2, per sequence: the batch reads at least the
+    # weights twice (the matmuls of the forward and of the backward), less under tempo (no byte
+    # masks, outputs kept)
     weights = 4 * (4 * 64 * 64 + 2 * 64 * 256)
-    assert all(x["layer_bytes_moved"] > 2 * weights for x in rows)
+    assert all(2 * x["layer_bytes_moved"] > 2 * weights for x in rows)
     assert tempo_["layer_bytes_moved"] < eager["layer_bytes_moved"]
     assert csv.read_text().count("\n") == 4  # header + 3 rows
     bench(*TINY, "--policies", "eager", "--csv", str(csv))
@@ -61,6 +62,7 @@ def test_data_movement_lists_each_operator_and_the_totals():
     # eager runs ATen's softmax and GELU; tempo its own GELU and the core's attention softmax
     assert "aten::_softmax" in out and "aten::gelu" in out
     assert "tempo::gelu_forward" in out and "tempo core: attention softmax" in out
+    assert "batch 2 (S = 32" in out
     totals = {line.split()[0]: line.split() for line in out.splitlines()[-2:]}
     assert set(totals) == {"eager", "tempo"} and totals["eager"][-1] == "1.000x"
     assert float(totals["tempo"][-1].rstrip("x")) < 1.0

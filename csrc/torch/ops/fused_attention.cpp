@@ -54,14 +54,17 @@ std::tuple<at::Tensor, at::Tensor> fused_attention_forward_kernel(const at::Tens
   at::Tensor out = at::empty_symint({q.sym_size(0), q.sym_size(1), q.sym_size(2), v.sym_size(3)}, q.options());
   if (q.is_meta()) return {out, keep.keep};
   const int64_t Sq = q.size(2), blk = block_rows_for(q, k, block_rows);
-  const at::Tensor kt = k.transpose(-2, -1);
+  // Contiguous once (q, k, v may be views of one projection): each block's matmuls would
+  // otherwise copy them again.
+  const at::Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
+  const at::Tensor kt = kc.transpose(-2, -1);
   for (int64_t i0 = 0; i0 < Sq; i0 += blk) {
     const int64_t n = std::min(blk, Sq - i0);
-    const at::Tensor qb = q.narrow(2, i0, n);
+    const at::Tensor qb = qc.narrow(2, i0, n);
     at::Tensor s = at::matmul(qb, kt).contiguous();
     at::Tensor d = dropout_p > 0.0 ? at::empty_like(s) : at::Tensor();
     softmax_forward(s, d, mask, q, i0, sc, causal, dropout_p, DropoutMode::kPhilox, nullptr, keep.rng, op);
-    out.narrow(2, i0, n).copy_(at::matmul(d.defined() ? d : s, v));
+    out.narrow(2, i0, n).copy_(at::matmul(d.defined() ? d : s, vc));
   }
   return {out, keep.keep};
 }
@@ -81,23 +84,38 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_attention_backward_kernel(
   const uint8_t* unused = nullptr;
   read_dropout_keep(state, q, dropout_p, DropoutMode::kPhilox, op, &unused, &rng);
   c10::OptionalDeviceGuard guard(q.device());
-  at::Tensor dq = at::empty_like(q), dk = at::zeros_like(k), dv = at::zeros_like(v);
+  at::Tensor dq = at::empty_like(q, at::MemoryFormat::Contiguous);
+  at::Tensor dk = at::empty_like(k, at::MemoryFormat::Contiguous), dv = at::empty_like(v, at::MemoryFormat::Contiguous);
   if (q.is_meta()) return {dq, dk, dv};
+  if (q.size(2) == 0) {  // no query rows: no block writes dk, dv
+    dk.zero_(), dv.zero_();
+    return {dq, dk, dv};
+  }
   at::Tensor mask;
   if (attn_mask.has_value() && attn_mask->defined()) {
     const std::vector<c10::SymInt> full{q.sym_size(0), q.sym_size(1), q.sym_size(2), k.sym_size(2)};
     mask = additive_mask(*attn_mask, full, q.device(), op);
   }
   const int64_t Sq = q.size(2), blk = block_rows_for(q, k, block_rows);
-  const at::Tensor kt = k.transpose(-2, -1), vt = v.transpose(-2, -1);
+  const at::Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous(), gc = grad.contiguous();
+  const at::Tensor kt = kc.transpose(-2, -1), vt = vc.transpose(-2, -1);
+  // dk and dv as [B A, Sk, d]: the first block writes them, the next add into them in place
+  // (baddbmm_), so no block's product is a temporary added afterwards.
+  const int64_t BA = q.size(0) * q.size(1);
+  at::Tensor dk3 = dk.view({BA, k.size(2), k.size(3)}), dv3 = dv.view({BA, v.size(2), v.size(3)});
+  auto accumulate = [&](at::Tensor& acc, const at::Tensor& a, const at::Tensor& b, bool first) {
+    const at::Tensor a3 = a.reshape({BA, a.size(2), a.size(3)}), b3 = b.reshape({BA, b.size(2), b.size(3)});
+    if (first) at::bmm_out(acc, a3, b3);
+    else acc.baddbmm_(a3, b3);
+  };
   for (int64_t i0 = 0; i0 < Sq; i0 += blk) {
     const int64_t n = std::min(blk, Sq - i0);
-    const at::Tensor qb = q.narrow(2, i0, n), gb = grad.narrow(2, i0, n);
+    const at::Tensor qb = qc.narrow(2, i0, n), gb = gc.narrow(2, i0, n);
     // Recompute the block's P and P_d exactly as the forward did.
     at::Tensor s = at::matmul(qb, kt).contiguous();
     at::Tensor d = dropout_p > 0.0 ? at::empty_like(s) : at::Tensor();
     softmax_forward(s, d, mask, q, i0, sc, causal, dropout_p, DropoutMode::kPhilox, nullptr, rng, op);
-    dv.add_(at::matmul((d.defined() ? d : s).transpose(-2, -1), gb));
+    accumulate(dv3, (d.defined() ? d : s).transpose(-2, -1), gb, i0 == 0);
     d.reset();
     at::Tensor ds = at::matmul(gb, vt).contiguous();
     if (ds.numel() > 0) {
@@ -118,8 +136,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_attention_backward_kernel(
       run_core(q, prm, attention_softmax_backward_cpu, attention_softmax_backward_cuda, op);
     note_softmax_backward_traffic(ds);
     }
-    dq.narrow(2, i0, n).copy_(at::matmul(ds, k));
-    dk.add_(at::matmul(ds.transpose(-2, -1), qb));
+    dq.narrow(2, i0, n).copy_(at::matmul(ds, kc));
+    accumulate(dk3, ds.transpose(-2, -1), qb, i0 == 0);
   }
   return {dq, dk, dv};
 }
