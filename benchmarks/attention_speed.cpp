@@ -8,6 +8,9 @@
 // eager 9 (P, byte mask, dropped P; fp32), tempo 4 + 1/8 (P, bits), sdpa with dropout on CPU
 // 13 (torch's math fallback), sdpa without dropout none (its fused kernel keeps one fp32
 // log-sum-exp per row); tests/python/test_attention.py asserts them exactly.
+// "tempo, strided q/k/v" runs tempo on the strided [B, A, S, d] views of one [B, S, 3, A, d]
+// projection output (what a layer without tempo::qkv_split passes) instead of three contiguous
+// tensors (what qkv_split writes): the layout question of the fused layer kernels.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/autograd.h>
@@ -85,13 +88,16 @@ int main(int argc, char** argv) {
               "median of %d\n",
               a.dtype.c_str(), a.device.c_str(), (long long)a.batch, (long long)a.heads, (long long)a.head_dim, a.p,
               at::get_num_threads(), a.reps);
-  std::printf("%-18s %6s %10s %10s %14s %16s\n", "backend", "seq", "ms", "vs eager", "kept B", "kept vs eager");
+  std::printf("%-22s %6s %10s %10s %14s %16s\n", "backend", "seq", "ms", "vs eager", "kept B", "kept vs eager");
   bench::Records rec;
   for (int64_t S : a.seq) {
     at::Tensor q = at::randn({a.batch, a.heads, S, a.head_dim}, opts).requires_grad_(true);
     at::Tensor k = at::randn({a.batch, a.heads, S, a.head_dim}, opts).requires_grad_(true);
     at::Tensor v = at::randn({a.batch, a.heads, S, a.head_dim}, opts).requires_grad_(true);
     const at::Tensor g = at::randn({a.batch, a.heads, S, a.head_dim}, opts);
+    const at::Tensor z = at::randn({a.batch, S, 3, a.heads, a.head_dim}, opts).permute({2, 0, 3, 1, 4});
+    at::Tensor qs = z[0].detach().requires_grad_(true), ks = z[1].detach().requires_grad_(true),
+               vs = z[2].detach().requires_grad_(true);
     const double p = a.p;
     const int64_t s2 = a.batch * a.heads * S * S, e = at::elementSize(dt);
     struct Case {
@@ -107,13 +113,15 @@ int main(int argc, char** argv) {
         {"sdpa", [&] { return tempo::nn::sdpa_attention(q, k, v, std::nullopt, p, false); },
          p > 0 && !cuda ? s2 * (3 * e + 1) : lse},
         {"sdpa (no dropout)", [&] { return tempo::nn::sdpa_attention(q, k, v, std::nullopt, 0.0, false); }, lse},
+        {"tempo, strided q/k/v", [&] { return tempo::attention(qs, ks, vs, std::nullopt, p); },
+         s2 * e + (p > 0 ? (s2 + 7) / 8 : 0)},
     };
     double eager_ms = 0;
     int64_t eager_kept = 0;
     for (const auto& c : cases) {
       auto run = [&] {
         c.f().backward(g);
-        for (auto t : {q, k, v}) t.mutable_grad() = at::Tensor();
+        for (auto t : {q, k, v, qs, ks, vs}) t.mutable_grad() = at::Tensor();
       };
       // Each backend against eager, alternated in one run.
       auto eager = [&] {
@@ -130,7 +138,7 @@ int main(int argc, char** argv) {
         ms = mt;
         eager_ms = me;
       }
-      std::printf("%-18s %6lld %10.2f %10.3f %14lld %16.3f\n", c.name.c_str(), (long long)S, ms, ms / eager_ms,
+      std::printf("%-22s %6lld %10.2f %10.3f %14lld %16.3f\n", c.name.c_str(), (long long)S, ms, ms / eager_ms,
                   (long long)c.kept, static_cast<double>(c.kept) / static_cast<double>(eager_kept));
       std::fflush(stdout);
       using R = bench::Records;
