@@ -153,13 +153,13 @@ def test_compile_fullgraph_matches_eager():
 
 def test_errors_are_clear():
     q, k, v, num, den = inputs()
-    with pytest.raises(RuntimeError, match="kf must have qf's shape"):
+    with pytest.raises(RuntimeError, match="'kf' must have qf's shape"):
         tempo.causal_linear_attention(q, k[..., :3], v)
-    with pytest.raises(RuntimeError, match="v must be"):
+    with pytest.raises(RuntimeError, match="'v' must be"):
         tempo.causal_linear_attention(q, k, v[:, :, :4])
-    with pytest.raises(RuntimeError, match="the state must be Float for Float data"):
+    with pytest.raises(RuntimeError, match="'num' \\(the state\\) must be Float for Float data"):
         tempo.causal_linear_attention(q, k, v, (num.double(), den.double()))
-    with pytest.raises(RuntimeError, match="num must be"):
+    with pytest.raises(RuntimeError, match="'num' must be"):
         tempo.causal_linear_attention(q, k, v, (num[..., :2], den))
     with pytest.raises(RuntimeError, match="eps"):
         tempo.causal_linear_attention(q, k, v, eps=-1.0)

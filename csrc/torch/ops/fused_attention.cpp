@@ -21,7 +21,7 @@ TORCH_LIBRARY_FRAGMENT(tempo, m) {
   m.def("fused_attention_forward(Tensor q, Tensor k, Tensor v, Tensor? attn_mask, float dropout_p, bool causal, "
         "float? scale, int block_rows) -> (Tensor, Tensor)",
         {at::Tag::nondeterministic_seeded});
-  m.def("fused_attention_backward(Tensor grad, Tensor q, Tensor k, Tensor v, Tensor state, Tensor? attn_mask, "
+  m.def("fused_attention_backward(Tensor grad, Tensor q, Tensor k, Tensor v, Tensor keep, Tensor? attn_mask, "
         "float dropout_p, bool causal, float? scale, int block_rows) -> (Tensor, Tensor, Tensor)");
 }
 

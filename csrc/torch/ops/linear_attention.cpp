@@ -48,11 +48,11 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   check_device(q, op, "qf");
   check_like(k, q, op, "kf");
   check_like(v, q, op, "v");
-  TORCH_CHECK(q.dim() >= 2, op, ": qf must have at least 2 dims [..., C, M], got ", q.dim());
-  TORCH_CHECK(k.sym_sizes() == q.sym_sizes(), op, ": kf must have qf's shape ", q.sym_sizes(), ", got ",
+  TORCH_CHECK(q.dim() >= 2, op, ": argument 'qf' must have at least 2 dims [..., C, M], got ", q.dim());
+  TORCH_CHECK(k.sym_sizes() == q.sym_sizes(), op, ": argument 'kf' must have qf's shape ", q.sym_sizes(), ", got ",
               k.sym_sizes());
   TORCH_CHECK(v.dim() == q.dim() && v.sym_sizes().slice(0, q.dim() - 1) == q.sym_sizes().slice(0, q.dim() - 1), op,
-              ": v must be [..., C, D] with qf's leading dims and C ", q.sym_sizes().slice(0, q.dim() - 1), ", got ",
+              ": argument 'v' must be [..., C, D] with qf's leading dims and C ", q.sym_sizes().slice(0, q.dim() - 1), ", got ",
               v.sym_sizes());
   TORCH_CHECK(std::isfinite(eps) && eps >= 0.0, op, ": eps must be finite and >= 0, got ", eps);
   TORCH_CHECK(q.sym_size(-1) > 0 && v.sym_size(-1) > 0, op,
@@ -61,15 +61,16 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   TORCH_CHECK(has_num == has_den, op, ": num and den come together (both or neither)");
   if (has_num) {
     const auto ns = state_shape(q, {q.sym_size(-1), v.sym_size(-1)}), ds = state_shape(q, {q.sym_size(-1)});
-    TORCH_CHECK(num->sym_sizes() == c10::SymIntArrayRef(ns), op, ": num must be [..., M, D] = ",
+    TORCH_CHECK(num->sym_sizes() == c10::SymIntArrayRef(ns), op, ": argument 'num' must be [..., M, D] = ",
                 c10::SymIntArrayRef(ns), ", got ", num->sym_sizes());
-    TORCH_CHECK(den->sym_sizes() == c10::SymIntArrayRef(ds), op, ": den must be [..., M] = ", c10::SymIntArrayRef(ds),
+    TORCH_CHECK(den->sym_sizes() == c10::SymIntArrayRef(ds), op, ": argument 'den' must be [..., M] = ", c10::SymIntArrayRef(ds),
                 ", got ", den->sym_sizes());
-    TORCH_CHECK(num->scalar_type() == state_type(q) && den->scalar_type() == state_type(q), op,
-                ": the state must be ", state_type(q), " for ", q.scalar_type(), " data, got ", num->scalar_type(),
-                " and ", den->scalar_type());
-    TORCH_CHECK(num->device() == q.device() && den->device() == q.device(), op,
-                ": the state must be on qf's device ", q.device());
+    for (const auto& [t, name] : {std::pair<const at::Tensor*, const char*>{&*num, "num"}, {&*den, "den"}}) {
+      TORCH_CHECK(t->scalar_type() == state_type(q), op, ": argument '", name, "' (the state) must be ", state_type(q),
+                  " for ", q.scalar_type(), " data, got ", t->scalar_type());
+      TORCH_CHECK(t->device() == q.device(), op, ": argument '", name, "' (the state) must be on qf's device ",
+                  q.device(), ", got ", t->device());
+    }
   }
 }
 
@@ -148,15 +149,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_
   const char* op = "tempo::causal_linear_attention_backward";
   check_inputs(q, k, v, num, den, eps, op);
   check_like(grad_y, v, op, "grad_y");
-  TORCH_CHECK(grad_y.sym_sizes() == v.sym_sizes(), op, ": grad_y must have v's shape ", v.sym_sizes(), ", got ",
+  TORCH_CHECK(grad_y.sym_sizes() == v.sym_sizes(), op, ": argument 'grad_y' must have v's shape ", v.sym_sizes(), ", got ",
               grad_y.sym_sizes());
   const bool has_state = num.has_value() && num->defined();
   const auto ns = state_shape(q, {q.sym_size(-1), v.sym_size(-1)}), ds = state_shape(q, {q.sym_size(-1)});
   for (const auto* g : {&grad_num, &grad_den}) {
-    if (g->has_value() && (*g)->defined())
-      TORCH_CHECK((*g)->scalar_type() == state_type(q) && (*g)->device() == q.device() &&
-                      (*g)->sym_sizes() == c10::SymIntArrayRef(g == &grad_num ? ns : ds),
-                  op, ": the state's gradients must be like the state (", state_type(q), ", on ", q.device(), ")");
+    if (g->has_value() && (*g)->defined()) {
+      const at::Tensor& t = **g;
+      const auto& want = g == &grad_num ? ns : ds;
+      TORCH_CHECK(t.scalar_type() == state_type(q) && t.device() == q.device() &&
+                      t.sym_sizes() == c10::SymIntArrayRef(want),
+                  op, ": argument '", g == &grad_num ? "grad_num" : "grad_den", "' must be like the state (",
+                  state_type(q), " ", c10::SymIntArrayRef(want), " on ", q.device(), "), got ", t.scalar_type(), " ",
+                  t.sym_sizes(), " on ", t.device());
+    }
   }
   at::Tensor gq = at::empty_like(q, at::MemoryFormat::Contiguous);
   at::Tensor gk = at::empty_like(k, at::MemoryFormat::Contiguous);

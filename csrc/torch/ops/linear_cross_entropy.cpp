@@ -133,10 +133,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_kernel(
     int64_t chunk) {
   const Reduction red = reduction_of(reduction);
   const bool has_bias = bias.has_value() && bias->defined();
+  const char* bop = "tempo::linear_cross_entropy_backward";
+  TORCH_CHECK(grad.is_floating_point(), bop, ": argument 'grad' must be floating point, got ", grad.scalar_type());
+  TORCH_CHECK(lse.scalar_type() == at::kFloat, bop, ": argument 'lse' must be the forward's float32 log-sum-exp, got ",
+              lse.scalar_type());
+  for (const auto& [t, name] : {std::pair<const at::Tensor*, const char*>{&weight, "weight"}, {&labels, "labels"},
+                                {&grad, "grad"}, {&lse, "lse"}})
+    TORCH_CHECK(t->device() == hidden.device(), bop, ": argument '", name, "' must be on hidden's device (",
+                hidden.device(), "), got ", t->device());
   if (hidden.is_meta())
     return {at::empty_like(hidden, at::MemoryFormat::Contiguous), at::empty_like(weight),
             has_bias ? at::empty_like(*bias) : at::Tensor()};
   auto [N, H, V] = check(hidden, weight, bias, labels, smoothing);
+  TORCH_CHECK(lse.dim() == 1 && lse.size(0) == N, bop, ": argument 'lse' must be [", N,
+              "] (one log-sum-exp per row of hidden), got ", lse.sizes());
+  TORCH_CHECK(red == Reduction::kNone ? grad.numel() == N : grad.numel() == 1, bop, ": argument 'grad' must have ",
+              red == Reduction::kNone ? "one value per row" : "one value", ", got shape ", grad.sizes());
   const bool low = hidden.scalar_type() != at::kFloat && hidden.scalar_type() != at::kDouble;
   const auto acc = low ? at::kFloat : hidden.scalar_type();  // gradient accumulation across chunks
   at::Tensor gh = at::empty_like(hidden, at::MemoryFormat::Contiguous);

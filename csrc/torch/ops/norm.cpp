@@ -91,7 +91,7 @@ at::Tensor kept_columns_kernel(const std::optional<at::Tensor>& weight, const st
   check_floating(ref, op, w ? "weight" : "bias");
   if (w && b) {
     check_like(*b, *w, op, "bias");
-    TORCH_CHECK(b->sizes() == w->sizes(), op, ": weight and bias must have one shape, got ", w->sizes(), " and ",
+    TORCH_CHECK(b->sizes() == w->sizes(), op, ": argument 'bias' must have the shape of weight ", w->sizes(), ", got ",
                 b->sizes());
   }
   TORCH_CHECK(!ref.is_meta(), op, ": the kept columns depend on the parameters' values; on meta/fake tensors ",
@@ -393,6 +393,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> bdrln_bac
     c10::string_view mode_name, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& beta,
     bool has_bias, const std::optional<at::Tensor>& kept_cols, const std::optional<at::Tensor>& kept_xhat) {
   const char* op = "tempo::bias_dropout_add_layer_norm_backward";
+  check_floating(y, op, "y");
+  check_device(y, op, "y");
   check_probability(p, op, "p");
   TORCH_CHECK(y.dim() >= 1, op, ": argument 'y' must have at least one dimension");
   NormPrologue pr;
@@ -400,8 +402,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> bdrln_bac
   pr.mode = dropout_mode(mode_name, op);
   const uint8_t* mask = nullptr;
   read_dropout_keep(keep, y, p, pr.mode, op, &mask, &pr.rng);
-  BackwardOut o = norm_backward(NormKind::kLayerNorm, grad, y, rstd, y.sym_size(-1).guard_int(__FILE__, __LINE__),
-                                get(weight), get(beta), &pr, has_bias, mask, get(kept_cols), get(kept_xhat), op);
+  const int64_t cols = y.sym_size(-1).guard_int(__FILE__, __LINE__);
+  for (const auto& [t, name] : {std::pair<const at::Tensor*, const char*>{get(weight), "weight"}, {get(beta), "beta"}}) {
+    if (!t) continue;
+    check_like(*t, y, op, name);
+    TORCH_CHECK(t->dim() == 1 && t->sym_size(0) == cols, op, ": argument '", name, "' must have shape [", cols,
+                "], got ", t->sym_sizes());
+  }
+  BackwardOut o = norm_backward(NormKind::kLayerNorm, grad, y, rstd, cols, get(weight), get(beta), &pr, has_bias, mask,
+                                get(kept_cols), get(kept_xhat), op);
   return {o.dx, o.dbias, o.dres, o.dw, o.dbeta};
 }
 
