@@ -4,8 +4,6 @@
 // chosen at run time, beside the scalar definition in activation_math.h.
 #include "tempo/activation.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <vector>
 
@@ -124,21 +122,19 @@ Status dispatch(const P& p) {
   return known ? Status::Ok() : Status::Error("activation: unknown activation");
 }
 
-// The backward with the bias gradient fused in: each thread adds the grad_x it stores into its
-// own double column sums, which are then added in thread order (deterministic for a given
-// thread count).
+// The backward with the bias gradient fused in: the grad_x each group of blocks stores is added
+// into the group's double column sums (cpu::run_groups), then the groups in order: the same
+// sums for any thread count.
 template <Activation A, typename T>
 void backward_with_bias(const ActivationBackwardParams& p) {
   const int64_t M = p.bias_size;
   const int64_t blocks = (p.numel + kBlock - 1) / kBlock;
   const bool parallel = p.numel >= cpu::kParallelMinElems && blocks > 1;
-  const int threads = parallel ? omp_get_max_threads() : 1;
-  std::vector<double> parts(static_cast<size_t>(threads) * M, 0.0);
-#pragma omp parallel num_threads(threads) if (parallel)
-  {
-    double* part = parts.data() + static_cast<size_t>(omp_get_thread_num()) * M;
-#pragma omp for schedule(static)
-    for (int64_t b = 0; b < blocks; ++b) {
+  const int64_t groups = cpu::reduction_groups(blocks);
+  std::vector<double> parts(static_cast<size_t>(groups) * M, 0.0);
+  cpu::run_groups(blocks, parallel, [&](int64_t g, int64_t b0, int64_t b1) {
+    double* part = parts.data() + static_cast<size_t>(g) * M;
+    for (int64_t b = b0; b < b1; ++b) {
       const int64_t start = b * kBlock, end = std::min(p.numel, start + kBlock);
       backward_block<A, T>(p, start, end);
       const T* dx = static_cast<const T*>(p.grad_x);
@@ -152,9 +148,9 @@ void backward_with_bias(const ActivationBackwardParams& p) {
         i += run;
       }
     }
-  }
-  for (int t = 1; t < threads; ++t)
-    for (int64_t j = 0; j < M; ++j) parts[j] += parts[static_cast<size_t>(t) * M + j];
+  });
+  for (int64_t g = 1; g < groups; ++g)
+    for (int64_t j = 0; j < M; ++j) parts[j] += parts[static_cast<size_t>(g) * M + j];
   T* gb = static_cast<T*>(p.grad_bias);
   for (int64_t j = 0; j < M; ++j) math::store(gb + j, static_cast<math::acc_t<T>>(parts[j]));
 }

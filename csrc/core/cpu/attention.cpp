@@ -2,8 +2,6 @@
 // threads; each row in fp32 (fp64 for fp64 data) with vectorisable loops.
 #include "tempo/attention.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -180,8 +178,9 @@ void qkv_split_forward(const QkvSplitForwardParams& p) {
   }
 }
 
-// The reverse gather, and with a bias each thread adds the dz it writes into its own double
-// column sums (added in thread order afterwards).
+// The reverse gather, and with a bias each group of tokens (cpu::run_groups) adds the dz it
+// writes into its own double column sums, added in group order afterwards: the same sums for
+// any thread count.
 template <typename T>
 void qkv_split_backward(const QkvSplitBackwardParams& p) {
   const int64_t S = p.seq, A = p.heads, D = p.head_dim, tokens = p.batch * S, M = p.cols();
@@ -189,13 +188,11 @@ void qkv_split_backward(const QkvSplitBackwardParams& p) {
                     static_cast<const T*>(p.grad_v)};
   T* dz = static_cast<T*>(p.grad_z);
   const bool parallel = p.numel() >= cpu::kParallelMinElems && tokens > 1;
-  const int threads = parallel ? omp_get_max_threads() : 1;
-  std::vector<double> parts(p.grad_bias ? static_cast<size_t>(threads) * M : 0, 0.0);
-#pragma omp parallel num_threads(threads) if (parallel)
-  {
-    double* part = p.grad_bias ? parts.data() + static_cast<size_t>(omp_get_thread_num()) * M : nullptr;
-#pragma omp for schedule(static)
-    for (int64_t t = 0; t < tokens; ++t) {
+  const int64_t groups = cpu::reduction_groups(tokens);
+  std::vector<double> parts(p.grad_bias ? static_cast<size_t>(groups) * M : 0, 0.0);
+  cpu::run_groups(tokens, parallel, [&](int64_t g, int64_t t0, int64_t t1) {
+    double* part = p.grad_bias ? parts.data() + static_cast<size_t>(g) * M : nullptr;
+    for (int64_t t = t0; t < t1; ++t) {
       const int64_t b = t / S, s = t % S;
       for (int64_t w = 0; w < 3; ++w)
         for (int64_t a = 0; a < A; ++a) {
@@ -209,10 +206,10 @@ void qkv_split_backward(const QkvSplitBackwardParams& p) {
           }
         }
     }
-  }
+  });
   if (!p.grad_bias) return;
-  for (int t = 1; t < threads; ++t)
-    for (int64_t j = 0; j < M; ++j) parts[j] += parts[static_cast<size_t>(t) * M + j];
+  for (int64_t g = 1; g < groups; ++g)
+    for (int64_t j = 0; j < M; ++j) parts[j] += parts[static_cast<size_t>(g) * M + j];
   T* gb = static_cast<T*>(p.grad_bias);
   for (int64_t j = 0; j < M; ++j) math::store(gb + j, static_cast<math::acc_t<T>>(parts[j]));
 }

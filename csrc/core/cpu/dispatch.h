@@ -20,4 +20,18 @@ void run_blocks(int64_t numel, int64_t block_elems, Block&& block) {
   for (int64_t b = 0; b < blocks; ++b) block(b * block_elems, std::min(numel, (b + 1) * block_elems));
 }
 
+// Reductions that must not depend on the thread count: the work items [0, items) are cut into
+// a fixed number of contiguous groups (at most kReductionGroups, whatever the threads), each
+// group is reduced by one thread in item order into its own partial, and the caller adds the
+// partials in group order. group(g, begin, end) runs items [begin, end) of group g.
+constexpr int64_t kReductionGroups = 32;
+inline int64_t reduction_groups(int64_t items) { return std::max<int64_t>(1, std::min(items, kReductionGroups)); }
+template <typename Group>
+void run_groups(int64_t items, bool parallel, Group&& group) {
+  const int64_t groups = reduction_groups(items);
+  const int64_t per = (items + groups - 1) / groups;
+#pragma omp parallel for schedule(static) if (parallel && groups > 1)
+  for (int64_t g = 0; g < groups; ++g) group(g, std::min(items, g * per), std::min(items, (g + 1) * per));
+}
+
 }  // namespace tempo::cpu

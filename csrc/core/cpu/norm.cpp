@@ -2,8 +2,6 @@
 // chunks over OpenMP threads. Row statistics and column sums accumulate in double.
 #include "tempo/norm.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <cmath>
 #include <utility>
@@ -268,25 +266,24 @@ void backward(const NormBackwardParams& p) {
   const int64_t chunk = cpu::mask_chunk_rows(p.rows, M);
   const int64_t chunks = (p.rows + chunk - 1) / chunk;
   const bool parallel = p.rows * M >= cpu::kParallelMinElems && chunks > 1;
-  const int threads = parallel ? omp_get_max_threads() : 1;
-  // Per-thread column partial sums of dgamma, dbeta and the pre-bias gradient.
-  std::vector<double> parts(static_cast<size_t>(threads) * 3 * M, 0.0);
+  // Column partial sums of dgamma, dbeta and the pre-bias gradient, one per fixed group of
+  // chunks (cpu::run_groups), added in group order: the same sums for any thread count.
+  const int64_t groups = cpu::reduction_groups(chunks);
+  std::vector<double> parts(static_cast<size_t>(groups) * 3 * M, 0.0);
   const Columns<math::acc_t<T>> col(static_cast<const T*>(p.weight), static_cast<const T*>(p.beta),
                                      static_cast<const T*>(nullptr), M, p.kept_slot, p.kept);
-#pragma omp parallel num_threads(threads) if (parallel)
-  {
+  cpu::run_groups(chunks, parallel, [&](int64_t g, int64_t c0, int64_t c1) {
     std::vector<uint8_t> keep, local;
     std::vector<math::acc_t<T>> acc;
-    double* part = parts.data() + static_cast<size_t>(omp_get_thread_num()) * 3 * M;
-#pragma omp for schedule(static)
-    for (int64_t c = 0; c < chunks; ++c) {
+    double* part = parts.data() + static_cast<size_t>(g) * 3 * M;
+    for (int64_t c = c0; c < c1; ++c) {
       const int64_t r1 = std::min(p.rows, (c + 1) * chunk);
       if (p.kept > 0) backward_chunk<T, true>(p, col, c * chunk, r1, part, acc, keep, local);
       else backward_chunk<T, false>(p, col, c * chunk, r1, part, acc, keep, local);
     }
-  }
-  for (int t = 1; t < threads; ++t) {
-    const double* src = parts.data() + static_cast<size_t>(t) * 3 * M;
+  });
+  for (int64_t g = 1; g < groups; ++g) {
+    const double* src = parts.data() + static_cast<size_t>(g) * 3 * M;
     for (int64_t j = 0; j < 3 * M; ++j) parts[j] += src[j];
   }
   store_sums<T>(parts.data(), p.weight ? p.grad_weight : nullptr, M);
