@@ -15,11 +15,19 @@
 
 namespace bench {
 
-inline std::vector<int64_t> parse_list(const std::string& s) {
-  std::vector<int64_t> out;
+// The non-empty items of a comma-separated list.
+inline std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
   std::stringstream ss(s);
   std::string item;
-  while (std::getline(ss, item, ',')) out.push_back(std::stoll(item));
+  while (std::getline(ss, item, ','))
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+inline std::vector<int64_t> parse_list(const std::string& s) {
+  std::vector<int64_t> out;
+  for (const auto& item : split(s)) out.push_back(std::stoll(item));
   return out;
 }
 

@@ -38,17 +38,6 @@ int usage(int rc) {
   return rc;
 }
 
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  size_t i = 0;
-  while (i <= s.size()) {
-    const size_t j = std::min(s.find(',', i), s.size());
-    if (j > i) out.push_back(s.substr(i, j - i));
-    i = j + 1;
-  }
-  return out;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -65,7 +54,7 @@ int main(int argc, char** argv) {
     if (k == "--model") a.model = v;
     else if (k == "--seq") a.seq = bench::parse_list(v);
     else if (k == "--batch") a.batch = std::stoll(v);
-    else if (k == "--policies") a.policies = split(v);
+    else if (k == "--policies") a.policies = bench::split(v);
     else if (k == "--dtype") a.dtype = v;
     else if (k == "--device") a.device = v;
     else if (k == "--reps") a.reps = std::stoi(v);

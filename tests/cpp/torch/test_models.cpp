@@ -101,6 +101,24 @@ std::vector<at::Tensor> grads_of(tempo::models::TransformerModel& m) {
   return g;
 }
 
+// One forward + backward of `m` on `batch`: the loss, the bytes held after the forward (the
+// tracker, which the caller has turned on) and every parameter's gradient.
+struct Step {
+  double loss = 0;
+  int64_t held = 0;
+  std::vector<at::Tensor> grads;
+};
+Step one_step(tempo::models::TransformerModel& m, const Batch& batch) {
+  Step s;
+  tempo::memory::Scope scope(c10::Device(c10::kCPU));
+  at::Tensor l = m->loss(batch);
+  s.held = scope.held();
+  l.backward();
+  s.loss = l.item<double>();
+  s.grads = grads_of(m);
+  return s;
+}
+
 TEST(Checkpoint, GradientsEqualWithDropoutOn) {
   for (const char* base : {"eager", "tempo"}) {
     ModelConfig c = reduced("bert-base", 2);
@@ -265,20 +283,16 @@ TEST(Models, FusedHeadKeepsNoLogitsAndGivesTheSameGradients) {
     c.dropout = c.attention_dropout = 0.0;
     const int64_t B = 2, S = 64;
     const Batch batch = tempo::models::synthetic_batch(c, B, S, 5);
-    int64_t held[2];
-    std::vector<at::Tensor> grads[2];
-    double loss[2];
+    Step st[2];
     const char* policies[2] = {"tempo-head", "tempo"};
     for (int i = 0; i < 2; ++i) {
       torch::manual_seed(0);
       auto m = tempo::models::make_model(c, MemoryPolicy::parse(policies[i]));
-      tempo::memory::Scope scope(c10::Device(c10::kCPU));
-      at::Tensor l = m->loss(batch);
-      held[i] = scope.held();
-      l.backward();
-      loss[i] = l.item<double>();
-      grads[i] = grads_of(m);
+      st[i] = one_step(m, batch);
     }
+    const double loss[2] = {st[0].loss, st[1].loss};
+    const int64_t held[2] = {st[0].held, st[1].held};
+    const std::vector<at::Tensor> grads[2] = {st[0].grads, st[1].grads};
     EXPECT_NEAR(loss[1], loss[0], 1e-5 * loss[0]) << preset;
     for (size_t k = 0; k < grads[0].size(); ++k)
       EXPECT_TRUE(at::allclose(grads[1][k], grads[0][k], 1e-4, 1e-6)) << preset << " parameter " << k;
@@ -308,9 +322,7 @@ TEST(Models, TempoFusedEqualsTempoForwardAndBackward) {
     ModelConfig c = reduced(k.preset, 1, 512);
     c.hidden = k.hidden, c.heads = k.heads, c.intermediate = k.intermediate;
     const Batch batch = tempo::models::synthetic_batch(c, k.batch, k.seq, 9);
-    double loss[2];
-    int64_t held[2];
-    std::vector<at::Tensor> grads[2];
+    Step st[2];
     const char* policies[2] = {"tempo", "tempo-fused"};
     for (int i = 0; i < 2; ++i) {
       torch::manual_seed(0);
@@ -322,13 +334,11 @@ TEST(Models, TempoFusedEqualsTempoForwardAndBackward) {
           if (p.key().find("bias") != std::string::npos) p.value().uniform_(-0.5, 0.5);
       }
       torch::manual_seed(1);
-      tempo::memory::Scope scope(c10::Device(c10::kCPU));
-      at::Tensor l = m->loss(batch);
-      held[i] = scope.held();
-      l.backward();
-      loss[i] = l.item<double>();
-      grads[i] = grads_of(m);
+      st[i] = one_step(m, batch);
     }
+    const double loss[2] = {st[0].loss, st[1].loss};
+    const int64_t held[2] = {st[0].held, st[1].held};
+    const std::vector<at::Tensor> grads[2] = {st[0].grads, st[1].grads};
     const std::string what = std::string(k.preset) + " hidden " + std::to_string(k.hidden);
     EXPECT_NEAR(loss[1], loss[0], 2e-6 * loss[0]) << what;
     ASSERT_EQ(grads[0].size(), grads[1].size());
