@@ -29,7 +29,7 @@ CUDA_BUILD ?= build-cuda
 CUDA_TORCH ?= 2.14.1
 CUDA_ARCHS ?= 90
 
-.PHONY: run test build setup sysdeps venv bench accuracy clean cuda-build
+.PHONY: run test build setup sysdeps venv bench accuracy clean cuda-build sanitize
 
 # The main job: `tempo bench` on a reduced bert-base (memory, largest batch in a budget and
 # throughput per policy; about 2 minutes on 2 cores). `make bench` adds the op benchmarks.
@@ -47,7 +47,7 @@ bench: build
 	$(BUILD)/bench_attention --seq 128,512 --csv $(BUILD)/results/attention_speed.csv --json $(BUILD)/results/attention_speed.json
 	$(BUILD)/bench_layer --model bert-base --seq 128 --batch 4 --csv $(BUILD)/results/layer_speed.csv --json $(BUILD)/results/layer_speed.json
 
-test: build cuda-build
+test: build cuda-build sanitize
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 	$(PYTHON) -m pytest -q tests/python
 	PYTHON=$(PYTHON) BUILD=$(BUILD) JOBS=$(JOBS) scripts/gpu_check.sh --dry-run $(BUILD)/gpu_check_dry
@@ -94,6 +94,19 @@ $(BUILD)/build.ninja: | setup
 
 build: setup $(BUILD)/build.ninja
 	CCACHE_BASEDIR=$(CURDIR) cmake --build $(BUILD) -j $(JOBS)
+
+# The core's suites and the op suites of the torch layer (not the model training runs) built
+# with AddressSanitizer + UndefinedBehaviorSanitizer on tempo's code; any report fails.
+ASAN_BUILD ?= build-asan
+SANITIZE_ENV = ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:check_initialization_order=1 \
+  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+sanitize: setup
+	@[ -f $(ASAN_BUILD)/build.ninja ] || cmake -S . -B $(ASAN_BUILD) -G Ninja -DPython_EXECUTABLE=$(PYTHON_ABS) \
+	  -DTEMPO_SANITIZE=ON -DTEMPO_CUDA_COMPILE_CHECK=OFF -DTEMPO_NATIVE=$(NATIVE) -DCMAKE_BUILD_TYPE=RelWithDebInfo
+	CCACHE_BASEDIR=$(CURDIR) cmake --build $(ASAN_BUILD) -j $(JOBS) --target tempo_core_tests tempo_torch_tests
+	$(SANITIZE_ENV) $(ASAN_BUILD)/tempo_core_tests
+	$(SANITIZE_ENV) $(ASAN_BUILD)/tempo_torch_tests \
+	  --gtest_filter='ActivationTorch.*:AttentionTorch.*:NormTorch.*:DropoutTorch.*:NormDropoutTorch.*:MemoryTracker.*:Checkpoint.*'
 
 cuda-build: setup
 	@[ -x $(CUDA_VENV)/bin/python ] || python3 -m venv $(CUDA_VENV)

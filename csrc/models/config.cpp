@@ -146,9 +146,10 @@ MemoryPolicy MemoryPolicy::parse(const std::string& spec) {
     else if (t == "checkpoint") p.checkpoint = on;
     else if (t == "head") p.fused_head = on;
     else if (t == "kernels") p.fused_kernels = on;
+    else if (t == "recompute") p.recompute_attention = on;
     else
       TORCH_CHECK(false, "tempo::models: unknown toggle '", t, "' in memory policy '", spec,
-                  "' (gelu, norm, dropout, attention, sdpa, fused, checkpoint, head, kernels)");
+                  "' (gelu, norm, dropout, attention, sdpa, fused, checkpoint, head, kernels, recompute)");
     i = j;
   }
   return p;

@@ -81,7 +81,8 @@ void TransformerLayerImpl::reset() {
                                                                          .backend(ops_->policy().attention)
                                                                          .rotary(llama)
                                                                          .rope_theta(c.rope_theta)
-                                                                         .fused_qkv(ops_->policy().fused_kernels)));
+                                                                         .fused_qkv(ops_->policy().fused_kernels)
+                                                                         .recompute(ops_->policy().recompute_attention)));
   fc1 = register_module("fc1", torch::nn::Linear(torch::nn::LinearOptions(c.hidden, c.intermediate).bias(!llama)));
   fc2 = register_module("fc2", torch::nn::Linear(torch::nn::LinearOptions(c.intermediate, c.hidden).bias(!llama)));
   if (llama)

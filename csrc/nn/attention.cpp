@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 
+#include "tempo/nn/checkpoint.h"
 #include "tempo/nn/dropout.h"
 #include "tempo/ops/attention.h"
 #include "tempo/ops/fused_attention.h"
@@ -85,6 +86,24 @@ at::Tensor SelfAttentionImpl::forward(const at::Tensor& x, const std::optional<a
                                       bool out_bias) {
   TORCH_CHECK(x.dim() == 3 && x.size(2) == options.hidden(), kOp, ": x must be [batch, seq, ", options.hidden(),
               "], got ", x.sizes());
+  at::Tensor merged;
+  if (options.recompute() && is_training() && at::GradMode::is_enabled()) {
+    // Keep x only: the backward reruns the projection and the attention core (the same
+    // dropout draws: checkpoint replays the generator) and backpropagates through them.
+    std::vector<at::Tensor> in{x};
+    if (attention_mask.has_value() && attention_mask->defined()) in.push_back(*attention_mask);
+    merged = tempo::nn::checkpoint(
+        [this](const std::vector<at::Tensor>& t) {
+          return attend(t[0], t.size() > 1 ? std::optional<at::Tensor>(t[1]) : std::nullopt);
+        },
+        in);
+  } else {
+    merged = attend(x, attention_mask);
+  }
+  return out_bias ? out(merged) : at::linear(merged, out->weight);
+}
+
+at::Tensor SelfAttentionImpl::attend(const at::Tensor& x, const std::optional<at::Tensor>& attention_mask) {
   const int64_t B = x.size(0), S = x.size(1), A = options.heads(), d = options.hidden() / A;
   at::Tensor q, k, v;
   if (options.fused_qkv()) {
@@ -127,8 +146,7 @@ at::Tensor SelfAttentionImpl::forward(const at::Tensor& x, const std::optional<a
   else if (backend == "tempo-fused") o = tempo::fused_attention(q, k, v, mask, p, options.causal());
   else if (backend == "sdpa") o = sdpa_attention(q, k, v, mask, p, options.causal());
   else o = eager_attention(q, k, v, mask, p, options.causal());
-  const at::Tensor merged = o.transpose(1, 2).reshape({B, S, options.hidden()});
-  return out_bias ? out(merged) : at::linear(merged, out->weight);
+  return o.transpose(1, 2).reshape({B, S, options.hidden()});
 }
 
 void SelfAttentionImpl::pretty_print(std::ostream& stream) const {

@@ -39,7 +39,7 @@ void print_bench_usage(FILE* out) {
                "(new position embeddings: for memory and speed figures, not for a pretrained model)\n"
                "presets: bert-base bert-large roberta-base roberta-large gpt2 gpt2-medium gpt2-large llama-small\n"
                "policies: eager checkpoint sdpa tempo tempo-sdpa tempo-fused, each optionally with +t/-t toggles\n"
-               "          (t in gelu norm dropout attention sdpa fused checkpoint head kernels), e.g. eager+gelu\n");
+               "          (t in gelu norm dropout attention sdpa fused checkpoint head kernels recompute), e.g. eager+gelu\n");
 }
 
 int64_t parse_bytes(const std::string& text) {

@@ -351,6 +351,36 @@ TEST(Models, TempoFusedEqualsTempoForwardAndBackward) {
   }
 }
 
+// +recompute: each layer keeps x instead of q, k, v (and the core's kept tensors), the backward
+// reruns the projection and the attention core with the generator replayed: the same loss and
+// gradients (dropout on), and q, k, v's bytes (3 B S H floats per layer) fewer held, under
+// the fused attention backend, tempo's and tempo-fused.
+TEST(Models, RecomputedAttentionGivesTheSameGradientsAndKeepsLess) {
+  tempo::memory::track_cpu();
+  for (const char* base : {"tempo-sdpa", "tempo", "tempo-fused"}) {
+    ModelConfig c = reduced("bert-base", 2, 512);
+    c.hidden = 96, c.heads = 4, c.intermediate = 192;
+    const int64_t B = 2, S = 40;
+    const Batch batch = tempo::models::synthetic_batch(c, B, S, 4);
+    Step st[2];
+    const std::string policies[2] = {base, std::string(base) + "+recompute"};
+    for (int i = 0; i < 2; ++i) {
+      torch::manual_seed(0);
+      auto m = tempo::models::make_model(c, MemoryPolicy::parse(policies[i]));
+      m->train();
+      torch::manual_seed(1);
+      st[i] = one_step(m, batch);
+    }
+    EXPECT_NEAR(st[1].loss, st[0].loss, 1e-6 * st[0].loss) << base;
+    for (size_t j = 0; j < st[0].grads.size(); ++j) {
+      const double ref = st[0].grads[j].norm().item<double>();
+      EXPECT_LE((st[1].grads[j] - st[0].grads[j]).norm().item<double>(), 1e-5 * ref + 1e-9) << base << " " << j;
+    }
+    // (less the generator state the checkpoint keeps per layer: a few KiB)
+    EXPECT_GE(st[0].held - st[1].held, c.layers * (3 * B * S * c.hidden * 4 - 8192)) << base;
+  }
+}
+
 TEST(Models, FiftyStepsOfEagerAndTempoAgreeWithinHalfAPercent) {
   // bert-base and gpt2 shapes (hidden 768, 12 heads, FFN 3072) with 2 layers and a 4096-token
   // vocabulary, dropout on, a fresh batch each step. The baseline draws the same dropout masks

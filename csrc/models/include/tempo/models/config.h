@@ -70,6 +70,9 @@ struct MemoryPolicy {
   // fused into what follows (q/k/v: tempo::qkv_split; fc1: the activation; out and fc2: the
   // bias-dropout-residual-LayerNorm), the bias gradients summed in those kernels' backward.
   bool fused_kernels = false;
+  // Recompute the q/k/v projection and the attention core in the backward (toggle
+  // `recompute`): each layer keeps its input instead of q, k, v (SelfAttentionOptions::recompute).
+  bool recompute_attention = false;
 
   static MemoryPolicy parse(const std::string& spec);
   static std::vector<std::string> names();  // the six bases

@@ -33,6 +33,11 @@ struct SelfAttentionOptions {
   // q, k, v by tempo::qkv_split: the projection GEMM without its bias, then one pass adds the
   // bias and writes the [B, A, S, d] layout (the Data Movement paper's "aib").
   TORCH_ARG(bool, fused_qkv) = false;
+  // In training, keep only x for the q/k/v projection and the attention core, and recompute
+  // both in the backward (tempo::nn::checkpoint around them): q, k, v and whatever the core
+  // keeps are not held between forward and backward, for one more projection GEMM and
+  // attention forward in the backward.
+  TORCH_ARG(bool, recompute) = false;
 };
 
 class SelfAttentionImpl : public torch::nn::Cloneable<SelfAttentionImpl> {
@@ -54,6 +59,8 @@ class SelfAttentionImpl : public torch::nn::Cloneable<SelfAttentionImpl> {
   torch::nn::Linear qkv{nullptr}, out{nullptr};
 
  private:
+  // The q/k/v projection and the attention core: the heads merged, [B, S, hidden], before `out`.
+  at::Tensor attend(const at::Tensor& x, const std::optional<at::Tensor>& attention_mask);
   std::string last_backend_;
 };
 TORCH_MODULE(SelfAttention);
