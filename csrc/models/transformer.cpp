@@ -18,8 +18,11 @@ namespace tempo::models {
 // ---- the policy's ops ---------------------------------------------------------------------
 
 at::Tensor PolicyOps::gelu(const at::Tensor& x, const char* approximate, const at::Tensor& bias) const {
+  // (a bias in x's dtype, as the linear layer it comes from would add it under autocast, so the
+  // kept output stays in x's dtype)
   if (policy_.inplace_gelu)
-    return tempo::gelu(x, approximate, bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt);
+    return tempo::gelu(x, approximate,
+                       bias.defined() ? std::optional<at::Tensor>(bias.to(x.scalar_type())) : std::nullopt);
   return at::gelu(bias.defined() ? x + bias : x, approximate);
 }
 

@@ -4,8 +4,11 @@
 // torch's CPU layer_norm returns a bf16 x's norm in bf16 (tempo casts the parameters to it,
 // so that the saved output stays 2 bytes; the error this adds is in docs/accuracy.md).
 // Attention in the autocast dtype, as scaled_dot_product_attention; the activations' x and
-// bias promoted to the wider of the two. Each kernel casts the floating tensor arguments and
-// calls the op again with autocast off.
+// bias promoted to the wider of the two. linear_cross_entropy in float32: autocast's
+// cross_entropy returns an fp32 loss, which the op (returning hidden's dtype) gives only from
+// fp32 inputs; its logits are then fp32 too, never kept, at the cost of an fp32 head GEMM;
+// qkv_split's bias cast to z's dtype, as linear's bias is. Each kernel casts the floating
+// tensor arguments and calls the op again with autocast off.
 #include <ATen/autocast_mode.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
@@ -50,6 +53,8 @@ void register_autocast(torch::Library& m) {
     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&autocast_kernel<Cast::kLowerPrecision, device>>());
   for (const char* name : {"gelu", "silu"})
     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&autocast_kernel<Cast::kPromote, device>>());
+  m.impl("linear_cross_entropy", torch::CppFunction::makeFromBoxedFunction<&autocast_kernel<Cast::kFloat32, device>>());
+  m.impl("qkv_split", torch::CppFunction::makeFromBoxedFunction<&autocast_kernel<Cast::kLikeX, device>>());
 }
 
 }  // namespace

@@ -1,4 +1,5 @@
 // Models, memory policies, the memory tracker and activation checkpointing, from LibTorch.
+#include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -410,6 +411,64 @@ TEST(Models, FiftyStepsOfEagerAndTempoAgreeWithinHalfAPercent) {
     std::printf("%s: loss %.4f -> %.4f (eager), %.4f -> %.4f (tempo), largest step difference %.2e\n", preset,
                 curves[0].front(), curves[0].back(), curves[1].front(), curves[1].back(), worst);
     EXPECT_LT(worst, 0.005) << preset;
+  }
+}
+
+// Mixed precision: 30 training steps (dropout on, AdamW, a fresh batch each step) of eager and
+// tempo under CPU autocast (bf16) and with the model in pure bf16, against eager in fp32. The
+// bound: tempo's curve stays as close to eager's in the same precision as bf16 itself keeps
+// eager to fp32 (twice that deviation, or 1%), i.e. tempo adds no error of its own beyond
+// bf16's rounding. The table printed here is the one in docs/accuracy.md.
+std::vector<double> mixed_curve(const ModelConfig& c, const std::string& policy, const std::string& mode) {
+  torch::manual_seed(0);
+  auto m = tempo::models::make_model(c, MemoryPolicy::parse(policy));
+  m->train();
+  if (mode == "bf16") m->to(at::kBFloat16);
+  torch::optim::AdamW opt(m->parameters(), torch::optim::AdamWOptions(1e-3).weight_decay(0.01));
+  std::vector<double> losses;
+  torch::manual_seed(1);
+  for (int s = 0; s < 30; ++s) {
+    const Batch batch = tempo::models::synthetic_batch(c, 4, 64, 200 + s);
+    opt.zero_grad();
+    at::Tensor loss;
+    if (mode == "autocast") {
+      at::autocast::set_autocast_enabled(at::kCPU, true);
+      at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+      loss = m->loss(batch);
+      at::autocast::set_autocast_enabled(at::kCPU, false);
+      at::autocast::clear_cache();
+    } else {
+      loss = m->loss(batch);
+    }
+    loss.backward();
+    opt.step();
+    losses.push_back(loss.item<double>());
+  }
+  return losses;
+}
+
+double worst_rel(const std::vector<double>& a, const std::vector<double>& ref) {
+  double w = 0;
+  for (size_t i = 0; i < a.size(); ++i) w = std::max(w, std::fabs(a[i] - ref[i]) / std::fabs(ref[i]));
+  return w;
+}
+
+TEST(Models, MixedPrecisionTempoStaysWithinBf16sOwnDeviation) {
+  for (const char* preset : {"bert-base", "gpt2"}) {
+    ModelConfig c = reduced(preset, 2, 1024);
+    c.hidden = 128, c.heads = 4, c.intermediate = 512;
+    const std::vector<double> ref = mixed_curve(c, "eager", "fp32");
+    for (const char* mode : {"autocast", "bf16"}) {
+      const auto eager = mixed_curve(c, "eager", mode);
+      const double own = worst_rel(eager, ref);
+      for (const char* policy : {"tempo", "tempo-fused"}) {
+        const auto t = mixed_curve(c, policy, mode);
+        const double dev = worst_rel(t, eager);
+        std::printf("| %s | %s | %s | %.4f -> %.4f | %.2e | %.2e | %.2e |\n", preset, mode, policy, t.front(),
+                    t.back(), dev, own, worst_rel(t, ref));
+        EXPECT_LE(dev, std::max(2 * own, 0.01)) << preset << " " << mode << " " << policy;
+      }
+    }
   }
 }
 
