@@ -118,7 +118,7 @@ __global__ void backward_kernel(ActivationBackwardParams p, bool vec) {
 
 // The backward with the bias gradient (bdrb): block (column tile, row group); each thread owns
 // one column (coalesced across the warp), walks its group's rows storing grad_x and adding it
-// up, and writes its partial sum; column_sums_kernel then adds the groups in order.
+// up, and writes its partial sum; column_group_sums_kernel then adds the groups in order.
 template <Activation A, typename T>
 __global__ void backward_bias_kernel(ActivationBackwardParams p, int64_t rows_per_group) {
   using Acc = acc_t<T>;
@@ -139,15 +139,6 @@ __global__ void backward_bias_kernel(ActivationBackwardParams p, int64_t rows_pe
     sum += math::to_float(out);
   }
   static_cast<Acc*>(p.workspace)[blockIdx.y * M + c] = sum;
-}
-
-template <typename T>
-__global__ void column_sums_kernel(const acc_t<T>* parts, int64_t groups, int64_t M, T* out) {
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (c >= M) return;
-  acc_t<T> sum = 0;
-  for (int64_t g = 0; g < groups; ++g) sum += parts[g * M + c];
-  math::store(out + c, sum);
 }
 
 template <typename F>
@@ -184,8 +175,8 @@ Status activation_backward_cuda(const ActivationBackwardParams& p, void* stream)
     const Status d = dispatch(p.act, p.dtype, [&](auto act_tag, auto t) {
       using T = decltype(t);
       backward_bias_kernel<decltype(act_tag)::value, T><<<grid, kThreads, 0, st>>>(p, per_group);
-      column_sums_kernel<T><<<grid.x, kThreads, 0, st>>>(static_cast<const acc_t<T>*>(p.workspace), groups, M,
-                                                          static_cast<T*>(p.grad_bias));
+      const auto* parts = static_cast<const acc_t<T>*>(p.workspace);
+      cuda::column_group_sums_kernel<T><<<grid.x, kThreads, 0, st>>>(parts, groups, M, static_cast<T*>(p.grad_bias));
     });
     return d.ok() ? launch_status("activation backward (bias gradient)") : d;
   }

@@ -135,15 +135,6 @@ __global__ void qkv_split_backward_kernel(QkvSplitBackwardParams p, int64_t toke
   if (p.grad_bias) static_cast<Acc*>(p.workspace)[blockIdx.y * M + c] = sum;
 }
 
-template <typename T>
-__global__ void qkv_bias_sums_kernel(const math::acc_t<T>* parts, int64_t groups, int64_t M, T* out) {
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (c >= M) return;
-  math::acc_t<T> sum = 0;
-  for (int64_t g = 0; g < groups; ++g) sum += parts[g * M + c];
-  math::store(out + c, sum);
-}
-
 }  // namespace
 
 Status qkv_split_forward_cuda(const QkvSplitForwardParams& p, void* stream) {
@@ -172,9 +163,11 @@ Status qkv_split_backward_cuda(const QkvSplitBackwardParams& p, void* stream) {
       qkv_split_backward_kernel<T><<<dim3(tiles, static_cast<unsigned>(groups)), cuda::kThreads, 0, st>>>(p, per_group);
     else if (p.grad_bias)
       cudaMemsetAsync(p.workspace, 0, sizeof(math::acc_t<T>) * M, st);
-    if (p.grad_bias)
-      qkv_bias_sums_kernel<T><<<tiles, cuda::kThreads, 0, st>>>(static_cast<const math::acc_t<T>*>(p.workspace),
-                                                                tokens > 0 ? groups : 1, M, static_cast<T*>(p.grad_bias));
+    if (p.grad_bias) {
+      const auto* parts = static_cast<const math::acc_t<T>*>(p.workspace);
+      cuda::column_group_sums_kernel<T><<<tiles, cuda::kThreads, 0, st>>>(parts, tokens > 0 ? groups : 1, M,
+                                                                         static_cast<T*>(p.grad_bias));
+    }
   });
   return cuda::launch_status("qkv split backward");
 }

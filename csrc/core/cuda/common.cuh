@@ -82,6 +82,18 @@ __global__ void keep_bits_kernel(PhiloxState rng, uint8_t* bits, int64_t numel, 
     bits[b] = static_cast<uint8_t>(v);
   }
 }
+
+// The column sums of `groups` partial rows of M columns (parts[g M + c], the math type), added
+// in group order and stored in T: the second stage of the kernels that sum a gradient over rows
+// in fixed row groups (no atomics, so the same result on every run). One thread per column.
+template <typename T>
+__global__ void column_group_sums_kernel(const math::acc_t<T>* parts, int64_t groups, int64_t M, T* out) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= M) return;
+  math::acc_t<T> sum = 0;
+  for (int64_t g = 0; g < groups; ++g) sum += parts[g * M + c];
+  math::store(out + c, sum);
+}
 }  // namespace
 
 }  // namespace tempo::cuda
