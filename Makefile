@@ -29,7 +29,7 @@ CUDA_BUILD ?= build-cuda
 CUDA_TORCH ?= 2.14.1
 CUDA_ARCHS ?= 90
 
-.PHONY: run test build setup sysdeps venv bench accuracy clean cuda-build sanitize
+.PHONY: run test build setup sysdeps venv bench accuracy clean cuda-build sanitize fuzz
 
 # The main job: `tempo bench` on a reduced bert-base (memory, largest batch in a budget and
 # throughput per policy; about 2 minutes on 2 cores). `make bench` adds the op benchmarks.
@@ -47,14 +47,14 @@ bench: build
 	$(BUILD)/bench_attention --seq 128,512 --csv $(BUILD)/results/attention_speed.csv --json $(BUILD)/results/attention_speed.json
 	$(BUILD)/bench_layer --model bert-base --seq 128 --batch 4 --csv $(BUILD)/results/layer_speed.csv --json $(BUILD)/results/layer_speed.json
 
-test: build cuda-build sanitize
+test: build cuda-build sanitize fuzz
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 	$(PYTHON) -m pytest -q tests/python
 	PYTHON=$(PYTHON) BUILD=$(BUILD) JOBS=$(JOBS) scripts/gpu_check.sh --dry-run $(BUILD)/gpu_check_dry
 
 setup: sysdeps venv
 
-# System packages: a C++ toolchain, CMake, Ninja, GoogleTest, nlohmann-json (Hugging Face
+# System packages: a C++ toolchain, clang (libFuzzer, for make fuzz), CMake, Ninja, GoogleTest, nlohmann-json (Hugging Face
 # checkpoints), SentencePiece (tempo train's tokenizer), Gloo's headers (tempo train's data
 # parallelism on c10d); ccache when available; python3-doc
 # (the reStructuredText sources of Python's documentation, about 12 MB of English prose under
@@ -65,6 +65,7 @@ sysdeps:
 	command -v ninja >/dev/null || missing="$$missing ninja-build"; \
 	command -v g++ >/dev/null || missing="$$missing g++"; \
 	command -v ccache >/dev/null || missing="$$missing ccache"; \
+	command -v clang++ >/dev/null || missing="$$missing clang"; \
 	[ -f /usr/include/gtest/gtest.h ] || missing="$$missing libgtest-dev"; \
 	[ -f /usr/include/nlohmann/json.hpp ] || missing="$$missing nlohmann-json3-dev"; \
 	[ -f /usr/include/sentencepiece_processor.h ] || missing="$$missing libsentencepiece-dev pkg-config"; \
@@ -110,6 +111,26 @@ sanitize: setup
 	  TEMPO_LIBRARY=$(abspath $(ASAN_BUILD))/lib/libtempo_torch.so PYTHONPATH=python $(PYTHON) -m pytest -q -x \
 	  -p no:cacheprovider tests/python/test_validation_audit.py tests/python/test_fused_kernels.py \
 	  tests/python/test_determinism.py tests/python/test_dropout.py
+
+# libFuzzer targets (tests/fuzz/): the core's validation and kernels, the safetensors and
+# config.json readers and the checkpoint MANIFEST, built with clang under ASan + UBSan, each run
+# FUZZ_SECONDS from the corpus kept in tests/fuzz/corpus (new inputs go to $(FUZZ_BUILD)/corpus,
+# crashes to $(FUZZ_BUILD)/artifacts). Any crash, sanitizer report or broken property fails.
+FUZZ_BUILD   ?= build-fuzz
+FUZZ_SECONDS ?= 20
+FUZZ_TARGETS := fuzz_core fuzz_safetensors fuzz_config_json fuzz_manifest
+fuzz: setup
+	@[ -f $(FUZZ_BUILD)/build.ninja ] || cmake -S tests/fuzz -B $(FUZZ_BUILD) -G Ninja -DCMAKE_CXX_COMPILER=clang++ \
+	  -DTorch_DIR="$$($(PYTHON) -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')/Torch"
+	CCACHE_BASEDIR=$(CURDIR) cmake --build $(FUZZ_BUILD) -j $(JOBS)
+	@mkdir -p $(FUZZ_BUILD)/artifacts
+	@for t in $(FUZZ_TARGETS); do \
+	  mkdir -p $(FUZZ_BUILD)/corpus/$$t; \
+	  $(FUZZ_BUILD)/$$t -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=4096 -timeout=30 -print_final_stats=1 \
+	    -artifact_prefix=$(FUZZ_BUILD)/artifacts/$$t- $(FUZZ_BUILD)/corpus/$$t tests/fuzz/corpus/$$t \
+	    > $(FUZZ_BUILD)/$$t.log 2>&1 || { tail -40 $(FUZZ_BUILD)/$$t.log; echo "$$t failed (log: $(FUZZ_BUILD)/$$t.log)"; exit 1; }; \
+	  echo "$$t: $$(grep -o 'Done [0-9]* runs in [0-9]* second' $(FUZZ_BUILD)/$$t.log)s, no failure"; \
+	done
 
 cuda-build: setup
 	@[ -x $(CUDA_VENV)/bin/python ] || python3 -m venv $(CUDA_VENV)

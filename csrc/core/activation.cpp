@@ -35,6 +35,7 @@ Status validate(const ActivationForwardParams& p) {
   TEMPO_CORE_CHECK(known(p.act), "activation forward: unknown activation");
   TEMPO_CORE_CHECK(known(p.dtype), "activation forward: unsupported dtype");
   TEMPO_CORE_CHECK(p.numel >= 0, "activation forward: numel must be non-negative");
+  TEMPO_CORE_CHECK(numel_fits({p.numel}), "activation forward: numel is too large");
   if (p.numel == 0) return Status::Ok();
   TEMPO_CORE_CHECK(p.x && p.y && p.mask, "activation forward: x, y and mask must be non-null");
   if (p.bias) {
@@ -48,6 +49,7 @@ Status validate(const ActivationBackwardParams& p) {
   TEMPO_CORE_CHECK(known(p.act), "activation backward: unknown activation");
   TEMPO_CORE_CHECK(known(p.dtype), "activation backward: unsupported dtype");
   TEMPO_CORE_CHECK(p.numel >= 0, "activation backward: numel must be non-negative");
+  TEMPO_CORE_CHECK(numel_fits({p.numel}), "activation backward: numel is too large");
   if (p.numel == 0) return Status::Ok();
   TEMPO_CORE_CHECK(p.y && p.mask && p.grad_y && p.grad_x,
                    "activation backward: y, mask, grad_y and grad_x must be non-null");

@@ -2,6 +2,7 @@
 #include "tempo/attention.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace tempo::detail {
 
@@ -15,6 +16,12 @@ Status validate(const AttentionSoftmaxForwardParams& p) {
   TEMPO_CORE_CHECK(known(p.dtype), "attention softmax forward: unsupported dtype");
   TEMPO_CORE_CHECK(p.batch >= 0 && p.heads >= 0 && p.rows >= 0 && p.cols >= 0,
                    "attention softmax forward: sizes must be non-negative");
+  TEMPO_CORE_CHECK(p.row_offset >= 0 && p.seq_q >= 0, "attention softmax forward: row_offset and seq_q must be non-negative");
+  TEMPO_CORE_CHECK(numel_fits({p.batch, p.heads, p.rows, p.cols}) && numel_fits({p.batch, p.heads, p.seq_q, p.cols}),
+                   "attention softmax forward: the scores' size is too large");
+  TEMPO_CORE_CHECK(p.seq_q == 0 ? p.row_offset == 0 : p.rows <= p.seq_q - p.row_offset,
+                   "attention softmax forward: the block of rows [row_offset, row_offset + rows) must lie within seq_q");
+  TEMPO_CORE_CHECK(std::isfinite(p.scale), "attention softmax forward: scale must be finite");
   TEMPO_CORE_CHECK(p.p >= 0.0 && p.p <= 1.0, "attention softmax forward: p must be in [0, 1]");
   if (p.rows_total() * p.cols == 0) return Status::Ok();
   TEMPO_CORE_CHECK(p.scores, "attention softmax forward: scores must be non-null");
@@ -29,6 +36,12 @@ Status validate(const AttentionSoftmaxBackwardParams& p) {
   TEMPO_CORE_CHECK(known(p.dtype), "attention softmax backward: unsupported dtype");
   TEMPO_CORE_CHECK(p.batch >= 0 && p.heads >= 0 && p.rows >= 0 && p.cols >= 0,
                    "attention softmax backward: sizes must be non-negative");
+  TEMPO_CORE_CHECK(p.row_offset >= 0 && p.seq_q >= 0, "attention softmax backward: row_offset and seq_q must be non-negative");
+  TEMPO_CORE_CHECK(numel_fits({p.batch, p.heads, p.rows, p.cols}) && numel_fits({p.batch, p.heads, p.seq_q, p.cols}),
+                   "attention softmax backward: the scores' size is too large");
+  TEMPO_CORE_CHECK(p.seq_q == 0 ? p.row_offset == 0 : p.rows <= p.seq_q - p.row_offset,
+                   "attention softmax backward: the block of rows [row_offset, row_offset + rows) must lie within seq_q");
+  TEMPO_CORE_CHECK(std::isfinite(p.scale), "attention softmax backward: scale must be finite");
   TEMPO_CORE_CHECK(p.p >= 0.0 && p.p <= 1.0, "attention softmax backward: p must be in [0, 1]");
   if (p.rows_total() * p.cols == 0) return Status::Ok();
   TEMPO_CORE_CHECK(p.grad && p.probs, "attention softmax backward: grad and probs must be non-null");
@@ -41,6 +54,7 @@ Status check_sizes(const QkvSplitParams& p, const char* what) {
   TEMPO_CORE_CHECK(known(p.dtype), std::string(what) + ": unsupported dtype");
   TEMPO_CORE_CHECK(p.batch >= 0 && p.seq >= 0 && p.heads >= 0 && p.head_dim >= 0,
                    std::string(what) + ": sizes must be non-negative");
+  TEMPO_CORE_CHECK(numel_fits({p.batch, p.seq, 3, p.heads, p.head_dim}), std::string(what) + ": the size is too large");
   return Status::Ok();
 }
 }  // namespace

@@ -23,6 +23,7 @@ Status validate(const DropoutForwardParams& p) {
   TEMPO_CORE_CHECK(known(p.dtype), "dropout forward: unsupported dtype");
   TEMPO_CORE_CHECK(p.p >= 0.0 && p.p <= 1.0, "dropout forward: p must be in [0, 1]");
   TEMPO_CORE_CHECK(p.numel >= 0, "dropout forward: numel must be non-negative");
+  TEMPO_CORE_CHECK(numel_fits({p.numel}), "dropout forward: numel is too large");
   if (p.numel == 0) return Status::Ok();
   TEMPO_CORE_CHECK(p.x && p.y, "dropout forward: x and y must be non-null");
   return check_dropout_mask(p.mode, p.p, p.mask, "dropout forward");
@@ -32,6 +33,7 @@ Status validate(const DropoutBackwardParams& p) {
   TEMPO_CORE_CHECK(known(p.dtype), "dropout backward: unsupported dtype");
   TEMPO_CORE_CHECK(p.p >= 0.0 && p.p <= 1.0, "dropout backward: p must be in [0, 1]");
   TEMPO_CORE_CHECK(p.numel >= 0, "dropout backward: numel must be non-negative");
+  TEMPO_CORE_CHECK(numel_fits({p.numel}), "dropout backward: numel is too large");
   if (p.numel == 0) return Status::Ok();
   TEMPO_CORE_CHECK(p.grad_y && p.grad_x, "dropout backward: grad_y and grad_x must be non-null");
   return check_dropout_mask(p.mode, p.p, p.mask, "dropout backward");

@@ -123,7 +123,8 @@ Status validate(const NormForwardParams& p) {
   TEMPO_CORE_CHECK(known(p.kind), "norm forward: unknown norm");
   TEMPO_CORE_CHECK(known(p.dtype), "norm forward: unsupported dtype");
   TEMPO_CORE_CHECK(p.rows >= 0 && p.cols >= 0, "norm forward: rows and cols must be non-negative");
-  TEMPO_CORE_CHECK(p.eps >= 0.0, "norm forward: eps must be non-negative");
+  TEMPO_CORE_CHECK(numel_fits({p.rows, p.cols}), "norm forward: rows x cols is too large");
+  TEMPO_CORE_CHECK(std::isfinite(p.eps) && p.eps >= 0.0, "norm forward: eps must be finite and non-negative");
   TEMPO_CORE_CHECK(p.kind == NormKind::kLayerNorm || !p.beta, "norm forward: rms_norm has no bias");
   TEMPO_CORE_CHECK(p.kept >= 0 && p.kept <= p.cols, "norm forward: kept columns must be in [0, cols]");
   if (p.rows * p.cols == 0) return Status::Ok();
@@ -136,6 +137,7 @@ Status validate(const NormBackwardParams& p) {
   TEMPO_CORE_CHECK(known(p.kind), "norm backward: unknown norm");
   TEMPO_CORE_CHECK(known(p.dtype), "norm backward: unsupported dtype");
   TEMPO_CORE_CHECK(p.rows >= 0 && p.cols >= 0, "norm backward: rows and cols must be non-negative");
+  TEMPO_CORE_CHECK(numel_fits({p.rows, p.cols}), "norm backward: rows x cols is too large");
   TEMPO_CORE_CHECK(p.kind == NormKind::kLayerNorm || !p.beta, "norm backward: rms_norm has no bias");
   TEMPO_CORE_CHECK(p.kept >= 0 && p.kept <= p.cols, "norm backward: kept columns must be in [0, cols]");
   if (p.rows * p.cols == 0) return Status::Ok();

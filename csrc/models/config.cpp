@@ -3,6 +3,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cmath>
 #include <sstream>
 
 namespace tempo::models {
@@ -93,7 +94,9 @@ void ModelConfig::validate() const {
   TORCH_CHECK(max_positions > 0 || arch == Arch::kLlama, m, ": max_positions must be positive");
   TORCH_CHECK(dropout >= 0 && dropout < 1 && attention_dropout >= 0 && attention_dropout < 1, m,
               ": dropout probabilities must be in [0, 1)");
-  TORCH_CHECK(eps > 0, m, ": eps must be positive");
+  TORCH_CHECK(eps > 0 && std::isfinite(eps), m, ": eps must be positive and finite");
+  TORCH_CHECK(arch != Arch::kLlama || (rope_theta > 0 && std::isfinite(rope_theta)), m,
+              ": rope_theta must be positive and finite");
   TORCH_CHECK(arch != Arch::kLlama || head_dim() % 2 == 0, m, ": rotary embeddings need an even head dim");
   TORCH_CHECK(num_labels > 0, m, ": num_labels must be positive");
 }

@@ -6,7 +6,6 @@
 #include <torch/serialize.h>
 
 #include <algorithm>
-#include <array>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -15,24 +14,15 @@
 #include <fcntl.h>
 #include <unistd.h>
 
-#include "tempo/models/pretrained.h"
+#include "tempo/models/hf_files.h"
+#include "tempo/train/manifest.h"
 
 namespace tempo::train {
 
 namespace {
 namespace fs = std::filesystem;
 const char* kOp = "tempo::train checkpoint";
-const char* kFiles[] = {"model.safetensors", "optimizer.pt", "state.safetensors"};
-
-std::array<uint32_t, 256> crc_table() {
-  std::array<uint32_t, 256> t{};
-  for (uint32_t i = 0; i < 256; ++i) {
-    uint32_t c = i;
-    for (int k = 0; k < 8; ++k) c = c & 1 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-    t[i] = c;
-  }
-  return t;
-}
+const std::vector<std::string> kFiles = {"model.safetensors", "optimizer.pt", "state.safetensors"};
 
 void fsync_path(const fs::path& p) {
   const int fd = ::open(p.c_str(), O_RDONLY);
@@ -72,41 +62,7 @@ std::vector<std::pair<std::string, at::Tensor>> model_tensors(torch::nn::Module&
   return t;
 }
 
-// Empty if the checkpoint verifies, else why not.
-std::string verify(const fs::path& ck) {
-  std::ifstream mf(ck / "MANIFEST");
-  if (!mf.good()) return "no MANIFEST";
-  std::string name;
-  uint64_t size = 0;
-  uint32_t crc = 0;
-  int seen = 0;
-  while (mf >> name >> size >> std::hex >> crc >> std::dec) {
-    const fs::path f = ck / name;
-    std::error_code ec;
-    if (!fs::exists(f, ec)) return name + " is missing";
-    if (fs::file_size(f) != size)
-      return name + " has " + std::to_string(fs::file_size(f)) + " bytes, the manifest says " + std::to_string(size);
-    if (file_crc32(f.string()) != crc) return name + " fails its checksum";
-    ++seen;
-  }
-  if (seen != 3) return "the MANIFEST is incomplete";
-  return "";
-}
 }  // namespace
-
-uint32_t file_crc32(const std::string& path) {
-  static const auto table = crc_table();
-  std::ifstream f(path, std::ios::binary);
-  TORCH_CHECK(f.good(), kOp, ": cannot read ", path);
-  uint32_t c = 0xFFFFFFFFu;
-  std::vector<char> buf(1 << 20);
-  while (f) {
-    f.read(buf.data(), static_cast<std::streamsize>(buf.size()));
-    const std::streamsize n = f.gcount();
-    for (std::streamsize i = 0; i < n; ++i) c = table[(c ^ static_cast<uint8_t>(buf[i])) & 0xFF] ^ (c >> 8);
-  }
-  return c ^ 0xFFFFFFFFu;
-}
 
 std::string save_checkpoint(const std::string& dir, int64_t step, torch::nn::Module& model,
                             torch::optim::Optimizer& optimizer, int keep) {
@@ -130,17 +86,12 @@ std::string save_checkpoint(const std::string& dir, int64_t step, torch::nn::Mod
     }
   tempo::models::write_safetensors((tmp / "state.safetensors").string(), state);
   {
-    std::ofstream mf(tmp / "MANIFEST");
-    for (const char* f : kFiles) {
-      const fs::path p = tmp / f;
-      char crc[16];
-      std::snprintf(crc, sizeof crc, "%08x", file_crc32(p.string()));
-      mf << f << " " << fs::file_size(p) << " " << crc << "\n";
-    }
+    std::ofstream mf(tmp / "MANIFEST", std::ios::binary);
+    mf << make_manifest(tmp.string(), kFiles);
     mf.flush();
     TORCH_CHECK(mf.good(), kOp, ": writing the MANIFEST of ", tmp.string(), " failed");
   }
-  for (const char* f : kFiles) fsync_path(tmp / f);
+  for (const auto& f : kFiles) fsync_path(tmp / f);
   fsync_path(tmp / "MANIFEST");
   fsync_path(tmp);
   fs::remove_all(final_path);
@@ -154,7 +105,7 @@ std::string save_checkpoint(const std::string& dir, int64_t step, torch::nn::Mod
 std::optional<int64_t> load_latest_checkpoint(const std::string& dir, torch::nn::Module& model,
                                               torch::optim::Optimizer& optimizer, std::vector<std::string>* skipped) {
   for (const auto& [step, path] : checkpoints(dir)) {
-    const std::string why = verify(path);
+    const std::string why = verify_manifest(path.string(), kFiles);
     if (!why.empty()) {
       if (skipped) skipped->push_back(path.string() + ": " + why);
       continue;

@@ -211,6 +211,11 @@ def test_damaged_safetensors_are_refused(tmp_path):
     ({"position_embedding_type": "relative_key"}, "position_embedding_type 'relative_key'"),
     ({"model_type": "t5"}, "model_type 't5' is not one of"),
     ({"hidden_size": 30}, "hidden"),
+    # found by tests/fuzz/fuzz_config_json: a float too large for int64 was converted (undefined)
+    ({"vocab_size": 1e30}, "vocab_size must be an integer, not 1e+30"),
+    ({"num_hidden_layers": "6"}, "num_hidden_layers must be an integer"),
+    ({"intermediate_size": 18446744073709551615}, "intermediate_size (18446744073709551615) is too large"),
+    ({"layer_norm_eps": -1.0}, "eps must be positive and finite"),
 ])
 def test_unsupported_configs_are_refused(tmp_path, change, message):
     folder = small_folder(tmp_path)

@@ -118,6 +118,15 @@ def test_a_damaged_newest_checkpoint_is_skipped_and_the_previous_used(text, tmp_
     opt.write_bytes(opt.read_bytes()[:100])
     r = train(*args, "--steps", "12", "--out", out, "--resume")
     assert r.returncode == 0 and "skipped a damaged checkpoint" in r.stdout, r.stdout + r.stderr
+    # a MANIFEST that names a file outside its folder, or one file twice: refused, not followed
+    mf = sorted((ck / d for d in os.listdir(ck)))[-1] / "MANIFEST"
+    lines = mf.read_text().splitlines(keepends=True)
+    for forged, why in ((lines[:2] + ["../../escape 0 00000000\n"], "'../../escape' is not a file of a checkpoint"),
+                        (lines[:2] + [lines[0]], "is listed twice")):
+        mf.write_text("".join(forged))
+        r = train(*args, "--steps", "12", "--out", out, "--resume")
+        assert why in r.stdout and "resumed from step 8" in r.stdout, r.stdout + r.stderr
+        mf.write_text("".join(lines))
 
 
 def test_bad_input_exits_2_with_a_clear_message_and_keeps_checkpoints(text, tmp_path):

@@ -100,11 +100,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_attention_backward_kernel(
   const at::Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous(), gc = grad.contiguous();
   const at::Tensor kt = kc.transpose(-2, -1), vt = vc.transpose(-2, -1);
   // dk and dv as [B A, Sk, d]: the first block writes them, the next add into them in place
-  // (baddbmm_), so no block's product is a temporary added afterwards.
+  // (baddbmm_), so no block's product is a temporary added afterwards. 16-bit data over several
+  // blocks sums in float32 and rounds once at the end (in its own dtype each block's addition
+  // would round: about sqrt(blocks) rounding units of error).
   const int64_t BA = q.size(0) * q.size(1);
-  at::Tensor dk3 = dk.view({BA, k.size(2), k.size(3)}), dv3 = dv.view({BA, v.size(2), v.size(3)});
+  const bool widen = (q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16) && blk < Sq;
+  const auto acc_opts = k.options().dtype(at::kFloat);
+  at::Tensor dk3 = widen ? at::empty({BA, k.size(2), k.size(3)}, acc_opts) : dk.view({BA, k.size(2), k.size(3)});
+  at::Tensor dv3 = widen ? at::empty({BA, v.size(2), v.size(3)}, acc_opts) : dv.view({BA, v.size(2), v.size(3)});
   auto accumulate = [&](at::Tensor& acc, const at::Tensor& a, const at::Tensor& b, bool first) {
-    const at::Tensor a3 = a.reshape({BA, a.size(2), a.size(3)}), b3 = b.reshape({BA, b.size(2), b.size(3)});
+    at::Tensor a3 = a.reshape({BA, a.size(2), a.size(3)}), b3 = b.reshape({BA, b.size(2), b.size(3)});
+    if (widen) a3 = a3.to(at::kFloat), b3 = b3.to(at::kFloat);
     if (first) at::bmm_out(acc, a3, b3);
     else acc.baddbmm_(a3, b3);
   };
@@ -138,6 +144,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_attention_backward_kernel(
     }
     dq.narrow(2, i0, n).copy_(at::matmul(ds, kc));
     accumulate(dk3, ds.transpose(-2, -1), qb, i0 == 0);
+  }
+  if (widen) {
+    dk.view({BA, k.size(2), k.size(3)}).copy_(dk3);
+    dv.view({BA, v.size(2), v.size(3)}).copy_(dv3);
   }
   return {dq, dk, dv};
 }

@@ -1,7 +1,7 @@
 // Schemas, kernels and C++ API of tempo::linear_cross_entropy. The kernels are ATen
 // compositions over chunks of rows (device-generic, CompositeExplicitAutograd): per chunk the
-// logits are formed in the data's dtype (as F.linear would), reduced in float32 to a
-// log-sum-exp per row, and dropped; the backward forms them again and turns them into the
+// logits are formed in the data's dtype (as F.linear would), reduced in the math type (float64
+// for float64 data, float32 otherwise) to a log-sum-exp per row, and dropped; the backward forms them again and turns them into the
 // chunk's share of every gradient.
 #include "tempo/ops/linear_cross_entropy.h"
 
@@ -84,7 +84,9 @@ std::tuple<at::Tensor, at::Tensor> forward_kernel(const at::Tensor& hidden, cons
                                                   int64_t chunk) {
   const Reduction red = reduction_of(reduction);
   TORCH_CHECK(chunk >= 0, kOp, ": chunk must be >= 0 (0: automatic), got ", chunk);
-  const auto f32 = hidden.options().dtype(at::kFloat);
+  // The math type: float64 for float64 data, float32 otherwise (16-bit logits reduced in fp32).
+  const auto math_t = hidden.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const auto f32 = hidden.options().dtype(math_t);
   if (hidden.is_meta()) {  // shapes only, symbolic where they are (torch.compile)
     TORCH_CHECK(hidden.dim() >= 1 && weight.dim() == 2 && labels.scalar_type() == at::kLong, kOp,
                 ": hidden [..., H], weight [V, H] and int64 labels");
@@ -103,7 +105,7 @@ std::tuple<at::Tensor, at::Tensor> forward_kernel(const at::Tensor& hidden, cons
     const int64_t C = rows_per_chunk(chunk, V, N);
     for (int64_t r0 = 0; r0 < N; r0 += C) {
       const int64_t n = std::min(C, N - r0);
-      const at::Tensor z = at::linear(h.narrow(0, r0, n), weight, b).to(at::kFloat);  // [n, V]
+      const at::Tensor z = at::linear(h.narrow(0, r0, n), weight, b).to(math_t);  // [n, V]
       const at::Tensor l = at::logsumexp(z, {1});
       const at::Tensor yc = y.narrow(0, r0, n);
       const at::Tensor keep = yc.ne(ignore);
@@ -121,7 +123,7 @@ std::tuple<at::Tensor, at::Tensor> forward_kernel(const at::Tensor& hidden, cons
     loss = rows.reshape(labels.sizes()).to(hidden.scalar_type());
   } else {
     at::Tensor total = rows.sum();
-    if (red == Reduction::kMean) total = total / labels.ne(ignore).sum().clamp_min(1).to(at::kFloat);
+    if (red == Reduction::kMean) total = total / labels.ne(ignore).sum().clamp_min(1).to(math_t);
     loss = total.to(hidden.scalar_type());
   }
   return {loss, lse};
@@ -135,8 +137,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_kernel(
   const bool has_bias = bias.has_value() && bias->defined();
   const char* bop = "tempo::linear_cross_entropy_backward";
   TORCH_CHECK(grad.is_floating_point(), bop, ": argument 'grad' must be floating point, got ", grad.scalar_type());
-  TORCH_CHECK(lse.scalar_type() == at::kFloat, bop, ": argument 'lse' must be the forward's float32 log-sum-exp, got ",
-              lse.scalar_type());
+  const auto math_t = hidden.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  TORCH_CHECK(lse.scalar_type() == math_t, bop, ": argument 'lse' must be the forward's ", math_t,
+              " log-sum-exp, got ", lse.scalar_type());
   for (const auto& [t, name] : {std::pair<const at::Tensor*, const char*>{&weight, "weight"}, {&labels, "labels"},
                                 {&grad, "grad"}, {&lse, "lse"}})
     TORCH_CHECK(t->device() == hidden.device(), bop, ": argument '", name, "' must be on hidden's device (",
@@ -165,10 +168,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_kernel(
   // grad (reduction none: per row; mean: over the rows not ignored), 0 where ignored.
   at::Tensor scale;
   if (red == Reduction::kNone) {
-    scale = grad.reshape({N}).to(at::kFloat);
+    scale = grad.reshape({N}).to(math_t);
   } else {
-    at::Tensor g = grad.to(at::kFloat);
-    if (red == Reduction::kMean) g = g / y.ne(ignore).sum().clamp_min(1).to(at::kFloat);
+    at::Tensor g = grad.to(math_t);
+    if (red == Reduction::kMean) g = g / y.ne(ignore).sum().clamp_min(1).to(math_t);
     scale = g.expand({N});
   }
   scale = at::where(y.ne(ignore), scale, at::zeros({}, scale.options()));
@@ -177,7 +180,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_kernel(
   for (int64_t r0 = 0; r0 < N; r0 += C) {
     const int64_t n = std::min(C, N - r0);
     const at::Tensor hc = h.narrow(0, r0, n);
-    at::Tensor dz = at::linear(hc, weight, b).to(at::kFloat);  // the logits again
+    at::Tensor dz = at::linear(hc, weight, b).to(math_t);  // the logits again
     dz.sub_(lse.narrow(0, r0, n).unsqueeze(1)).exp_();         // softmax
     const at::Tensor yc = y.narrow(0, r0, n).clamp(0, V - 1).unsqueeze(1);
     dz.scatter_add_(1, yc, at::full({n, 1}, -(1.0 - smoothing), dz.options()));

@@ -227,8 +227,10 @@ BackwardOut norm_backward(NormKind kind, const at::Tensor& grad, const at::Tenso
   check_like(grad, y, op, "grad");
   TORCH_CHECK(grad.sym_sizes() == y.sym_sizes(), op, ": argument 'grad' must have the shape of y ", y.sym_sizes(),
               ", got ", grad.sym_sizes());
-  TORCH_CHECK(cols > 0 && y.sym_numel() % cols == 0, op, ": y does not hold whole rows of ", cols, " elements");
-  const c10::SymInt rows = y.sym_numel() / cols;
+  TORCH_CHECK(cols > 0 ? y.sym_numel() % cols == 0 : cols == 0 && y.sym_numel() == 0, op,
+              ": y does not hold whole rows of ", cols, " elements");
+  // Rows of no columns (normalized_shape [0]): as many as the forward's rstd holds.
+  const c10::SymInt rows = cols > 0 ? y.sym_numel() / cols : rstd.sym_numel();
   TORCH_CHECK(rstd.scalar_type() == acc_type(y) && rstd.sym_numel() == rows && rstd.device() == y.device(), op,
               ": argument 'rstd' must hold ", rows, " ", acc_type(y), " values on ", y.device(), ", got ",
               rstd.scalar_type(), " of shape ", rstd.sym_sizes());

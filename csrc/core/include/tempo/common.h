@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <utility>
 
@@ -24,6 +25,22 @@ const char* dtype_name(DType dtype);
 template <typename N>
 TEMPO_HD N bit_mask_bytes(N numel) {
   return (numel + 7) / 8;
+}
+
+// The largest element count a core op accepts (2^59): byte counts of 8-byte elements, bit-mask
+// sizes and the kernels' index arithmetic then stay within int64.
+constexpr int64_t kMaxNumel = int64_t{1} << 59;
+
+// Whether non-negative sizes multiply to at most kMaxNumel (a zero among them: 0 elements).
+inline bool numel_fits(std::initializer_list<int64_t> sizes) {
+  for (int64_t s : sizes)
+    if (s == 0) return true;
+  int64_t n = 1;
+  for (int64_t s : sizes) {
+    if (s < 0 || s > kMaxNumel / n) return false;
+    n *= s;
+  }
+  return true;
 }
 
 // Result of a core entry point: ok, or an error with a message for the caller to raise.

@@ -21,7 +21,7 @@ at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weig
                                 const at::Tensor& labels, int64_t ignore_index = -100, double label_smoothing = 0.0,
                                 c10::string_view reduction = "mean", int64_t chunk = 0);
 
-// The ops behind it: forward -> (loss, lse [N] float32), backward -> (grad_hidden,
+// The ops behind it: forward -> (loss, lse [N] float32, float64 for float64 data), backward -> (grad_hidden,
 // grad_weight, grad_bias (undefined without a bias)).
 std::tuple<at::Tensor, at::Tensor> linear_cross_entropy_forward(const at::Tensor& hidden, const at::Tensor& weight,
                                                                 const std::optional<at::Tensor>& bias,

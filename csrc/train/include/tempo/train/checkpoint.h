@@ -1,6 +1,6 @@
 // Training checkpoints: a directory per step (model.safetensors, optimizer.pt, state.safetensors
 // with the step and the random generators' states, and a MANIFEST with each file's size and
-// CRC-32), written under a temporary name, synced and renamed into place, so a crash leaves
+// CRC-32; manifest.h), written under a temporary name, synced and renamed into place, so a crash leaves
 // either the whole checkpoint or none. Loading verifies the manifest; a damaged newest
 // checkpoint is reported and the previous good one used.
 #pragma once
@@ -24,8 +24,5 @@ std::string save_checkpoint(const std::string& dir, int64_t step, torch::nn::Mod
 // skipped adds a line to `skipped`.
 std::optional<int64_t> load_latest_checkpoint(const std::string& dir, torch::nn::Module& model,
                                               torch::optim::Optimizer& optimizer, std::vector<std::string>* skipped);
-
-// CRC-32 (IEEE) of a file's bytes.
-uint32_t file_crc32(const std::string& path);
 
 }  // namespace tempo::train

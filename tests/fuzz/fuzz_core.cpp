@@ -1,0 +1,625 @@
+// libFuzzer target: the kernel core's parameter validation and its CPU kernels, including the
+// packed 1-bit masks. Each input picks an op and its parameters (sizes that may be negative,
+// huge or overflowing; bad dtypes, modes and probabilities; missing pointers). Properties:
+//  - a parameter set the core accepts never crashes the kernel or reads/writes outside the
+//    buffers its header documents (AddressSanitizer, UBSan);
+//  - negative sizes, sizes whose element count overflows, unknown enums, p outside [0, 1] or
+//    NaN, and missing required pointers are refused with a message naming the op;
+//  - accepted runs give finite output for finite input, and the packed keep bits agree with
+//    the output (dropout, attention) and with the philox mode that draws them again.
+#include <fuzzer/FuzzedDataProvider.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "tempo/activation.h"
+#include "tempo/attention.h"
+#include "tempo/dropout.h"
+#include "tempo/linear_attention.h"
+#include "tempo/norm.h"
+#include "../../csrc/core/math/numeric.h"
+
+namespace {
+
+using namespace tempo;
+using tempo::math::bf16_t;
+using tempo::math::fp16_t;
+using tempo::math::from_float;
+using tempo::math::to_float;
+
+// Elements a run may allocate per buffer; larger accepted sizes are validated, not run.
+constexpr int64_t kMaxRun = 1 << 14;
+
+[[noreturn]] void fail(const std::string& what) {
+  std::fprintf(stderr, "fuzz_core property violated: %s\n", what.c_str());
+  std::abort();
+}
+
+// A refusal must say which op refused.
+void expect_refused(const Status& s, const char* op, const std::string& why) {
+  if (s.ok()) fail(std::string(op) + " accepted " + why);
+  if (s.message().empty()) fail(std::string(op) + " refused " + why + " without a message");
+}
+
+size_t esize(DType t) { return t == DType::kFloat64 ? 8 : t == DType::kFloat32 ? 4 : 2; }
+bool valid(DType t) { return static_cast<int32_t>(t) >= 0 && static_cast<int32_t>(t) <= 3; }
+
+// Product of sizes; false when one is negative or the product passes `limit`.
+bool count(std::initializer_list<int64_t> dims, int64_t limit, int64_t* out) {
+  __int128 n = 1;
+  for (int64_t d : dims) {
+    if (d < 0) return false;
+    n *= d;
+    if (n > limit) {
+      for (int64_t e : dims)
+        if (e == 0) {
+          *out = 0;
+          return true;
+        }
+      return false;
+    }
+  }
+  *out = static_cast<int64_t>(n);
+  return true;
+}
+bool any_negative(std::initializer_list<int64_t> dims) {
+  for (int64_t d : dims)
+    if (d < 0) return true;
+  return false;
+}
+// Sizes whose element count passes 2^62 (so that byte counts would overflow int64).
+bool overflowing(std::initializer_list<int64_t> dims) {
+  int64_t n;
+  return !any_negative(dims) && !count(dims, int64_t{1} << 62, &n);
+}
+
+struct Buffer {
+  DType type;
+  std::vector<unsigned char> bytes;
+  Buffer(DType t, int64_t n) : type(t), bytes(static_cast<size_t>(n) * esize(t)) {}
+  void* data() { return bytes.empty() ? nullptr : bytes.data(); }
+  int64_t size() const { return static_cast<int64_t>(bytes.size() / esize(type)); }
+  double get(int64_t i) const {
+    const unsigned char* b = bytes.data() + i * esize(type);
+    switch (type) {
+      case DType::kFloat64: { double v; std::memcpy(&v, b, 8); return v; }
+      case DType::kFloat32: { float v; std::memcpy(&v, b, 4); return v; }
+      case DType::kBFloat16: { bf16_t v; std::memcpy(&v, b, 2); return to_float(v); }
+      default: { fp16_t v; std::memcpy(&v, b, 2); return to_float(v); }
+    }
+  }
+  void set(int64_t i, double x) {
+    unsigned char* b = bytes.data() + i * esize(type);
+    switch (type) {
+      case DType::kFloat64: std::memcpy(b, &x, 8); break;
+      case DType::kFloat32: { float v = static_cast<float>(x); std::memcpy(b, &v, 4); break; }
+      case DType::kBFloat16: { bf16_t v = from_float<bf16_t>(static_cast<float>(x)); std::memcpy(b, &v, 2); break; }
+      default: { fp16_t v = from_float<fp16_t>(static_cast<float>(x)); std::memcpy(b, &v, 2); break; }
+    }
+  }
+  bool finite() const {
+    for (int64_t i = 0; i < size(); ++i)
+      if (!std::isfinite(get(i))) return false;
+    return true;
+  }
+};
+
+struct Gen {
+  FuzzedDataProvider& f;
+  int64_t dim(int64_t small) {
+    switch (f.ConsumeIntegralInRange(0, 15)) {
+      case 0: return f.ConsumeIntegral<int64_t>();
+      case 1: return -f.ConsumeIntegralInRange<int64_t>(1, 3);
+      case 2: return std::numeric_limits<int64_t>::max() / f.ConsumeIntegralInRange<int64_t>(1, 4096);
+      default: return f.ConsumeIntegralInRange<int64_t>(0, small);
+    }
+  }
+  DType dtype() {
+    const int r = f.ConsumeIntegralInRange(0, 12);
+    return static_cast<DType>(r < 12 ? r % 4 : f.ConsumeIntegral<int32_t>());
+  }
+  double prob() {
+    switch (f.ConsumeIntegralInRange(0, 11)) {
+      case 0: return std::nan("");
+      case 1: return -f.ConsumeProbability<double>() - 1e-9;
+      case 2: return 1.0 + f.ConsumeProbability<double>() + 1e-9;
+      case 3: return 0.0;
+      case 4: return 1.0;
+      case 5: return 1e-7;
+      default: return f.ConsumeProbability<double>();
+    }
+  }
+  bool flag() { return f.ConsumeBool(); }
+  // A value of finite input: mostly moderate, sometimes zero, large or tiny.
+  double value() {
+    switch (f.ConsumeIntegralInRange(0, 15)) {
+      case 0: return 0.0;
+      case 1: return f.ConsumeFloatingPointInRange(-6e4, 6e4);
+      case 2: return f.ConsumeFloatingPointInRange(-1e-6, 1e-6);
+      default: return f.ConsumeFloatingPointInRange(-8.0, 8.0);
+    }
+  }
+  Buffer data(DType t, int64_t n) {
+    Buffer b(t, n);
+    for (int64_t i = 0; i < n; ++i) b.set(i, value());
+    return b;
+  }
+  PhiloxState rng() {
+    PhiloxState r;
+    r.seed = f.ConsumeIntegral<uint64_t>();
+    r.offset = f.ConsumeIntegral<uint64_t>();
+    return r;
+  }
+  DropoutMode mode() {
+    const int r = f.ConsumeIntegralInRange(0, 8);
+    return static_cast<DropoutMode>(r < 8 ? r % 2 : f.ConsumeIntegral<int32_t>());
+  }
+};
+
+bool bit(const std::vector<uint8_t>& m, int64_t i) { return (m[static_cast<size_t>(i / 8)] >> (i % 8)) & 1; }
+double tol(DType t) { return t == DType::kFloat64 ? 1e-12 : t == DType::kFloat32 ? 1e-6 : 1e-2; }
+
+// ---- dropout: bits vs output vs philox --------------------------------------------------------
+
+void fuzz_dropout(Gen& g) {
+  DropoutForwardParams p;
+  p.dtype = g.dtype();
+  p.numel = g.dim(3000);
+  p.p = g.prob();
+  p.mode = g.mode();
+  p.rng = g.rng();
+  const bool bad_p = !(p.p >= 0.0 && p.p <= 1.0);
+  int64_t n = 0;
+  const bool runnable = count({p.numel}, kMaxRun, &n) && valid(p.dtype) && !bad_p &&
+                        (p.mode == DropoutMode::kBits || p.mode == DropoutMode::kPhilox);
+  if (!runnable) {
+    // Sizes too large to run here: the validation the kernel runs first (pointers to a
+    // small buffer, never read).
+    static unsigned char one[8];
+    p.x = one;
+    p.y = one;
+    p.mask = one;
+    const Status s = detail::validate(p);
+    if (!valid(p.dtype)) expect_refused(s, "dropout forward", "an unknown dtype");
+    else if (bad_p) expect_refused(s, "dropout forward", "p outside [0, 1]");
+    else if (p.numel < 0) expect_refused(s, "dropout forward", "a negative numel");
+    else if (overflowing({p.numel})) expect_refused(s, "dropout forward", "a numel whose byte count overflows");
+    else if (p.mode != DropoutMode::kBits && p.mode != DropoutMode::kPhilox && p.numel > 0)
+      expect_refused(s, "dropout forward", "an unknown mode");
+    return;
+  }
+  Buffer x = g.data(p.dtype, n), y(p.dtype, n), y2(p.dtype, n);
+  std::vector<uint8_t> mask(static_cast<size_t>(bit_mask_bytes(n)) + 0);
+  const bool drop_null = g.flag() && g.flag();
+  p.x = x.data();
+  p.y = y.data();
+  p.mask = p.mode == DropoutMode::kBits && !drop_null ? mask.data() : nullptr;
+  if (n > 0 && p.mode == DropoutMode::kBits && mask.empty()) p.mask = nullptr;
+  Status s = dropout_forward_cpu(p);
+  if (!s.ok()) {
+    if (s.message().find("dropout forward") == std::string::npos) fail("unnamed refusal: " + s.message());
+    if (n > 0 && p.mode == DropoutMode::kBits && p.p > 0 && p.p < 1 && p.mask) fail("refused a valid call: " + s.message());
+    return;
+  }
+  if (!y.finite()) fail("dropout forward: non-finite output from finite input");
+  if (p.mode != DropoutMode::kBits || !p.mask || n == 0) return;
+  const double scale = dropout_scale(p.p);
+  for (int64_t i = 0; i < n; ++i) {
+    const double want = bit(mask, i) ? x.get(i) * scale : 0.0;
+    if (std::fabs(y.get(i) - want) > tol(p.dtype) * std::fabs(want) + 1e-300)
+      fail("dropout forward: y disagrees with its keep bit at " + std::to_string(i));
+  }
+  // The philox mode draws the same bits: same output.
+  DropoutForwardParams q = p;
+  q.mode = DropoutMode::kPhilox;
+  q.mask = nullptr;
+  q.y = y2.data();
+  if (!dropout_forward_cpu(q).ok()) fail("dropout forward: philox mode refused what bits mode ran");
+  if (std::memcmp(y.data(), y2.data(), y.bytes.size()) != 0) fail("dropout forward: philox and bits outputs differ");
+  // Backward from the bits and from philox: identical.
+  DropoutBackwardParams b;
+  b.dtype = p.dtype;
+  b.numel = n;
+  b.p = p.p;
+  b.rng = p.rng;
+  Buffer gy = g.data(p.dtype, n), gx(p.dtype, n), gx2(p.dtype, n);
+  b.grad_y = gy.data();
+  b.grad_x = gx.data();
+  b.mode = DropoutMode::kBits;
+  b.mask = mask.data();
+  if (!dropout_backward_cpu(b).ok()) fail("dropout backward refused the forward's bits");
+  b.mode = DropoutMode::kPhilox;
+  b.mask = nullptr;
+  b.grad_x = gx2.data();
+  if (!dropout_backward_cpu(b).ok()) fail("dropout backward refused philox mode");
+  if (std::memcmp(gx.data(), gx2.data(), gx.bytes.size()) != 0) fail("dropout backward: philox and bits differ");
+}
+
+// ---- activations --------------------------------------------------------------------------------
+
+void fuzz_activation(Gen& g) {
+  ActivationForwardParams p;
+  const int a = g.f.ConsumeIntegralInRange(0, 7);
+  p.act = static_cast<Activation>(a < 6 ? a % 3 : g.f.ConsumeIntegral<int32_t>());
+  p.dtype = g.dtype();
+  p.numel = g.dim(2000);
+  const bool with_bias = g.flag();
+  p.bias_size = with_bias ? g.dim(64) : 0;
+  const bool act_ok = static_cast<int32_t>(p.act) >= 0 && static_cast<int32_t>(p.act) <= 2;
+  int64_t n = 0;
+  const bool bias_ok = !with_bias || (p.bias_size > 0 && p.numel % p.bias_size == 0);
+  const bool runnable = count({p.numel}, kMaxRun, &n) && valid(p.dtype) && act_ok && (!with_bias || p.bias_size > 0) &&
+                        p.bias_size <= kMaxRun;
+  if (!runnable) {
+    static unsigned char one[8];
+    p.x = p.y = one;
+    p.bias = with_bias ? one : nullptr;
+    p.mask = one;
+    const Status s = detail::validate(p);
+    if (!valid(p.dtype)) expect_refused(s, "activation forward", "an unknown dtype");
+    else if (!act_ok) expect_refused(s, "activation forward", "an unknown activation");
+    else if (p.numel < 0) expect_refused(s, "activation forward", "a negative numel");
+    else if (overflowing({p.numel})) expect_refused(s, "activation forward", "a numel whose byte count overflows");
+    else if (with_bias && p.bias_size <= 0 && p.numel > 0) expect_refused(s, "activation forward", "a bias of size <= 0");
+    return;
+  }
+  Buffer x = g.data(p.dtype, n), y(p.dtype, n), bias = g.data(p.dtype, with_bias ? p.bias_size : 0);
+  std::vector<uint8_t> mask(static_cast<size_t>(bit_mask_bytes(n)));
+  p.x = x.data();
+  p.y = y.data();
+  p.bias = with_bias ? bias.data() : nullptr;
+  p.mask = mask.empty() ? nullptr : mask.data();
+  const Status s = activation_forward_cpu(p);
+  if (!bias_ok && n > 0) {
+    expect_refused(s, "activation forward", "a numel that is not a multiple of the bias size");
+    return;
+  }
+  if (!s.ok()) {
+    if (n > 0) fail("activation forward refused a valid call: " + s.message());
+    return;
+  }
+  if (!y.finite()) fail("activation forward: non-finite output from finite input");
+  // The backward, with the bias gradient when there is a bias: finite.
+  ActivationBackwardParams b;
+  b.act = p.act;
+  b.dtype = p.dtype;
+  b.numel = n;
+  Buffer gy = g.data(p.dtype, n), gx(p.dtype, n), gb(p.dtype, with_bias ? p.bias_size : 0);
+  b.y = y.data();
+  b.mask = p.mask;
+  b.grad_y = gy.data();
+  b.grad_x = gx.data();
+  if (with_bias) {
+    b.grad_bias = gb.data();
+    b.bias_size = p.bias_size;
+  }
+  const Status sb = activation_backward_cpu(b);
+  if (!sb.ok()) {
+    if (n > 0) fail("activation backward refused the forward's output: " + sb.message());
+    return;
+  }
+  // Finite unless fp16's range overflows in the bias sums.
+  if (!gx.finite() && p.dtype != DType::kFloat16) fail("activation backward: non-finite gradient from finite input");
+}
+
+// ---- norms and the column rule --------------------------------------------------------------------
+
+void fuzz_norm(Gen& g) {
+  NormForwardParams p;
+  const int k = g.f.ConsumeIntegralInRange(0, 5);
+  p.kind = static_cast<NormKind>(k < 5 ? k % 2 : g.f.ConsumeIntegral<int32_t>());
+  p.dtype = g.dtype();
+  p.rows = g.dim(40);
+  p.cols = g.dim(200);
+  p.eps = g.flag() ? 1e-5 : g.f.ConsumeFloatingPoint<double>();
+  const bool kind_ok = p.kind == NormKind::kLayerNorm || p.kind == NormKind::kRmsNorm;
+  int64_t n = 0;
+  const bool runnable = count({p.rows, p.cols}, kMaxRun, &n) && valid(p.dtype) && kind_ok &&
+                        p.cols <= kMaxRun && p.rows <= kMaxRun;
+  if (!runnable) {
+    static unsigned char one[8];
+    p.x = p.y = p.rstd = one;
+    const Status s = detail::validate(p);
+    if (!valid(p.dtype)) expect_refused(s, "norm forward", "an unknown dtype");
+    else if (!kind_ok) expect_refused(s, "norm forward", "an unknown kind");
+    else if (any_negative({p.rows, p.cols})) expect_refused(s, "norm forward", "a negative size");
+    else if (overflowing({p.rows, p.cols})) expect_refused(s, "norm forward", "rows x cols overflowing");
+    return;
+  }
+  const bool with_weight = g.flag(), with_beta = p.kind == NormKind::kLayerNorm && g.flag();
+  Buffer x = g.data(p.dtype, n), y(p.dtype, n), w(p.dtype, with_weight ? p.cols : 0), beta(p.dtype, with_beta ? p.cols : 0);
+  // Gammas as trained models have them: mostly ordinary, some tiny, zero or subnormal.
+  for (int64_t j = 0; j < w.size(); ++j) {
+    const int r = g.f.ConsumeIntegralInRange(0, 9);
+    w.set(j, r == 0 ? 0.0 : r == 1 ? 1e-33 : r == 2 ? -4.8e-33 : r == 3 ? 1e-41 : g.value());
+  }
+  for (int64_t j = 0; j < beta.size(); ++j) beta.set(j, g.value());
+  const DType math = p.dtype == DType::kFloat64 ? DType::kFloat64 : DType::kFloat32;
+  Buffer rstd(math, p.rows);
+  std::vector<int64_t> kept_cols(static_cast<size_t>(p.cols));
+  const int64_t kept = norm_kept_columns(p.dtype, with_weight ? w.data() : nullptr, with_beta ? beta.data() : nullptr,
+                                         p.cols, kept_cols.data());
+  if (kept < 0 || kept > p.cols) fail("norm_kept_columns returned " + std::to_string(kept));
+  // The kept columns are exactly the unrecoverable ones, ascending.
+  int64_t at = 0;
+  for (int64_t j = 0; j < p.cols; ++j) {
+    const bool rec = norm_column_recoverable(p.dtype, with_weight ? w.get(j) : 1.0, with_beta ? beta.get(j) : 0.0);
+    if (!rec) {
+      if (at >= kept || kept_cols[static_cast<size_t>(at)] != j) fail("norm_kept_columns disagrees with the column rule");
+      ++at;
+    }
+  }
+  if (at != kept) fail("norm_kept_columns lists a recoverable column");
+  std::vector<int32_t> slot(static_cast<size_t>(p.cols), -1);
+  for (int64_t i = 0; i < kept; ++i) slot[static_cast<size_t>(kept_cols[static_cast<size_t>(i)])] = static_cast<int32_t>(i);
+  Buffer kx(math, p.rows * kept);
+  p.x = x.data();
+  p.y = y.data();
+  p.weight = with_weight ? w.data() : nullptr;
+  p.beta = with_beta ? beta.data() : nullptr;
+  p.rstd = rstd.data();
+  p.kept_slot = kept ? slot.data() : nullptr;
+  p.kept = kept;
+  p.kept_xhat = kx.data();
+  const bool eps_ok = p.eps >= 0 && std::isfinite(p.eps);
+  const Status s = norm_forward_cpu(p);
+  if (!eps_ok && n > 0) {
+    expect_refused(s, "norm forward", "eps < 0 or not finite");
+    return;
+  }
+  if (!s.ok()) {
+    if (n > 0) fail("norm forward refused a valid call: " + s.message());
+    return;
+  }
+  // (A constant row with eps ~ 0 gives 0 x inf, as torch's layer_norm does.)
+  if (p.eps >= 1e-12 && !y.finite() && p.dtype != DType::kFloat16) fail("norm forward: non-finite output from finite input");
+  NormBackwardParams b;
+  b.kind = p.kind;
+  b.dtype = p.dtype;
+  b.rows = p.rows;
+  b.cols = p.cols;
+  Buffer gy = g.data(p.dtype, n), gx(p.dtype, n), gw(p.dtype, w.size()), gbeta(p.dtype, beta.size());
+  b.grad_y = gy.data();
+  b.y = y.data();
+  b.rstd = rstd.data();
+  b.weight = p.weight;
+  b.beta = p.beta;
+  b.grad_x = gx.data();
+  b.grad_weight = with_weight ? gw.data() : nullptr;
+  b.grad_beta = with_beta ? gbeta.data() : nullptr;
+  b.kept_slot = p.kept_slot;
+  b.kept = kept;
+  b.kept_xhat = kx.data();
+  const Status sb = norm_backward_cpu(b);
+  if (!sb.ok()) {
+    if (n > 0) fail("norm backward refused the forward's output: " + sb.message());
+    return;
+  }
+}
+
+// ---- attention softmax ----------------------------------------------------------------------------
+
+void fuzz_attention(Gen& g) {
+  AttentionSoftmaxForwardParams p;
+  p.dtype = g.dtype();
+  p.batch = g.dim(3);
+  p.heads = g.dim(3);
+  p.rows = g.dim(24);
+  p.cols = g.dim(40);
+  p.causal = g.flag();
+  p.scale = g.flag() ? 0.125 : g.value();
+  p.p = g.flag() ? 0.0 : g.prob();
+  p.mode = g.mode();
+  p.rng = g.rng();
+  if (g.flag()) {
+    p.row_offset = g.dim(24);
+    p.seq_q = g.dim(48);
+  }
+  const bool bad_p = !(p.p >= 0.0 && p.p <= 1.0);
+  int64_t n = 0;
+  const bool runnable = count({p.batch, p.heads, p.rows, p.cols}, kMaxRun, &n) && valid(p.dtype) && !bad_p &&
+                        (p.mode == DropoutMode::kBits || p.mode == DropoutMode::kPhilox) && p.row_offset >= 0 &&
+                        p.seq_q >= 0 && p.row_offset <= kMaxRun && p.seq_q <= kMaxRun;
+  if (!runnable) {
+    static unsigned char one[8];
+    p.scores = p.dropped = one;
+    p.mask_bits = one;
+    const Status s = detail::validate(p);
+    if (!valid(p.dtype)) expect_refused(s, "attention softmax forward", "an unknown dtype");
+    else if (bad_p) expect_refused(s, "attention softmax forward", "p outside [0, 1]");
+    else if (any_negative({p.batch, p.heads, p.rows, p.cols, p.row_offset, p.seq_q}))
+      expect_refused(s, "attention softmax forward", "a negative size or offset");
+    else if (overflowing({p.batch, p.heads, p.rows, p.cols}) || overflowing({p.batch, p.heads, p.seq_q, p.cols}))
+      expect_refused(s, "attention softmax forward", "sizes whose element count overflows");
+    return;
+  }
+  const bool block_ok = p.seq_q == 0 ? p.row_offset == 0 : p.row_offset + p.rows <= p.seq_q;
+  Buffer scores = g.data(p.dtype, n), dropped(p.dtype, n);
+  std::vector<uint8_t> bits(static_cast<size_t>(bit_mask_bytes(n)));
+  // An optional additive mask, broadcast by non-negative strides, with -inf entries.
+  std::vector<float> mask;
+  if (g.flag()) {
+    int64_t extent = 1;
+    const int64_t dims[4] = {p.batch, p.heads, p.seq(), p.cols};
+    for (int d = 0; d < 4; ++d) {
+      p.mask_stride[d] = g.f.ConsumeIntegralInRange<int64_t>(0, 3);
+      if (dims[d] > 0) extent += (dims[d] - 1) * p.mask_stride[d];
+    }
+    if (extent <= kMaxRun) {
+      mask.resize(static_cast<size_t>(extent));
+      for (auto& m : mask) m = g.f.ConsumeIntegralInRange(0, 4) == 0 ? -INFINITY : static_cast<float>(g.value());
+      p.attn_mask = mask.data();
+    }
+  }
+  p.scores = scores.data();
+  p.dropped = p.p > 0 ? dropped.data() : nullptr;
+  p.mask_bits = p.p > 0 && p.mode == DropoutMode::kBits && !bits.empty() ? bits.data() : nullptr;
+  const Status s = attention_softmax_forward_cpu(p);
+  if (!block_ok && n > 0) {
+    expect_refused(s, "attention softmax forward", "a block of rows outside seq_q");
+    return;
+  }
+  if (!std::isfinite(p.scale) && n > 0) {
+    expect_refused(s, "attention softmax forward", "a non-finite scale");
+    return;
+  }
+  if (!s.ok()) {
+    if (s.message().find("attention softmax forward") == std::string::npos) fail("unnamed refusal: " + s.message());
+    return;
+  }
+  // Rows of P: entries in [0, 1], summing to 1 or (a fully masked row) to 0.
+  const bool narrow = p.dtype == DType::kBFloat16 || p.dtype == DType::kFloat16;
+  for (int64_t r = 0; n > 0 && r < p.rows_total(); ++r) {
+    double sum = 0;
+    for (int64_t j = 0; j < p.cols; ++j) {
+      const double v = scores.get(r * p.cols + j);
+      if (!(v >= 0.0 && v <= 1.0 + 1e-2)) fail("attention softmax forward: P outside [0, 1]");
+      sum += v;
+    }
+    if (sum != 0.0 && std::fabs(sum - 1.0) > (narrow ? 2e-2 * std::max<double>(1, static_cast<double>(p.cols) / 64) : 1e-4))
+      fail("attention softmax forward: a row of P sums to " + std::to_string(sum));
+  }
+  if (p.p > 0 && p.p < 1 && p.mode == DropoutMode::kBits && n > 0) {
+    const double scale = dropout_scale(p.p);
+    for (int64_t i = 0; i < n; ++i) {
+      const double want = bit(bits, i) ? scores.get(i) * scale : 0.0;
+      if (std::fabs(dropped.get(i) - want) > 1e-2 * std::fabs(want) + 1e-30)
+        fail("attention softmax forward: dropped P disagrees with its keep bit");
+    }
+  }
+  AttentionSoftmaxBackwardParams b;
+  static_cast<AttentionSoftmaxParams&>(b) = static_cast<const AttentionSoftmaxParams&>(p);
+  Buffer grad = g.data(p.dtype, n);
+  b.grad = grad.data();
+  b.probs = scores.data();
+  b.mask_bits = p.mask_bits;
+  if (!attention_softmax_backward_cpu(b).ok() && n > 0) fail("attention softmax backward refused the forward's output");
+  if (!grad.finite() && p.dtype != DType::kFloat16) fail("attention softmax backward: non-finite gradient");
+}
+
+// ---- q/k/v split ------------------------------------------------------------------------------------
+
+void fuzz_qkv_split(Gen& g) {
+  QkvSplitForwardParams p;
+  p.dtype = g.dtype();
+  p.batch = g.dim(3);
+  p.seq = g.dim(9);
+  p.heads = g.dim(4);
+  p.head_dim = g.dim(9);
+  int64_t n = 0;
+  int64_t cols_n = 0;
+  const bool runnable = count({p.batch, p.seq, 3, p.heads, p.head_dim}, kMaxRun, &n) &&
+                        count({3, p.heads, p.head_dim}, kMaxRun, &cols_n) && valid(p.dtype);
+  if (!runnable) {
+    static unsigned char one[8];
+    p.z = p.q = p.k = p.v = one;
+    const Status s = detail::validate(p);
+    if (!valid(p.dtype)) expect_refused(s, "qkv split forward", "an unknown dtype");
+    else if (any_negative({p.batch, p.seq, p.heads, p.head_dim})) expect_refused(s, "qkv split forward", "a negative size");
+    else if (overflowing({p.batch, p.seq, 3, p.heads, p.head_dim}))
+      expect_refused(s, "qkv split forward", "sizes whose element count overflows");
+    return;
+  }
+  const int64_t cols = 3 * p.heads * p.head_dim, each = n / 3 * (n > 0);
+  Buffer z = g.data(p.dtype, n), bias = g.data(p.dtype, cols), q(p.dtype, each), k(p.dtype, each), v(p.dtype, each);
+  p.z = z.data();
+  p.bias = g.flag() ? bias.data() : nullptr;
+  p.q = q.data();
+  p.k = k.data();
+  p.v = v.data();
+  if (!qkv_split_forward_cpu(p).ok()) {
+    if (n > 0) fail("qkv split forward refused a valid call");
+    return;
+  }
+  // q[b, h, s, e] = z[b, s, 0, h, e] + bias[0, h, e] (and k, v at 1, 2): a scalar loop.
+  Buffer* out[3] = {&q, &k, &v};
+  for (int64_t bb = 0; bb < p.batch; ++bb)
+    for (int64_t s = 0; s < p.seq; ++s)
+      for (int64_t w = 0; w < 3; ++w)
+        for (int64_t h = 0; h < p.heads; ++h)
+          for (int64_t e = 0; e < p.head_dim; ++e) {
+            const int64_t c = (w * p.heads + h) * p.head_dim + e;
+            const double want = z.get((bb * p.seq + s) * cols + c) + (p.bias ? bias.get(c) : 0.0);
+            const double got = out[w]->get(((bb * p.heads + h) * p.seq + s) * p.head_dim + e);
+            if (std::fabs(got - want) > tol(p.dtype) * (std::fabs(want) + 1.0)) fail("qkv split forward: wrong element");
+          }
+}
+
+// ---- causal linear attention ------------------------------------------------------------------------
+
+void fuzz_linear_attention(Gen& g) {
+  LinearAttentionForwardParams p;
+  p.dtype = g.dtype();
+  p.rows = g.dim(3);
+  p.len = g.dim(17);
+  p.m = g.dim(6);
+  p.d = g.dim(6);
+  p.eps = g.flag() ? 1e-6 : g.f.ConsumeFloatingPoint<double>();
+  int64_t nq = 0, nv = 0, ns = 0;
+  const bool runnable = count({p.rows, p.len, p.m}, kMaxRun, &nq) && count({p.rows, p.len, p.d}, kMaxRun, &nv) &&
+                        count({p.rows, p.m, p.d}, kMaxRun, &ns) && count({p.rows, p.m}, kMaxRun, &nq) &&
+                        count({p.rows, p.len, p.m}, kMaxRun, &nq) && valid(p.dtype) && p.m <= kMaxRun &&
+                        p.d <= kMaxRun && p.rows <= kMaxRun;
+  if (!runnable) {
+    static unsigned char one[8];
+    p.q = p.k = p.v = p.y = p.num_out = p.den_out = one;
+    const Status s = detail::validate(p);
+    if (!valid(p.dtype)) expect_refused(s, "linear attention forward", "an unknown dtype");
+    else if (any_negative({p.rows, p.len, p.m, p.d})) expect_refused(s, "linear attention forward", "a negative size");
+    else if (p.m == 0 || p.d == 0) expect_refused(s, "linear attention forward", "an empty feature or value size");
+    else if (overflowing({p.rows, p.len, p.m}) || overflowing({p.rows, p.len, p.d}) || overflowing({p.rows, p.m, p.d}))
+      expect_refused(s, "linear attention forward", "sizes whose element count overflows");
+    return;
+  }
+  const DType st = linear_attention_state_dtype(p.dtype);
+  Buffer q = g.data(p.dtype, nq), k = g.data(p.dtype, nq), v = g.data(p.dtype, nv), y(p.dtype, nv);
+  // Feature-mapped queries and keys are non-negative.
+  for (int64_t i = 0; i < nq; ++i) {
+    q.set(i, std::fabs(q.get(i)));
+    k.set(i, std::fabs(k.get(i)));
+  }
+  Buffer num(st, ns), den(st, p.rows * p.m);
+  p.q = q.data();
+  p.k = k.data();
+  p.v = v.data();
+  p.y = y.data();
+  p.num_out = num.data();
+  p.den_out = den.data();
+  const Status s = linear_attention_forward_cpu(p);
+  if (p.m == 0 || p.d == 0) {
+    expect_refused(s, "linear attention forward", "an empty feature or value size");
+    return;
+  }
+  if (!(p.eps >= 0 && std::isfinite(p.eps))) {
+    expect_refused(s, "linear attention forward", "eps < 0 or not finite");
+    return;
+  }
+  if (!s.ok()) {
+    if (nv > 0 || nq > 0) fail("linear attention forward refused a valid call: " + s.message());
+    return;
+  }
+  if (p.eps >= 1e-12 && !y.finite() && p.dtype != DType::kFloat16)
+    fail("linear attention forward: non-finite output from finite input");
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  FuzzedDataProvider f(data, size);
+  Gen g{f};
+  switch (f.ConsumeIntegralInRange(0, 5)) {
+    case 0: fuzz_dropout(g); break;
+    case 1: fuzz_activation(g); break;
+    case 2: fuzz_norm(g); break;
+    case 3: fuzz_attention(g); break;
+    case 4: fuzz_qkv_split(g); break;
+    default: fuzz_linear_attention(g); break;
+  }
+  return 0;
+}
