@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 
 namespace tempo::detail {
 
@@ -12,40 +13,40 @@ bool known(DType d) {
 }
 }  // namespace
 
-Status validate(const AttentionSoftmaxForwardParams& p) {
-  TEMPO_CORE_CHECK(known(p.dtype), "attention softmax forward: unsupported dtype");
-  TEMPO_CORE_CHECK(p.batch >= 0 && p.heads >= 0 && p.rows >= 0 && p.cols >= 0,
-                   "attention softmax forward: sizes must be non-negative");
-  TEMPO_CORE_CHECK(p.row_offset >= 0 && p.seq_q >= 0, "attention softmax forward: row_offset and seq_q must be non-negative");
+namespace {
+// What the forward and the backward check alike; `w` names the caller.
+Status check_softmax(const AttentionSoftmaxParams& p, const std::string& w) {
+  TEMPO_CORE_CHECK(known(p.dtype), w + ": unsupported dtype");
+  TEMPO_CORE_CHECK(p.batch >= 0 && p.heads >= 0 && p.rows >= 0 && p.cols >= 0, w + ": sizes must be non-negative");
+  TEMPO_CORE_CHECK(p.row_offset >= 0 && p.seq_q >= 0, w + ": row_offset and seq_q must be non-negative");
   TEMPO_CORE_CHECK(numel_fits({p.batch, p.heads, p.rows, p.cols}) && numel_fits({p.batch, p.heads, p.seq_q, p.cols}),
-                   "attention softmax forward: the scores' size is too large");
+                   w + ": the scores' size is too large");
   TEMPO_CORE_CHECK(p.seq_q == 0 ? p.row_offset == 0 : p.rows <= p.seq_q - p.row_offset,
-                   "attention softmax forward: the block of rows [row_offset, row_offset + rows) must lie within seq_q");
-  TEMPO_CORE_CHECK(std::isfinite(p.scale), "attention softmax forward: scale must be finite");
-  TEMPO_CORE_CHECK(p.p >= 0.0 && p.p <= 1.0, "attention softmax forward: p must be in [0, 1]");
-  if (p.rows_total() * p.cols == 0) return Status::Ok();
-  TEMPO_CORE_CHECK(p.scores, "attention softmax forward: scores must be non-null");
-  if (p.p > 0.0) TEMPO_CORE_CHECK(p.dropped, "attention softmax forward: dropout needs the dropped output");
+                   w + ": the block of rows [row_offset, row_offset + rows) must lie within seq_q");
+  TEMPO_CORE_CHECK(std::isfinite(p.scale), w + ": scale must be finite");
+  TEMPO_CORE_CHECK(p.p >= 0.0 && p.p <= 1.0, w + ": p must be in [0, 1]");
   // A block of rows indexes its elements by the whole matrix: packed bits of the block
   // alone would be misread; blocks draw their bits (philox).
-  if (p.block()) TEMPO_CORE_CHECK(p.mode == DropoutMode::kPhilox, "attention softmax forward: a block of rows needs philox mode");
+  if (p.rows_total() * p.cols > 0 && p.block())
+    TEMPO_CORE_CHECK(p.mode == DropoutMode::kPhilox, w + ": a block of rows needs philox mode");
+  return Status::Ok();
+}
+}  // namespace
+
+Status validate(const AttentionSoftmaxForwardParams& p) {
+  const std::string w = "attention softmax forward";
+  Status s = check_softmax(p, w);
+  if (!s.ok() || p.rows_total() * p.cols == 0) return s;
+  TEMPO_CORE_CHECK(p.scores, w + ": scores must be non-null");
+  if (p.p > 0.0) TEMPO_CORE_CHECK(p.dropped, w + ": dropout needs the dropped output");
   return check_dropout_mask(p.mode, p.p, p.mask_bits, "attention softmax forward");
 }
 
 Status validate(const AttentionSoftmaxBackwardParams& p) {
-  TEMPO_CORE_CHECK(known(p.dtype), "attention softmax backward: unsupported dtype");
-  TEMPO_CORE_CHECK(p.batch >= 0 && p.heads >= 0 && p.rows >= 0 && p.cols >= 0,
-                   "attention softmax backward: sizes must be non-negative");
-  TEMPO_CORE_CHECK(p.row_offset >= 0 && p.seq_q >= 0, "attention softmax backward: row_offset and seq_q must be non-negative");
-  TEMPO_CORE_CHECK(numel_fits({p.batch, p.heads, p.rows, p.cols}) && numel_fits({p.batch, p.heads, p.seq_q, p.cols}),
-                   "attention softmax backward: the scores' size is too large");
-  TEMPO_CORE_CHECK(p.seq_q == 0 ? p.row_offset == 0 : p.rows <= p.seq_q - p.row_offset,
-                   "attention softmax backward: the block of rows [row_offset, row_offset + rows) must lie within seq_q");
-  TEMPO_CORE_CHECK(std::isfinite(p.scale), "attention softmax backward: scale must be finite");
-  TEMPO_CORE_CHECK(p.p >= 0.0 && p.p <= 1.0, "attention softmax backward: p must be in [0, 1]");
-  if (p.rows_total() * p.cols == 0) return Status::Ok();
-  TEMPO_CORE_CHECK(p.grad && p.probs, "attention softmax backward: grad and probs must be non-null");
-  if (p.block()) TEMPO_CORE_CHECK(p.mode == DropoutMode::kPhilox, "attention softmax backward: a block of rows needs philox mode");
+  const std::string w = "attention softmax backward";
+  Status s = check_softmax(p, w);
+  if (!s.ok() || p.rows_total() * p.cols == 0) return s;
+  TEMPO_CORE_CHECK(p.grad && p.probs, w + ": grad and probs must be non-null");
   return check_dropout_mask(p.mode, p.p, p.mask_bits, "attention softmax backward");
 }
 

@@ -13,12 +13,13 @@
 
 #if !TEMPO_WITH_JSON
 namespace tempo::models {
-namespace {
-[[noreturn]] void no_json() {
+namespace detail {
+void no_json() {
   TORCH_CHECK(false, "tempo::models: built without nlohmann-json, so Hugging Face checkpoints cannot be read or written "
               "(install nlohmann-json3-dev and rebuild)");
 }
-}  // namespace
+}  // namespace detail
+using detail::no_json;
 std::map<std::string, at::Tensor> read_safetensors(const std::string&) { no_json(); }
 std::map<std::string, at::Tensor> read_safetensors(std::istream&, const std::string&) { no_json(); }
 void write_safetensors(const std::string&, const std::vector<std::pair<std::string, at::Tensor>>&,

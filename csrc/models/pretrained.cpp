@@ -11,12 +11,7 @@
 
 #if !TEMPO_WITH_JSON
 namespace tempo::models {
-namespace {
-[[noreturn]] void no_json() {
-  TORCH_CHECK(false, "tempo::models: built without nlohmann-json, so Hugging Face checkpoints cannot be read or written "
-              "(install nlohmann-json3-dev and rebuild)");
-}
-}  // namespace
+using detail::no_json;
 TransformerModel load_pretrained(const std::string&, const MemoryPolicy&, LoadReport*,
                                  const std::function<void(ModelConfig&)>&) {
   no_json();

@@ -149,8 +149,7 @@ void backward_with_bias(const ActivationBackwardParams& p) {
       }
     }
   });
-  for (int64_t g = 1; g < groups; ++g)
-    for (int64_t j = 0; j < M; ++j) parts[j] += parts[static_cast<size_t>(g) * M + j];
+  cpu::add_group_partials(parts, groups, M);
   T* gb = static_cast<T*>(p.grad_bias);
   for (int64_t j = 0; j < M; ++j) math::store(gb + j, static_cast<math::acc_t<T>>(parts[j]));
 }

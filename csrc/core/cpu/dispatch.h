@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 namespace tempo::cpu {
 
@@ -32,6 +33,15 @@ void run_groups(int64_t items, bool parallel, Group&& group) {
   const int64_t per = (items + groups - 1) / groups;
 #pragma omp parallel for schedule(static) if (parallel && groups > 1)
   for (int64_t g = 0; g < groups; ++g) group(g, std::min(items, g * per), std::min(items, (g + 1) * per));
+}
+
+// The caller's last step: `parts` holds one partial row of `width` sums per group; adds groups
+// 1, 2, ... into group 0's row, in that order.
+inline void add_group_partials(std::vector<double>& parts, int64_t groups, int64_t width) {
+  for (int64_t g = 1; g < groups; ++g) {
+    const double* src = parts.data() + static_cast<size_t>(g * width);
+    for (int64_t j = 0; j < width; ++j) parts[static_cast<size_t>(j)] += src[j];
+  }
 }
 
 }  // namespace tempo::cpu

@@ -282,10 +282,7 @@ void backward(const NormBackwardParams& p) {
       else backward_chunk<T, false>(p, col, c * chunk, r1, part, acc, keep, local);
     }
   });
-  for (int64_t g = 1; g < groups; ++g) {
-    const double* src = parts.data() + static_cast<size_t>(g) * 3 * M;
-    for (int64_t j = 0; j < 3 * M; ++j) parts[j] += src[j];
-  }
+  cpu::add_group_partials(parts, groups, 3 * M);
   store_sums<T>(parts.data(), p.weight ? p.grad_weight : nullptr, M);
   store_sums<T>(parts.data() + M, p.beta ? p.grad_beta : nullptr, M);
   store_sums<T>(parts.data() + 2 * M, p.grad_bias, M);

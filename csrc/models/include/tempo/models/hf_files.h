@@ -31,4 +31,9 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
 // attention, rope scaling, relative positions, ...) is refused by name.
 ModelConfig config_from_json(const std::string& json_text, const std::string& name = "pretrained");
 
+namespace detail {
+// In a build without nlohmann-json: the error every Hugging Face file function raises.
+[[noreturn]] void no_json();
+}  // namespace detail
+
 }  // namespace tempo::models
