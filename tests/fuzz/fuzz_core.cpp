@@ -164,6 +164,22 @@ struct Gen {
 
 bool bit(const std::vector<uint8_t>& m, int64_t i) { return (m[static_cast<size_t>(i / 8)] >> (i % 8)) & 1; }
 double tol(DType t) { return t == DType::kFloat64 ? 1e-12 : t == DType::kFloat32 ? 1e-6 : 1e-2; }
+double tiny(DType t);
+// got equals want rounded to the dtype, within tol: fp16 results past its range are inf, and
+// tiny ones carry the subnormal spacing's absolute error.
+bool close(DType t, double got, double want, double rel) {
+  if (t == DType::kFloat16 && std::fabs(want) >= 65520.0) return got == std::copysign(INFINITY, want);
+  return std::fabs(got - want) <= rel * std::fabs(want) + tiny(t);
+}
+// The smallest subnormal step of the dtype: the absolute error of rounding a tiny result.
+double tiny(DType t) {
+  switch (t) {
+    case DType::kFloat64: return 5e-324;
+    case DType::kFloat32: return 1.5e-45;
+    case DType::kBFloat16: return 9.2e-41;
+    default: return 5.97e-8;  // fp16: 2^-24
+  }
+}
 
 // ---- dropout: bits vs output vs philox --------------------------------------------------------
 
@@ -207,13 +223,18 @@ void fuzz_dropout(Gen& g) {
     if (n > 0 && p.mode == DropoutMode::kBits && p.p > 0 && p.p < 1 && p.mask) fail("refused a valid call: " + s.message());
     return;
   }
-  if (!y.finite()) fail("dropout forward: non-finite output from finite input");
-  if (p.mode != DropoutMode::kBits || !p.mask || n == 0) return;
+  // Finite, except where x / (1 - p) passes fp16's range (as x * scale does in torch).
   const double scale = dropout_scale(p.p);
+  for (int64_t i = 0; i < n; ++i)
+    if (!std::isfinite(y.get(i)) && !(p.dtype == DType::kFloat16 && std::fabs(x.get(i) * scale) >= 65520.0))
+      fail("dropout forward: non-finite output from finite input");
+  if (p.mode != DropoutMode::kBits || !p.mask || n == 0) return;
   for (int64_t i = 0; i < n; ++i) {
     const double want = bit(mask, i) ? x.get(i) * scale : 0.0;
-    if (std::fabs(y.get(i) - want) > tol(p.dtype) * std::fabs(want) + 1e-300)
-      fail("dropout forward: y disagrees with its keep bit at " + std::to_string(i));
+    if (!close(p.dtype, y.get(i), want, tol(p.dtype)))
+      fail("dropout forward: y disagrees with its keep bit at " + std::to_string(i) + " (dtype " +
+           dtype_name(p.dtype) + ", p " + std::to_string(p.p) + ", x " + std::to_string(x.get(i)) + ", y " +
+           std::to_string(y.get(i)) + ", bit " + std::to_string(bit(mask, i)) + ")");
   }
   // The philox mode draws the same bits: same output.
   DropoutForwardParams q = p;
@@ -284,7 +305,12 @@ void fuzz_activation(Gen& g) {
     if (n > 0) fail("activation forward refused a valid call: " + s.message());
     return;
   }
-  if (!y.finite()) fail("activation forward: non-finite output from finite input");
+  // Finite, except where x + bias passes fp16's range (f(z) ~ z for large z).
+  for (int64_t i = 0; i < n; ++i) {
+    const double z = x.get(i) + (with_bias ? bias.get(i % p.bias_size) : 0.0);
+    if (!std::isfinite(y.get(i)) && !(p.dtype == DType::kFloat16 && std::fabs(z) >= 65520.0))
+      fail("activation forward: non-finite output from finite input");
+  }
   // The backward, with the bias gradient when there is a bias: finite.
   ActivationBackwardParams b;
   b.act = p.act;
@@ -423,7 +449,9 @@ void fuzz_attention(Gen& g) {
   }
   const bool bad_p = !(p.p >= 0.0 && p.p <= 1.0);
   int64_t n = 0;
+  // Each size bounded too: with a zero among them the product is 0 whatever the others.
   const bool runnable = count({p.batch, p.heads, p.rows, p.cols}, kMaxRun, &n) && valid(p.dtype) && !bad_p &&
+                        p.batch <= kMaxRun && p.heads <= kMaxRun && p.rows <= kMaxRun && p.cols <= kMaxRun &&
                         (p.mode == DropoutMode::kBits || p.mode == DropoutMode::kPhilox) && p.row_offset >= 0 &&
                         p.seq_q >= 0 && p.row_offset <= kMaxRun && p.seq_q <= kMaxRun;
   if (!runnable) {
@@ -489,7 +517,7 @@ void fuzz_attention(Gen& g) {
     const double scale = dropout_scale(p.p);
     for (int64_t i = 0; i < n; ++i) {
       const double want = bit(bits, i) ? scores.get(i) * scale : 0.0;
-      if (std::fabs(dropped.get(i) - want) > 1e-2 * std::fabs(want) + 1e-30)
+      if (std::fabs(dropped.get(i) - want) > 1e-2 * std::fabs(want) + tiny(p.dtype))
         fail("attention softmax forward: dropped P disagrees with its keep bit");
     }
   }
@@ -515,7 +543,8 @@ void fuzz_qkv_split(Gen& g) {
   int64_t n = 0;
   int64_t cols_n = 0;
   const bool runnable = count({p.batch, p.seq, 3, p.heads, p.head_dim}, kMaxRun, &n) &&
-                        count({3, p.heads, p.head_dim}, kMaxRun, &cols_n) && valid(p.dtype);
+                        count({3, p.heads, p.head_dim}, kMaxRun, &cols_n) && valid(p.dtype) && p.batch <= kMaxRun &&
+                        p.seq <= kMaxRun && p.heads <= kMaxRun && p.head_dim <= kMaxRun;
   if (!runnable) {
     static unsigned char one[8];
     p.z = p.q = p.k = p.v = one;
@@ -547,7 +576,9 @@ void fuzz_qkv_split(Gen& g) {
             const int64_t c = (w * p.heads + h) * p.head_dim + e;
             const double want = z.get((bb * p.seq + s) * cols + c) + (p.bias ? bias.get(c) : 0.0);
             const double got = out[w]->get(((bb * p.heads + h) * p.seq + s) * p.head_dim + e);
-            if (std::fabs(got - want) > tol(p.dtype) * (std::fabs(want) + 1.0)) fail("qkv split forward: wrong element");
+            if (!close(p.dtype, got, want, tol(p.dtype)))
+              fail("qkv split forward: element " + std::to_string(c) + " is " + std::to_string(got) + ", not " +
+                   std::to_string(want));
           }
 }
 

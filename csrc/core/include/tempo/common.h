@@ -31,13 +31,14 @@ TEMPO_HD N bit_mask_bytes(N numel) {
 // sizes and the kernels' index arithmetic then stay within int64.
 constexpr int64_t kMaxNumel = int64_t{1} << 59;
 
-// Whether non-negative sizes multiply to at most kMaxNumel (a zero among them: 0 elements).
+// Whether non-negative sizes multiply to at most kMaxNumel, zeros left out: so that every
+// partial product a kernel or a validation forms (batch * seq before a zero head_dim) fits too.
 inline bool numel_fits(std::initializer_list<int64_t> sizes) {
-  for (int64_t s : sizes)
-    if (s == 0) return true;
   int64_t n = 1;
   for (int64_t s : sizes) {
-    if (s < 0 || s > kMaxNumel / n) return false;
+    if (s < 0) return false;
+    if (s == 0) continue;
+    if (s > kMaxNumel / n) return false;
     n *= s;
   }
   return true;
