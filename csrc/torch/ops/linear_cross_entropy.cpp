@@ -1,8 +1,8 @@
 // Schemas, kernels and C++ API of tempo::linear_cross_entropy. The kernels are ATen
 // compositions over chunks of rows (device-generic, CompositeExplicitAutograd): per chunk the
 // logits are formed in the data's dtype (as F.linear would), reduced in the math type (float64
-// for float64 data, float32 otherwise) to a log-sum-exp per row, and dropped; the backward forms them again and turns them into the
-// chunk's share of every gradient.
+// for float64 data, float32 otherwise) to a log-sum-exp per row, and dropped; the backward
+// forms them again and turns them into the chunk's share of every gradient.
 #include "tempo/ops/linear_cross_entropy.h"
 
 #include <ATen/ATen.h>
@@ -86,17 +86,17 @@ std::tuple<at::Tensor, at::Tensor> forward_kernel(const at::Tensor& hidden, cons
   TORCH_CHECK(chunk >= 0, kOp, ": chunk must be >= 0 (0: automatic), got ", chunk);
   // The math type: float64 for float64 data, float32 otherwise (16-bit logits reduced in fp32).
   const auto math_t = hidden.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  const auto f32 = hidden.options().dtype(math_t);
+  const auto math_opts = hidden.options().dtype(math_t);
   if (hidden.is_meta()) {  // shapes only, symbolic where they are (torch.compile)
     TORCH_CHECK(hidden.dim() >= 1 && weight.dim() == 2 && labels.scalar_type() == at::kLong, kOp,
                 ": hidden [..., H], weight [V, H] and int64 labels");
     at::Tensor loss = red == Reduction::kNone ? at::empty_symint(labels.sym_sizes(), hidden.options())
                                               : at::empty({}, hidden.options());
-    return {loss, at::empty_symint({labels.sym_numel()}, f32)};
+    return {loss, at::empty_symint({labels.sym_numel()}, math_opts)};
   }
   auto [N, H, V] = check(hidden, weight, bias, labels, smoothing);
-  at::Tensor lse = at::empty({N}, f32);
-  at::Tensor rows = at::empty({N}, f32);  // per-row losses (0 where ignored)
+  at::Tensor lse = at::empty({N}, math_opts);
+  at::Tensor rows = at::empty({N}, math_opts);  // per-row losses (0 where ignored)
   if (N > 0) {
     check_labels(labels, V, ignore);
     c10::OptionalDeviceGuard guard(hidden.device());
@@ -113,7 +113,7 @@ std::tuple<at::Tensor, at::Tensor> forward_kernel(const at::Tensor& hidden, cons
       at::Tensor loss = l - (1.0 - smoothing) * zy;
       if (smoothing > 0) loss = loss - smoothing * z.mean(1);
       lse.narrow(0, r0, n).copy_(l);
-      rows.narrow(0, r0, n).copy_(at::where(keep, loss, at::zeros({}, f32)));
+      rows.narrow(0, r0, n).copy_(at::where(keep, loss, at::zeros({}, math_opts)));
     }
   } else {
     lse.zero_(), rows.zero_();
