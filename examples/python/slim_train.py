@@ -16,6 +16,10 @@ curves side by side. Tasks:
 steps (atomically: a temporary file, then a rename) and, when FILE exists, resumes from it, so a
 long run can be stopped and continued with the same command; the resumed run sees the same
 batches as one never stopped.
+
+--decay-after N keeps the learning rate at --lr up to step N and then lowers it linearly to
+--lr-min at --steps (both models get the same schedule), so a run that has plateaued at a
+constant rate can be continued with a decay.
 """
 import argparse
 import copy
@@ -82,6 +86,9 @@ def main():
     p.add_argument("--layers", type=int, default=None, help="default: the copy preset's (1) for copy, 2 for text")
     p.add_argument("--symbols", type=int, default=10, help="copy: alphabet size")
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--decay-after", type=int, default=None,
+                   help="constant --lr up to this step, then linear decay to --lr-min at --steps")
+    p.add_argument("--lr-min", type=float, default=None, help="default: --lr / 20")
     p.add_argument("--every", type=int, default=50)
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--checkpoint", default=None, help="save here every --save-every steps; resume if it exists")
@@ -128,6 +135,9 @@ def main():
         print("resumed from %s after step %d" % (a.checkpoint, state["step"]))
     t0 = time.perf_counter()
     for step in range(first, a.steps + 1):
+        for opt in opts:
+            for group in opt.param_groups:
+                group["lr"] = learning_rate(a, step)
         tokens, weight = make()
         losses = []
         for m, opt, c in ((chunked, opts[0], chunk), (full, opts[1], None)):
@@ -149,6 +159,14 @@ def main():
                         "models": [chunked.state_dict(), full.state_dict()],
                         "opts": [o.state_dict() for o in opts]}, tmp)
             os.replace(tmp, a.checkpoint)
+
+
+def learning_rate(a, step):
+    """--lr, or after --decay-after a linear decay to --lr-min at the last step."""
+    if a.decay_after is None or step <= a.decay_after or a.steps <= a.decay_after:
+        return a.lr
+    low = a.lr / 20 if a.lr_min is None else a.lr_min
+    return a.lr + (low - a.lr) * (step - a.decay_after) / (a.steps - a.decay_after)
 
 
 def key_args(a):
