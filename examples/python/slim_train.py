@@ -66,6 +66,23 @@ def text_batch(data, n, seq, gen):
 
 
 @torch.no_grad()
+def eval_copy(model, seq, symbols, batches=4, n=16):
+    """Second-half loss and the share of second-half symbols predicted right (argmax), over
+    `batches` fixed batches the training never sees (their own generator)."""
+    gen = torch.Generator().manual_seed(12345)
+    total, right, count = 0.0, 0, 0
+    for _ in range(batches):
+        tokens, weight = copy_batch(n, seq, symbols, gen)
+        logits, _ = model.forward_chunk(tokens[:, :-1])
+        keep = weight.bool()
+        ce = torch.nn.functional.cross_entropy(logits[keep].float(), tokens[:, 1:][keep], reduction="sum")
+        total += ce.item()
+        right += int((logits[keep].argmax(-1) == tokens[:, 1:][keep]).sum())
+        count += int(keep.sum())
+    return total / count, right / count
+
+
+@torch.no_grad()
 def eval_bits_per_byte(model, data, seq, windows=8):
     """Mean next-byte cross-entropy (bits) over `windows` evenly spaced held-out windows."""
     step = max((data.numel() - seq - 1) // windows, 1)
@@ -159,6 +176,10 @@ def main():
                         "models": [chunked.state_dict(), full.state_dict()],
                         "opts": [o.state_dict() for o in opts]}, tmp)
             os.replace(tmp, a.checkpoint)
+    if a.task == "copy":
+        (lc, ac), (lf, af) = (eval_copy(m, seq, a.symbols) for m in (chunked, full))
+        print("held-out copy batches (4 x 16): second-half loss %.4f (chunk %d) vs %.4f (full), symbols right "
+              "%.2f%% vs %.2f%%" % (lc, chunk, lf, 100 * ac, 100 * af))
 
 
 def learning_rate(a, step):

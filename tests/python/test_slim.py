@@ -211,6 +211,14 @@ def test_train_example_curves_agree_on_text_and_copy(tmp_path):
         for x in rows:
             assert math.isclose(float(x[1]), float(x[2]), rel_tol=1e-5)
         assert float(rows[-1][1]) < float(rows[0][1])  # it learns
+        if "copy" in extra:  # the held-out copy check, on the same weights for both runs after 3 steps
+            import re
+            held = re.search(r"second-half loss ([0-9.]+) \(chunk 5\) vs ([0-9.]+) \(full\), symbols right "
+                             r"([0-9.]+)% vs ([0-9.]+)%", r.stdout)
+            assert held, r.stdout
+            loss_c, loss_f, right_c, right_f = map(float, held.groups())
+            assert math.isclose(loss_c, loss_f, rel_tol=1e-4) and 0 < loss_c < math.log(256) + 1
+            assert 0 <= right_c <= 100 and math.isclose(right_c, right_f, abs_tol=1.0)
     r = subprocess.run([sys.executable, os.path.join(root, "examples", "python", "slim_train.py"), "--task", "text",
                         "--data", str(tmp_path / "missing")], capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode != 0 and "no such file or directory" in r.stderr
