@@ -9,6 +9,7 @@
 //    the output (dropout, attention) and with the philox mode that draws them again.
 #include <fuzzer/FuzzedDataProvider.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -50,22 +51,21 @@ void expect_refused(const Status& s, const char* op, const std::string& why) {
 size_t esize(DType t) { return t == DType::kFloat64 ? 8 : t == DType::kFloat32 ? 4 : 2; }
 bool valid(DType t) { return static_cast<int32_t>(t) >= 0 && static_cast<int32_t>(t) <= 3; }
 
-// Product of sizes; false when one is negative or the product passes `limit`.
+// Product of sizes; false when one is negative or passes `limit`, or the product does: every
+// size the target loops over stays bounded, even beside a zero that makes the product 0.
 bool count(std::initializer_list<int64_t> dims, int64_t limit, int64_t* out) {
-  __int128 n = 1;
+  for (int64_t d : dims)
+    if (d < 0 || d > limit) return false;
+  int64_t n = 1;
   for (int64_t d : dims) {
-    if (d < 0) return false;
-    n *= d;
-    if (n > limit) {
-      for (int64_t e : dims)
-        if (e == 0) {
-          *out = 0;
-          return true;
-        }
-      return false;
+    if (d == 0) {
+      n = 0;
+      break;
     }
+    if (n > limit / d) return false;
+    n *= d;
   }
-  *out = static_cast<int64_t>(n);
+  *out = n;
   return true;
 }
 bool any_negative(std::initializer_list<int64_t> dims) {
@@ -73,10 +73,16 @@ bool any_negative(std::initializer_list<int64_t> dims) {
     if (d < 0) return true;
   return false;
 }
-// Sizes whose element count passes 2^62 (so that byte counts would overflow int64).
+// Non-negative sizes, none zero, whose element count passes 2^62 (so that byte counts would
+// overflow int64).
 bool overflowing(std::initializer_list<int64_t> dims) {
-  int64_t n;
-  return !any_negative(dims) && !count(dims, int64_t{1} << 62, &n);
+  if (any_negative(dims)) return false;
+  __int128 n = 1;
+  for (int64_t d : dims) {
+    if (d == 0) return false;
+    n = std::min<__int128>(n * d, __int128{1} << 63);  // capped at 2^63, so the next product fits
+  }
+  return n > (__int128{1} << 62);
 }
 
 struct Buffer {
@@ -164,13 +170,6 @@ struct Gen {
 
 bool bit(const std::vector<uint8_t>& m, int64_t i) { return (m[static_cast<size_t>(i / 8)] >> (i % 8)) & 1; }
 double tol(DType t) { return t == DType::kFloat64 ? 1e-12 : t == DType::kFloat32 ? 1e-6 : 1e-2; }
-double tiny(DType t);
-// got equals want rounded to the dtype, within tol: fp16 results past its range are inf, and
-// tiny ones carry the subnormal spacing's absolute error.
-bool close(DType t, double got, double want, double rel) {
-  if (t == DType::kFloat16 && std::fabs(want) >= 65520.0) return got == std::copysign(INFINITY, want);
-  return std::fabs(got - want) <= rel * std::fabs(want) + tiny(t);
-}
 // The smallest subnormal step of the dtype: the absolute error of rounding a tiny result.
 double tiny(DType t) {
   switch (t) {
@@ -179,6 +178,12 @@ double tiny(DType t) {
     case DType::kBFloat16: return 9.2e-41;
     default: return 5.97e-8;  // fp16: 2^-24
   }
+}
+// got equals want rounded to the dtype, within tol: fp16 results past its range are inf, and
+// tiny ones carry the subnormal spacing's absolute error.
+bool close(DType t, double got, double want, double rel) {
+  if (t == DType::kFloat16 && std::fabs(want) >= 65520.0) return got == std::copysign(INFINITY, want);
+  return std::fabs(got - want) <= rel * std::fabs(want) + tiny(t);
 }
 
 // ---- dropout: bits vs output vs philox --------------------------------------------------------
@@ -346,8 +351,7 @@ void fuzz_norm(Gen& g) {
   p.eps = g.flag() ? 1e-5 : g.f.ConsumeFloatingPoint<double>();
   const bool kind_ok = p.kind == NormKind::kLayerNorm || p.kind == NormKind::kRmsNorm;
   int64_t n = 0;
-  const bool runnable = count({p.rows, p.cols}, kMaxRun, &n) && valid(p.dtype) && kind_ok &&
-                        p.cols <= kMaxRun && p.rows <= kMaxRun;
+  const bool runnable = count({p.rows, p.cols}, kMaxRun, &n) && valid(p.dtype) && kind_ok;
   if (!runnable) {
     static unsigned char one[8];
     p.x = p.y = p.rstd = one;
@@ -449,9 +453,7 @@ void fuzz_attention(Gen& g) {
   }
   const bool bad_p = !(p.p >= 0.0 && p.p <= 1.0);
   int64_t n = 0;
-  // Each size bounded too: with a zero among them the product is 0 whatever the others.
   const bool runnable = count({p.batch, p.heads, p.rows, p.cols}, kMaxRun, &n) && valid(p.dtype) && !bad_p &&
-                        p.batch <= kMaxRun && p.heads <= kMaxRun && p.rows <= kMaxRun && p.cols <= kMaxRun &&
                         (p.mode == DropoutMode::kBits || p.mode == DropoutMode::kPhilox) && p.row_offset >= 0 &&
                         p.seq_q >= 0 && p.row_offset <= kMaxRun && p.seq_q <= kMaxRun;
   if (!runnable) {
@@ -543,8 +545,7 @@ void fuzz_qkv_split(Gen& g) {
   int64_t n = 0;
   int64_t cols_n = 0;
   const bool runnable = count({p.batch, p.seq, 3, p.heads, p.head_dim}, kMaxRun, &n) &&
-                        count({3, p.heads, p.head_dim}, kMaxRun, &cols_n) && valid(p.dtype) && p.batch <= kMaxRun &&
-                        p.seq <= kMaxRun && p.heads <= kMaxRun && p.head_dim <= kMaxRun;
+                        count({3, p.heads, p.head_dim}, kMaxRun, &cols_n) && valid(p.dtype);
   if (!runnable) {
     static unsigned char one[8];
     p.z = p.q = p.k = p.v = one;
@@ -592,11 +593,10 @@ void fuzz_linear_attention(Gen& g) {
   p.m = g.dim(6);
   p.d = g.dim(6);
   p.eps = g.flag() ? 1e-6 : g.f.ConsumeFloatingPoint<double>();
-  int64_t nq = 0, nv = 0, ns = 0;
+  int64_t nq = 0, nv = 0, ns = 0, nden = 0;
   const bool runnable = count({p.rows, p.len, p.m}, kMaxRun, &nq) && count({p.rows, p.len, p.d}, kMaxRun, &nv) &&
-                        count({p.rows, p.m, p.d}, kMaxRun, &ns) && count({p.rows, p.m}, kMaxRun, &nq) &&
-                        count({p.rows, p.len, p.m}, kMaxRun, &nq) && valid(p.dtype) && p.m <= kMaxRun &&
-                        p.d <= kMaxRun && p.rows <= kMaxRun;
+                        count({p.rows, p.m, p.d}, kMaxRun, &ns) && count({p.rows, p.m}, kMaxRun, &nden) &&
+                        valid(p.dtype);
   if (!runnable) {
     static unsigned char one[8];
     p.q = p.k = p.v = p.y = p.num_out = p.den_out = one;
@@ -615,7 +615,7 @@ void fuzz_linear_attention(Gen& g) {
     q.set(i, std::fabs(q.get(i)));
     k.set(i, std::fabs(k.get(i)));
   }
-  Buffer num(st, ns), den(st, p.rows * p.m);
+  Buffer num(st, ns), den(st, nden);
   p.q = q.data();
   p.k = k.data();
   p.v = v.data();
