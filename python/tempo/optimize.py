@@ -24,17 +24,31 @@ FUSED_TECHNIQUES = ("qkv_split", "bias_gelu")
 def _subclass(module, prefix, forward):
     """Turns `module` into an instance of a subclass of its class with `forward` (state,
     parameters and isinstance checks unchanged)."""
-    cls = type(module)
-    name = prefix + cls.__name__
-    cache = _subclass.cache
-    key = (cls, name)
-    if key not in cache:
-        cache[key] = type(name, (cls,), {"forward": forward, "__module__": __name__})
-    module.__class__ = cache[key]
+    module.__class__ = _subclass_of(type(module), prefix, forward)
     return module
 
 
-_subclass.cache = {}
+def _subclass_of(cls, prefix, forward):
+    key = (cls, prefix, forward)
+    if key not in _SUBCLASSES:
+        _SUBCLASSES[key] = type(prefix + cls.__name__, (cls,), {
+            "forward": forward, "__module__": __name__, "_tempo_patch": (cls, prefix, forward),
+            "__reduce_ex__": _reduce_patched})
+    return _SUBCLASSES[key]
+
+
+_SUBCLASSES = {}
+
+
+def _reduce_patched(self, protocol):
+    # The subclass is made at run time, so pickle cannot find it by name: it is pickled as the
+    # recipe that makes it (the original class, which pickle finds, and a module-level forward),
+    # so torch.save(model) / torch.load and copy.deepcopy work on a patched model.
+    return _new_patched, self._tempo_patch, self.__getstate__()
+
+
+def _new_patched(cls, prefix, forward):
+    return object.__new__(_subclass_of(cls, prefix, forward))
 
 
 # ---- the replacements ----------------------------------------------------------------------
@@ -195,6 +209,20 @@ def _register_attention():
         masking_utils.AttentionMaskInterface.register("tempo_fused", eager_mask)
 
 
+class _AttentionRegistered:
+    """Kept in a model whose attention tempo.optimize set: unpickling the model (torch.load in
+    a fresh process) registers tempo's attention functions with transformers again, which
+    the model's config names."""
+
+    def __reduce__(self):
+        return _attention_registered, ()
+
+
+def _attention_registered():
+    _register_attention()
+    return _AttentionRegistered()
+
+
 class Report:
     """What tempo.optimize did: one row per module it patched or looked at and left, with
     why. Prints as a table; `rows` is a list of (path, class, technique, action)."""
@@ -277,6 +305,7 @@ def optimize(model: torch.nn.Module, techniques="all", attention: str = "keep", 
         _register_attention()
         undo.append(("attention", model, config._attn_implementation))
         model.set_attn_implementation(ATTENTION[attention])
+        model.__dict__["_tempo_attention_marker"] = _AttentionRegistered()
         rows.append(("", type(model).__name__, "attention", "patched: %s" % ATTENTION[attention]))
     done = set()
 
@@ -357,4 +386,5 @@ def restore(model: torch.nn.Module) -> torch.nn.Module:
             _, module, cls = entry
             module.__class__ = cls
     model.__dict__.pop("_tempo_report", None)
+    model.__dict__.pop("_tempo_attention_marker", None)
     return model

@@ -254,6 +254,49 @@ def _tiny(family, p):
     return transformers.LlamaForCausalLM(cfg).train()
 
 
+def test_patched_models_saved_whole_load_in_a_fresh_process(tmp_path):
+    """torch.save(model) of patched BERT, GPT-2 and LLaMA models (BERT's fused blocks are
+    subclasses made at run time; tempo's attention is found by transformers by name) and
+    torch.load in a fresh process that only imports tempo: the same loss and gradients,
+    bitwise, as the models saved, still patched, and tempo.restore works there."""
+    import subprocess
+    import sys
+
+    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(3))
+    expected = {}
+    for family in ("bert", "gpt2", "llama"):
+        ours = tempo.optimize(_tiny(family, 0.0), attention="tempo", fused=(family == "bert"))
+        loss = ours(input_ids=ids, labels=ids).loss
+        loss.backward()
+        torch.save(ours, tmp_path / (family + ".pt"))
+        torch.save({"loss": loss.detach(), "grads": {n: p.grad for n, p in ours.named_parameters()
+                                                     if p.grad is not None}}, tmp_path / (family + ".ref"))
+        expected[family] = kinds(ours)
+    check = f"""
+import torch, tempo
+ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(3))
+for family in ("bert", "gpt2", "llama"):
+    m = torch.load({str(tmp_path)!r} + "/" + family + ".pt", weights_only=False)
+    ref = torch.load({str(tmp_path)!r} + "/" + family + ".ref")
+    m.zero_grad(set_to_none=True)
+    loss = m(input_ids=ids, labels=ids).loss
+    loss.backward()
+    torch.testing.assert_close(loss, ref["loss"], rtol=0, atol=0)
+    grads = {{n: p.grad for n, p in m.named_parameters() if p.grad is not None}}
+    assert grads.keys() == ref["grads"].keys()
+    for n in grads:
+        torch.testing.assert_close(grads[n], ref["grads"][n], rtol=0, atol=0, msg=n)
+    assert m.config._attn_implementation == "tempo", m.config._attn_implementation
+    print(family, sorted({{type(x).__name__ for x in m.modules() if type(x).__module__.startswith("tempo.")}}))
+    tempo.restore(m)
+    assert not any(type(x).__module__.startswith("tempo.") for x in m.modules())
+"""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    r = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split("\n")[:3] == ["%s %s" % (f, expected[f]) for f in ("bert", "gpt2", "llama")], r.stdout
+
+
 def _trajectory(model, steps=50):
     """Losses over AdamW steps on a learnable toy language: token t+1 = 3 token t + 1 (mod 128);
     masked-LM models see 25% of the tokens replaced by id 0 and predict the originals."""
