@@ -79,11 +79,28 @@ def _gelu(approximate):
     return lambda m: tnn.GELU(approximate)
 
 
+def _plain(module, *classes):
+    """`module` is exactly one of `classes` (torch.nn.Linear; torch's or tempo's LayerNorm,
+    Dropout) with no forward hooks: its parameters are all it computes with, so a fused
+    forward may read them instead of calling it. A module wrapped or replaced after tempo.optimize (peft's LoRA layers,
+    parametrizations, quantized layers, a hook) is not, and is called as it is."""
+    return type(module) in classes and not (module._forward_hooks or module._forward_pre_hooks)
+
+
+def _original_forward(self, *args, **kwargs):
+    return type(self).__mro__[1].forward(self, *args, **kwargs)
+
+
 def _bdrln_forward(self, hidden_states, input_tensor):
     # dense -> dropout -> LayerNorm(+ residual), as BertSelfOutput / BertOutput, in one pass.
-    h = F.linear(hidden_states, self.dense.weight)
     ln = self.LayerNorm
-    return ops.bias_dropout_add_layer_norm(h, self.dense.bias, input_tensor, self.dropout.p, ln.weight, ln.bias,
+    if not (_plain(self.dropout, torch.nn.Dropout, tnn.Dropout) and _plain(ln, torch.nn.LayerNorm, tnn.LayerNorm)):
+        return _original_forward(self, hidden_states, input_tensor)
+    if _plain(self.dense, torch.nn.Linear):
+        h, bias = F.linear(hidden_states, self.dense.weight), self.dense.bias
+    else:  # e.g. LoRA on dense: dense runs as it is, dropout + residual + LayerNorm stay fused
+        h, bias = self.dense(hidden_states), None
+    return ops.bias_dropout_add_layer_norm(h, bias, input_tensor, self.dropout.p, ln.weight, ln.bias,
                                            ln.eps, training=self.training)
 
 
@@ -115,8 +132,12 @@ def _is_bias_gelu(m):
 
 
 def _bias_gelu_forward(self, hidden_states):
-    return ops.gelu(F.linear(hidden_states, self.dense.weight), _gelu_approximate(self.intermediate_act_fn),
-                    bias=self.dense.bias)
+    approximate = _gelu_approximate(self.intermediate_act_fn)
+    if approximate is None:  # the activation was replaced after tempo.optimize
+        return _original_forward(self, hidden_states)
+    if not _plain(self.dense, torch.nn.Linear):  # e.g. LoRA on dense: called as it is, then tempo's GELU
+        return ops.gelu(self.dense(hidden_states), approximate)
+    return ops.gelu(F.linear(hidden_states, self.dense.weight), approximate, bias=self.dense.bias)
 
 
 def _is_qkv_split(m):
@@ -129,8 +150,9 @@ def _is_qkv_split(m):
 
 
 def _qkv_split_forward(self, hidden_states, attention_mask=None, cache=None, **kwargs):
-    if cache is not None or kwargs.get("past_key_values") is not None:  # decoding with a cache: the original path
-        return type(self).__mro__[1].forward(self, hidden_states, attention_mask, cache, **kwargs)
+    if (cache is not None or kwargs.get("past_key_values") is not None  # decoding with a cache
+            or not all(_plain(x, torch.nn.Linear) for x in (self.query, self.key, self.value))):  # e.g. LoRA
+        return _original_forward(self, hidden_states, attention_mask, cache, **kwargs)
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
     from transformers.models.bert.modeling_bert import eager_attention_forward
     w = torch.cat([self.query.weight, self.key.weight, self.value.weight])
