@@ -58,20 +58,81 @@ def _layer_norm(m):
     return m
 
 
-def _hf_rms_norm_forward(self, hidden_states):
-    eps = getattr(self, "variance_epsilon", getattr(self, "eps", None))
-    return ops.rms_norm(hidden_states, hidden_states.shape[-1], self.weight, eps)
+class _Differs(Exception):
+    """A module matched a rule by its structure, but its forward computes something else than
+    the fused op would (probed at patch time): it is left as it is, and the report says why."""
+
+
+def _probe(m, forward, *shapes):
+    """Runs the module's own forward and `forward` (the replacement, with the module as self)
+    on the same random inputs, in eval mode without grad, and raises _Differs unless they
+    agree to within a few units of the module's dtype. Matching HF layers by name and
+    attributes alone would patch, say, Gemma's RMSNorm (x-hat * (1 + w)) as Llama's (x-hat * w)."""
+    p = next(m.parameters(), None)
+    if p is None or p.device.type == "meta":
+        raise _Differs("its forward cannot be probed (no parameters, or on the meta device)")
+    g = torch.Generator().manual_seed(0)
+    xs = [torch.randn(s, generator=g).to(p.device, p.dtype) for s in shapes]
+    modes = [(x, x.training) for x in m.modules()]
+    m.eval()
+    try:
+        with torch.no_grad():
+            want = type(m).forward(m, *xs)
+            got = forward(m, *xs)
+    except Exception as e:  # a forward with other arguments or other outputs than the rule's
+        raise _Differs("its forward could not be probed as the rule's (%s: %s)" % (type(e).__name__, e)) from None
+    finally:
+        for x, training in modes:
+            x.training = training
+    if not (isinstance(want, torch.Tensor) and isinstance(got, torch.Tensor) and want.shape == got.shape):
+        raise _Differs("its forward returns something else than the rule's")
+    want, got = want.double(), got.double()
+    err = ((got - want).abs().max() / want.abs().max().clamp_min(1e-300)).item()
+    tol = 1e-4 if p.dtype in (torch.float32, torch.float64) else 2.0**-6
+    if not err <= tol:
+        raise _Differs("its forward computes something else (probed: relative difference %.2g)" % err)
+
+
+def _probed(forward, shapes):
+    """A rule's replace: subclass the module with `forward` if the probe agrees."""
+    def replace(m):
+        _probe(m, forward, *shapes(m))
+        return _subclass(m, "Tempo", forward)
+    return replace
+
+
+def _rms_eps(self):
+    return getattr(self, "variance_epsilon", getattr(self, "eps", None))
+
+
+def _hf_rms_norm_forward(self, hidden_states):  # x-hat * w (Llama, Mistral, Qwen2/3, ...)
+    return ops.rms_norm(hidden_states, hidden_states.shape[-1], self.weight, _rms_eps(self))
+
+
+def _hf_rms_norm_offset_forward(self, hidden_states):  # x-hat * (1 + w) (Gemma, Qwen3-Next, ...)
+    return ops.rms_norm(hidden_states, hidden_states.shape[-1], 1.0 + self.weight, _rms_eps(self))
 
 
 def _rms_norm(m):
-    if isinstance(m, torch.nn.RMSNorm):
+    if type(m) is torch.nn.RMSNorm:
         m.__class__ = tnn.RMSNorm
         return m
-    return _subclass(m, "Tempo", _hf_rms_norm_forward)
+    shape = (2, 3, m.weight.shape[0])
+    try:
+        _probe(m, _hf_rms_norm_forward, shape)
+        return _subclass(m, "Tempo", _hf_rms_norm_forward)
+    except _Differs:
+        pass
+    try:
+        _probe(m, _hf_rms_norm_offset_forward, shape)
+    except _Differs as e:
+        raise _Differs(str(e) + "; neither x-hat * w nor x-hat * (1 + w)") from None
+    return _subclass(m, "Tempo", _hf_rms_norm_offset_forward)
 
 
 def _is_hf_rms_norm(m):
-    return (type(m).__name__.endswith("RMSNorm") and isinstance(getattr(m, "weight", None), torch.nn.Parameter)
+    w = getattr(m, "weight", None)
+    return (type(m).__name__.endswith("RMSNorm") and isinstance(w, torch.nn.Parameter) and w.dim() == 1
             and (hasattr(m, "variance_epsilon") or hasattr(m, "eps")))
 
 
@@ -173,9 +234,9 @@ def _act_class(*names):
 # (technique, match, replace); the first matching row applies. `replace` returns the module
 # to put in the parent's slot (the same object when patched in place).
 RULES = [
-    ("qkv_split", _is_qkv_split, lambda m: _subclass(m, "Tempo", _qkv_split_forward)),
-    ("bias_gelu", _is_bias_gelu, lambda m: _subclass(m, "Tempo", _bias_gelu_forward)),
-    ("bdrln", _is_bdrln, lambda m: _subclass(m, "Tempo", _bdrln_forward)),
+    ("qkv_split", _is_qkv_split, lambda m: _subclass(m, "Tempo", _qkv_split_forward)),  # transformers' classes only
+    ("bias_gelu", _is_bias_gelu, _probed(_bias_gelu_forward, lambda m: [(1, 3, m.dense.in_features)])),
+    ("bdrln", _is_bdrln, _probed(_bdrln_forward, lambda m: [(1, 3, m.dense.in_features), (1, 3, m.dense.out_features)])),
     ("layer_norm", lambda m: type(m) is torch.nn.LayerNorm, _layer_norm),
     ("rms_norm", lambda m: type(m) is torch.nn.RMSNorm or _is_hf_rms_norm(m), _rms_norm),
     ("gelu", lambda m: type(m) is torch.nn.GELU, lambda m: tnn.GELU(m.approximate)),
@@ -199,18 +260,32 @@ def _repeat_kv(module, key, value):
     return key, value
 
 
-def _causal(module, attention_mask, query):
-    return attention_mask is None and bool(getattr(module, "is_causal", False)) and query.shape[-2] > 1
+def _causal(module, attention_mask, query, is_causal):
+    if is_causal is None:
+        is_causal = getattr(module, "is_causal", False)
+    return attention_mask is None and bool(is_causal) and query.shape[-2] > 1
+
+
+# What some models pass to their attention function that tempo's attention does not compute:
+# refused by name rather than ignored (sdpa refuses softcap the same way).
+_NOT_COMPUTED = {"softcap": "attention-logit soft-capping", "s_aux": "attention sinks",
+                 "position_bias": "a relative position bias added to the logits"}
 
 
 def _attention_function(op):
     """transformers' attention-function signature over a tempo attention op: q, k, v
     [B, H, S, D], an additive (or boolean) mask broadcastable to [B, H, Sq, Sk]; returns
     ([B, S, H, D], None)."""
-    def forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    def forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, is_causal=None, **kwargs):
+        for name, what in _NOT_COMPUTED.items():
+            if kwargs.get(name) is not None:
+                raise ValueError("tempo.%s (tempo.optimize's attention): %s passes `%s` (%s), which tempo's "
+                                 "attention does not compute; optimize this model with attention='keep'"
+                                 % (op.__name__, type(module).__name__, name, what))
         key, value = _repeat_kv(module, key, value)
         mask = attention_mask[..., : key.shape[-2]] if attention_mask is not None else None
-        out = op(query, key, value, mask, dropout_p=dropout, causal=_causal(module, mask, query), scale=scaling)
+        out = op(query, key, value, mask, dropout_p=dropout, causal=_causal(module, mask, query, is_causal),
+                 scale=scaling)
         return out.transpose(1, 2).contiguous(), None
     return forward
 
@@ -344,7 +419,12 @@ def optimize(model: torch.nn.Module, techniques="all", attention: str = "keep", 
                 continue
             if rule is not None:
                 original_class = type(child)
-                new = rule[2](child)
+                try:
+                    new = rule[2](child)
+                except _Differs as e:
+                    rows.append((path, original_class.__name__, rule[0], "skipped: " + str(e)))
+                    visit(child, path + ".")
+                    continue
                 new.train(child.training)
                 done.add(id(new))
                 if new is not child:

