@@ -143,8 +143,9 @@ def _gelu(approximate):
 def _plain(module, *classes):
     """`module` is exactly one of `classes` (torch.nn.Linear; torch's or tempo's LayerNorm,
     Dropout) with no forward hooks: its parameters are all it computes with, so a fused
-    forward may read them instead of calling it. A module wrapped or replaced after tempo.optimize (peft's LoRA layers,
-    parametrizations, quantized layers, a hook) is not, and is called as it is."""
+    forward may read them instead of calling it. A module wrapped or replaced after
+    tempo.optimize (peft's LoRA layers, parametrizations, quantized layers, a hook) is not,
+    and is called as it is."""
     return type(module) in classes and not (module._forward_hooks or module._forward_pre_hooks)
 
 
@@ -236,7 +237,8 @@ def _act_class(*names):
 RULES = [
     ("qkv_split", _is_qkv_split, lambda m: _subclass(m, "Tempo", _qkv_split_forward)),  # transformers' classes only
     ("bias_gelu", _is_bias_gelu, _probed(_bias_gelu_forward, lambda m: [(1, 3, m.dense.in_features)])),
-    ("bdrln", _is_bdrln, _probed(_bdrln_forward, lambda m: [(1, 3, m.dense.in_features), (1, 3, m.dense.out_features)])),
+    ("bdrln", _is_bdrln,
+     _probed(_bdrln_forward, lambda m: [(1, 3, m.dense.in_features), (1, 3, m.dense.out_features)])),
     ("layer_norm", lambda m: type(m) is torch.nn.LayerNorm, _layer_norm),
     ("rms_norm", lambda m: type(m) is torch.nn.RMSNorm or _is_hf_rms_norm(m), _rms_norm),
     ("gelu", lambda m: type(m) is torch.nn.GELU, lambda m: tnn.GELU(m.approximate)),
