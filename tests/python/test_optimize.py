@@ -180,19 +180,26 @@ def test_attention_through_the_registry(attention):
 
 
 @pytest.mark.parametrize("attention", ["tempo", "fused"])
-def test_attention_a_model_needs_more_of_is_refused_by_name(attention):
-    """Gemma 2 soft-caps its attention logits (it passes softcap to the attention function):
-    tempo's attention does not compute that, so the forward raises an error naming it,
-    instead of quietly attending without the cap."""
-    cfg = transformers.Gemma2Config(num_hidden_layers=1, hidden_size=64, intermediate_size=128, num_attention_heads=4,
-                                    num_key_value_heads=2, head_dim=16, vocab_size=128, max_position_embeddings=32,
-                                    attn_logit_softcapping=50.0)
-    model = tempo.optimize(transformers.Gemma2ForCausalLM(cfg), attention=attention)
-    ids = torch.randint(0, 128, (1, 8))
-    with pytest.raises(ValueError, match="Gemma2Attention passes `softcap` .*attention='keep'"):
-        model(input_ids=ids)
+@pytest.mark.parametrize("family", ["gemma2", "t5"])
+def test_attention_a_model_needs_more_of_is_refused_by_name(attention, family):
+    """Gemma 2 soft-caps its attention logits (it passes softcap to the attention function), T5
+    adds a learned relative position bias (position_bias): tempo's attention computes neither,
+    so the forward raises an error naming it, instead of quietly attending without it."""
+    if family == "gemma2":
+        cfg = transformers.Gemma2Config(num_hidden_layers=1, hidden_size=64, intermediate_size=128,
+                                        num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=128,
+                                        max_position_embeddings=32, attn_logit_softcapping=50.0)
+        model, what = transformers.Gemma2ForCausalLM(cfg), "Gemma2Attention passes `softcap`"
+    else:
+        cfg = transformers.T5Config(num_layers=1, d_model=64, d_ff=128, num_heads=4, d_kv=16, vocab_size=128,
+                                    decoder_start_token_id=0, pad_token_id=0)
+        model, what = transformers.T5ForConditionalGeneration(cfg), "T5Attention passes `position_bias`"
+    tempo.optimize(model, attention=attention)
+    ids = torch.randint(1, 128, (1, 8))
+    with pytest.raises(ValueError, match=what + " .*attention='keep'"):
+        model(input_ids=ids, labels=ids)
     tempo.restore(model)
-    model(input_ids=ids)  # its own attention again
+    model(input_ids=ids, labels=ids)  # its own attention again
 
 
 def test_techniques_subset_idempotent_and_errors():
