@@ -1,0 +1,127 @@
+"""tempo.optimize across Hugging Face architectures it was not written for: tiny models built
+from configs, norm weights moved far from their initial values (as trained ones are), dropout 0.
+With the model's own attention and with tempo's, tempo patches the layers listed here and
+every parameter's gradient matches the unpatched model's within 1e-5 relative."""
+import copy
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import transformers as T  # noqa: E402
+
+import tempo  # noqa: E402
+
+# family: (model class, config class, config, what tempo patches with attention="keep")
+ARCHITECTURES = {
+    "roberta": (T.RobertaForMaskedLM, T.RobertaConfig,
+                dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                     max_position_embeddings=70, pad_token_id=1),
+                ["Dropout", "GELU", "LayerNorm", "TempoRobertaOutput", "TempoRobertaSelfOutput"]),
+    "distilbert": (T.DistilBertForMaskedLM, T.DistilBertConfig,
+                   dict(n_layers=2, dim=64, hidden_dim=128, n_heads=4, max_position_embeddings=64),
+                   ["Dropout", "GELU", "LayerNorm"]),
+    "albert": (T.AlbertForMaskedLM, T.AlbertConfig,
+               dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                    embedding_size=32, max_position_embeddings=64),
+               ["Dropout", "GELU", "LayerNorm"]),
+    "electra": (T.ElectraForMaskedLM, T.ElectraConfig,
+                dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                     embedding_size=32, max_position_embeddings=64),
+                ["Dropout", "GELU", "LayerNorm", "TempoElectraOutput", "TempoElectraSelfOutput"]),
+    "deberta-v2": (T.DebertaV2ForMaskedLM, T.DebertaV2Config,
+                   dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                        max_position_embeddings=64),
+                   ["Dropout", "GELU", "LayerNorm", "TempoDebertaV2Output", "TempoDebertaV2SelfOutput"]),
+    "mistral": (T.MistralForCausalLM, T.MistralConfig,
+                dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                     num_key_value_heads=2, head_dim=16, max_position_embeddings=64),
+                ["SiLU", "TempoMistralRMSNorm"]),
+    "qwen2": (T.Qwen2ForCausalLM, T.Qwen2Config,
+              dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                   num_key_value_heads=2, max_position_embeddings=64),
+              ["SiLU", "TempoQwen2RMSNorm"]),
+    "phi": (T.PhiForCausalLM, T.PhiConfig,
+            dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                 max_position_embeddings=64),
+            ["Dropout", "GELU", "LayerNorm"]),
+    "phi3": (T.Phi3ForCausalLM, T.Phi3Config,
+             dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0),
+             ["Dropout", "SiLU", "TempoPhi3RMSNorm"]),
+    "gpt_neox": (T.GPTNeoXForCausalLM, T.GPTNeoXConfig,
+                 dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                      max_position_embeddings=64),
+                 ["Dropout", "GELU", "LayerNorm"]),
+    "opt": (T.OPTForCausalLM, T.OPTConfig,
+            dict(num_hidden_layers=2, hidden_size=64, ffn_dim=128, num_attention_heads=4, max_position_embeddings=64,
+                 word_embed_proj_dim=64),
+            ["LayerNorm"]),
+    "bloom": (T.BloomForCausalLM, T.BloomConfig, dict(n_layer=2, hidden_size=64, n_head=4), ["Dropout", "LayerNorm"]),
+    "falcon": (T.FalconForCausalLM, T.FalconConfig, dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4),
+               ["Dropout", "GELU", "LayerNorm"]),
+    "gemma": (T.GemmaForCausalLM, T.GemmaConfig,
+              dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                   num_key_value_heads=2, head_dim=16, max_position_embeddings=64),
+              ["GELU", "TempoGemmaRMSNorm"]),
+    "olmo2": (T.Olmo2ForCausalLM, T.Olmo2Config,
+              dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                   num_key_value_heads=2, max_position_embeddings=64),
+              ["SiLU", "TempoOlmo2RMSNorm"]),
+    "vit": (T.ViTForImageClassification, T.ViTConfig,
+            dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4, image_size=32,
+                 patch_size=8),
+            ["Dropout", "GELU", "LayerNorm"]),
+}
+_DROPOUTS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "dropout", "attention_dropout", "resid_pdrop",
+             "embd_pdrop", "attn_pdrop", "hidden_dropout", "classifier_dropout_prob", "qa_dropout",
+             "seq_classif_dropout", "activation_dropout")
+# A key projection's bias only shifts each softmax row, so its true gradient is 0: no relative error.
+_ZERO_GRADIENT = ("key.bias", "k_lin.bias", "k_proj.bias", "key_proj.bias")
+
+
+def _model(family):
+    cls, cfg_cls, kwargs, _ = ARCHITECTURES[family]
+    cfg = cfg_cls(**kwargs, **({} if family == "vit" else {"vocab_size": 128}))
+    for k in _DROPOUTS:
+        if isinstance(getattr(cfg, k, None), float):
+            setattr(cfg, k, 0.0)
+    torch.manual_seed(0)
+    model = cls(cfg).train()
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "norm" in n.lower() or "ln" in n.lower():
+                p.add_(torch.randn_like(p) * 0.3)
+    return model
+
+
+def _batch(family):
+    g = torch.Generator().manual_seed(1)
+    if family == "vit":
+        return {"pixel_values": torch.randn(2, 3, 32, 32, generator=g), "labels": torch.tensor([0, 1])}
+    ids = torch.randint(2, 128, (2, 12), generator=g)
+    return {"input_ids": ids, "labels": ids}
+
+
+def _grads(model, batch):
+    model.zero_grad(set_to_none=True)
+    model(**batch).loss.backward()
+    return {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("family", sorted(ARCHITECTURES))
+def test_every_gradient_matches(family):
+    ref = _model(family)
+    batch = _batch(family)
+    want = _grads(ref, batch)
+    for attention in ("keep", "tempo"):
+        ours = tempo.optimize(copy.deepcopy(ref), attention=attention)
+        kinds = sorted({type(m).__name__ for m in ours.modules() if type(m).__module__.startswith("tempo.")})
+        assert kinds == ARCHITECTURES[family][3], (attention, kinds)
+        got = _grads(ours, batch)
+        assert got.keys() == want.keys()
+        errors = sorted((((got[n].double() - want[n].double()).norm() / want[n].double().norm()).item(), n)
+                        for n in want if not n.endswith(_ZERO_GRADIENT))
+        assert errors[-1][0] < 1e-5, (attention, errors[-3:])
