@@ -19,7 +19,7 @@ import torch
 
 from . import memory
 from ._measure import free, sync, budget_enforced, largest_batch, parse_bytes
-from .optimize import TECHNIQUES, optimize, restore
+from .optimize import TECHNIQUES, _uses_attention_registry, optimize, restore
 
 
 class AutoReport:
@@ -119,7 +119,8 @@ def auto(model, make_batch, budget=None, method="fast", loss_fn=None, steps=3, m
     if "_tempo_undo" in model.__dict__:
         raise ValueError("tempo.auto: the model is already patched by tempo.optimize; tempo.restore it first")
     loss_of = loss_fn or _loss
-    transformers_model = hasattr(model, "set_attn_implementation") and getattr(model, "config", None) is not None
+    transformers_model = (hasattr(model, "set_attn_implementation") and getattr(model, "config", None) is not None
+                          and _uses_attention_registry(model))  # else its attention cannot be switched
     was_training = model.training
     model.train()
 

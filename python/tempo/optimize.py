@@ -6,6 +6,9 @@ and isinstance checks are unaffected; modules keep their eps, dropout p, train/e
 dtype and device. What is patched is declared in RULES, one row per layer type: which
 modules it matches, which technique it belongs to, and how it is replaced.
 """
+import sys
+import warnings
+
 import torch
 import torch.nn.functional as F
 
@@ -308,6 +311,14 @@ def _register_attention():
         masking_utils.AttentionMaskInterface.register("tempo_fused", eager_mask)
 
 
+def _uses_attention_registry(model):
+    """Whether the model's attention layers call transformers' attention-function registry (where
+    attention="tempo" takes effect): some module defining one of its layers imports it. Models
+    that compute attention themselves (BLOOM, Falcon, DeBERTa-v2) would ignore the setting."""
+    names = {type(m).__module__ for m in model.modules()}
+    return any("ALL_ATTENTION_FUNCTIONS" in vars(sys.modules[n]) for n in names if n in sys.modules)
+
+
 class _AttentionRegistered:
     """Kept in a model whose attention tempo.optimize set: unpickling the model (torch.load in
     a fresh process) registers tempo's attention functions with transformers again, which
@@ -400,7 +411,12 @@ def optimize(model: torch.nn.Module, techniques="all", attention: str = "keep", 
             return any(path == p or path.startswith(p + ".") for p in paths)
     undo = model.__dict__.setdefault("_tempo_undo", [])
     rows = []
-    if attention != "keep":
+    if attention != "keep" and not _uses_attention_registry(model):
+        why = ("kept: %s computes its attention itself, not through transformers' attention-function registry, "
+               "so attention=%r cannot apply" % (type(model).__name__, attention))
+        warnings.warn("tempo.optimize: " + why[len("kept: "):], stacklevel=2)
+        rows.append(("", type(model).__name__, "attention", why))
+    elif attention != "keep":
         _register_attention()
         undo.append(("attention", model, config._attn_implementation))
         model.set_attn_implementation(ATTENTION[attention])
