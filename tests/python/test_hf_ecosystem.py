@@ -28,7 +28,8 @@ class _Copy(torch.utils.data.Dataset):
 
     def __getitem__(self, i):
         g = torch.Generator().manual_seed(i)
-        ids = (torch.arange(32) * 0 + torch.randint(1, 128, (1,), generator=g))
+        ids = torch.empty(32, dtype=torch.long)
+        ids[0] = torch.randint(1, 128, (1,), generator=g)
         for t in range(1, 32):
             ids[t] = (3 * ids[t - 1] + 1) % 128
         labels = ids.clone()
