@@ -19,7 +19,7 @@ import torch
 
 from . import memory
 from ._measure import free, sync, budget_enforced, largest_batch, parse_bytes
-from .optimize import TECHNIQUES, _uses_attention_registry, optimize, restore
+from .optimize import TECHNIQUES, _transformers_models, _uses_attention_registry, optimize, restore
 
 
 class AutoReport:
@@ -60,8 +60,15 @@ def _loss(out):
 
 
 def _tokens(batch, batch_size):
-    ids = batch.get("input_ids") if isinstance(batch, dict) else None
-    return ids.numel() if isinstance(ids, torch.Tensor) else batch_size
+    """Tokens in a batch: its input_ids, else its first integer tensor (token ids passed
+    positionally); the batch size if it has none (then tokens/s is samples/s)."""
+    if isinstance(batch, dict):
+        values = [batch["input_ids"]] if isinstance(batch.get("input_ids"), torch.Tensor) else []
+    else:
+        values = list(batch) if isinstance(batch, (tuple, list)) else [batch]
+    ids = next((v for v in values if isinstance(v, torch.Tensor) and not v.is_floating_point()
+                and not v.is_complex() and v.dtype != torch.bool), None)
+    return ids.numel() if ids is not None else batch_size
 
 
 def _call(model, batch):
@@ -119,8 +126,8 @@ def auto(model, make_batch, budget=None, method="fast", loss_fn=None, steps=3, m
     if "_tempo_undo" in model.__dict__:
         raise ValueError("tempo.auto: the model is already patched by tempo.optimize; tempo.restore it first")
     loss_of = loss_fn or _loss
-    transformers_model = (hasattr(model, "set_attn_implementation") and getattr(model, "config", None) is not None
-                          and _uses_attention_registry(model))  # else its attention cannot be switched
+    transformers_model = any(_uses_attention_registry(m) for _, m in _transformers_models(model))  # else its
+    # attention cannot be switched
     was_training = model.training
     model.train()
 

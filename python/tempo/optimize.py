@@ -311,6 +311,23 @@ def _register_attention():
         masking_utils.AttentionMaskInterface.register("tempo_fused", eager_mask)
 
 
+def _transformers_models(model):
+    """(path, module) of each outermost transformers model in `model` (the model itself, or
+    those a user's module wraps: a classifier around a BertModel, a SentenceTransformer):
+    where attention= is set."""
+    found = []
+
+    def walk(m, path):
+        if hasattr(m, "set_attn_implementation") and getattr(m, "config", None) is not None:
+            found.append((path, m))
+            return
+        for name, child in m.named_children():
+            walk(child, path + "." + name if path else name)
+
+    walk(model, "")
+    return found
+
+
 def _uses_attention_registry(model):
     """Whether the model's attention layers call transformers' attention-function registry (where
     attention="tempo" takes effect): some module defining one of its layers imports it. Models
@@ -370,7 +387,8 @@ def optimize(model: torch.nn.Module, techniques="all", attention: str = "keep", 
     "bdrln" (dense + dropout + residual + LayerNorm in one pass, BERT/RoBERTa's output blocks).
     attention: "keep" (the model's own), "tempo" (output-only softmax, dropout recomputed from
     1-bit masks), "fused" (tempo.fused_attention: no S^2 tensor), "sdpa" (torch's), or "auto"
-    (tempo); set through transformers' attention-function registry on a transformers model.
+    (tempo); set through transformers' attention-function registry on a transformers model, or
+    on each one inside `model` (a user's module around a BertModel, a SentenceTransformer).
     fused: also the Data Movement paper's bias fusions, "qkv_split" and "bias_gelu" (BERT and
     RoBERTa; see FUSED_TECHNIQUES), which may also be named in techniques.
     modules: None (everywhere), an iterable of module paths (a module and everything under it,
@@ -390,10 +408,10 @@ def optimize(model: torch.nn.Module, techniques="all", attention: str = "keep", 
         raise ValueError("tempo.optimize: unknown attention %r; known: keep, %s" % (attention, ", ".join(ATTENTION)))
     if not isinstance(model, torch.nn.Module):
         raise TypeError("tempo.optimize: expected a torch.nn.Module, got %s" % type(model).__name__)
-    config = getattr(model, "config", None)
-    if attention != "keep" and not (hasattr(model, "set_attn_implementation") and config is not None):
+    hf_models = _transformers_models(model) if attention != "keep" else []
+    if attention != "keep" and not hf_models:
         raise ValueError("tempo.optimize: attention=%r needs a transformers model (its attention-function "
-                         "registry); %s is not one" % (attention, type(model).__name__))
+                         "registry); %s is not one and has none inside it" % (attention, type(model).__name__))
     if modules is None:
         inside = None
     elif callable(modules):
@@ -411,17 +429,18 @@ def optimize(model: torch.nn.Module, techniques="all", attention: str = "keep", 
             return any(path == p or path.startswith(p + ".") for p in paths)
     undo = model.__dict__.setdefault("_tempo_undo", [])
     rows = []
-    if attention != "keep" and not _uses_attention_registry(model):
-        why = ("kept: %s computes its attention itself, not through transformers' attention-function registry, "
-               "so attention=%r cannot apply" % (type(model).__name__, attention))
-        warnings.warn("tempo.optimize: " + why[len("kept: "):], stacklevel=2)
-        rows.append(("", type(model).__name__, "attention", why))
-    elif attention != "keep":
+    for path, hf in hf_models:
+        if not _uses_attention_registry(hf):
+            why = ("kept: %s computes its attention itself, not through transformers' attention-function registry, "
+                   "so attention=%r cannot apply" % (type(hf).__name__, attention))
+            warnings.warn("tempo.optimize: " + why[len("kept: "):], stacklevel=2)
+            rows.append((path, type(hf).__name__, "attention", why))
+            continue
         _register_attention()
-        undo.append(("attention", model, config._attn_implementation))
-        model.set_attn_implementation(ATTENTION[attention])
-        model.__dict__["_tempo_attention_marker"] = _AttentionRegistered()
-        rows.append(("", type(model).__name__, "attention", "patched: %s" % ATTENTION[attention]))
+        undo.append(("attention", hf, hf.config._attn_implementation))
+        hf.set_attn_implementation(ATTENTION[attention])
+        hf.__dict__["_tempo_attention_marker"] = _AttentionRegistered()
+        rows.append((path, type(hf).__name__, "attention", "patched: %s" % ATTENTION[attention]))
     done = set()
 
     def visit(parent, prefix):
@@ -497,6 +516,7 @@ def restore(model: torch.nn.Module) -> torch.nn.Module:
         if entry[0] == "attention":
             _, root, implementation = entry
             root.set_attn_implementation(implementation)
+            root.__dict__.pop("_tempo_attention_marker", None)
         elif entry[0] == "child":
             _, parent, name, child = entry
             current = getattr(parent, name)
@@ -506,5 +526,4 @@ def restore(model: torch.nn.Module) -> torch.nn.Module:
             _, module, cls = entry
             module.__class__ = cls
     model.__dict__.pop("_tempo_report", None)
-    model.__dict__.pop("_tempo_attention_marker", None)
     return model

