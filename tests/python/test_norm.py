@@ -497,6 +497,27 @@ def test_double_backward_is_a_clear_error(op):
         g.sum().backward()
 
 
+@pytest.mark.parametrize("op", list(SECOND))
+def test_functorch_transforms_and_forward_mode_are_clear_errors(op):
+    """torch.func's differentiating transforms (grad, jacrev, jvp) and forward-mode AD cannot
+    see through tempo's C++ autograd functions: torch raises, never a silent result. vmap
+    alone works (torch's per-sample fallback), and autograd through its output is exact."""
+    x = torch.randn(4, 6, dtype=torch.float64)
+    with pytest.raises(RuntimeError, match="functorch transforms"):
+        torch.func.grad(lambda t: SECOND[op](t).square().sum())(x)
+    with pytest.raises(RuntimeError, match="functorch transforms"):
+        torch.func.jacrev(lambda t: SECOND[op](t))(x)
+    xs = torch.randn(3, 4, 6, dtype=torch.float64, requires_grad=True)
+    y = torch.func.vmap(SECOND[op])(xs)
+    want = torch.stack([SECOND[op](t) for t in xs.unbind()])
+    g = torch.randn_like(want)
+    torch.testing.assert_close(y, want)
+    torch.testing.assert_close(torch.autograd.grad(y, xs, g)[0], torch.autograd.grad(want, xs, g)[0])
+    import torch.autograd.forward_ad as fwAD
+    with fwAD.dual_level(), pytest.raises(RuntimeError, match="jvp is not implemented"):
+        SECOND[op](fwAD.make_dual(x, torch.ones_like(x)))
+
+
 def test_dropout_is_twice_differentiable():
     x = torch.randn(5, 7, dtype=torch.float64, requires_grad=True)
 
