@@ -84,6 +84,27 @@ ModelConfig ModelConfig::preset(const std::string& name) {
   TORCH_CHECK(false, "tempo::models: unknown model preset '", name, "'; known:", known.str());
 }
 
+namespace {
+// In double, so that absurd sizes cannot overflow (exact below 2^53, where validate() stops).
+double parameters(const ModelConfig& c) {
+  const bool llama = c.arch == Arch::kLlama;
+  const double h = static_cast<double>(c.hidden), inter = static_cast<double>(c.intermediate);
+  const double vocab = static_cast<double>(c.vocab), norm = llama ? h : 2 * h;  // RMSNorm: weight; LayerNorm: + bias
+  const double bias = llama ? 0 : 1;
+  double layer = 3 * h * h + bias * 3 * h + h * h + bias * h  // q/k/v and out projections
+                 + 2 * h * inter + bias * (inter + h)         // fc1, fc2
+                 + 2 * norm;
+  if (llama) layer += h * inter;  // the SwiGLU gate
+  double n = vocab * h + (llama ? 0 : static_cast<double>(c.max_positions) * h) + static_cast<double>(c.type_vocab) * h +
+             static_cast<double>(c.layers) * layer;
+  if (c.arch == Arch::kGpt2 || llama) return n + norm + (llama ? h * vocab : 0);  // final norm; LLaMA's LM head
+  const double labels = static_cast<double>(c.num_labels);
+  return n + 2 * h                   // embedding norm
+         + (h * h + h) + 2 * h + vocab  // MLM head: dense, norm, bias
+         + (h * h + h) + (h * labels + labels);  // pooler, classifier
+}
+}  // namespace
+
 void ModelConfig::validate() const {
   const char* m = "tempo::models: invalid config";
   TORCH_CHECK(vocab > 0, m, ": vocab must be positive, got ", vocab);
@@ -99,6 +120,7 @@ void ModelConfig::validate() const {
               ": rope_theta must be positive and finite");
   TORCH_CHECK(arch != Arch::kLlama || head_dim() % 2 == 0, m, ": rotary embeddings need an even head dim");
   TORCH_CHECK(num_labels > 0, m, ": num_labels must be positive");
+  TORCH_CHECK(parameters(*this) < 0x1p53, m, ": ", parameters(*this), " parameters is more than any machine holds");
 }
 
 std::vector<std::string> MemoryPolicy::names() {
@@ -156,6 +178,11 @@ MemoryPolicy MemoryPolicy::parse(const std::string& spec) {
     i = j;
   }
   return p;
+}
+
+int64_t ModelConfig::parameter_count() const {
+  validate();
+  return static_cast<int64_t>(parameters(*this));
 }
 
 }  // namespace tempo::models

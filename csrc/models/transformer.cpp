@@ -6,6 +6,7 @@
 
 #include <cmath>
 
+#include "tempo/memory.h"
 #include "tempo/nn/checkpoint.h"
 #include "tempo/nn/dropout.h"
 #include "tempo/ops/activation.h"
@@ -137,6 +138,12 @@ at::Tensor TransformerLayerImpl::forward(const at::Tensor& x, const at::Tensor& 
 TransformerModelImpl::TransformerModelImpl(ModelConfig config, MemoryPolicy policy)
     : config_(std::move(config)), ops_(std::make_shared<const PolicyOps>(std::move(policy))) {
   config_.validate();
+  // Built on the host (then moved): refused with the sizes rather than killed by the kernel.
+  tempo::memory::check_host_fits(config_.parameter_count() * c10::get_default_dtype().itemsize(),
+                                 "tempo::models::TransformerModel: " + config_.name + " (" +
+                                     std::to_string(config_.layers) + " layers, hidden " +
+                                     std::to_string(config_.hidden) + ", " +
+                                     std::to_string(config_.parameter_count()) + " parameters)");
   reset();
 }
 

@@ -26,6 +26,7 @@ namespace tempo::tools {
 
 using models::MemoryPolicy;
 using models::ModelConfig;
+using memory::format_bytes;
 
 void print_bench_usage(FILE* out) {
   std::fprintf(out,
@@ -62,20 +63,6 @@ int64_t parse_bytes(const std::string& text) {
   else throw std::invalid_argument("tempo bench: unknown size unit '" + unit + "' in '" + text + "' (B, KiB, MiB, GiB, KB, MB, GB)");
   if (!(v > 0)) throw std::invalid_argument("tempo bench: a size must be positive, got '" + text + "'");
   return static_cast<int64_t>(v * mult);
-}
-
-std::string format_bytes(int64_t bytes) {
-  static const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(bytes);
-  int u = 0;
-  while (u < 4 && std::fabs(v) >= 1024.0) {
-    v /= 1024.0;
-    ++u;
-  }
-  char buf[48];
-  if (u == 0) std::snprintf(buf, sizeof buf, "%lld B", static_cast<long long>(bytes));
-  else std::snprintf(buf, sizeof buf, "%.2f %s", v, units[u]);
-  return buf;
 }
 
 namespace {
@@ -157,6 +144,15 @@ ModelConfig config_of(const BenchOptions& o) {
     c.name += suffix.empty() ? "-custom" : suffix;
   }
   c.validate();
+  if (o.device == "cpu") {  // parameters, gradients, AdamW's two moments: refused with the sizes, not killed later
+    try {
+      memory::check_host_fits(4 * c.parameter_count() * (o.dtype == "bf16" ? 2 : 4),
+                              "tempo bench: training " + c.name + " (" + std::to_string(c.parameter_count()) +
+                                  " parameters, with their gradients and AdamW's two moments)");
+    } catch (const c10::Error& e) {
+      throw std::invalid_argument(e.what_without_backtrace());
+    }
+  }
   const std::vector<int64_t> seqs = o.ablation ? o.ablation_seqs : std::vector<int64_t>{o.seq};
   for (int64_t S : seqs) {
     // RoBERTa's positions start after the padding index.

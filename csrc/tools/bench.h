@@ -50,8 +50,6 @@ struct BenchResult {
 BenchOptions parse_bench_args(const std::vector<std::string>& args);
 // "11GiB", "512MiB", "16GB", "1000000" -> bytes.
 int64_t parse_bytes(const std::string& text);
-// bytes -> "2.83 MiB", "512 B", "11.00 GiB": the largest binary unit that keeps the value >= 1.
-std::string format_bytes(int64_t bytes);
 int run_bench(const BenchOptions& options);
 
 // The data-movement account (data_movement.cpp): every operator of one transformer layer's

@@ -14,6 +14,8 @@
 
 namespace tempo::tools {
 
+using memory::format_bytes;
+
 std::vector<memory::OpTraffic> layer_traffic(const BenchOptions& o, const models::ModelConfig& c,
                                              const std::string& policy) {
   const c10::Device device(o.device == "cuda" ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU));

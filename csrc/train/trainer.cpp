@@ -31,6 +31,11 @@ using tempo::models::TransformerModel;
 
 [[noreturn]] void user_error(const std::string& what) { throw std::invalid_argument("tempo train: " + what); }
 
+std::string training_what(const std::string& model, int64_t parameters) {
+  return "training " + model + " (" + std::to_string(parameters) +
+         " parameters, with their gradients and AdamW's two moments)";
+}
+
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -166,6 +171,8 @@ TrainSummary train(const TrainOptions& o, Communicator& comm) {
       ModelConfig c = ModelConfig::preset(o.model);
       c.resize(o.hidden, o.layers, o.heads, o.intermediate, o.positions, corpus.vocab_size);
       if (o.dropout >= 0) c.dropout = c.attention_dropout = o.dropout;
+      if (device.is_cpu())  // parameters, gradients, AdamW's two moments: known before anything is built
+        tempo::memory::check_host_fits(4 * c.parameter_count() * 4, training_what(o.model, c.parameter_count()));
       model = TransformerModel(c, policy);
     }
   } catch (const c10::Error& e) {
@@ -188,6 +195,16 @@ TrainSummary train(const TrainOptions& o, Communicator& comm) {
                " positions");
   model->to(device);
   model->train();
+  if (device.is_cpu()) {  // the gradients and AdamW's two moments come at the first step: refused now, with the
+    // sizes, rather than the process killed by the kernel then
+    int64_t bytes = 0;
+    for (const auto& p : model->parameters()) bytes += 3 * p.numel() * static_cast<int64_t>(p.element_size());
+    try {
+      tempo::memory::check_host_fits(bytes, training_what(o.model, cfg.parameter_count()));
+    } catch (const c10::Error& e) {
+      user_error(e.what_without_backtrace());
+    }
+  }
 
   // ---- optimizer: no weight decay on biases and norms ----
   std::vector<at::Tensor> decay, no_decay;

@@ -89,6 +89,7 @@ def test_ablation_prints_each_technique():
     (["--budget", "lots"], "cannot read a size"),
     (["--plot", "x.png"], "--plot writes SVG"),
     (["--model", "custom", "--arch", "bert", "--hidden", "60", "--heads", "7"], "divisible by heads"),
+    (["--model", "bert-large", "--layers", "100000"], "this host can still allocate"),  # not killed by the kernel
 ])
 def test_bad_arguments_give_clear_errors(args, message):
     r = bench(*args)

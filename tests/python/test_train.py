@@ -141,6 +141,9 @@ def test_bad_input_exits_2_with_a_clear_message_and_keeps_checkpoints(text, tmp_
         (["--data", data, "--tokenizer", tok, "--objective", "clm"], "does not fit a bert"),
         (["--data", data, "--tokenizer", tok, "--policy", "fast"], "unknown memory policy"),
         (["--data", data, "--tokenizer", tok, "--lr", "x"], "must be a non-negative number"),
+        # more than the host holds: refused before building (past it Linux kills the process)
+        (["--data", data, "--tokenizer", tok, "--layers", "1000000", "--intermediate", "100000"],
+         "this host can still allocate"),
     ]
     for extra, message in cases:
         r = train(*TINY, "--steps", "2", *extra, "--out", tmp_path / "bad")

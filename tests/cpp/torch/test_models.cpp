@@ -236,6 +236,43 @@ TEST(Models, BadConfigGivesClearErrors) {
   EXPECT_TRUE(q.inplace_gelu && !q.inplace_norm && !q.bit_dropout && q.attention == "eager");
 }
 
+TEST(Models, ParameterCountIsTheBuiltModels) {
+  for (const std::string arch : {"bert", "roberta", "gpt2", "llama"}) {
+    ModelConfig c = ModelConfig::for_arch(tempo::models::parse_arch(arch));
+    c.resize(/*hidden=*/48, /*layers=*/3, /*heads=*/4, /*intermediate=*/80, /*positions=*/40, /*vocab=*/97);
+    c.num_labels = 5;
+    for (const std::string policy : {"eager", "tempo-fused"}) {
+      auto m = tempo::models::make_model(c, MemoryPolicy::parse(policy));
+      int64_t n = 0;
+      for (const auto& p : m->parameters()) n += p.numel();
+      EXPECT_EQ(c.parameter_count(), n) << arch << " " << policy;
+    }
+  }
+}
+
+TEST(Models, AModelTheHostCannotHoldIsRefusedBeforeAllocating) {
+  const auto avail = tempo::memory::host_available();
+  ASSERT_TRUE(avail.has_value());  // Linux: /proc/meminfo
+  EXPECT_GT(*avail, 0);
+  ModelConfig c = ModelConfig::preset("bert-base");
+  c.layers = 1000000;  // ~7e13 parameters: past any host here, refused before the first allocation
+  try {
+    tempo::models::make_model(c, MemoryPolicy::parse("tempo"));
+    ADD_FAILURE() << "no error";
+  } catch (const c10::Error& e) {
+    const std::string what = e.what_without_backtrace();
+    EXPECT_NE(what.find("TransformerModel: bert-base (1000000 layers, hidden 768, " +
+                        std::to_string(c.parameter_count()) + " parameters) needs "),
+              std::string::npos) << what;
+    EXPECT_NE(what.find("this host can still allocate"), std::string::npos) << what;
+  }
+  c.layers = 1LL << 50;  // absurd sizes are an invalid config, not an overflow
+  EXPECT_THROW(c.validate(), c10::Error);
+  EXPECT_EQ(tempo::memory::format_bytes(512), "512 B");
+  EXPECT_EQ(tempo::memory::format_bytes(3 * 1024 * 1024 / 2), "1.50 MiB");
+  EXPECT_EQ(tempo::memory::format_bytes(int64_t{11} << 40), "11.00 TiB");
+}
+
 }  // namespace
 
 namespace {

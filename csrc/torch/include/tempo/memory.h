@@ -7,6 +7,8 @@
 #include <c10/core/Device.h>
 
 #include <cstdint>
+#include <optional>
+#include <string>
 
 namespace tempo::memory {
 
@@ -40,6 +42,17 @@ class Scope {
   c10::Device device_;
   int64_t start_;
 };
+
+// Bytes this process can still allocate on the host: /proc/meminfo's MemAvailable, capped by
+// its cgroup's limit less its usage; nullopt where neither can be read. Past it Linux does not
+// refuse an allocation but kills the process (SIGKILL), which no exception can report.
+std::optional<int64_t> host_available();
+// A clear error (c10::Error naming `what` and both sizes) when `bytes`, an allocation that is
+// certain to come (a model's parameters, its optimizer state), exceed host_available().
+void check_host_fits(int64_t bytes, const std::string& what);
+
+// bytes -> "512 B", "2.83 MiB", "11.00 GiB": the largest binary unit that keeps the value >= 1.
+std::string format_bytes(int64_t bytes);
 
 }  // namespace tempo::memory
 

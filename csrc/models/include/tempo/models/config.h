@@ -42,6 +42,9 @@ struct ModelConfig {
   // A clear error for an inconsistent shape (hidden not divisible by heads, zero layers, ...).
   void validate() const;
   int64_t head_dim() const { return hidden / heads; }
+  // The parameters TransformerModel(*this) has (tests check it against built models): what a
+  // model needs can be known, and refused, before anything is allocated.
+  int64_t parameter_count() const;
 };
 
 // What the model keeps for backward.
