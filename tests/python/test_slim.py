@@ -31,6 +31,41 @@ def test_chunked_gradients_equal_full_backpropagation(dtype, bound, length, chun
     assert math.isclose(full, chunked, rel_tol=1e-6 if dtype == torch.float32 else 1e-13)
 
 
+def _flat_grads(m):
+    g = torch.cat([p.grad.flatten().double() for p in m.parameters()])
+    m.zero_grad(set_to_none=True)
+    return g
+
+
+def test_low_precision_chunked_gradients_are_as_close_as_full_backpropagations():
+    """Against fp32 full backpropagation from the same weights, a bf16 model's chunked
+    gradients (and an fp32 model's under bf16 autocast) are within 1.5x the error of full
+    backpropagation in the same precision (measured 1.05x pure, 1.1x autocast; summing the
+    chunks' gradients in bf16 .grad gave 6.8x at chunk 1)."""
+    tokens = torch.randint(0, 256, (2, 257), generator=torch.Generator().manual_seed(5))
+    ref = model(max_len=256)
+    slim.full_loss_and_backward(ref, tokens)
+    want = _flat_grads(ref)
+
+    def err(g):
+        return ((g - want).norm() / want.norm()).item()
+
+    low = model(torch.bfloat16, max_len=256)
+    slim.full_loss_and_backward(low, tokens)
+    full = err(_flat_grads(low))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        slim.full_loss_and_backward(ref, tokens)
+    full_autocast = err(_flat_grads(ref))
+    assert full > 1e-4 and full_autocast > 1e-4  # their own rounding: the comparison means something
+    for chunk in (1, 7, 64):
+        slim.loss_and_backward(low, tokens, chunk)
+        assert all(p.grad.dtype == torch.bfloat16 for p in low.parameters())
+        assert err(_flat_grads(low)) <= 1.5 * full, chunk
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            slim.loss_and_backward(ref, tokens, chunk)
+        assert err(_flat_grads(ref)) <= 1.5 * full_autocast, chunk
+
+
 @pytest.mark.parametrize("feature_map", ["relu", "elu", "favor"])
 def test_every_feature_map_trains_exactly(feature_map):
     m = model(torch.float64, feature_map=feature_map)
