@@ -258,9 +258,10 @@ int run_train(const TrainCommand& c) {
   if (rank != 0) return 0;
   if (world > 1) std::printf("data parallel: %d processes (%s)\n", world, nccl ? "NCCL" : "Gloo");
   for (const auto& n : s.notes) std::printf("%s\n", n.c_str());
-  std::printf("steps %lld..%lld: loss %.4f -> %.4f, eval loss %.4f -> %.4f, %.0f tokens/s, peak %.1f MiB\n",
-              static_cast<long long>(s.first_step), static_cast<long long>(s.last_step), s.first_loss, s.last_loss,
-              s.first_eval, s.last_eval, s.tokens_per_s, s.peak_bytes / 1048576.0);
+  if (s.last_step > 0)  // none when a resumed run was already complete
+    std::printf("steps %lld..%lld: loss %.4f -> %.4f, eval loss %.4f -> %.4f, %.0f tokens/s, peak %.1f MiB\n",
+                static_cast<long long>(s.first_step), static_cast<long long>(s.last_step), s.first_loss, s.last_loss,
+                s.first_eval, s.last_eval, s.tokens_per_s, s.peak_bytes / 1048576.0);
   std::printf("log: %s\n", (fs::path(o.out) / "log.csv").c_str());
   if (!c.plot.empty()) return run_plot({c.plot, o.out});
   return 0;

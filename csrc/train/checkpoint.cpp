@@ -65,7 +65,7 @@ std::vector<std::pair<std::string, at::Tensor>> model_tensors(torch::nn::Module&
 }  // namespace
 
 std::string save_checkpoint(const std::string& dir, int64_t step, torch::nn::Module& model,
-                            torch::optim::Optimizer& optimizer, int keep) {
+                            torch::optim::Optimizer& optimizer, int keep, const std::string& settings) {
   const fs::path root(dir), final_path = root / step_name(step), tmp = root / (".tmp-" + step_name(step));
   fs::create_directories(root);
   fs::remove_all(tmp);
@@ -73,6 +73,11 @@ std::string save_checkpoint(const std::string& dir, int64_t step, torch::nn::Mod
   tempo::models::write_safetensors((tmp / "model.safetensors").string(), model_tensors(model));
   torch::save(optimizer, (tmp / "optimizer.pt").string());
   std::vector<std::pair<std::string, at::Tensor>> state{{"step", at::tensor({step}, at::kLong)}};
+  if (!settings.empty()) {  // as bytes: the manifest's checksum covers them with the rest
+    at::Tensor bytes = at::empty({static_cast<int64_t>(settings.size())}, at::kByte);
+    std::copy(settings.begin(), settings.end(), bytes.data_ptr<uint8_t>());
+    state.emplace_back("settings", bytes);
+  }
   {
     auto gen = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(gen.mutex());
@@ -103,7 +108,8 @@ std::string save_checkpoint(const std::string& dir, int64_t step, torch::nn::Mod
 }
 
 std::optional<int64_t> load_latest_checkpoint(const std::string& dir, torch::nn::Module& model,
-                                              torch::optim::Optimizer& optimizer, std::vector<std::string>* skipped) {
+                                              torch::optim::Optimizer& optimizer, std::vector<std::string>* skipped,
+                                              std::string* settings) {
   for (const auto& [step, path] : checkpoints(dir)) {
     const std::string why = verify_manifest(path.string(), kFiles);
     if (!why.empty()) {
@@ -121,6 +127,14 @@ std::optional<int64_t> load_latest_checkpoint(const std::string& dir, torch::nn:
     torch::load(optimizer, (path / "optimizer.pt").string());
     auto state = tempo::models::read_safetensors((path / "state.safetensors").string());
     TORCH_CHECK(state.at("step").item<int64_t>() == step, kOp, ": ", path.string(), " holds another step");
+    if (settings) {
+      const auto it = state.find("settings");
+      settings->clear();
+      if (it != state.end() && it->second.scalar_type() == at::kByte && it->second.dim() == 1) {
+        const at::Tensor b = it->second.contiguous();
+        settings->assign(reinterpret_cast<const char*>(b.data_ptr<uint8_t>()), static_cast<size_t>(b.numel()));
+      }
+    }
     {
       auto gen = at::detail::getDefaultCPUGenerator();
       std::lock_guard<std::mutex> lock(gen.mutex());

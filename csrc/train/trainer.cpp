@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -92,6 +93,50 @@ void truncate_log(const fs::path& log, int64_t step) {
   in.close();
   std::ofstream out(log, std::ios::trunc);
   for (const auto& l : keep) out << l << "\n";
+}
+
+// What an exact resumption needs to be the same, as "--option=value" lines (kept with each
+// checkpoint): a resumed run that changes one goes on, but is told it is no longer the run it
+// continues. The model's shape is checked by the tensors themselves.
+std::string run_settings(const TrainOptions& o, const std::string& objective, int world) {
+  auto num = [](double v) {  // the shortest text that reads back as v
+    char b[40];
+    for (int digits = 1; digits <= 17; ++digits) {
+      std::snprintf(b, sizeof b, "%.*g", digits, v);
+      if (std::strtod(b, nullptr) == v) break;
+    }
+    return std::string(b);
+  };
+  std::error_code ec;
+  const fs::path data = fs::weakly_canonical(fs::path(o.data), ec);
+  std::ostringstream s;
+  s << "--data=" << (ec ? o.data : data.string()) << "\n--objective=" << objective << "\n--policy=" << o.policy
+    << "\n--dtype=" << o.dtype << "\n--seq=" << o.seq << "\n--batch=" << o.batch << "\n--accum=" << o.accum
+    << "\n--processes=" << world << "\n--seed=" << o.seed << "\n--lr=" << num(o.lr) << "\n--warmup=" << o.warmup
+    << "\n--steps=" << o.steps << "\n--weight-decay=" << num(o.weight_decay) << "\n--clip=" << num(o.clip)
+    << "\n--dropout=" << num(o.dropout) << "\n";
+  return s.str();
+}
+
+// "--batch 8 (was 4), --lr 0.001 (was 0.0005)" for the settings that differ; options the
+// saved run did not record are not compared.
+std::string changed_settings(const std::string& saved, const std::string& now) {
+  auto parse = [](const std::string& text) {
+    std::vector<std::pair<std::string, std::string>> kv;
+    std::istringstream in(text);
+    std::string line;
+    while (std::getline(in, line)) {
+      const auto eq = line.find('=');
+      if (eq != std::string::npos) kv.emplace_back(line.substr(0, eq), line.substr(eq + 1));
+    }
+    return kv;
+  };
+  const auto before = parse(saved);
+  std::string out;
+  for (const auto& [key, value] : parse(now))
+    for (const auto& [k, v] : before)
+      if (k == key && v != value) out += (out.empty() ? "" : ", ") + key + " " + value + " (was " + v + ")";
+  return out;
 }
 
 }  // namespace
@@ -220,13 +265,28 @@ TrainSummary train(const TrainOptions& o, Communicator& comm) {
   TrainSummary summary;
   if (!tokenizer_note.empty()) summary.notes.push_back(tokenizer_note);
   int64_t start = 0;
+  const std::string settings = run_settings(o, objective, comm.world());
   if (o.resume) {
     std::vector<std::string> skipped;
-    const auto step = load_latest_checkpoint(ckdir.string(), *model, opt, &skipped);
+    std::string saved;
+    const auto step = load_latest_checkpoint(ckdir.string(), *model, opt, &skipped, &saved);
     for (const auto& s : skipped) summary.notes.push_back("skipped a damaged checkpoint: " + s);
     if (!step) user_error("--resume, but no checkpoint in " + ckdir.string() + " verifies");
     start = *step;
+    if (o.steps < start)
+      user_error("--steps " + std::to_string(o.steps) + " is before the checkpoint's step " + std::to_string(start) +
+                 " (give --steps " + std::to_string(start) + " or more)");
     summary.notes.push_back("resumed from step " + std::to_string(start));
+    if (o.steps == start)
+      summary.notes.push_back("the run is complete: the checkpoint is at step " + std::to_string(start) +
+                              " of --steps " + std::to_string(o.steps) + " (raise --steps to train on)");
+    const std::string changed = changed_settings(saved, settings);
+    if (!changed.empty()) {
+      const std::string note = "resumed with " + changed + ": the run goes on from step " + std::to_string(start) +
+                               ", but not as the uninterrupted run would have";
+      summary.notes.push_back(note);
+      if (lead && o.progress) std::fprintf(stderr, "tempo train: %s\n", note.c_str());  // now, not only at the end
+    }
     if (lead && fs::exists(log)) truncate_log(log, start);
   }
   if (lead) {
@@ -352,7 +412,7 @@ TrainSummary train(const TrainOptions& o, Communicator& comm) {
       std::fflush(stderr);
     }
     if (o.save_every > 0 && (step % o.save_every == 0 || step == o.steps)) {
-      if (lead) save_checkpoint(ckdir.string(), step, *model, opt);
+      if (lead) save_checkpoint(ckdir.string(), step, *model, opt, 2, settings);
       comm.barrier();
     }
   }

@@ -87,11 +87,33 @@ def test_kill_and_resume_gives_the_uninterrupted_losses_bitwise(text, tmp_path):
     assert n < 30, "the run ended before it was killed"
     r = train(*args, "--out", b, "--resume")
     assert r.returncode == 0, r.stderr
-    assert "resumed from step" in r.stdout
+    assert "resumed from step" in r.stdout and "resumed with" not in r.stdout  # nothing changed
     _, ra = log_rows(a)
     _, rb = log_rows(b)
     keys = ("step", "loss", "lr", "eval_loss", "grad_norm")
     assert [[x[k] for k in keys] for x in rb] == [[x[k] for k in keys] for x in ra]  # bitwise, as printed
+
+
+def test_resuming_with_other_settings_is_told_and_a_complete_run_is_a_no_op(text, tmp_path):
+    """A resumed run whose options differ from the checkpoint's (kept with it) goes on and is
+    told which; one already at --steps does nothing; --steps before the checkpoint is refused."""
+    data, tok = text
+    args = [*TINY, "--data", data, "--tokenizer", tok, "--eval-every", "0", "--save-every", "2"]
+    out = tmp_path / "run"
+    assert train(*args, "--steps", "4", "--out", out).returncode == 0
+    log = (out / "log.csv").read_text()
+    r = train(*args, "--steps", "4", "--out", out, "--resume")
+    assert r.returncode == 0 and "the run is complete" in r.stdout and "\nsteps " not in r.stdout, r.stdout
+    assert "resumed with" not in r.stdout and (out / "log.csv").read_text() == log
+    r = train(*args, "--steps", "2", "--out", out, "--resume")
+    assert r.returncode == 2 and "--steps 2 is before the checkpoint's step 4" in r.stderr, r.stderr
+    assert (out / "log.csv").read_text() == log
+    r = train(*args, "--steps", "6", "--lr", "0.001", "--batch", "8", "--out", out, "--resume")
+    assert r.returncode == 0, r.stderr
+    assert ("resumed with --batch 8 (was 4), --lr 0.001 (was 0.0005), --steps 6 (was 4): the run goes on from "
+            "step 4, but not as the uninterrupted run would have") in r.stdout, r.stdout
+    _, rows = log_rows(out)
+    assert [x["step"] for x in rows] == ["1", "2", "3", "4", "5", "6"]
 
 
 def test_a_damaged_newest_checkpoint_is_skipped_and_the_previous_used(text, tmp_path):

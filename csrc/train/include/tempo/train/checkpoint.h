@@ -16,13 +16,16 @@
 namespace tempo::train {
 
 // Writes DIR/step-<step> (and removes all but the newest `keep`). Returns its path.
+// `settings`: text the caller wants back at resume (the trainer's run options), kept with the
+// step and checked by the manifest like the rest.
 std::string save_checkpoint(const std::string& dir, int64_t step, torch::nn::Module& model,
-                            torch::optim::Optimizer& optimizer, int keep = 2);
+                            torch::optim::Optimizer& optimizer, int keep = 2, const std::string& settings = "");
 
 // The newest checkpoint under DIR that verifies, loaded into model and optimizer (and the
 // generators' states restored); its step, or nullopt when there is none. Each damaged one
-// skipped adds a line to `skipped`.
+// skipped adds a line to `skipped`; `settings`, if given, receives what save_checkpoint kept.
 std::optional<int64_t> load_latest_checkpoint(const std::string& dir, torch::nn::Module& model,
-                                              torch::optim::Optimizer& optimizer, std::vector<std::string>* skipped);
+                                              torch::optim::Optimizer& optimizer, std::vector<std::string>* skipped,
+                                              std::string* settings = nullptr);
 
 }  // namespace tempo::train
