@@ -1,7 +1,7 @@
 """Hugging Face checkpoints in C++ (tempo::models::load_pretrained / save_pretrained, through
 build/pretrained_tool): the pretrained all-MiniLM-L6-v2 gives transformers' hidden states under
 every memory policy; models of each family saved by C++ load in transformers with the same
-outputs; damaged files and unsupported configs are refused with clear errors."""
+outputs, and as transformers saves them (fp32, bf16, sharded) in C++; damaged files and unsupported configs are refused with clear errors."""
 import json
 import math
 import os
@@ -112,6 +112,48 @@ def test_saved_by_cpp_loads_in_transformers_with_the_same_outputs(arch, auto, tm
     missing = [n for n in state if n not in saved and "position_ids" not in n]
     # Only weights tied to the embeddings (and BERT's decoder bias, tied to the head's bias) are not written.
     assert all(("decoder" in n or "lm_head" in n) for n in missing), missing
+
+
+def _tiny_transformers(arch):
+    torch.manual_seed(0)
+    small = dict(num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, vocab_size=100)
+    model = {
+        "bert": lambda: transformers.BertModel(transformers.BertConfig(hidden_size=64, **small)),
+        "roberta": lambda: transformers.RobertaModel(transformers.RobertaConfig(hidden_size=64,
+                                                                                max_position_embeddings=66, **small)),
+        "gpt2": lambda: transformers.GPT2Model(transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=100,
+                                                                       n_positions=64)),
+        "llama": lambda: transformers.LlamaModel(transformers.LlamaConfig(
+            hidden_size=64, num_key_value_heads=4, max_position_embeddings=64, tie_word_embeddings=True, **small)),
+    }[arch]().eval()
+    with torch.no_grad():  # norms away from their initial values
+        for n, p in model.named_parameters():
+            if "norm" in n.lower() or "ln_" in n:
+                p.add_(torch.randn_like(p) * 0.3)
+    return model
+
+
+@pytest.mark.parametrize("variant", ["fp32", "bf16", "sharded"])
+@pytest.mark.parametrize("arch", ["bert", "roberta", "gpt2", "llama"])
+def test_saved_by_transformers_loads_in_cpp_with_the_same_outputs(arch, variant, tmp_path):
+    """The other direction: a model of each family as transformers saves it (fp32, bf16 weights,
+    or sharded with an index) gives transformers' hidden states in C++ on the real tokens of a
+    padded batch."""
+    model, folder = _tiny_transformers(arch), tmp_path / arch
+    if variant == "bf16":
+        model.to(torch.bfloat16).save_pretrained(folder)
+        model = type(model).from_pretrained(folder, dtype=torch.float32).eval()  # the weights C++ reads
+    else:
+        model.save_pretrained(folder, **({"max_shard_size": "40KB"} if variant == "sharded" else {}))
+    assert (folder / "model.safetensors.index.json").exists() == (variant == "sharded")
+    ids = torch.randint(3, 100, (2, 9), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[1, 6:] = 0
+    with torch.no_grad():
+        ref = model(input_ids=ids, attention_mask=mask).last_hidden_state
+    for policy in ("eager", "tempo"):
+        h, _ = cpp_hidden(folder, policy, ids, mask, tmp_path)
+        torch.testing.assert_close(h[mask.bool()], ref[mask.bool()], rtol=1e-5, atol=1e-5, msg="%s %s" % (arch, policy))
 
 
 def test_minilm_saved_again_keeps_every_tensor_bitwise(tmp_path):
