@@ -202,8 +202,10 @@ def auto(model, make_batch, budget=None, method="fast", loss_fn=None, steps=3, m
         base = results["baseline (as given)"]
         fitting = {k: v for k, v in results.items() if v[3] is not None}
         if not fitting:
+            grads = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
             raise ValueError("tempo.auto: the model does not fit the budget (%.3f GiB) at batch 1, with or without "
-                             "tempo" % (budget / 2**30))
+                             "tempo (its parameters, buffers and gradients alone take %.3f GiB)"
+                             % (budget / 2**30, (held_by_model + grads) / 2**30))
         if method == "fast":
             t = results.get("tempo: all")
             if t is not None and t[3] is not None and (base[3] is None or (t[3] > base[3] and t[4] > base[4])):

@@ -188,6 +188,21 @@ def test_auto_on_minilm_keeps_its_outputs():
     torch.testing.assert_close(model(**batch).logits, ref(**batch).logits, rtol=1e-4, atol=1e-4)
 
 
+def test_auto_tempo_example_runs_and_reports_a_budget_too_small_in_one_line(tmp_path):
+    folder = tmp_path / "bert"
+    small_bert().save_pretrained(folder)
+    example = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "python", "auto_tempo.py")
+    env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(__file__), "..", "..", "python"))
+    run = [sys.executable, example, "--model", str(folder), "--seq", str(S), "--steps", "1", "--budget"]
+    r = subprocess.run(run + ["10MiB"], capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 0 and "<- chosen" in r.stdout, r.stderr[-2000:]
+    held = sum(p.numel() * p.element_size() for p in small_bert().parameters())
+    r = subprocess.run(run + [str(held + 50_000)], capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert r.stderr.strip().splitlines()[-1].startswith("tempo.auto: the model does not fit the budget"), r.stderr
+    assert "gradients alone take" in r.stderr
+
+
 # ---- python -m tempo.bench ---------------------------------------------------------------------
 
 def test_bench_module_on_a_local_folder(tmp_path):
