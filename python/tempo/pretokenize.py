@@ -36,10 +36,11 @@ def main(argv=None):
     sep = tok.sep_token_id if tok.sep_token_id is not None else tok.eos_token_id
     ids, total = [], 0
     for f in text_files(a.data):
-        text = open(f, encoding="utf-8", errors="replace").read()
+        raw = open(f, "rb").read()
         if a.max_bytes:
-            text = text[: max(a.max_bytes - total, 0)]
-        total += len(text)
+            raw = raw[: max(a.max_bytes - total, 0)]
+        total += len(raw)
+        text = raw.decode("utf-8", errors="replace")  # a character cut at the limit becomes one U+FFFD
         for para in text.split("\n\n"):
             if para.strip():
                 ids.extend(tok(para, add_special_tokens=False)["input_ids"])
