@@ -457,6 +457,37 @@ def test_torch_compile_full_graph_of_a_patched_model(family):
             torch.testing.assert_close(p.grad, grads[n].grad, rtol=1e-5, atol=1e-6)
 
 
+def test_torch_compile_keeps_what_tempo_saves():
+    """Under torch.compile (inductor, the default backend) a patched BERT with dropout keeps
+    what it keeps eagerly after the forward (bytes counted by tempo's CPU allocator), and less
+    than the compiled unpatched model, whose partitioner already trims eager's (measured on
+    this test's model: 7.74 MiB eager, 6.77 compiled, 4.93 tempo, 4.93 tempo compiled)."""
+    cfg = transformers.BertConfig(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, intermediate_size=512,
+                                  vocab_size=500, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
+                                  attn_implementation="eager")
+    torch.manual_seed(0)
+    base = transformers.BertForMaskedLM(cfg).train()
+    ids = torch.randint(0, 500, (4, 64), generator=torch.Generator().manual_seed(1))
+    tempo.memory.track()
+
+    def held(model):
+        for _ in range(2):  # the first call compiles
+            with tempo.memory.Scope() as scope:
+                logits = model(input_ids=ids).logits
+                loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), ids.flatten())
+                scope.update()
+            loss.backward()
+            del logits, loss
+        return scope.held
+
+    eager, compiled = held(copy.deepcopy(base)), held(torch.compile(copy.deepcopy(base)))
+    ours = held(tempo.optimize(copy.deepcopy(base), attention="tempo", fused=True))
+    ours_compiled = held(torch.compile(tempo.optimize(copy.deepcopy(base), attention="tempo", fused=True)))
+    print("held after the forward, MiB: eager %.2f, compiled %.2f, tempo %.2f, tempo compiled %.2f"
+          % (eager / 2**20, compiled / 2**20, ours / 2**20, ours_compiled / 2**20))
+    assert ours_compiled <= ours < 0.8 * compiled and compiled < eager
+
+
 @pytest.mark.parametrize("mode", ["ddp", "fsdp"])
 def test_two_gloo_processes_equal_one_process_with_the_combined_batch(tmp_path, mode):
     """DistributedDataParallel, and FSDP2 (fully_shard), over Gloo (2 processes on this
