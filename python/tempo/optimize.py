@@ -6,6 +6,7 @@ and isinstance checks are unaffected; modules keep their eps, dropout p, train/e
 dtype and device. What is patched is declared in RULES, one row per layer type: which
 modules it matches, which technique it belongs to, and how it is replaced.
 """
+import copy
 import sys
 import warnings
 
@@ -72,9 +73,17 @@ def _probe(m, forward, *shapes):
     agree to within a few units of the module's dtype. Matching HF layers by name and
     attributes alone would patch, say, Gemma's RMSNorm (x-hat * (1 + w)) as Llama's (x-hat * w)."""
     p = next(m.parameters(), None)
-    if p is None or p.device.type == "meta":
-        raise _Differs("its forward cannot be probed (no parameters, or on the meta device)")
+    if p is None:
+        raise _Differs("its forward cannot be probed (no parameters)")
     g = torch.Generator().manual_seed(0)
+    if p.device.type == "meta":  # a model built without storage (to be loaded later, e.g. under FSDP): what the
+        # forward computes does not depend on the values, so a CPU copy with random ones is probed instead
+        m = copy.deepcopy(m).to_empty(device="cpu")
+        with torch.no_grad():
+            for t in list(m.parameters()) + list(m.buffers()):
+                if t.is_floating_point():
+                    t.copy_(torch.randn(t.shape, generator=g))
+        p = next(m.parameters())
     xs = [torch.randn(s, generator=g).to(p.device, p.dtype) for s in shapes]
     modes = [(x, x.training) for x in m.modules()]
     m.eval()

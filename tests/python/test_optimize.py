@@ -283,6 +283,49 @@ def test_rms_norms_of_other_forms_are_recognised_by_probing(family):
     assert forward == ("_hf_rms_norm_offset_forward" if family == "gemma" else "_hf_rms_norm_forward")
 
 
+@pytest.mark.parametrize("family", ["bert", "llama", "gemma"])
+def test_a_model_built_on_the_meta_device_is_patched_as_one_built_on_cpu(family):
+    """Large models are built without storage and loaded afterwards (meta device, then
+    to_empty and the weights, as under FSDP): the patch-time probe runs on a CPU copy, so the
+    same layers are patched as on a CPU-built model, in the same form (Gemma's 1 + w), and
+    after loading every gradient matches the unpatched model's."""
+    cls, cfg = {
+        "bert": (transformers.BertForMaskedLM, transformers.BertConfig(
+            hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, vocab_size=128,
+            hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)),
+        "llama": (transformers.LlamaForCausalLM, transformers.LlamaConfig(
+            hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+            vocab_size=128)),
+        "gemma": (transformers.GemmaForCausalLM, transformers.GemmaConfig(
+            hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+            head_dim=16, vocab_size=128)),
+    }[family]
+    torch.manual_seed(0)
+    ref = cls(cfg).train()
+    with torch.no_grad():
+        for n, p in ref.named_parameters():
+            if "norm" in n.lower():
+                p.normal_(0, 0.5)
+    fused = family == "bert"
+    on_cpu = tempo.optimize(copy.deepcopy(ref), attention="tempo", fused=fused)
+    with torch.device("meta"):
+        ours = cls(cfg)
+    tempo.optimize(ours, attention="tempo", fused=fused)
+    assert tempo.report(ours).rows == tempo.report(on_cpu).rows
+    assert [type(m).__name__ for m in ours.modules()] == [type(m).__name__ for m in on_cpu.modules()]
+    ours.to_empty(device="cpu")
+    ours.tie_weights()  # to_empty unties the embeddings and the head
+    ours.load_state_dict(ref.state_dict())
+    buffers = dict(ours.named_buffers())
+    for n, b in ref.named_buffers():  # those not in the state dict (rotary frequencies)
+        buffers[n].copy_(b)
+    ours.train()
+    want, got = grads(ref, lm_loss), grads(ours, lm_loss)
+    assert got.keys() == want.keys()
+    worst = max(rel(got[n], want[n]) for n in want if "key.bias" not in n)
+    assert worst < 1e-5, worst
+
+
 class _CenteredRMSNorm(torch.nn.Module):  # named like an RMSNorm, with weight and eps, but centred first
     def __init__(self, n):
         super().__init__()
