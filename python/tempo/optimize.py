@@ -238,6 +238,19 @@ def _qkv_split_forward(self, hidden_states, attention_mask=None, cache=None, **k
     return out.reshape(*hidden_states.shape[:-1], -1).contiguous(), weights
 
 
+def _is_functional_gelu_layer(m):
+    # torch's own TransformerEncoderLayer / TransformerDecoderLayer with activation="gelu":
+    # its activation is the function F.gelu, an attribute rather than a child module
+    return (type(m) in (torch.nn.TransformerEncoderLayer, torch.nn.TransformerDecoderLayer)
+            and getattr(m, "activation", None) is F.gelu)
+
+
+def _functional_gelu(m):
+    m.activation = tnn.GELU("none")  # a child module now; restore puts the function back
+    m.__dict__["_tempo_replaced_attribute"] = ("activation", F.gelu)
+    return m
+
+
 def _act_class(*names):
     def match(m):
         return type(m).__name__ in names and type(m).__module__.startswith("transformers.")
@@ -254,6 +267,7 @@ RULES = [
     ("layer_norm", lambda m: type(m) is torch.nn.LayerNorm, _layer_norm),
     ("rms_norm", lambda m: type(m) is torch.nn.RMSNorm or _is_hf_rms_norm(m), _rms_norm),
     ("gelu", lambda m: type(m) is torch.nn.GELU, lambda m: tnn.GELU(m.approximate)),
+    ("gelu", _is_functional_gelu_layer, _functional_gelu),
     ("gelu", _act_class("GELUActivation"), _gelu("none")),
     ("gelu", _act_class("NewGELUActivation", "GELUTanh", "PytorchGELUTanh"), _gelu("tanh")),
     ("silu", lambda m: type(m) is torch.nn.SiLU or _act_class("SiLUActivation")(m), lambda m: tnn.SiLU()),
@@ -476,6 +490,8 @@ def optimize(model: torch.nn.Module, techniques="all", attention: str = "keep", 
                 if new is not child:
                     setattr(parent, name, new)
                     undo.append(("child", parent, name, child))
+                elif "_tempo_replaced_attribute" in new.__dict__:
+                    undo.append(("attribute", new, *new.__dict__.pop("_tempo_replaced_attribute")))
                 else:
                     undo.append(("class", child, original_class))
                 rows.append((path, original_class.__name__, rule[0], "patched"))
@@ -526,6 +542,10 @@ def restore(model: torch.nn.Module) -> torch.nn.Module:
             _, root, implementation = entry
             root.set_attn_implementation(implementation)
             root.__dict__.pop("_tempo_attention_marker", None)
+        elif entry[0] == "attribute":
+            _, module, name, value = entry
+            module._modules.pop(name, None)
+            setattr(module, name, value)
         elif entry[0] == "child":
             _, parent, name, child = entry
             current = getattr(parent, name)

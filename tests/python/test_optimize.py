@@ -326,6 +326,40 @@ def test_a_model_built_on_the_meta_device_is_patched_as_one_built_on_cpu(family)
     assert worst < 1e-5, worst
 
 
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_torch_transformer_encoder_with_a_functional_gelu(norm_first):
+    """torch's own nn.TransformerEncoder with activation="gelu" (the function F.gelu, not a
+    module): its activation is patched as well as its norms and dropouts; gradients match,
+    the state dict is unchanged, and restore puts the function back."""
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0, activation="gelu", batch_first=True,
+                                             norm_first=norm_first)
+    ref = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).train()
+    with torch.no_grad():
+        for n, p in ref.named_parameters():
+            if "norm" in n:
+                p.normal_(0, 0.5)
+    ours = tempo.optimize(copy.deepcopy(ref))
+    rows = {r[0]: r for r in tempo.report(ours).rows}
+    assert rows["layers.0"][1:] == ("TransformerEncoderLayer", "gelu", "patched")
+    assert isinstance(ours.layers[1].activation, tnn.GELU) and ours.state_dict().keys() == ref.state_dict().keys()
+    x = torch.randn(3, 10, 64, generator=torch.Generator().manual_seed(1))
+    pad = torch.zeros(3, 10, dtype=torch.bool)
+    pad[0, 7:] = True
+
+    def loss(m):
+        return m(x, src_key_padding_mask=pad).square().mean()
+
+    want, got = grads(ref, loss), grads(ours, loss)
+    assert max(rel(got[n], want[n]) for n in want) < 1e-5
+    tempo.restore(ours)
+    assert all(lyr.activation is torch.nn.functional.gelu for lyr in ours.layers)
+    assert "activation" not in ours.layers[0]._modules
+    ours.eval(), ref.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x, src_key_padding_mask=pad), ref(x, src_key_padding_mask=pad), rtol=0, atol=0)
+
+
 class _CenteredRMSNorm(torch.nn.Module):  # named like an RMSNorm, with weight and eps, but centred first
     def __init__(self, n):
         super().__init__()
