@@ -5,6 +5,8 @@
 #include <cmath>
 #include <sstream>
 
+#include "tempo/memory.h"
+
 namespace tempo::models {
 
 namespace {
@@ -40,6 +42,23 @@ void PerformerConfig::validate() const {
   TORCH_CHECK(mode == "iterative" || mode == "prefix", kOp, ": mode must be iterative or prefix, got '", mode, "'");
   TORCH_CHECK(features >= 0 && attention_eps > 0 && norm_eps > 0, kOp,
               ": features must be >= 0 and the epsilons positive");
+  const double d = static_cast<double>(d_model), f = static_cast<double>(ffn), v = static_cast<double>(vocab);
+  const double n = v * d + static_cast<double>(layers) * (4 * d + 4 * d * d + 4 * d + 2 * d * f + f + d) + 2 * d +
+                   d * v + v;  // in double: absurd sizes cannot overflow
+  TORCH_CHECK(n < 0x1p53, kOp, ": ", n, " parameters is more than any machine holds");
+}
+
+int64_t PerformerConfig::parameter_count() const {
+  validate();
+  // embedding; per block two LayerNorms, q/k/v and out projections, the FFN; final LayerNorm, head
+  const int64_t d = d_model, f = ffn;
+  return vocab * d + layers * (4 * d + 4 * d * d + 4 * d + 2 * d * f + f + d) + 2 * d + d * vocab + vocab;
+}
+
+int64_t PerformerConfig::buffer_count() const {
+  validate();
+  const int64_t head_dim = d_model / heads;
+  return feature_map == "favor" ? layers * (features > 0 ? features : head_dim) * head_dim : 0;
 }
 
 // ---- one block ------------------------------------------------------------------------------
@@ -83,6 +102,10 @@ PerformerBlockImpl::forward_rebuilding(const at::Tensor& x, const tempo::nn::Lin
 
 PerformerLMImpl::PerformerLMImpl(PerformerConfig config, const MemoryPolicy& policy) : config_(std::move(config)) {
   config_.validate();
+  tempo::memory::check_host_fits(
+      (config_.parameter_count() + config_.buffer_count()) * c10::get_default_dtype().itemsize(),
+      std::string(kOp) + ": " + config_.name + " (" + std::to_string(config_.layers) + " layers, d_model " +
+          std::to_string(config_.d_model) + ", " + std::to_string(config_.parameter_count()) + " parameters)");
   TORCH_CHECK(!policy.checkpoint, kOp, ": memory policy '", policy.name,
               "' checkpoints layers; SLiM's chunks already bound the memory (use eager or tempo)");
   ops_ = std::make_shared<const PolicyOps>(policy);

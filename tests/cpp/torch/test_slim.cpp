@@ -145,6 +145,29 @@ TEST(Slim, Bf16ChunkedGradientsAreAsCloseAsFullBackpropagations) {
   }
 }
 
+TEST(PerformerLM, ParameterCountIsTheBuiltModelsAndAHugeOneIsRefused) {
+  for (const char* fm : {"relu", "favor"}) {
+    PerformerConfig c = small(fm);
+    c.features = std::string(fm) == "favor" ? 5 : 0;
+    PerformerLM m = make(c, "tempo", at::kFloat);
+    int64_t params = 0, buffers = 0;
+    for (const auto& p : m->parameters()) params += p.numel();
+    for (const auto& b : m->buffers()) buffers += b.numel();
+    EXPECT_EQ(c.parameter_count(), params) << fm;
+    EXPECT_EQ(c.buffer_count(), buffers) << fm;
+  }
+  PerformerConfig huge = small();
+  huge.layers = 10000000, huge.d_model = 1024, huge.heads = 4, huge.ffn = 4096;  // ~1.3e14 parameters
+  try {
+    PerformerLM m(huge, MemoryPolicy::parse("tempo"));
+    ADD_FAILURE() << "no error";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("this host can still allocate"), std::string::npos) << e.what();
+  }
+  huge.layers = int64_t{1} << 50;
+  EXPECT_THROW(huge.validate(), c10::Error);
+}
+
 TEST(Slim, EveryFeatureMapModeAndPolicyAndAWeightedLoss) {
   for (const char* fm : {"relu", "elu", "favor"})
     for (const char* mode : {"iterative", "prefix"})

@@ -37,6 +37,10 @@ struct PerformerConfig {
   static PerformerConfig preset(const std::string& name);
   static std::vector<std::string> presets();
   void validate() const;  // clear errors for inconsistent sizes
+  // The parameters PerformerLM(*this) has (tests check it against built models), and the
+  // elements of its buffers (FAVOR+'s projections): known, and refused, before allocating.
+  int64_t parameter_count() const;
+  int64_t buffer_count() const;
 };
 
 using LayerStates = std::vector<tempo::nn::LinearAttentionState>;  // one per block
