@@ -1,6 +1,7 @@
 // The `tempo` command line: `tempo --version`, `tempo env`, `tempo bench`, `tempo slim`,
 // `tempo train`, `tempo plot`.
 #include <ATen/Parallel.h>
+#include <c10/util/Logging.h>
 #include <torch/cuda.h>
 #include <torch/version.h>
 
@@ -56,6 +57,10 @@ int env() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // LibTorch programs start with c10's enforce checks fatal (torch's Python module turns this
+  // off): a failed CPU allocation would abort the process instead of throwing an error that
+  // reaches the handlers below.
+  FLAGS_caffe2_use_fatal_for_enforce = false;
   if (argc < 2) {
     usage(stderr);
     return 2;

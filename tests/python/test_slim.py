@@ -213,6 +213,21 @@ def test_cli_json_fields_discrepancy_and_memory(tmp_path):
 
 
 @pytest.mark.skipif(not os.path.exists(BIN), reason="build/tempo is not built")
+def test_cli_out_of_host_memory_is_an_error_not_an_abort():
+    """Past what the host gives (here an address-space limit, which MemAvailable does not see),
+    a failed allocation is an error message and exit 1: LibTorch starts C++ programs with
+    c10's enforce checks fatal (abort, SIGABRT), which `tempo` turns off as Python does."""
+    import resource
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+
+    r = subprocess.run([BIN, "slim", "--preset", "copy", "--layers", "60", "--d-model", "1024", "--ffn", "8192",
+                        "--chunks", "64"], capture_output=True, text=True, timeout=600, preexec_fn=limit)
+    assert r.returncode == 1 and "can't allocate memory" in r.stderr, (r.returncode, r.stderr[-1000:])
+
+
+@pytest.mark.skipif(not os.path.exists(BIN), reason="build/tempo is not built")
 def test_cli_errors():
     for args, message in ((["--chunks", "0"], "--chunks must be a positive integer"),
                           (["--chunks", "8,x"], "--chunks must be a positive integer"),
