@@ -1,11 +1,13 @@
 // Trains a small MLP with tempo::nn::GELU for a few steps and checks it against the same
 // MLP with torch::nn::GELU from the same initial weights: exits non-zero on a mismatch.
+#include <c10/util/Logging.h>
 #include <tempo/nn.h>
 #include <torch/torch.h>
 
 #include <cstdio>
 
 int main() {
+  FLAGS_caffe2_use_fatal_for_enforce = false;  // failed checks throw c10::Error rather than abort
   torch::manual_seed(0);
   auto make = [](torch::nn::AnyModule act) {
     torch::manual_seed(0);
