@@ -137,8 +137,8 @@ def test_auto_on_a_users_module_around_a_transformers_model():
     """The transformers model inside is found, so attention is among the candidates; token
     ids passed positionally are counted as tokens (tokens/s = samples/s x sequence)."""
     model = _Classifier()
-    rep = tempo.auto(model, lambda b: (make_batch(b)["input_ids"],), budget="3MiB", method="fine", steps=1,
-                     loss_fn=lambda out: out.square().mean())
+    rep = tempo.auto(model, lambda b: (make_batch(b)["input_ids"],), budget="8MiB", method="fine", steps=1,
+                     max_batch=4, loss_fn=lambda out: out.square().mean())
     rows = {r[0]: r for r in rep.rows}
     assert "tempo: attention only" in rows, str(rep)
     for name, mb, sps, tps in rep.rows:
