@@ -11,7 +11,15 @@ namespace tempo::models {
 
 namespace {
 const char* kOp = "tempo::models::PerformerLM";
+
+// In double, so that absurd sizes cannot overflow (exact below 2^53, where validate() stops):
+// the embedding; per block two LayerNorms, the q/k/v and out projections, the FFN; the final
+// LayerNorm and the head.
+double parameters(const PerformerConfig& c) {
+  const double d = static_cast<double>(c.d_model), f = static_cast<double>(c.ffn), v = static_cast<double>(c.vocab);
+  return v * d + static_cast<double>(c.layers) * (4 * d + 4 * d * d + 4 * d + 2 * d * f + f + d) + 2 * d + d * v + v;
 }
+}  // namespace
 
 // ---- configuration --------------------------------------------------------------------------
 
@@ -42,17 +50,12 @@ void PerformerConfig::validate() const {
   TORCH_CHECK(mode == "iterative" || mode == "prefix", kOp, ": mode must be iterative or prefix, got '", mode, "'");
   TORCH_CHECK(features >= 0 && attention_eps > 0 && norm_eps > 0, kOp,
               ": features must be >= 0 and the epsilons positive");
-  const double d = static_cast<double>(d_model), f = static_cast<double>(ffn), v = static_cast<double>(vocab);
-  const double n = v * d + static_cast<double>(layers) * (4 * d + 4 * d * d + 4 * d + 2 * d * f + f + d) + 2 * d +
-                   d * v + v;  // in double: absurd sizes cannot overflow
-  TORCH_CHECK(n < 0x1p53, kOp, ": ", n, " parameters is more than any machine holds");
+  TORCH_CHECK(parameters(*this) < 0x1p53, kOp, ": ", parameters(*this), " parameters is more than any machine holds");
 }
 
 int64_t PerformerConfig::parameter_count() const {
   validate();
-  // embedding; per block two LayerNorms, q/k/v and out projections, the FFN; final LayerNorm, head
-  const int64_t d = d_model, f = ffn;
-  return vocab * d + layers * (4 * d + 4 * d * d + 4 * d + 2 * d * f + f + d) + 2 * d + d * vocab + vocab;
+  return static_cast<int64_t>(parameters(*this));
 }
 
 int64_t PerformerConfig::buffer_count() const {

@@ -2,9 +2,9 @@
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
+#include <torch/csrc/autograd/autograd.h>
 
 #include <algorithm>
-#include <torch/csrc/autograd/autograd.h>
 
 namespace tempo::slim {
 

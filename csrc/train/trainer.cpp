@@ -240,8 +240,8 @@ TrainSummary train(const TrainOptions& o, Communicator& comm) {
                " positions");
   model->to(device);
   model->train();
-  if (device.is_cpu()) {  // the gradients and AdamW's two moments come at the first step: refused now, with the
-    // sizes, rather than the process killed by the kernel then
+  if (device.is_cpu() && fs::is_directory(o.model)) {  // a preset was checked before it was built; a folder's
+    // gradients and AdamW's two moments come at the first step: refused now, rather than the process killed then
     int64_t bytes = 0;
     for (const auto& p : model->parameters()) bytes += 3 * p.numel() * static_cast<int64_t>(p.element_size());
     try {

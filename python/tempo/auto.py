@@ -126,8 +126,8 @@ def auto(model, make_batch, budget=None, method="fast", loss_fn=None, steps=3, m
     if "_tempo_undo" in model.__dict__:
         raise ValueError("tempo.auto: the model is already patched by tempo.optimize; tempo.restore it first")
     loss_of = loss_fn or _loss
-    transformers_model = any(_uses_attention_registry(m) for _, m in _transformers_models(model))  # else its
-    # attention cannot be switched
+    # attention is a candidate only where it can be switched (a transformers model using the registry)
+    transformers_model = any(_uses_attention_registry(m) for _, m in _transformers_models(model))
     was_training = model.training
     model.train()
 
