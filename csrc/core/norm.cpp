@@ -53,19 +53,20 @@ template <typename T>
 double param_at(const void* p, int64_t j, double absent) {
   return p ? static_cast<double>(math::to_float(static_cast<const T*>(p)[j])) : absent;
 }
-template <typename T>
+template <typename P>
 int64_t kept_columns(DType dtype, const void* weight, const void* bias, int64_t cols, int64_t* out) {
   int64_t k = 0;
   for (int64_t j = 0; j < cols; ++j)
-    if (!norm_column_recoverable(dtype, param_at<T>(weight, j, 1.0), param_at<T>(bias, j, 0.0))) out[k++] = j;
+    if (!norm_column_recoverable(dtype, param_at<P>(weight, j, 1.0), param_at<P>(bias, j, 0.0))) out[k++] = j;
   return k;
 }
 
-template <typename T>
+// P: the parameters' type.
+template <typename P>
 Status check_kept(const NormBackwardParams& p) {
   for (int64_t j = 0; j < p.cols; ++j) {
     if (p.kept > 0 && p.kept_slot[j] >= 0) continue;
-    const double g = param_at<T>(p.weight, j, 1.0), b = param_at<T>(p.beta, j, 0.0);
+    const double g = param_at<P>(p.weight, j, 1.0), b = param_at<P>(p.beta, j, 0.0);
     if (!norm_column_recoverable(p.dtype, g, b))
       return Status::Error("norm backward: column " + std::to_string(j) + " (gamma " + std::to_string(g) + ", beta " +
                            std::to_string(b) + ") cannot be recovered from y; pass the forward's kept columns " +
@@ -77,7 +78,7 @@ Status check_kept(const NormBackwardParams& p) {
 
 namespace detail {
 Status check_kept_columns(const NormBackwardParams& p) {
-  switch (p.dtype) {
+  switch (p.float_params ? DType::kFloat32 : p.dtype) {
     case DType::kFloat32: return check_kept<float>(p);
     case DType::kFloat64: return check_kept<double>(p);
     case DType::kBFloat16: return check_kept<math::bf16_t>(p);
@@ -87,8 +88,9 @@ Status check_kept_columns(const NormBackwardParams& p) {
 }
 }  // namespace detail
 
-int64_t norm_kept_columns(DType dtype, const void* weight, const void* bias, int64_t cols, int64_t* out) {
-  switch (dtype) {
+int64_t norm_kept_columns(DType dtype, DType param_dtype, const void* weight, const void* bias, int64_t cols,
+                          int64_t* out) {
+  switch (param_dtype) {
     case DType::kFloat32: return kept_columns<float>(dtype, weight, bias, cols, out);
     case DType::kFloat64: return kept_columns<double>(dtype, weight, bias, cols, out);
     case DType::kBFloat16: return kept_columns<math::bf16_t>(dtype, weight, bias, cols, out);
@@ -127,6 +129,8 @@ Status validate(const NormForwardParams& p) {
   TEMPO_CORE_CHECK(std::isfinite(p.eps) && p.eps >= 0.0, "norm forward: eps must be finite and non-negative");
   TEMPO_CORE_CHECK(p.kind == NormKind::kLayerNorm || !p.beta, "norm forward: rms_norm has no bias");
   TEMPO_CORE_CHECK(p.kept >= 0 && p.kept <= p.cols, "norm forward: kept columns must be in [0, cols]");
+  TEMPO_CORE_CHECK(!p.float_params || p.dtype == DType::kBFloat16 || p.dtype == DType::kFloat16,
+                   "norm forward: float32 parameters need bfloat16 or float16 data");
   if (p.rows * p.cols == 0) return Status::Ok();
   TEMPO_CORE_CHECK(p.x && p.y && p.rstd, "norm forward: x, y and rstd must be non-null");
   TEMPO_CORE_CHECK(p.kept == 0 || (p.kept_slot && p.kept_xhat), "norm forward: kept columns need kept_slot and kept_xhat");
@@ -140,6 +144,8 @@ Status validate(const NormBackwardParams& p) {
   TEMPO_CORE_CHECK(numel_fits({p.rows, p.cols}), "norm backward: rows x cols is too large");
   TEMPO_CORE_CHECK(p.kind == NormKind::kLayerNorm || !p.beta, "norm backward: rms_norm has no bias");
   TEMPO_CORE_CHECK(p.kept >= 0 && p.kept <= p.cols, "norm backward: kept columns must be in [0, cols]");
+  TEMPO_CORE_CHECK(!p.float_params || p.dtype == DType::kBFloat16 || p.dtype == DType::kFloat16,
+                   "norm backward: float32 parameters need bfloat16 or float16 data");
   if (p.rows * p.cols == 0) return Status::Ok();
   TEMPO_CORE_CHECK(p.grad_y && p.y && p.rstd && p.grad_x, "norm backward: grad_y, y, rstd and grad_x must be non-null");
   TEMPO_CORE_CHECK(p.kept == 0 || (p.kept_slot && p.kept_xhat), "norm backward: kept columns need kept_slot and kept_xhat");

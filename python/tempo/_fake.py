@@ -4,7 +4,7 @@ import torch
 
 
 @torch.library.register_fake("tempo::norm_kept_columns")
-def _norm_kept_columns(weight, bias):
+def _norm_kept_columns(weight, bias, dtype=None):
     ref = weight if weight is not None else bias
     torch._check(ref is not None, lambda: "tempo::norm_kept_columns: needs a weight or a bias")
     if weight is not None and bias is not None:

@@ -29,19 +29,30 @@ def dropout(x: torch.Tensor, p: float = 0.5, training: bool = True, mode: str = 
 def _kept_columns(x, weight, bias, *tensors):
     """The norm's kept columns (see norm_kept_columns) when a backward will run, else None.
     Computed here rather than inside the op so that torch.compile sees its data-dependent
-    size as the output of an op of its own. Parameters unlike x: None, and the op says why."""
+    size as the output of an op of its own. Parameters the op rejects (unlike x in device,
+    in dtype other than x's or float32 under a 16-bit x): None, and the op says why. Under
+    autocast None too: the op computes them after autocast's casts."""
     params = [t for t in (weight, bias) if t is not None]
-    if not params or any(t.device != x.device or t.dtype != x.dtype for t in params):
+    if not params or any(t.device != x.device or t.dtype != params[0].dtype for t in params):
+        return None
+    if params[0].dtype != x.dtype and not (params[0].dtype == torch.float32 and x.dtype in _LOW_PRECISION):
+        return None
+    if x.device.type in ("cpu", "cuda") and torch.is_autocast_enabled(x.device.type):
         return None
     if not torch.is_grad_enabled() or not any(t is not None and t.requires_grad for t in (x,) + tensors):
         return None
-    return torch.ops.tempo.norm_kept_columns(weight, bias)
+    return torch.ops.tempo.norm_kept_columns(weight, bias, x.dtype)
+
+
+_LOW_PRECISION = (torch.bfloat16, torch.float16)
 
 
 def layer_norm(x: torch.Tensor, normalized_shape, weight: Optional[torch.Tensor] = None,
                bias: Optional[torch.Tensor] = None, eps: float = 1e-5) -> torch.Tensor:
     """As torch.nn.functional.layer_norm; the backward keeps y and one rstd per row, not x
-    (and xhat of the rare columns whose gamma and beta make recovery from y inexact)."""
+    (and xhat of the rare columns whose gamma and beta make recovery from y inexact).
+    weight and bias: of x's dtype, or float32 for a bfloat16/float16 x (as torch's CPU
+    layer_norm takes them)."""
     kept = _kept_columns(x, weight, bias, weight, bias)
     return torch.ops.tempo.layer_norm(x, _shape(normalized_shape), weight, bias, eps, kept)
 

@@ -363,7 +363,16 @@ void fuzz_norm(Gen& g) {
     return;
   }
   const bool with_weight = g.flag(), with_beta = p.kind == NormKind::kLayerNorm && g.flag();
-  Buffer x = g.data(p.dtype, n), y(p.dtype, n), w(p.dtype, with_weight ? p.cols : 0), beta(p.dtype, with_beta ? p.cols : 0);
+  // float32 gamma and beta (as under CPU autocast): for 16-bit data only.
+  p.float_params = g.f.ConsumeIntegralInRange(0, 3) == 0;
+  if (p.float_params && p.dtype != DType::kBFloat16 && p.dtype != DType::kFloat16) {
+    static unsigned char one[8];
+    p.x = p.y = p.rstd = one;
+    expect_refused(detail::validate(p), "norm forward", "float32 parameters over 32/64-bit data");
+    return;
+  }
+  const DType pdt = p.float_params ? DType::kFloat32 : p.dtype;
+  Buffer x = g.data(p.dtype, n), y(p.dtype, n), w(pdt, with_weight ? p.cols : 0), beta(pdt, with_beta ? p.cols : 0);
   // Gammas as trained models have them: mostly ordinary, some tiny, zero or subnormal.
   for (int64_t j = 0; j < w.size(); ++j) {
     const int r = g.f.ConsumeIntegralInRange(0, 9);
@@ -373,8 +382,8 @@ void fuzz_norm(Gen& g) {
   const DType math = p.dtype == DType::kFloat64 ? DType::kFloat64 : DType::kFloat32;
   Buffer rstd(math, p.rows);
   std::vector<int64_t> kept_cols(static_cast<size_t>(p.cols));
-  const int64_t kept = norm_kept_columns(p.dtype, with_weight ? w.data() : nullptr, with_beta ? beta.data() : nullptr,
-                                         p.cols, kept_cols.data());
+  const int64_t kept = norm_kept_columns(p.dtype, pdt, with_weight ? w.data() : nullptr,
+                                         with_beta ? beta.data() : nullptr, p.cols, kept_cols.data());
   if (kept < 0 || kept > p.cols) fail("norm_kept_columns returned " + std::to_string(kept));
   // The kept columns are exactly the unrecoverable ones, ascending.
   int64_t at = 0;
@@ -412,9 +421,10 @@ void fuzz_norm(Gen& g) {
   NormBackwardParams b;
   b.kind = p.kind;
   b.dtype = p.dtype;
+  b.float_params = p.float_params;
   b.rows = p.rows;
   b.cols = p.cols;
-  Buffer gy = g.data(p.dtype, n), gx(p.dtype, n), gw(p.dtype, w.size()), gbeta(p.dtype, beta.size());
+  Buffer gy = g.data(p.dtype, n), gx(p.dtype, n), gw(pdt, w.size()), gbeta(pdt, beta.size());
   b.grad_y = gy.data();
   b.y = y.data();
   b.rstd = rstd.data();

@@ -26,9 +26,11 @@ BOUND = {torch.float32: 1e-5, torch.float64: 1e-12}
 UNIT = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
 
 
-def columns(kind, dtype, ordinary=64, seed=0):
-    """gamma, beta (float64, representable in dtype; beta None for rms_norm), with every
-    (gamma, ratio) pair as one column; betas that overflow dtype are set to 0."""
+def columns(kind, dtype, ordinary=64, seed=0, param_dtype=None):
+    """gamma, beta (float64, representable in param_dtype (default dtype); beta None for
+    rms_norm), with every (gamma, ratio) pair as one column; betas that overflow dtype are set
+    to 0."""
+    param_dtype = param_dtype or dtype
     g = torch.Generator().manual_seed(seed)
     gam, bet = [], []
     for gv in GAMMAS:
@@ -37,9 +39,9 @@ def columns(kind, dtype, ordinary=64, seed=0):
             bet.append(r * abs(gv))
     gam += (1 + 0.3 * torch.randn(ordinary, generator=g, dtype=torch.float64, device="cpu")).tolist()
     bet += (0.1 * torch.randn(ordinary, generator=g, dtype=torch.float64, device="cpu")).tolist()
-    w = torch.tensor(gam, dtype=torch.float64).to(dtype)
-    b = torch.tensor(bet, dtype=torch.float64).to(dtype)
-    b = torch.where(torch.isfinite(b), b, torch.zeros_like(b))
+    w = torch.tensor(gam, dtype=torch.float64).to(param_dtype)
+    b = torch.tensor(bet, dtype=torch.float64).to(param_dtype)
+    b = torch.where(torch.isfinite(b.to(dtype)), b, torch.zeros_like(b))
     return w.double(), (b.double() if kind == "layer_norm" else None)
 
 
@@ -51,10 +53,13 @@ def _grads(fn, x, w, b, dy):
     return [y.detach().double()] + [t.double() for t in torch.autograd.grad(y, ps, dy)]
 
 
-def measure(kind, dtype, rows=48, seed=0):
+def measure(kind, dtype, rows=48, seed=0, param_dtype=None):
     """Per-column errors of tempo and of torch (dicts of float64 tensors over columns), the
-    kept columns (bool over columns), and the columns' gamma / beta."""
-    w64, b64 = columns(kind, dtype, seed=seed)
+    kept columns (bool over columns), and the columns' gamma / beta. param_dtype: the
+    parameters' dtype (default dtype; float32 under 16-bit data, as torch's CPU layer_norm
+    takes them)."""
+    param_dtype = param_dtype or dtype
+    w64, b64 = columns(kind, dtype, seed=seed, param_dtype=param_dtype)
     cols = w64.numel()
     g = torch.Generator().manual_seed(seed + 1)  # CPU draws, moved to the device under test
     dev = torch.get_default_device()
@@ -66,9 +71,12 @@ def measure(kind, dtype, rows=48, seed=0):
     else:
         ours = lambda x, w, b: tempo.rms_norm(x, cols, w, 1e-6)  # noqa: E731
         ref = lambda x, w, b: F.rms_norm(x, [cols], w, 1e-6)  # noqa: E731
-    d = lambda t: None if t is None else t.to(dtype)  # noqa: E731
+    d = lambda t: None if t is None else t.to(param_dtype)  # noqa: E731
     exact = _grads(ref, x.double(), w64, b64, dy.double())
-    got = {"tempo": _grads(ours, x, d(w64), d(b64), dy), "torch": _grads(ref, x, d(w64), d(b64), dy)}
+    theirs = ref
+    if param_dtype != dtype:  # torch's CPU kernel for 16-bit x and float32 parameters, on any device
+        theirs = lambda x, w, b: ref(x.float(), w, b).to(x.dtype)  # noqa: E731
+    got = {"tempo": _grads(ours, x, d(w64), d(b64), dy), "torch": _grads(theirs, x, d(w64), d(b64), dy)}
     x64 = x.double()
     if kind == "layer_norm":
         xhat = (x64 - x64.mean(-1, keepdim=True)) * torch.rsqrt(x64.var(-1, unbiased=False, keepdim=True) + 1e-5)
@@ -86,7 +94,7 @@ def measure(kind, dtype, rows=48, seed=0):
         e["nonfinite"] = sum(int((~torch.isfinite(t)).sum()) for t in o[1:])
         errors[who] = e
     kept = torch.zeros(cols, dtype=torch.bool, device=w64.device)
-    kept[torch.ops.tempo.norm_kept_columns(d(w64), d(b64))] = True
+    kept[torch.ops.tempo.norm_kept_columns(d(w64), d(b64), dtype)] = True
     return errors, kept, w64, b64
 
 

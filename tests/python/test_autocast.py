@@ -1,7 +1,7 @@
 """tempo's ops under torch.autocast (bf16 on CPU): each runs as torch's counterpart does under
-CPU autocast (norms in x's dtype, attention in bf16, activations in the wider dtype of x and
-bias), with the same output dtype, an error against float64 within 2x torch's, and gradients
-in the inputs' dtypes."""
+CPU autocast (norms in x's dtype with float32 gamma and beta, attention in bf16, activations in
+the wider dtype of x and bias), with the same output dtype, an error against float64 within 2x
+torch's (the norms: within 1.1x), and gradients in the inputs' dtypes."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -32,7 +32,7 @@ def test_norms_return_x_dtype_as_torch_layer_norm_does_on_cpu():
     assert got.dtype == ref.dtype == torch.bfloat16
     x64, w64, b64 = leaves(x.double(), w.double(), b.double())
     exact = F.layer_norm(x64, (48,), w64, b64, 1e-5)
-    assert rel(got, exact) <= 2 * rel(ref, exact), (rel(got, exact), rel(ref, exact))
+    assert rel(got, exact) <= 1.1 * rel(ref, exact), (rel(got, exact), rel(ref, exact))
     gy = torch.randn(ref.shape, generator=g)
     (ref.float() * gy).sum().backward()
     (got.float() * gy).sum().backward()
@@ -40,25 +40,30 @@ def test_norms_return_x_dtype_as_torch_layer_norm_does_on_cpu():
     assert xt.grad.dtype == torch.bfloat16 and wt.grad.dtype == bt.grad.dtype == torch.float32
     for name, a, b_, e in (("x", xt.grad, xs.grad, x64.grad), ("w", wt.grad, ws.grad, w64.grad),
                            ("b", bt.grad, bs.grad, b64.grad)):
-        assert rel(a, e) <= 2 * rel(b_, e) + 1e-3, (name, rel(a, e), rel(b_, e))
+        assert rel(a, e) <= 1.1 * rel(b_, e) + 1e-4, (name, rel(a, e), rel(b_, e))
     with torch.autocast(**AC):
         r2 = F.rms_norm(x, (48,), w, 1e-6)
         t2 = tempo.rms_norm(x, (48,), w, 1e-6)
     assert t2.dtype == r2.dtype == torch.bfloat16
     e2 = F.rms_norm(x.double(), (48,), w.double(), 1e-6)
-    assert rel(t2, e2) <= 2 * rel(r2, e2)
+    assert rel(t2, e2) <= 1.1 * rel(r2, e2)
 
 
-def test_bias_dropout_add_layer_norm_under_autocast():
+@pytest.mark.parametrize("residual_dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_bias_dropout_add_layer_norm_under_autocast(residual_dtype):
+    """The fused op runs in the dtype eager's sum x + residual promotes to: bf16 for a bf16
+    residual, fp32 for an fp32 residual stream (BERT's under CPU autocast, whose embeddings'
+    LayerNorm is fp32), never rounding the residual to bf16."""
     g = torch.Generator().manual_seed(1)
     x = torch.randn(3, 5, 32, generator=g).bfloat16()
-    res, w, b = torch.randn(3, 5, 32, generator=g).bfloat16(), torch.randn(32, generator=g), torch.randn(32, generator=g)
+    res = torch.randn(3, 5, 32, generator=g).to(residual_dtype)
+    w, b = torch.randn(32, generator=g), torch.randn(32, generator=g)
     with torch.autocast(**AC):
         got = tempo.bias_dropout_add_layer_norm(x, None, res, 0.0, w, b, 1e-5)
         ref = F.layer_norm(res + x, (32,), w, b, 1e-5)  # what eager computes
-    assert got.dtype == ref.dtype == torch.bfloat16
+    assert got.dtype == ref.dtype == residual_dtype
     exact = F.layer_norm(res.double() + x.double(), (32,), w.double(), b.double(), 1e-5)
-    assert rel(got, exact) <= 2 * rel(ref, exact)
+    assert rel(got, exact) <= 1.1 * rel(ref, exact), (rel(got, exact), rel(ref, exact))
 
 
 def test_attention_runs_in_bf16_as_sdpa_does():

@@ -380,6 +380,63 @@ def test_exact_for_every_gamma_and_beta(kind, dtype, seed):
             assert ours[kept].max().item() <= kept_bound, (out, ours[kept].max().item(), theirs.max().item())
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
+def test_exact_for_every_gamma_and_beta_with_float32_parameters(kind, dtype):
+    """16-bit data with float32 gamma and beta (as torch's CPU layer_norm takes them, and CPU
+    autocast leaves them): the same sweep and bound, against torch computing in float32 and
+    rounding y once; the kept columns follow the data's rule; gradients come back float32."""
+    from norm_sweep import BOUND, bound, measure
+
+    errors, kept, w, b = measure(kind, dtype, seed=0, param_dtype=torch.float32)
+    assert errors["tempo"]["nonfinite"] == 0
+    assert kept.any() and not kept.all()
+    for out in ("dx", "dgamma", "dbeta", "y"):
+        if out not in errors["tempo"]:
+            continue
+        ours, theirs = errors["tempo"][out], errors["torch"][out]
+        worst = (ours / bound(dtype, theirs)).max().item()
+        assert worst <= 1.0, (out, worst, ours.max().item(), theirs.max().item())
+        if out != "y":
+            kept_bound = max(2 * theirs.max().item(), BOUND.get(dtype, 0.0))
+            assert ours[kept].max().item() <= kept_bound, (out, ours[kept].max().item(), theirs.max().item())
+    # The data's rule: beta up to |gamma| in 16-bit (the parameters' float32 rule allows 16x).
+    w32 = torch.tensor([1.0, 1.0, 1e-39, 1e-5])
+    b32 = torch.tensor([1.0, 2.0, 0.0, 0.0])
+    want = [1, 2] if dtype == torch.bfloat16 else [1, 2, 3]  # 1e-5 is subnormal in float16
+    assert torch.ops.tempo.norm_kept_columns(w32, b32, dtype).tolist() == want
+    assert torch.ops.tempo.norm_kept_columns(w32, b32).tolist() == [2]
+    x = torch.randn(3, 4, dtype=dtype, requires_grad=True)
+    wp, bp = w32.clone().requires_grad_(True), b32.clone().requires_grad_(True)
+    y = tempo.layer_norm(x, 4, wp, bp) if kind == "layer_norm" else tempo.rms_norm(x, 4, wp)
+    y.float().square().sum().backward()
+    assert y.dtype == dtype and x.grad.dtype == dtype and wp.grad.dtype == torch.float32
+    with pytest.raises(RuntimeError, match=r"tempo::norm_kept_columns: argument 'dtype'"):
+        torch.ops.tempo.norm_kept_columns(w32.double(), None, dtype)
+
+
+def test_float32_parameters_only_under_16_bit_data_and_of_one_dtype():
+    x = torch.randn(3, 4, dtype=torch.bfloat16)
+    w, b = torch.ones(4), torch.zeros(4)
+    with pytest.raises(RuntimeError, match=r"tempo::layer_norm: argument 'bias' must have the dtype of 'weight'"):
+        tempo.layer_norm(x, 4, w, b.bfloat16())
+    with pytest.raises(RuntimeError, match=r"tempo::layer_norm: argument 'weight' must have the dtype of x "
+                                           r"\(BFloat16\) or float32, got Half"):
+        tempo.layer_norm(x, 4, w.half(), b.half())
+    with pytest.raises(RuntimeError, match=r"tempo::rms_norm: argument 'weight' must have the dtype of x \(Double\), "
+                                           r"got Float"):
+        tempo.rms_norm(x.double(), 4, w)
+    with pytest.raises(RuntimeError, match=r"tempo::bias_dropout_add_layer_norm: argument 'beta' must have the dtype"):
+        tempo.bias_dropout_add_layer_norm(x, None, x, 0.0, w, b.double())
+    # The fused op: float32 gamma and beta, the prologue's bias in the data's dtype.
+    bias = torch.randn(4, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match=r"tempo::bias_dropout_add_layer_norm: argument 'bias' must have the dtype"):
+        tempo.bias_dropout_add_layer_norm(x, bias.float(), x, 0.0, w, b)
+    y = tempo.bias_dropout_add_layer_norm(x, bias, x, 0.0, w, b)
+    want = F.layer_norm((x + (x + bias)).float(), [4], w, b).to(torch.bfloat16)
+    torch.testing.assert_close(y, want, atol=0, rtol=2 ** -7)
+
+
 def test_kept_columns_follow_the_rule():
     w = torch.tensor([1.0, 0.0, 1e-39, -2.0, 1e-3, 0.5])
     b = torch.tensor([0.0, 0.0, 0.0, 32.0, 0.1, -8.0])

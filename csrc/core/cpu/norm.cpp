@@ -30,13 +30,14 @@ const uint8_t* chunk_bits(bool enabled, const NormPrologue& pr, uint8_t* mask_ou
 
 // Per-column parameters in the math type, converted once per call: gamma (1 when absent),
 // beta (0 when absent), 1 / gamma for the columns recovered from y (0 for kept ones, whose
-// xhat is read instead), and the kept columns in slot order.
+// xhat is read instead), and the kept columns in slot order. P: the parameters' type, T: the
+// data's (the prologue's bias).
 template <typename Acc>
 struct Columns {
   std::vector<Acc> w, b, inv_w, pre_bias;  // pre_bias: the prologue's bias (0 when absent)
   std::vector<int64_t> kept;               // kept[i]: the column in slot i
-  template <typename T>
-  Columns(const T* weight, const T* bias, const T* pre, int64_t M, const int32_t* slot, int64_t n_kept)
+  template <typename P, typename T>
+  Columns(const P* weight, const P* bias, const T* pre, int64_t M, const int32_t* slot, int64_t n_kept)
       : w(M, Acc(1)), b(M, Acc(0)), inv_w(M, Acc(1)), pre_bias(M, Acc(0)), kept(static_cast<size_t>(n_kept), 0) {
     for (int64_t j = 0; j < M; ++j) {
       if (pre) pre_bias[j] = math::to_float(pre[j]);
@@ -51,6 +52,15 @@ struct Columns {
     }
   }
 };
+
+// The columns of a call on T data, its parameters of T or (float_params) float.
+template <typename T, typename Params>
+Columns<math::acc_t<T>> columns_of(const Params& p, const void* pre_bias) {
+  const T* pre = static_cast<const T*>(pre_bias);
+  if (p.float_params)
+    return {static_cast<const float*>(p.weight), static_cast<const float*>(p.beta), pre, p.cols, p.kept_slot, p.kept};
+  return {static_cast<const T*>(p.weight), static_cast<const T*>(p.beta), pre, p.cols, p.kept_slot, p.kept};
+}
 
 // Row sums: blocks of kSumBlock terms summed in the math type across vector lanes, the
 // block sums added in double (accurate to ~kSumBlock / lanes ulps of the terms' magnitude).
@@ -241,8 +251,7 @@ template <typename T>
 void forward(const NormForwardParams& p) {
   const int64_t chunk = cpu::mask_chunk_rows(p.rows, p.cols);
   const int64_t chunks = (p.rows + chunk - 1) / chunk;
-  const Columns<math::acc_t<T>> col(static_cast<const T*>(p.weight), static_cast<const T*>(p.beta),
-                                     static_cast<const T*>(p.prologue.bias), p.cols, p.kept_slot, p.kept);
+  const Columns<math::acc_t<T>> col = columns_of<T>(p, p.prologue.bias);
 #pragma omp parallel if (p.rows * p.cols >= cpu::kParallelMinElems && chunks > 1)
   {
     std::vector<math::acc_t<T>> h;
@@ -270,8 +279,7 @@ void backward(const NormBackwardParams& p) {
   // chunks (cpu::run_groups), added in group order: the same sums for any thread count.
   const int64_t groups = cpu::reduction_groups(chunks);
   std::vector<double> parts(static_cast<size_t>(groups) * 3 * M, 0.0);
-  const Columns<math::acc_t<T>> col(static_cast<const T*>(p.weight), static_cast<const T*>(p.beta),
-                                     static_cast<const T*>(nullptr), M, p.kept_slot, p.kept);
+  const Columns<math::acc_t<T>> col = columns_of<T>(p, nullptr);
   cpu::run_groups(chunks, parallel, [&](int64_t g, int64_t c0, int64_t c1) {
     std::vector<uint8_t> keep, local;
     std::vector<math::acc_t<T>> acc;
@@ -283,8 +291,9 @@ void backward(const NormBackwardParams& p) {
     }
   });
   cpu::add_group_partials(parts, groups, 3 * M);
-  store_sums<T>(parts.data(), p.weight ? p.grad_weight : nullptr, M);
-  store_sums<T>(parts.data() + M, p.beta ? p.grad_beta : nullptr, M);
+  const auto store_param_sums = p.float_params ? store_sums<float> : store_sums<T>;
+  store_param_sums(parts.data(), p.weight ? p.grad_weight : nullptr, M);
+  store_param_sums(parts.data() + M, p.beta ? p.grad_beta : nullptr, M);
   store_sums<T>(parts.data() + 2 * M, p.grad_bias, M);
 }
 
@@ -303,14 +312,15 @@ Status norm_backward_cpu(const NormBackwardParams& p) {
   if (p.rows * p.cols == 0) {
     // No rows: the parameter gradients are zero.
     const NormBackwardParams& q = p;
-    auto zero = [&](void* out) {
+    auto zero = [&](void* out, DType dtype) {
       if (!out) return;
-      const int64_t bytes = q.cols * (q.dtype == DType::kFloat64 ? 8 : q.dtype == DType::kFloat32 ? 4 : 2);
+      const int64_t bytes = q.cols * (dtype == DType::kFloat64 ? 8 : dtype == DType::kFloat32 ? 4 : 2);
       std::fill(static_cast<uint8_t*>(out), static_cast<uint8_t*>(out) + bytes, uint8_t{0});
     };
-    if (p.weight) zero(p.grad_weight);
-    if (p.beta) zero(p.grad_beta);
-    zero(p.grad_bias);
+    const DType param_dtype = p.float_params ? DType::kFloat32 : p.dtype;
+    if (p.weight) zero(p.grad_weight, param_dtype);
+    if (p.beta) zero(p.grad_beta, param_dtype);
+    zero(p.grad_bias, p.dtype);
     return s;
   }
   s = detail::check_kept_columns(p);

@@ -25,13 +25,14 @@ __device__ math::acc_t<T> load_h(const NormForwardParams& p, const PhiloxState& 
 }
 
 
-template <typename T>
+// T: the data's type; P: the parameters' (T, or float with float_params).
+template <typename T, typename P>
 __global__ void norm_forward_kernel(NormForwardParams p, uint64_t threshold, DropoutScale scale) {
   using Acc = math::acc_t<T>;
   __shared__ Acc shared[32];
   const PhiloxState rng = cuda::resolve(p.prologue.rng);
-  const T* w = static_cast<const T*>(p.weight);
-  const T* b = static_cast<const T*>(p.beta);
+  const P* w = static_cast<const P*>(p.weight);
+  const P* b = static_cast<const P*>(p.beta);
   T* y = static_cast<T*>(p.y);
   const int64_t M = p.cols;
   for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
@@ -60,22 +61,22 @@ __global__ void norm_forward_kernel(NormForwardParams p, uint64_t threshold, Dro
 }
 
 // xhat of element (r, j): read where column j is kept, else recovered from y.
-template <typename T>
+template <typename T, typename P>
 __device__ math::acc_t<T> xhat_at(const NormBackwardParams& p, int64_t r, int64_t j, math::acc_t<T> gamma) {
   using Acc = math::acc_t<T>;
   if (p.kept > 0 && p.kept_slot[j] >= 0) return static_cast<const Acc*>(p.kept_xhat)[r * p.kept + p.kept_slot[j]];
-  const T* b = static_cast<const T*>(p.beta);
+  const P* b = static_cast<const P*>(p.beta);
   return (math::to_float(static_cast<const T*>(p.y)[r * p.cols + j]) - (b ? math::to_float(b[j]) : Acc(0))) / gamma;
 }
 
-template <typename T>
+template <typename T, typename P>
 __global__ void norm_backward_kernel(NormBackwardParams p, uint64_t threshold, DropoutScale scale) {
   using Acc = math::acc_t<T>;
   __shared__ Acc shared[32];
   const PhiloxState rng = cuda::resolve(p.prologue.rng);
   const int64_t M = p.cols;
   const T* dy = static_cast<const T*>(p.grad_y);
-  const T* w = static_cast<const T*>(p.weight);
+  const P* w = static_cast<const P*>(p.weight);
   const Acc* rstd = static_cast<const Acc*>(p.rstd);
   Acc* part = static_cast<Acc*>(p.workspace) + static_cast<int64_t>(blockIdx.x) * 3 * M;
   const bool prologue = p.grad_residual != nullptr;
@@ -90,7 +91,7 @@ __global__ void norm_backward_kernel(NormBackwardParams p, uint64_t threshold, D
       if (p.kept > 0 && p.kept_slot[j] >= 0) {
         c1 += g * gamma * static_cast<const Acc*>(p.kept_xhat)[r * p.kept + p.kept_slot[j]];
       } else {
-        const T* b = static_cast<const T*>(p.beta);
+        const P* b = static_cast<const P*>(p.beta);
         c1 += g * (math::to_float(static_cast<const T*>(p.y)[r * M + j]) - (b ? math::to_float(b[j]) : Acc(0)));
       }
       c2 += g * gamma;
@@ -102,7 +103,7 @@ __global__ void norm_backward_kernel(NormBackwardParams p, uint64_t threshold, D
       const int64_t e = r * M + j;
       const Acc g = math::to_float(dy[e]);
       const Acc gamma = w ? math::to_float(w[j]) : Acc(1);
-      const Acc xhat = xhat_at<T>(p, r, j, gamma);
+      const Acc xhat = xhat_at<T, P>(p, r, j, gamma);
       const Acc dh = rs * (g * gamma - xhat * m1 - m2);
       part[j] += g * xhat;
       part[M + j] += g;
@@ -119,20 +120,21 @@ __global__ void norm_backward_kernel(NormBackwardParams p, uint64_t threshold, D
   }
 }
 
-template <typename T>
+template <typename T, typename P>
 __global__ void column_sum_kernel(NormBackwardParams p, int groups) {
   using Acc = math::acc_t<T>;
   const int64_t M = p.cols;
   const Acc* ws = static_cast<const Acc*>(p.workspace);
-  T* outs[3] = {p.weight ? static_cast<T*>(p.grad_weight) : nullptr, p.beta ? static_cast<T*>(p.grad_beta) : nullptr,
-                static_cast<T*>(p.grad_bias)};
+  P* params[2] = {p.weight ? static_cast<P*>(p.grad_weight) : nullptr, p.beta ? static_cast<P*>(p.grad_beta) : nullptr};
+  T* bias = static_cast<T*>(p.grad_bias);
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < 3 * M; j += stride) {
-    T* out = outs[j / M];
-    if (!out) continue;
+    const int64_t which = j / M;
+    if (which < 2 ? !params[which] : !bias) continue;
     Acc s = 0;
     for (int g = 0; g < groups; ++g) s += ws[static_cast<int64_t>(g) * 3 * M + j];
-    math::store(out + j % M, s);
+    if (which < 2) math::store(params[which] + j % M, s);
+    else math::store(bias + j % M, s);
   }
 }
 
@@ -152,7 +154,14 @@ Status norm_forward_cuda(const NormForwardParams& p, void* stream) {
   }
   const int grid = cuda::row_grid(p.rows);
   math::by_dtype(p.dtype, [&](auto t) {
-    norm_forward_kernel<decltype(t)><<<grid, cuda::kThreads, 0, st>>>(q, threshold, DropoutScale(p.prologue.p));
+    using T = decltype(t);
+    if constexpr (sizeof(T) == 2) {  // float_params: 16-bit data only (validated)
+      if (p.float_params) {
+        norm_forward_kernel<T, float><<<grid, cuda::kThreads, 0, st>>>(q, threshold, DropoutScale(p.prologue.p));
+        return;
+      }
+    }
+    norm_forward_kernel<T, T><<<grid, cuda::kThreads, 0, st>>>(q, threshold, DropoutScale(p.prologue.p));
   });
   return cuda::launch_status("norm forward");
 }
@@ -169,8 +178,15 @@ Status norm_backward_cuda(const NormBackwardParams& p, void* stream) {
   const int groups = static_cast<int>(std::max<int64_t>(1, std::min(p.rows, kNormBackwardGroups)));
   math::by_dtype(p.dtype, [&](auto t) {
     using T = decltype(t);
-    norm_backward_kernel<T><<<groups, cuda::kThreads, 0, st>>>(q, threshold, DropoutScale(p.prologue.p));
-    column_sum_kernel<T><<<cuda::grid_for(3 * p.cols), cuda::kThreads, 0, st>>>(q, groups);
+    if constexpr (sizeof(T) == 2) {  // float_params: 16-bit data only (validated)
+      if (p.float_params) {
+        norm_backward_kernel<T, float><<<groups, cuda::kThreads, 0, st>>>(q, threshold, DropoutScale(p.prologue.p));
+        column_sum_kernel<T, float><<<cuda::grid_for(3 * p.cols), cuda::kThreads, 0, st>>>(q, groups);
+        return;
+      }
+    }
+    norm_backward_kernel<T, T><<<groups, cuda::kThreads, 0, st>>>(q, threshold, DropoutScale(p.prologue.p));
+    column_sum_kernel<T, T><<<cuda::grid_for(3 * p.cols), cuda::kThreads, 0, st>>>(q, groups);
   });
   return cuda::launch_status("norm backward");
 }

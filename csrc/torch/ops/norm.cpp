@@ -18,7 +18,8 @@ TORCH_LIBRARY_FRAGMENT(tempo, m) {
   // data-dependent size, which the compiled graph must see as the output of its own op.
   m.def("layer_norm(Tensor x, int[] normalized_shape, Tensor? weight=None, Tensor? bias=None, float eps=1e-05, "
         "Tensor? kept_cols=None) -> Tensor");
-  m.def("norm_kept_columns(Tensor? weight, Tensor? bias) -> Tensor");
+  // dtype: the data's (x's), when the parameters are float32 under bfloat16/float16 data.
+  m.def("norm_kept_columns(Tensor? weight, Tensor? bias, ScalarType? dtype=None) -> Tensor");
   m.def("layer_norm_forward(Tensor x, int[] normalized_shape, Tensor? weight, Tensor? bias, float eps, "
         "Tensor? kept_cols=None) -> (Tensor, Tensor, Tensor)");
   m.def("layer_norm_backward(Tensor grad, Tensor y, Tensor rstd, int[] normalized_shape, Tensor? weight, Tensor? bias, "
@@ -70,6 +71,43 @@ void check_param(const at::Tensor* t, const at::Tensor& x, at::IntArrayRef shape
               t->sizes());
 }
 
+bool low_precision(at::ScalarType t) { return t == at::kBFloat16 || t == at::kHalf; }
+
+// The norm's own parameters (gamma, beta): of x's dtype, or float32 for a bfloat16/float16 x
+// (as torch's CPU layer_norm takes them, and autocast leaves them); both of one dtype. Returns
+// whether they are float32 under 16-bit data (the core's float_params).
+bool float_params(const at::Tensor* w, const at::Tensor* b, const at::Tensor& x) {
+  const at::Tensor* ref = w ? w : b;
+  return ref && ref->scalar_type() == at::kFloat && low_precision(x.scalar_type());
+}
+
+bool check_norm_params(const at::Tensor* w, const at::Tensor* b, const at::Tensor& x, const char* op,
+                       const char* w_arg, const char* b_arg) {
+  const at::Tensor* ref = w ? w : b;
+  if (!ref) return false;
+  const bool fp = float_params(w, b, x);
+  for (const auto& [t, arg] : {std::pair<const at::Tensor*, const char*>{w, w_arg}, {b, b_arg}}) {
+    if (!t) continue;
+    check_floating(*t, op, arg);
+    TORCH_CHECK(t->scalar_type() == ref->scalar_type(), op, ": argument '", arg, "' must have the dtype of '", w_arg,
+                "' (", ref->scalar_type(), "), got ", t->scalar_type());
+    if (!fp) {
+      TORCH_CHECK(t->scalar_type() == x.scalar_type(), op, ": argument '", arg, "' must have the dtype of x (",
+                  x.scalar_type(), ")", low_precision(x.scalar_type()) ? " or float32" : "", ", got ",
+                  t->scalar_type());
+    }
+    TORCH_CHECK(t->device() == x.device(), op, ": argument '", arg, "' must be on the device of x (", x.device(),
+                "), got ", t->device());
+  }
+  return fp;
+}
+
+void check_norm_param_shape(const at::Tensor* t, at::IntArrayRef shape, const char* op, const char* arg) {
+  if (!t) return;
+  TORCH_CHECK(t->sizes() == shape, op, ": argument '", arg, "' must have shape ", shape, " (normalized_shape), got ",
+              t->sizes());
+}
+
 const void* data_or_null(const at::Tensor* t, at::Tensor& keep) {
   if (!t) return nullptr;
   keep = t->contiguous();
@@ -82,13 +120,18 @@ at::ScalarType acc_type(const at::Tensor& x) { return x.scalar_type() == at::kDo
 
 // The columns whose xhat the forward keeps (norm_column_recoverable decides), as int64 on the
 // parameters' device. Reads the parameters on the host: one small copy (a sync on CUDA).
-at::Tensor kept_columns_kernel(const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias) {
+at::Tensor kept_columns_kernel(const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+                               std::optional<at::ScalarType> dtype) {
   const char* op = "tempo::norm_kept_columns";
   const at::Tensor* w = get(weight);
   const at::Tensor* b = get(bias);
   TORCH_CHECK(w || b, op, ": needs a weight or a bias (without both every column is recovered)");
   const at::Tensor& ref = w ? *w : *b;
   check_floating(ref, op, w ? "weight" : "bias");
+  const at::ScalarType data = dtype.value_or(ref.scalar_type());
+  TORCH_CHECK(data == ref.scalar_type() || (ref.scalar_type() == at::kFloat && low_precision(data)), op,
+              ": argument 'dtype' (the data's) must be the parameters' dtype (", ref.scalar_type(), ")",
+              ref.scalar_type() == at::kFloat ? ", bfloat16 or float16" : "", ", got ", data);
   if (w && b) {
     check_like(*b, *w, op, "bias");
     TORCH_CHECK(b->sizes() == w->sizes(), op, ": argument 'bias' must have the shape of weight ", w->sizes(), ", got ",
@@ -100,8 +143,9 @@ at::Tensor kept_columns_kernel(const std::optional<at::Tensor>& weight, const st
   const at::Tensor wc = w ? w->contiguous().cpu() : at::Tensor();
   const at::Tensor bc = b ? b->contiguous().cpu() : at::Tensor();
   at::Tensor idx = at::empty({cols}, at::TensorOptions().dtype(at::kLong));
-  const int64_t k = norm_kept_columns(to_core_dtype(ref.scalar_type()), w ? wc.const_data_ptr() : nullptr,
-                                      b ? bc.const_data_ptr() : nullptr, cols, idx.mutable_data_ptr<int64_t>());
+  const int64_t k = norm_kept_columns(to_core_dtype(data), to_core_dtype(ref.scalar_type()),
+                                      w ? wc.const_data_ptr() : nullptr, b ? bc.const_data_ptr() : nullptr, cols,
+                                      idx.mutable_data_ptr<int64_t>());
   return idx.narrow(0, 0, k).clone().to(ref.device());
 }
 
@@ -178,6 +222,7 @@ ForwardOut norm_forward(NormKind kind, const at::Tensor& x, const c10::SymInt& r
   prm.x = xc.const_data_ptr();
   prm.weight = data_or_null(w, wc);
   prm.beta = data_or_null(b, bc);
+  prm.float_params = float_params(w, b, x);
   if (pro) {
     prm.prologue.residual = data_or_null(pro->residual, rc);
     prm.prologue.bias = data_or_null(pro->bias, pbc);
@@ -205,8 +250,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> plain_forward(NormKind kind, cons
   check_floating(x, op, "x");
   check_device(x, op, "x");
   const auto [rows, cols] = rows_cols(x, shape, op);
-  check_param(w, x, shape, op, "weight");
-  check_param(b, x, shape, op, "bias");
+  check_norm_params(w, b, x, op, "weight", "bias");
+  check_norm_param_shape(w, shape, op, "weight");
+  check_norm_param_shape(b, shape, op, "bias");
   ForwardOut o = norm_forward(kind, x, rows, cols, w, b, eps, kept_cols, nullptr, op);
   return {o.y, o.rstd, o.kept_xhat};
 }
@@ -234,14 +280,14 @@ BackwardOut norm_backward(NormKind kind, const at::Tensor& grad, const at::Tenso
   TORCH_CHECK(rstd.scalar_type() == acc_type(y) && rstd.sym_numel() == rows && rstd.device() == y.device(), op,
               ": argument 'rstd' must hold ", rows, " ", acc_type(y), " values on ", y.device(), ", got ",
               rstd.scalar_type(), " of shape ", rstd.sym_sizes());
-  if (w) check_like(*w, y, op, "weight");
-  if (b) check_like(*b, y, op, "bias");
+  // layer_norm calls beta 'bias'; bias_dropout_add_layer_norm (the prologue) 'beta'.
+  const bool float_params = check_norm_params(w, b, y, op, "weight", prologue ? "beta" : "bias");
   check_kept_xhat(kept_cols, kept_xhat, rows, y, op);
   if (!kept_cols && (w || b) && !y.is_meta() && y.numel() > 0) {
     // Called without the forward's kept columns (the autograd path always passes them): a
     // column that needs keeping is an error on every device, not inf/NaN on CUDA.
     const at::Tensor need = kept_columns_kernel(w ? std::optional<at::Tensor>(*w) : std::nullopt,
-                                                b ? std::optional<at::Tensor>(*b) : std::nullopt);
+                                                b ? std::optional<at::Tensor>(*b) : std::nullopt, y.scalar_type());
     TORCH_CHECK(need.numel() == 0, op, ": column ", need.cpu()[0].item<int64_t>(),
                 " cannot be recovered from y (its gamma is zero, subnormal or tiny against beta); pass the "
                 "forward's kept_cols (norm_kept_columns) and kept_xhat");
@@ -250,8 +296,9 @@ BackwardOut norm_backward(NormKind kind, const at::Tensor& grad, const at::Tenso
   const auto opts = y.options();
   BackwardOut out;
   out.dx = at::empty_like(y, at::MemoryFormat::Contiguous);
-  out.dw = w ? at::empty({cols}, opts) : at::empty({0}, opts);
-  out.dbeta = b ? at::empty({cols}, opts) : at::empty({0}, opts);
+  const auto param_opts = float_params ? opts.dtype(at::kFloat) : opts;
+  out.dw = w ? at::empty({cols}, param_opts) : at::empty({0}, param_opts);
+  out.dbeta = b ? at::empty({cols}, param_opts) : at::empty({0}, param_opts);
   out.dres = prologue ? at::empty_like(y, at::MemoryFormat::Contiguous) : at::empty({0}, opts);
   out.dbias = has_bias ? at::empty({cols}, opts) : at::empty({0}, opts);
   if (y.is_meta()) return out;
@@ -266,6 +313,7 @@ BackwardOut norm_backward(NormKind kind, const at::Tensor& grad, const at::Tenso
   prm.rstd = rc.const_data_ptr();
   prm.weight = data_or_null(w, wc);
   prm.beta = data_or_null(b, bc);
+  prm.float_params = float_params;
   if (prologue) prm.prologue = *prologue;
   prm.mask = mask;
   const at::Tensor kxc = slot.defined() ? kept_xhat->contiguous() : at::Tensor();
@@ -383,8 +431,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bdrln_forward_kernel(
   const int64_t cols = x.sym_size(-1).guard_int(__FILE__, __LINE__);
   const std::vector<int64_t> shape{cols};
   check_param(pro.bias, x, shape, op, "bias");
-  check_param(get(weight), x, shape, op, "weight");
-  check_param(get(beta), x, shape, op, "beta");
+  check_norm_params(get(weight), get(beta), x, op, "weight", "beta");
+  check_norm_param_shape(get(weight), shape, op, "weight");
+  check_norm_param_shape(get(beta), shape, op, "beta");
   const c10::SymInt rows = x.sym_numel() / std::max<int64_t>(cols, 1);
   ForwardOut o = norm_forward(NormKind::kLayerNorm, x, rows, cols, get(weight), get(beta), eps, get(kept_cols), &pro, op);
   return {o.y, o.rstd, o.keep, o.kept_xhat};
@@ -407,7 +456,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> bdrln_bac
   const int64_t cols = y.sym_size(-1).guard_int(__FILE__, __LINE__);
   for (const auto& [t, name] : {std::pair<const at::Tensor*, const char*>{get(weight), "weight"}, {get(beta), "beta"}}) {
     if (!t) continue;
-    check_like(*t, y, op, name);
     TORCH_CHECK(t->dim() == 1 && t->sym_size(0) == cols, op, ": argument '", name, "' must have shape [", cols,
                 "], got ", t->sym_sizes());
   }
@@ -453,11 +501,12 @@ at::Tensor bias_dropout_add_layer_norm(const at::Tensor& x, const std::optional<
   return op.call(x, bias, residual, train ? p : 0.0, weight, beta, eps, mode, std::nullopt);
 }
 
-at::Tensor norm_kept_columns(const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias) {
+at::Tensor norm_kept_columns(const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+                             std::optional<at::ScalarType> dtype) {
   // (the core's norm_kept_columns overloads the name: the signature is spelled out)
-  static const auto op = op_handle<at::Tensor(const std::optional<at::Tensor>&, const std::optional<at::Tensor>&)>(
-      "tempo::norm_kept_columns");
-  return op.call(weight, bias);
+  static const auto op = op_handle<at::Tensor(const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
+                                              std::optional<at::ScalarType>)>("tempo::norm_kept_columns");
+  return op.call(weight, bias, dtype);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_forward(const at::Tensor& x, at::IntArrayRef shape,

@@ -185,7 +185,8 @@ struct Fp64Norm {
   // Keeps the columns the core's rule picks (for the current w, b).
   void keep_columns() {
     std::vector<int64_t> cols(M);
-    kept = tempo::norm_kept_columns(DType::kFloat64, w.data(), layer ? b.data() : nullptr, M, cols.data());
+    kept = tempo::norm_kept_columns(DType::kFloat64, DType::kFloat64, w.data(), layer ? b.data() : nullptr, M,
+                                    cols.data());
     for (int64_t i = 0; i < kept; ++i) slot[cols[i]] = static_cast<int32_t>(i);
     xk.assign(R * kept, 0.0);
   }
@@ -292,14 +293,20 @@ TEST(NormCore, ColumnRule) {
   EXPECT_TRUE(norm_column_recoverable(DType::kBFloat16, -0.5, 0.5));
   const std::vector<double> w{1.0, 0.0, 1e-300, 1e-3, -2.0}, b{0.0, 0.0, 0.0, 10.0, 1e3};
   std::vector<int64_t> out(5);
-  ASSERT_EQ(tempo::norm_kept_columns(DType::kFloat64, w.data(), b.data(), 5, out.data()), 2);
+  ASSERT_EQ(tempo::norm_kept_columns(DType::kFloat64, DType::kFloat64, w.data(), b.data(), 5, out.data()), 2);
   EXPECT_EQ(out[0], 1);  // gamma 0
   EXPECT_EQ(out[1], 3);  // beta / gamma = 1e4 > 1024 (1e-300 is a normal double; 1e3 / 2 is within the ratio)
-  EXPECT_EQ(tempo::norm_kept_columns(DType::kFloat64, nullptr, b.data(), 5, out.data()), 0);  // gamma 1, beta <= 1024
+  // gamma 1, beta <= 1024
+  EXPECT_EQ(tempo::norm_kept_columns(DType::kFloat64, DType::kFloat64, nullptr, b.data(), 5, out.data()), 0);
   const std::vector<float> bf{0.0f, 16.0f, -17.0f, 10.0f, 1e3f};
-  ASSERT_EQ(tempo::norm_kept_columns(DType::kFloat32, nullptr, bf.data(), 5, out.data()), 2);  // fp32: beta > 16
+  // fp32: beta > 16
+  ASSERT_EQ(tempo::norm_kept_columns(DType::kFloat32, DType::kFloat32, nullptr, bf.data(), 5, out.data()), 2);
   EXPECT_EQ(out[0], 2);
   EXPECT_EQ(out[1], 4);
+  // float32 parameters over bfloat16 data: the data's rule (beta > gamma).
+  ASSERT_EQ(tempo::norm_kept_columns(DType::kBFloat16, DType::kFloat32, nullptr, bf.data(), 5, out.data()), 4);
+  EXPECT_EQ(out[0], 1);
+  EXPECT_EQ(out[3], 4);
 }
 
 // Columns whose xhat cannot be recovered from y (gamma 0, gamma tiny against beta): exact
@@ -347,6 +354,20 @@ TEST(NormCore, RejectsBadParameters) {
   g.rows = 1;
   g.cols = 1;
   EXPECT_FALSE(tempo::norm_forward_cpu(g).ok());  // null pointers
+  // float32 parameters need 16-bit data.
+  float x = 1, y = 0, r = 0, w = 1;
+  tempo::NormForwardParams h;
+  h.x = &x;
+  h.y = &y;
+  h.rstd = &r;
+  h.weight = &w;
+  h.rows = h.cols = 1;
+  ASSERT_TRUE(tempo::norm_forward_cpu(h).ok());
+  h.float_params = true;
+  EXPECT_FALSE(tempo::norm_forward_cpu(h).ok());
+  tempo::NormBackwardParams k;
+  k.float_params = true;
+  EXPECT_FALSE(tempo::norm_backward_cpu(k).ok());
 }
 
 }  // namespace

@@ -26,9 +26,16 @@ const char* norm_name(NormKind kind);
 double norm_recovery_ratio(DType dtype);
 double norm_gamma_min(DType dtype);
 bool norm_column_recoverable(DType dtype, double gamma, double beta);
-// The kept columns of a norm with these parameters (host pointers of `dtype`, either may be
-// null: gamma 1, beta 0), ascending, written to `out` (room for `cols`); returns their number.
-int64_t norm_kept_columns(DType dtype, const void* weight, const void* bias, int64_t cols, int64_t* out);
+// The kept columns of a norm over data of `dtype` with these parameters (host pointers of
+// `param_dtype`, either may be null: gamma 1, beta 0), ascending, written to `out` (room for
+// `cols`); returns their number. The rule is the data's: recovery reads the rounded y.
+int64_t norm_kept_columns(DType dtype, DType param_dtype, const void* weight, const void* bias, int64_t cols,
+                          int64_t* out);
+
+// Parameters: weight and beta (and grad_weight, grad_beta) are of the data's dtype, or float32
+// for bfloat16/float16 data when float_params is set (as torch's CPU layer_norm takes them,
+// and autocast leaves them): then gamma and beta enter the math unrounded. The prologue's
+// bias is always of the data's dtype (it is the previous Linear's, added before rounding).
 
 // The bias-dropout-residual stage in front of a LayerNorm (all optional together: set
 // `residual` to enable it).
@@ -46,6 +53,7 @@ struct NormForwardParams {
   const void* x = nullptr;       // rows x cols, contiguous
   const void* weight = nullptr;  // optional: cols (gamma)
   const void* beta = nullptr;    // optional: cols (LayerNorm only)
+  bool float_params = false;     // weight and beta are float32 (16-bit data only)
   NormPrologue prologue;         // LayerNorm only
   void* y = nullptr;             // out: rows x cols
   void* rstd = nullptr;          // out: rows, fp32 (fp64 for fp64 data)
@@ -67,6 +75,7 @@ struct NormBackwardParams {
   const void* rstd = nullptr;     // fp32 (fp64 for fp64 data)
   const void* weight = nullptr;
   const void* beta = nullptr;
+  bool float_params = false;  // weight, beta, grad_weight and grad_beta are float32 (16-bit data only)
   // The prologue's p, mode and rng as in the forward (residual and bias are not read): it is
   // enabled by grad_residual, its bias gradient by grad_bias.
   NormPrologue prologue;

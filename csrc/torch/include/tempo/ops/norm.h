@@ -33,8 +33,14 @@ at::Tensor bias_dropout_add_layer_norm(const at::Tensor& x, const std::optional<
 // norm_column_recoverable); a forward given them also returns their xhat (kept_xhat: rows x
 // kept, fp32, fp64 for fp64 data), and the backward given both is exact in those columns.
 // Without kept_cols every column is recovered from y. On CUDA norm_kept_columns reads the
-// parameters on the host (a sync).
-at::Tensor norm_kept_columns(const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias);
+// parameters on the host (a sync). dtype: the data's, when it is not the parameters' (float32
+// parameters under bfloat16/float16 data); the rule is the data's.
+//
+// Parameters (weight and bias/beta) are of x's dtype, or float32 for a bfloat16/float16 x, as
+// torch's CPU layer_norm takes them (and autocast on CPU leaves them): gamma and beta then
+// enter unrounded, and their gradients come back in float32.
+at::Tensor norm_kept_columns(const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+                             std::optional<at::ScalarType> dtype = std::nullopt);
 // (y, rstd, kept_xhat)
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_forward(
     const at::Tensor& x, at::IntArrayRef normalized_shape, const std::optional<at::Tensor>& weight,
