@@ -575,6 +575,21 @@ def test_functorch_transforms_and_forward_mode_are_clear_errors(op):
         SECOND[op](fwAD.make_dual(x, torch.ones_like(x)))
 
 
+@pytest.mark.parametrize("op", ["linear_cross_entropy", "qkv_split"])
+def test_double_backward_of_the_fused_head_and_split_is_a_clear_error(op):
+    x = torch.randn(4, 12, dtype=torch.float64, requires_grad=True)
+    if op == "linear_cross_entropy":
+        w = torch.randn(10, 12, dtype=torch.float64, requires_grad=True)
+        out = tempo.linear_cross_entropy(x, w, None, torch.tensor([1, 2, 3, 4]))
+    else:
+        q, k, v = tempo.qkv_split(x.view(1, 4, 12), None, 2)
+        out = (q * k * v).sum()
+    (g,) = torch.autograd.grad(out, x, create_graph=True)
+    assert g.requires_grad
+    with pytest.raises(RuntimeError, match=r"tempo::%s: double backward .* is not supported" % op):
+        g.sum().backward()
+
+
 def test_dropout_is_twice_differentiable():
     x = torch.randn(5, 7, dtype=torch.float64, requires_grad=True)
 
