@@ -1,6 +1,7 @@
 // SIMD versions of the fp32 backward g(y, m) for the CPU kernels: one algorithm
-// (grad_from_output below), written once over a small vector interface with two
-// implementations, AVX-512 (16 lanes) and AVX2 + FMA (8 lanes), chosen at run time.
+// (grad_from_output_*, its loop in activation_simd_body.inc), written once over a small vector
+// interface with two implementations, AVX-512 (16 lanes) and AVX2 + FMA (8 lanes), chosen at
+// run time.
 // The scalar act_grad_from_output<A>(float, bool) in activation_math.h stays the
 // definition and the CUDA path: this is the same computation step for step (the same
 // pieces, the same Horner order), and tests/cpp/core checks that every path agrees with it.
@@ -150,62 +151,20 @@ struct Avx512 {
   }
 };
 
-// g[i] = g(y[i], bit i of mask) for i < groups * V::kLanes. Mirrors act_grad_from_output.
-template <class V, Activation A>
-__attribute__((always_inline)) inline void grad_from_output_body(const float* y, const uint8_t* mask, float* g,
-                                                                 int64_t groups) {
-  using T = typename math::ActMath<A>::Table;
-  constexpr int NL = math::kActNearLeft, NR = math::kActNearRight, RB = math::kActRightBinades;
-  constexpr int R0 = math::kActRightLog2Lo, L0 = math::kActLeftLog2Hi, LB = math::kActLeftBinades;
-  const typename V::Table table = V::template table<A>();
-  const auto zero = V::set(0.0f), one = V::set(1.0f);
-  for (int64_t j = 0; j < groups; ++j) {
-    const auto yv = V::load(y + V::kLanes * j);
-    const auto right = V::lane_bits(mask, j);
-    // Near the minimum: s = sqrt(max(y - y*, 0)) (max gives 0 for a NaN difference).
-    const auto d = V::sub(V::sub(yv, V::set(T::kYStarHi)), V::set(T::kYStarLo));
-    const auto s = V::sqrt(V::max(d, zero));
-    const auto t = V::select(right, V::mul(s, V::set(T::kRightInvWidth)),
-                             V::mul(V::add(V::set(T::kSLo), s), V::set(-T::kLeftInvWidth)));
-    const auto tmax = V::select(right, V::set(NR - 1.0f), V::set(NL - 1.0f));
-    const auto near_idx = V::cvtt(V::min(V::max(t, zero), tmax));
-    auto u = V::sub(V::mul(V::set(2.0f), V::sub(t, V::cvt(near_idx))), one);
-    auto idx = V::selecti(right, V::iadd(near_idx, V::seti(NL)), near_idx);
-    // Tails: one piece per binade, u from the mantissa.
-    const auto bits = V::as_int(yv);
-    const auto expo = V::isub(V::iand(V::srl23(bits), V::seti(0xff)), V::seti(127));
-    const auto mant = V::as_float(V::ior(V::iand(bits, V::seti(0x7fffff)), V::seti(0x3f800000)));
-    const auto mant_u = V::sub(V::mul(V::set(2.0f), mant), V::set(3.0f));
-    const auto right_tail = V::mand(right, V::ge(yv, V::set(static_cast<float>(1 << R0))));
-    const auto left_tail = V::mandnot(right, V::gt(yv, V::set(-1.0f / static_cast<float>(1 << L0))));
-    const auto tail = V::mor(right_tail, left_tail);
-    const auto left_binade = V::isub(V::seti(-L0 - 1), expo);
-    auto tail_idx = V::selecti(right_tail, V::iadd(expo, V::seti(NL + NR - R0)),
-                               V::iadd(left_binade, V::seti(NL + NR + RB)));
-    // Beyond the tables (and a non-negative y on the left branch, which no forward produces).
-    const auto beyond_m = V::mor(V::mand(right_tail, V::igt(expo, V::seti(R0 + RB - 1))),
-                                 V::mandnot(right_tail, V::mor(V::igt(left_binade, V::seti(LB - 1)), V::ge(yv, zero))));
-    tail_idx = V::selecti(beyond_m, V::seti(0), tail_idx);
-    idx = V::selecti(tail, tail_idx, idx);
-    u = V::select(tail, mant_u, u);
-    // Horner in the order of the scalar code.
-    const auto off = V::piece_offset(idx);
-    auto gv = V::coef(table, off, 0);
-    for (int k = 1; k <= math::kActDegree; ++k) gv = V::fma(gv, u, V::coef(table, off, k));
-    gv = V::select(V::mand(tail, beyond_m), V::select(right, one, zero), gv);
-    const auto finite = V::le(V::abs(yv), V::set(3.402823466e38f));
-    V::store(g + V::kLanes * j, V::select(finite, gv, V::set(__builtin_nanf(""))));
-  }
-}
-
-template <Activation A>
-TEMPO_AVX2 void grad_from_output_avx2(const float* y, const uint8_t* mask, float* g, int64_t groups) {
-  grad_from_output_body<Avx2, A>(y, mask, g, groups);
-}
-template <Activation A>
-TEMPO_AVX512 void grad_from_output_avx512(const float* y, const uint8_t* mask, float* g, int64_t groups) {
-  grad_from_output_body<Avx512, A>(y, mask, g, groups);
-}
+#define TEMPO_SIMD_V Avx2
+#define TEMPO_SIMD_TARGET TEMPO_AVX2
+#define TEMPO_SIMD_NAME grad_from_output_avx2
+#include "activation_simd_body.inc"
+#undef TEMPO_SIMD_V
+#undef TEMPO_SIMD_TARGET
+#undef TEMPO_SIMD_NAME
+#define TEMPO_SIMD_V Avx512
+#define TEMPO_SIMD_TARGET TEMPO_AVX512
+#define TEMPO_SIMD_NAME grad_from_output_avx512
+#include "activation_simd_body.inc"
+#undef TEMPO_SIMD_V
+#undef TEMPO_SIMD_TARGET
+#undef TEMPO_SIMD_NAME
 
 enum class Isa { kScalar, kAvx2, kAvx512 };
 inline Isa best_isa() {
