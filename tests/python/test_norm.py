@@ -356,6 +356,25 @@ def test_empty_and_non_finite():
 
 # ---- exact for every gamma and beta (kept columns) -----------------------------------------
 
+def check_sweep(kind, dtype, seed, param_dtype=None):
+    """The gamma/beta sweep (norm_sweep.measure): every column of every output within the
+    stated bound, and the kept columns within 2x torch's own error."""
+    from norm_sweep import BOUND, bound, measure
+
+    errors, kept, w, b = measure(kind, dtype, seed=seed, param_dtype=param_dtype)
+    assert errors["tempo"]["nonfinite"] == 0
+    assert kept.any() and not kept.all()
+    for out in ("dx", "dgamma", "dbeta", "y"):
+        if out not in errors["tempo"]:
+            continue
+        ours, theirs = errors["tempo"][out], errors["torch"][out]
+        worst = (ours / bound(dtype, theirs)).max().item()
+        assert worst <= 1.0, (out, worst, ours.max().item(), theirs.max().item())
+        if out != "y":
+            kept_bound = max(2 * theirs.max().item(), BOUND.get(dtype, 0.0))
+            assert ours[kept].max().item() <= kept_bound, (out, ours[kept].max().item(), theirs.max().item())
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
@@ -364,20 +383,7 @@ def test_exact_for_every_gamma_and_beta(kind, dtype, seed):
     {0, 1, 10, 1e3, 1e8}, against float64 torch: every column within the stated bound
     (1e-5 fp32, 1e-12 fp64, 2x torch's own error in 16-bit, or 4x torch's where larger), and
     the kept columns within 2x torch's own error."""
-    from norm_sweep import BOUND, bound, measure
-
-    errors, kept, w, b = measure(kind, dtype, seed=seed)
-    assert errors["tempo"]["nonfinite"] == 0
-    assert kept.any() and not kept.all()
-    for out in ("dx", "dgamma", "dbeta", "y"):
-        if out not in errors["tempo"]:
-            continue
-        ours, theirs = errors["tempo"][out], errors["torch"][out]
-        worst = (ours / bound(dtype, theirs)).max().item()
-        assert worst <= 1.0, (out, worst, ours.max().item(), theirs.max().item())
-        if out != "y":
-            kept_bound = max(2 * theirs.max().item(), BOUND.get(dtype, 0.0))
-            assert ours[kept].max().item() <= kept_bound, (out, ours[kept].max().item(), theirs.max().item())
+    check_sweep(kind, dtype, seed)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
@@ -386,20 +392,7 @@ def test_exact_for_every_gamma_and_beta_with_float32_parameters(kind, dtype):
     """16-bit data with float32 gamma and beta (as torch's CPU layer_norm takes them, and CPU
     autocast leaves them): the same sweep and bound, against torch computing in float32 and
     rounding y once; the kept columns follow the data's rule; gradients come back float32."""
-    from norm_sweep import BOUND, bound, measure
-
-    errors, kept, w, b = measure(kind, dtype, seed=0, param_dtype=torch.float32)
-    assert errors["tempo"]["nonfinite"] == 0
-    assert kept.any() and not kept.all()
-    for out in ("dx", "dgamma", "dbeta", "y"):
-        if out not in errors["tempo"]:
-            continue
-        ours, theirs = errors["tempo"][out], errors["torch"][out]
-        worst = (ours / bound(dtype, theirs)).max().item()
-        assert worst <= 1.0, (out, worst, ours.max().item(), theirs.max().item())
-        if out != "y":
-            kept_bound = max(2 * theirs.max().item(), BOUND.get(dtype, 0.0))
-            assert ours[kept].max().item() <= kept_bound, (out, ours[kept].max().item(), theirs.max().item())
+    check_sweep(kind, dtype, 0, param_dtype=torch.float32)
     # The data's rule: beta up to |gamma| in 16-bit (the parameters' float32 rule allows 16x).
     w32 = torch.tensor([1.0, 1.0, 1e-39, 1e-5])
     b32 = torch.tensor([1.0, 2.0, 0.0, 0.0])
