@@ -26,6 +26,9 @@ def dropout(x: torch.Tensor, p: float = 0.5, training: bool = True, mode: str = 
     return torch.ops.tempo.dropout(x, p, mode)
 
 
+_LOW_PRECISION = (torch.bfloat16, torch.float16)
+
+
 def _kept_columns(x, weight, bias, *tensors):
     """The norm's kept columns (see norm_kept_columns) when a backward will run, else None.
     Computed here rather than inside the op so that torch.compile sees its data-dependent
@@ -43,8 +46,6 @@ def _kept_columns(x, weight, bias, *tensors):
         return None
     return torch.ops.tempo.norm_kept_columns(weight, bias, x.dtype)
 
-
-_LOW_PRECISION = (torch.bfloat16, torch.float16)
 
 
 def layer_norm(x: torch.Tensor, normalized_shape, weight: Optional[torch.Tensor] = None,

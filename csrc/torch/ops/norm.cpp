@@ -63,12 +63,17 @@ std::pair<c10::SymInt, int64_t> rows_cols(const at::Tensor& x, at::IntArrayRef s
   return {rows, cols};
 }
 
+void check_param_shape(const at::Tensor* t, at::IntArrayRef shape, const char* op, const char* arg) {
+  if (!t) return;
+  TORCH_CHECK(t->sizes() == shape, op, ": argument '", arg, "' must have shape ", shape, " (normalized_shape), got ",
+              t->sizes());
+}
+
 void check_param(const at::Tensor* t, const at::Tensor& x, at::IntArrayRef shape, const char* op, const char* arg) {
   if (!t) return;
   check_floating(*t, op, arg);
   check_like(*t, x, op, arg);
-  TORCH_CHECK(t->sizes() == shape, op, ": argument '", arg, "' must have shape ", shape, " (normalized_shape), got ",
-              t->sizes());
+  check_param_shape(t, shape, op, arg);
 }
 
 bool low_precision(at::ScalarType t) { return t == at::kBFloat16 || t == at::kHalf; }
@@ -100,12 +105,6 @@ bool check_norm_params(const at::Tensor* w, const at::Tensor* b, const at::Tenso
                 "), got ", t->device());
   }
   return fp;
-}
-
-void check_norm_param_shape(const at::Tensor* t, at::IntArrayRef shape, const char* op, const char* arg) {
-  if (!t) return;
-  TORCH_CHECK(t->sizes() == shape, op, ": argument '", arg, "' must have shape ", shape, " (normalized_shape), got ",
-              t->sizes());
 }
 
 const void* data_or_null(const at::Tensor* t, at::Tensor& keep) {
@@ -251,8 +250,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> plain_forward(NormKind kind, cons
   check_device(x, op, "x");
   const auto [rows, cols] = rows_cols(x, shape, op);
   check_norm_params(w, b, x, op, "weight", "bias");
-  check_norm_param_shape(w, shape, op, "weight");
-  check_norm_param_shape(b, shape, op, "bias");
+  check_param_shape(w, shape, op, "weight");
+  check_param_shape(b, shape, op, "bias");
   ForwardOut o = norm_forward(kind, x, rows, cols, w, b, eps, kept_cols, nullptr, op);
   return {o.y, o.rstd, o.kept_xhat};
 }
@@ -432,8 +431,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bdrln_forward_kernel(
   const std::vector<int64_t> shape{cols};
   check_param(pro.bias, x, shape, op, "bias");
   check_norm_params(get(weight), get(beta), x, op, "weight", "beta");
-  check_norm_param_shape(get(weight), shape, op, "weight");
-  check_norm_param_shape(get(beta), shape, op, "beta");
+  check_param_shape(get(weight), shape, op, "weight");
+  check_param_shape(get(beta), shape, op, "beta");
   const c10::SymInt rows = x.sym_numel() / std::max<int64_t>(cols, 1);
   ForwardOut o = norm_forward(NormKind::kLayerNorm, x, rows, cols, get(weight), get(beta), eps, get(kept_cols), &pro, op);
   return {o.y, o.rstd, o.keep, o.kept_xhat};
