@@ -600,3 +600,68 @@ def test_property(name):
         counts[check(name, case, seed)] += 1
     # Both outcomes were exercised: the harness is not vacuous.
     assert counts["matched"] >= CASES // 2, counts
+
+
+def _valid_cases(name, n):
+    """The first n valid cases the op's generator draws (seeds BASE, BASE + 1, ...)."""
+    seed = BASE
+    while n:
+        case = OPS[name](random.Random(f"{name}:{seed}"))
+        if case.valid:
+            yield seed, case
+            n -= 1
+        seed += 1
+
+
+def _call(case, seed, mode):
+    """Run the op on the case once under `mode` ("grad", "no_grad" or "inference"), with the
+    global generator reset so dropout draws the same bits; the output and the leaves."""
+    views, leaves = [], []
+    for m, how, g in zip(case.inputs, case.layouts, case.grad):
+        v, leaf = to_leaf(m.to(case.dtype) if m is not None else None, case.dtype, how, g and mode == "grad")
+        views.append(v)
+        leaves.append(leaf)
+    torch.manual_seed(seed)
+    if mode == "inference":
+        with torch.inference_mode():
+            return case.run(views), leaves
+    if mode == "no_grad":
+        with torch.no_grad():
+            return case.run(views), leaves
+    return case.run(views), leaves
+
+
+@pytest.mark.parametrize("name", sorted(OPS))
+def test_backward_twice_with_retain_graph_gives_the_same_gradients(name):
+    """A backward reads what the forward kept and leaves it as it was: a second backward over
+    the same graph (retain_graph=True, as a user computing two losses' gradients does) gives
+    bitwise the first one's gradients."""
+    for seed, case in _valid_cases(name, 12):
+        out, leaves = _call(case, seed, "grad")
+        ws = [l for l in leaves if l is not None and l.requires_grad]
+        if not ws or not out.requires_grad:
+            continue
+        go = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).to(out.dtype)
+        first = torch.autograd.grad(out, ws, go, retain_graph=True, allow_unused=True)
+        second = torch.autograd.grad(out, ws, go, allow_unused=True)
+        for i, (a, b) in enumerate(zip(first, second)):
+            assert (a is None) == (b is None), f"{name}, seed {seed} ({case.describe}): gradient {i} went missing"
+            if a is not None:
+                assert torch.equal(a, b), \
+                    f"{name}, seed {seed} ({case.describe}): gradient {i} differs in the second backward"
+
+
+@pytest.mark.parametrize("name", sorted(OPS))
+def test_no_grad_and_inference_mode_give_the_grad_mode_output(name):
+    """Evaluation under torch.no_grad() and torch.inference_mode() runs the op and gives
+    bitwise the output it gives when recording a graph, with no graph attached."""
+    for seed, case in _valid_cases(name, 12):
+        want, _ = _call(case, seed, "grad")
+        for mode in ("no_grad", "inference"):
+            got, leaves = _call(case, seed, mode)
+            assert not got.requires_grad, f"{name}, seed {seed}: the {mode} output records a graph"
+            # dropout with p = 0 returns its input itself, as torch's does
+            if mode == "inference" and not any(got is l for l in leaves):
+                assert got.is_inference(), f"{name}, seed {seed}: the inference-mode output is not an inference tensor"
+            assert torch.equal(got, want.detach()), \
+                f"{name}, seed {seed} ({case.describe}): the {mode} output differs from the grad-mode one"
