@@ -665,3 +665,37 @@ def test_no_grad_and_inference_mode_give_the_grad_mode_output(name):
                 assert got.is_inference(), f"{name}, seed {seed}: the inference-mode output is not an inference tensor"
             assert torch.equal(got, want.detach()), \
                 f"{name}, seed {seed} ({case.describe}): the {mode} output differs from the grad-mode one"
+
+
+@pytest.mark.parametrize("name", sorted(OPS))
+def test_saved_tensor_hooks_carry_what_the_backward_reads(name):
+    """Every op keeps its tensors through autograd's saved tensors, so hooks that move them
+    (torch.autograd.graph.save_on_cpu, activation offloading) serve its backward: packed into
+    copies, the gradients are the unhooked ones (bitwise; the copy of a strided view is
+    contiguous, and a matmul over it may round differently, so there within the dtype's
+    tolerance)."""
+    for seed, case in _valid_cases(name, 12):
+        runs = []
+        for hooked in (False, True):
+            copies = []
+
+            def pack(t):
+                copies.append(t.clone())
+                return copies[-1]
+
+            with torch.autograd.graph.saved_tensors_hooks(pack if hooked else (lambda t: t), lambda t: t):
+                out, leaves = _call(case, seed, "grad")
+            ws = [l for l in leaves if l is not None and l.requires_grad]
+            if not ws or not out.requires_grad:
+                break
+            go = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).to(out.dtype)
+            runs.append(torch.autograd.grad(out, ws, go, allow_unused=True))
+        if len(runs) < 2:
+            continue
+        for i, (a, b) in enumerate(zip(*runs)):
+            if a is None:
+                assert b is None
+            elif all(how == "contiguous" for how in case.layouts):
+                assert torch.equal(a, b), f"{name}, seed {seed} ({case.describe}): gradient {i} differs under hooks"
+            else:
+                torch.testing.assert_close(b, a, msg=lambda m: f"{name}, seed {seed} ({case.describe}): {m}")
