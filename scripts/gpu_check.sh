@@ -9,7 +9,8 @@
 #   1. build   the CUDA library, ops, models and CLI with that python's torch (ninja -j16, sm_90,
 #              ccache off); the dry run builds (or reuses) the CPU build in $BUILD (default build)
 #   2. tests   the C++ tests and the Python tests' CUDA cases (CUDA vs CPU and fp64 references;
-#              fp32, bf16, fp16; dropout masks the same on CPU and CUDA)
+#              fp32, bf16, fp16; dropout masks the same on CPU and CUDA, new ones each CUDA
+#              graph replay)
 #   3. bandwidth  each kernel's forward and backward as a share of a device-to-device copy
 #   4. bench   `tempo bench` on bert-large S=128 and S=512 and gpt2-medium S=1024 under 11 GiB
 #              and 16 GiB for every policy; `python -m tempo.bench` (Hugging Face, torch.compile)
@@ -109,7 +110,8 @@ tests() {
   TEMPO_LIBRARY="$PWD/$BUILD/lib/libtempo_torch.so" PYTHONPATH="$PWD/python" \
     "$PYTHON" -m pytest -q -x tests/python/test_activation.py tests/python/test_dropout.py tests/python/test_norm.py \
     tests/python/test_attention.py tests/python/test_memory.py tests/python/test_linear_attention.py \
-    tests/python/test_linear_cross_entropy.py tests/python/test_autocast.py tests/python/test_fused_kernels.py -k "$filter" \
+    tests/python/test_linear_cross_entropy.py tests/python/test_autocast.py tests/python/test_fused_kernels.py \
+    tests/python/test_cuda_graphs.py -k "$filter" \
     --junitxml="$OUT/pytest.xml" || rc=1
   return $rc
 }

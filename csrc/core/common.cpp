@@ -22,8 +22,9 @@ const char* dtype_name(DType dtype) {
 
 #if defined(TEMPO_WITH_CUDA) && !TEMPO_WITH_CUDA
 bool cuda_compiled() { return false; }
+bool cuda_stream_capturing(void*) { return false; }
 #else
-bool cuda_compiled();  // defined by the CUDA sources
+bool cuda_compiled();  // defined by the CUDA sources, as is cuda_stream_capturing
 #endif
 
 BuildInfo build_info() {

@@ -44,4 +44,9 @@ Status validate(const DropoutBackwardParams& p) {
 namespace tempo {
 TEMPO_CUDA_UNAVAILABLE(dropout_forward_cuda, DropoutForwardParams, "dropout forward")
 TEMPO_CUDA_UNAVAILABLE(dropout_backward_cuda, DropoutBackwardParams, "dropout backward")
+#if defined(TEMPO_WITH_CUDA) && !TEMPO_WITH_CUDA
+Status philox_state_store_cuda(const PhiloxState&, uint64_t*, void*) {
+  return Status::Error("philox state store: this build of tempo has no CUDA kernels");
+}
+#endif
 }  // namespace tempo

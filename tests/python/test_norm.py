@@ -458,6 +458,43 @@ def test_backward_without_kept_columns_is_an_error_not_a_wrong_gradient():
     torch.testing.assert_close(gw, gw_ref)
 
 
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm", "bias_dropout_add_layer_norm"])
+def test_every_column_kept_is_exact_for_any_weights(op):
+    """kept_cols = every column, what the ops use inside a CUDA graph capture (where the
+    parameters cannot be read on the host and change between replays): exact for weights with
+    zero, subnormal and tiny gammas, the gradients those of torch in float64, and xhat kept
+    for all rows x cols."""
+    g = torch.Generator().manual_seed(5)
+    rows, cols = 12, 33
+    x = torch.randn(rows, cols, generator=g)
+    res = torch.randn(rows, cols, generator=g)
+    w = torch.randn(cols, generator=g)
+    b = torch.randn(cols, generator=g)
+    w[[0, 5, 9]] = torch.tensor([0.0, 1e-40, 1e-30])
+    go = torch.randn(rows, cols, generator=g)
+    every = torch.arange(cols)
+    leaves = [t.clone().requires_grad_(True) for t in (x, w, b)]
+    exact = [t.double().requires_grad_(True) for t in (x, w, b)]
+    if op == "layer_norm":
+        y = torch.ops.tempo.layer_norm(leaves[0], [cols], leaves[1], leaves[2], 1e-5, every)
+        ref = F.layer_norm(exact[0], [cols], exact[1], exact[2], 1e-5)
+        _, _, xk = torch.ops.tempo.layer_norm_forward(x, [cols], w, b, 1e-5, every)
+    elif op == "rms_norm":
+        leaves, exact = leaves[:2], exact[:2]
+        y = torch.ops.tempo.rms_norm(leaves[0], [cols], leaves[1], 1e-6, every)
+        ref = F.rms_norm(exact[0], [cols], exact[1], 1e-6)
+        _, _, xk = torch.ops.tempo.rms_norm_forward(x, [cols], w, 1e-6, every)
+    else:
+        y = torch.ops.tempo.bias_dropout_add_layer_norm(leaves[0], None, res, 0.0, leaves[1], leaves[2], 1e-5,
+                                                        "bits", every)
+        ref = F.layer_norm(exact[0] + res.double(), [cols], exact[1], exact[2], 1e-5)
+        xk = torch.ops.tempo.bias_dropout_add_layer_norm_forward(x, None, res, 0.0, w, b, 1e-5, "bits", every)[3]
+    assert xk.shape == (rows, cols) and xk.dtype == torch.float32
+    torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=1e-5)
+    for got, want in zip(torch.autograd.grad(y, leaves, go), torch.autograd.grad(ref, exact, go.double())):
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+
+
 def test_fused_exact_with_tiny_gamma_and_large_beta():
     torch.manual_seed(0)
     rows, cols = 24, 40

@@ -36,9 +36,13 @@ inline int row_grid(int64_t rows) { return static_cast<int>(std::max<int64_t>(1,
 
 inline bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
-// The Philox state with (seed, offset) loaded from device memory when it lives there.
+// The Philox state with (seed, offset) loaded from device memory when it lives there: a
+// generator's, in a captured graph (read at each replay), or a forward's stored state.
 __device__ inline PhiloxState resolve(PhiloxState s) {
-  if (s.device) {
+  if (s.graph_seed) {
+    s.seed = static_cast<uint64_t>(*s.graph_seed) ^ kGraphSeedDomain;
+    s.offset = static_cast<uint64_t>(*s.graph_offset) + s.graph_offset_add;
+  } else if (s.device) {
     s.seed = s.device[0];
     s.offset = s.device[1];
   }

@@ -49,7 +49,28 @@ __global__ void dropout_backward_kernel(DropoutBackwardParams p, uint64_t thresh
   }
 }
 
+__global__ void philox_state_store_kernel(PhiloxState rng, uint64_t* out) {
+  const PhiloxState s = cuda::resolve(rng);
+  out[0] = s.seed;
+  out[1] = s.offset;
+}
+
 }  // namespace
+
+Status philox_state_store_cuda(const PhiloxState& rng, uint64_t* out, void* stream) {
+  if (!out) return Status::Error("philox state store: out must be non-null");
+  philox_state_store_kernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(rng, out);
+  return cuda::launch_status("philox state store");
+}
+
+bool cuda_stream_capturing(void* stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &status) != cudaSuccess) {
+    (void)cudaGetLastError();  // not a stream we can ask about: not capturing
+    return false;
+  }
+  return status != cudaStreamCaptureStatusNone;
+}
 
 Status dropout_forward_cuda(const DropoutForwardParams& p, void* stream) {
   Status s = detail::validate(p);

@@ -6,6 +6,10 @@
 
 #include <mutex>
 
+#if TEMPO_TORCH_CUDA
+#include <ATen/cuda/CUDAGeneratorImpl.h>
+#endif
+
 #include "dtype.h"
 
 namespace tempo::torch_impl {
@@ -59,15 +63,41 @@ DropoutKeep new_dropout_keep(const at::Tensor& x, double p, DropoutMode mode) {
     k.keep = at::empty({2}, opts.dtype(at::kLong));
   }
   if (x.is_meta()) return k;
+  if (mode == DropoutMode::kBits) k.mask = k.keep.mutable_data_ptr<uint8_t>();
+  if (x.is_cuda() && cuda_stream_capturing(stream_of(x))) {
+    // A CUDA graph being captured: a seed drawn here would be frozen into the graph and every
+    // replay would drop the same elements. The kernels read the CUDA generator's state from
+    // device memory instead, as torch's dropout does, so each replay draws anew (the masks
+    // then follow torch.cuda.manual_seed, not the CPU generator).
+#if TEMPO_TORCH_CUDA
+    {
+      auto gen = at::cuda::detail::getDefaultCUDAGenerator(x.device().index());
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      const at::PhiloxCudaState st = gen.get<at::CUDAGeneratorImpl>()->philox_cuda_state(4);
+      TORCH_CHECK(st.captured_, "tempo dropout: the CUDA generator is not in graph-capture mode while the stream "
+                  "is being captured");
+      k.rng.graph_seed = st.seed_.ptr;
+      k.rng.graph_offset = st.offset_.ptr;
+      k.rng.graph_offset_add = st.offset_intragraph_;
+    }
+    if (mode == DropoutMode::kPhilox) {
+      // The backward reads the state this replay drew, stored by a recorded kernel.
+      raise_if_error(philox_state_store_cuda(k.rng, reinterpret_cast<uint64_t*>(k.keep.mutable_data_ptr<int64_t>()),
+                                             stream_of(x)),
+                     "tempo dropout");
+    }
+    return k;
+#else
+    TORCH_CHECK(false, "tempo dropout: this build of tempo has no CUDA kernels");
+#endif
+  }
   {
     auto gen = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(gen.mutex());
     k.rng.seed = gen.get<at::CPUGeneratorImpl>()->random64();
   }
   k.rng.offset = 0;
-  if (mode == DropoutMode::kBits) {
-    k.mask = k.keep.mutable_data_ptr<uint8_t>();
-  } else {
+  if (mode == DropoutMode::kPhilox) {
     at::Tensor host = at::empty({2}, opts.dtype(at::kLong).device(at::kCPU));
     host.mutable_data_ptr<int64_t>()[0] = static_cast<int64_t>(k.rng.seed);
     host.mutable_data_ptr<int64_t>()[1] = static_cast<int64_t>(k.rng.offset);

@@ -27,7 +27,9 @@ DropoutMode dropout_mode(c10::string_view mode, const char* op);
 // ceil(numel / 8) uint8), the int64 Philox state {seed, offset} on x's device (philox
 // mode), or nothing (p = 0: an empty uint8 tensor). The seed is drawn from the default CPU
 // generator, so torch.manual_seed fixes the masks and CPU and CUDA tensors draw the same
-// ones. `rng` has the drawn values on the host, `mask` points into the bits (null on Meta).
+// ones; except in a CUDA graph being captured, where `rng` points to the CUDA generator's
+// state in device memory, read at each replay (a drawn seed would be frozen into the graph).
+// `rng` has the drawn values on the host, `mask` points into the bits (null on Meta).
 struct DropoutKeep {
   at::Tensor keep;
   PhiloxState rng;

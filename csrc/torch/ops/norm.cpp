@@ -139,6 +139,15 @@ at::Tensor kept_columns_kernel(const std::optional<at::Tensor>& weight, const st
   TORCH_CHECK(!ref.is_meta(), op, ": the kept columns depend on the parameters' values; on meta/fake tensors ",
               "use the Python fake kernel (import tempo)");
   const int64_t cols = ref.numel();
+  if (ref.is_cuda() && cuda_stream_capturing(stream_of(ref))) {
+    // A CUDA graph being captured cannot read the parameters on the host (nor give an output
+    // a size that depends on them), and the weights it will be replayed with are not yet
+    // known: every column is kept, which is exact for any weights, at the cost of the norm's
+    // saving (xhat in the math type beside y).
+    TORCH_WARN_ONCE(op, ": in a CUDA graph capture every column's xhat is kept (the parameters cannot be read ",
+                    "on the host there): exact for any weights, without the norm's memory saving");
+    return at::arange(cols, ref.options().dtype(at::kLong));
+  }
   const at::Tensor wc = w ? w->contiguous().cpu() : at::Tensor();
   const at::Tensor bc = b ? b->contiguous().cpu() : at::Tensor();
   at::Tensor idx = at::empty({cols}, at::TensorOptions().dtype(at::kLong));
@@ -285,6 +294,9 @@ BackwardOut norm_backward(NormKind kind, const at::Tensor& grad, const at::Tenso
   if (!kept_cols && (w || b) && !y.is_meta() && y.numel() > 0) {
     // Called without the forward's kept columns (the autograd path always passes them): a
     // column that needs keeping is an error on every device, not inf/NaN on CUDA.
+    TORCH_CHECK(!(y.is_cuda() && cuda_stream_capturing(stream_of(y))), op,
+                ": called without the forward's kept_cols in a CUDA graph capture, where the parameters cannot be "
+                "checked on the host; pass the forward's kept_cols and kept_xhat");
     const at::Tensor need = kept_columns_kernel(w ? std::optional<at::Tensor>(*w) : std::nullopt,
                                                 b ? std::optional<at::Tensor>(*b) : std::nullopt, y.scalar_type());
     TORCH_CHECK(need.numel() == 0, op, ": column ", need.cpu()[0].item<int64_t>(),

@@ -160,6 +160,11 @@ TEST(CoreBuild, CudaEntryPointsSayWhyWithoutCuda) {
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.message(), "attention softmax forward: this build of tempo has no CUDA kernels");
   EXPECT_FALSE(tempo::attention_softmax_backward_cuda(tempo::AttentionSoftmaxBackwardParams{}, nullptr).ok());
+  uint64_t state[2] = {0, 0};
+  const tempo::Status store = tempo::philox_state_store_cuda(tempo::PhiloxState{}, state, nullptr);
+  ASSERT_FALSE(store.ok());
+  EXPECT_EQ(store.message(), "philox state store: this build of tempo has no CUDA kernels");
+  EXPECT_FALSE(tempo::cuda_stream_capturing(nullptr));  // no CUDA: nothing is ever captured
 }
 
 }  // namespace

@@ -69,6 +69,11 @@ struct BuildInfo {
 };
 BuildInfo build_info();
 
+// Whether `stream` (a cudaStream_t) is being captured into a CUDA graph, where the host can
+// neither draw a seed the replays would share nor read device memory; false in a build
+// without CUDA kernels.
+bool cuda_stream_capturing(void* stream);
+
 }  // namespace tempo
 
 // In a build without CUDA (TEMPO_WITH_CUDA=0, set by the build for the core's sources) an

@@ -17,11 +17,29 @@ enum class DropoutMode : int32_t { kBits = 0, kPhilox = 1 };
 // Where the keep bits come from: Philox key `seed`, counter high word `offset`.
 // CUDA kernels read (seed, offset) from `device`, when set, instead of the two fields: the
 // backward then needs no copy of the state to the host.
+// In a CUDA graph being captured, (seed, offset) must be read when the kernel runs, not when
+// it is recorded, or every replay would draw the same bits: `graph_seed` and `graph_offset`
+// point to a generator's seed and offset in device memory (PyTorch's CUDA generator keeps them
+// there while a graph is captured and rewrites them before each replay), and the kernels use
+// seed = *graph_seed ^ kGraphSeedDomain, offset = *graph_offset + graph_offset_add.
 struct PhiloxState {
   uint64_t seed = 0;
   uint64_t offset = 0;
   const uint64_t* device = nullptr;  // CUDA only: {seed, offset} in device memory
+  const int64_t* graph_seed = nullptr;    // CUDA only, in graph capture: see above
+  const int64_t* graph_offset = nullptr;
+  uint64_t graph_offset_add = 0;
 };
+
+// Mixed into a generator's seed read in a graph (above): tempo's Philox counters (element
+// group, offset) are laid out unlike PyTorch's (offset, thread), so under the same key some of
+// both would coincide; a key of tempo's own keeps the two streams apart.
+constexpr uint64_t kGraphSeedDomain = 0x74656d706f647270ULL;  // "tempodrp"
+
+// Writes the (seed, offset) that `rng` stands for, as the kernels read it, to out[0], out[1]
+// in device memory (stream order): the state a philox-mode backward reads from `device`.
+// Under graph capture the write is recorded, so each replay stores that replay's state.
+Status philox_state_store_cuda(const PhiloxState& rng, uint64_t* out, void* stream);
 
 
 struct DropoutForwardParams {

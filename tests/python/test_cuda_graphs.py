@@ -1,0 +1,170 @@
+"""tempo's dropping ops inside CUDA graphs (torch.cuda.graph, and torch.compile's
+mode="reduce-overhead", which records CUDA graphs): each replay draws a new mask, from the CUDA
+generator's state that PyTorch rewrites in device memory before every replay, and the backward
+recorded beside the forward reads that replay's mask. Outside a capture the seed comes from the
+CPU generator (test_dropout.py's CPU/CUDA agreement); a seed drawn on the host while recording
+would be frozen into the graph, every step dropping the same elements. CUDA only."""
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tempo
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+
+P = 0.3
+REPLAYS = 3
+
+
+def capture(step, *inputs):
+    """step(*inputs) recorded in a CUDA graph (after a warm-up on a side stream, as PyTorch
+    asks); returns the graph and the step's outputs (static tensors each replay rewrites)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step(*inputs)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        outs = step(*inputs)
+    return g, outs
+
+
+def replays(g, outs):
+    got = []
+    for _ in range(REPLAYS):
+        g.replay()
+        torch.cuda.synchronize()
+        got.append([o.detach().clone() for o in outs])
+    return got
+
+
+def assert_masks_differ(masks):
+    for i in range(len(masks)):
+        for j in range(i):
+            assert not torch.equal(masks[i], masks[j]), f"replays {j} and {i} dropped the same elements"
+    for m in masks:
+        frac = m.float().mean().item()
+        assert abs(frac - (1 - P)) < 0.05, f"kept fraction {frac:.3f}, expected {1 - P}"
+
+
+@pytest.mark.parametrize("mode", ["bits", "philox"])
+def test_dropout_replays_draw_new_masks_and_the_backward_reads_them(mode):
+    x = torch.ones(64, 1031, device="cuda", requires_grad=True)
+
+    def step(x):
+        y = tempo.dropout(x, P, mode=mode)
+        (dx,) = torch.autograd.grad(y, x, torch.ones_like(y))
+        return y, dx
+
+    g, outs = capture(step, x)
+    got = replays(g, outs)
+    for y, dx in got:
+        # x = 1 and an output gradient of 1: the backward's dx is the forward's y, bit for bit,
+        # only when both used one mask
+        assert torch.equal(dx, y)
+    assert_masks_differ([y != 0 for y, _ in got])
+
+
+@pytest.mark.parametrize("op", ["attention-bits", "attention-philox", "fused_attention"])
+def test_attention_replays_draw_new_masks_and_the_backward_reads_them(op):
+    B, A, S, d = 2, 3, 64, 16
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(B, A, S, d, device="cuda", generator=gen)
+    k = torch.randn(B, A, S, d, device="cuda", generator=gen)
+    # v = I: the output is the dropped probabilities themselves
+    v = torch.eye(S, device="cuda").expand(B, A, S, S).contiguous().requires_grad_(True)
+    go = torch.randn(B, A, S, S, device="cuda", generator=gen)
+
+    def step(v):
+        if op == "fused_attention":
+            out = tempo.fused_attention(q, k, v, None, P)
+        else:
+            out = tempo.attention(q, k, v, None, P, mode=op.split("-")[1])
+        (dv,) = torch.autograd.grad(out, v, go)
+        return out, dv
+
+    g, outs = capture(step, v)
+    got = replays(g, outs)
+    for out, dv in got:
+        # dv = P_dropped^T go, with the forward's P_dropped
+        torch.testing.assert_close(dv, out.transpose(-1, -2) @ go, rtol=1e-4, atol=1e-4)
+    assert_masks_differ([out != 0 for out, _ in got])
+
+
+def test_bias_dropout_add_layer_norm_replays_draw_new_masks_and_the_backward_reads_them():
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    x = torch.randn(256, 128, device="cuda", generator=gen).requires_grad_(True)
+    res = torch.zeros(256, 128, device="cuda")
+    go = torch.randn(256, 128, device="cuda", generator=gen)
+
+    def step(x):
+        y = tempo.bias_dropout_add_layer_norm(x, None, res, P, None, None, 1e-5)
+        (dx,) = torch.autograd.grad(y, x, go)
+        return y, dx
+
+    g, outs = capture(step, x)
+    got = replays(g, outs)
+    for y, dx in got:
+        keep = dx != 0  # the backward's mask: dx = keep / (1 - p) * (LayerNorm's dh)
+        want = F.layer_norm(x.detach() * keep / (1 - P), (128,), eps=1e-5)  # the forward with that mask
+        torch.testing.assert_close(y, want, rtol=1e-4, atol=1e-4)
+    assert_masks_differ([dx != 0 for _, dx in got])
+
+
+def test_reduce_overhead_compile_of_a_patched_bert_drops_anew_each_step():
+    """torch.compile(mode="reduce-overhead") of a BERT patched with every technique, dropout on:
+    the same batch gives a different loss each step (a new mask), every loss and gradient is
+    finite, and in eval mode the compiled model gives eager's output."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.BertConfig(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, intermediate_size=256,
+                                  vocab_size=500, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
+    torch.manual_seed(0)
+    model = tempo.optimize(transformers.BertForMaskedLM(cfg), attention="tempo", fused=True).cuda().train()
+    eager = copy.deepcopy(model)
+    compiled = torch.compile(model, mode="reduce-overhead")
+    ids = torch.randint(0, 500, (4, 64), device="cuda", generator=torch.Generator(device="cuda").manual_seed(1))
+    losses = []
+    for _ in range(5):
+        loss = F.cross_entropy(compiled(input_ids=ids).logits.flatten(0, 1), ids.flatten())
+        loss.backward()
+        assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+        model.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    assert len(set(losses[2:])) == len(losses[2:]), f"replayed steps repeat a loss (the same mask): {losses}"
+    model.eval(), eager.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(input_ids=ids).logits, eager(input_ids=ids).logits, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
+def test_norms_in_a_graph_keep_every_column_and_stay_exact_as_the_weights_change(kind):
+    """The kept columns depend on the weights, which a graph cannot read on the host and which
+    change between replays (the optimizer's step): in a capture every column is kept, so the
+    gradients stay torch's whatever the weights become, a zero gamma included."""
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    x = torch.randn(64, 96, device="cuda", generator=gen, requires_grad=True)
+    w = torch.randn(96, device="cuda", generator=gen, requires_grad=True)
+    b = torch.randn(96, device="cuda", generator=gen, requires_grad=True)
+    go = torch.randn(64, 96, device="cuda", generator=gen)
+
+    def run(fn):
+        y = fn(x, w, b)
+        return (y,) + torch.autograd.grad(y, (x, w) if kind == "rms_norm" else (x, w, b), go)
+
+    ours = (lambda x, w, b: tempo.rms_norm(x, (96,), w, 1e-6)) if kind == "rms_norm" else \
+        (lambda x, w, b: tempo.layer_norm(x, (96,), w, b, 1e-5))
+    ref = (lambda x, w, b: F.rms_norm(x.double(), (96,), w.double(), 1e-6)) if kind == "rms_norm" else \
+        (lambda x, w, b: F.layer_norm(x.double(), (96,), w.double(), b.double(), 1e-5))
+    g, outs = capture(lambda: run(ours))  # warns once per process that every column is kept
+    for step in range(3):
+        with torch.no_grad():  # what an optimizer does between steps, down to a zero gamma
+            w.mul_(0.5).add_(0.1 * step)
+            w[step] = 0.0
+            w[10 + step] = 1e-30
+        g.replay()
+        want = run(ref)
+        for got, exact in zip(outs, want):
+            torch.testing.assert_close(got.double(), exact, rtol=1e-4, atol=1e-4)
