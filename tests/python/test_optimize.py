@@ -558,6 +558,33 @@ def test_torch_compile_with_dynamic_shapes_and_dropout_matches_eager(family):
             torch.testing.assert_close(p.grad, grads[n].grad, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("family", ["bert", "gpt2", "llama"])
+def test_jit_trace_and_export_of_a_patched_model_match_the_original(family):
+    """torch.jit.trace and torch.export.export of a model patched with every technique (eval
+    mode, for deployment): run on another batch, each gives the unpatched model's logits.
+    Under tracing, sizes arrive as 0-d tensors (the LLaMA RMSNorm patch's normalized_shape)."""
+    ref = _tiny(family, 0.1).eval()
+    ours = tempo.optimize(copy.deepcopy(ref), attention="tempo", fused=True).eval()
+
+    class Logits(torch.nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, ids):
+            return self.model(input_ids=ids).logits
+
+    ids = torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(0))
+    other = torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = ref(input_ids=other).logits
+        traced = torch.jit.trace(Logits(ours), (ids,), check_trace=False, strict=False)
+        torch.testing.assert_close(traced(other), want, rtol=1e-5, atol=1e-5)
+    exported = torch.export.export(Logits(ours), (ids,)).module()
+    with torch.no_grad():
+        torch.testing.assert_close(exported(other), want, rtol=1e-5, atol=1e-5)
+
+
 def test_torch_compile_keeps_what_tempo_saves():
     """Under torch.compile (inductor, the default backend) a patched BERT with dropout keeps
     what it keeps eagerly after the forward (bytes counted by tempo's CPU allocator), and less
