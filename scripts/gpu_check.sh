@@ -9,8 +9,8 @@
 #   1. build   the CUDA library, ops, models and CLI with that python's torch (ninja -j16, sm_90,
 #              ccache off); the dry run builds (or reuses) the CPU build in $BUILD (default build)
 #   2. tests   the C++ tests and the Python tests' CUDA cases (CUDA vs CPU and fp64 references;
-#              fp32, bf16, fp16; dropout masks the same on CPU and CUDA, new ones each CUDA
-#              graph replay)
+#              fp32, bf16, fp16; dropout masks the same on CPU and CUDA); graphs: the ops in
+#              CUDA graphs (a new dropout mask each replay, exact norms as the weights change)
 #   3. bandwidth  each kernel's forward and backward as a share of a device-to-device copy
 #   4. bench   `tempo bench` on bert-large S=128 and S=512 and gpt2-medium S=1024 under 11 GiB
 #              and 16 GiB for every policy; `python -m tempo.bench` (Hugging Face, torch.compile)
@@ -111,9 +111,15 @@ tests() {
     "$PYTHON" -m pytest -q -x tests/python/test_activation.py tests/python/test_dropout.py tests/python/test_norm.py \
     tests/python/test_attention.py tests/python/test_memory.py tests/python/test_linear_attention.py \
     tests/python/test_linear_cross_entropy.py tests/python/test_autocast.py tests/python/test_fused_kernels.py \
-    tests/python/test_cuda_graphs.py -k "$filter" \
-    --junitxml="$OUT/pytest.xml" || rc=1
+    -k "$filter" --junitxml="$OUT/pytest.xml" || rc=1
   return $rc
+}
+
+# The dropping ops, the norms and linear_cross_entropy inside CUDA graphs (a step of its own:
+# it compiles a model with mode="reduce-overhead"); on the CPU every case skips.
+graphs() {
+  TEMPO_LIBRARY="$PWD/$BUILD/lib/libtempo_torch.so" PYTHONPATH="$PWD/python" \
+    "$PYTHON" -m pytest -q tests/python/test_cuda_graphs.py -rs --junitxml="$OUT/pytest_graphs.xml"
 }
 
 # ---- 3. bandwidth --------------------------------------------------------------------------
@@ -178,6 +184,7 @@ S1=128; S2=512; S3=1024
 step build 240 build
 if [ -x "$BUILD/tempo" ]; then
   step tests 150 tests
+  step graphs 90 graphs
   step bandwidth 60 bandwidth
   step layer 60 layer
   step bench_bert_s128_11g 45 bench_cpp bench_bert_s128_11g $M1 $S1 $B1
