@@ -167,7 +167,7 @@ def test_norms_in_a_graph_keep_every_column_and_stay_exact_as_the_weights_change
         g.replay()
         want = run(ref)
         for got, exact in zip(outs, want):
-            torch.testing.assert_close(got.double(), exact, rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(got.double(), exact.double(), rtol=1e-4, atol=1e-4)
 
 
 def test_linear_cross_entropy_in_a_graph_matches_torch_as_the_batch_changes():
