@@ -38,6 +38,8 @@ void* stream_of(const at::Tensor& t) {
   return impl.getStream(t.device()).native_handle();
 }
 
+bool capturing(const at::Tensor& t) { return t.is_cuda() && cuda_stream_capturing(stream_of(t)); }
+
 void raise_if_error(const Status& s, const char* op) { TORCH_CHECK(s.ok(), op, ": ", s.message()); }
 
 void check_probability(double p, const char* op, const char* arg) {
@@ -64,12 +66,13 @@ DropoutKeep new_dropout_keep(const at::Tensor& x, double p, DropoutMode mode) {
   }
   if (x.is_meta()) return k;
   if (mode == DropoutMode::kBits) k.mask = k.keep.mutable_data_ptr<uint8_t>();
-  if (x.is_cuda() && cuda_stream_capturing(stream_of(x))) {
+#if TEMPO_TORCH_CUDA
+  if (capturing(x)) {
     // A CUDA graph being captured: a seed drawn here would be frozen into the graph and every
     // replay would drop the same elements. The kernels read the CUDA generator's state from
     // device memory instead, as torch's dropout does, so each replay draws anew (the masks
-    // then follow torch.cuda.manual_seed, not the CPU generator).
-#if TEMPO_TORCH_CUDA
+    // then follow torch.cuda.manual_seed, not the CPU generator). (Without the CUDA kernels
+    // nothing is ever captured.)
     {
       auto gen = at::cuda::detail::getDefaultCUDAGenerator(x.device().index());
       std::lock_guard<std::mutex> lock(gen.mutex());
@@ -87,10 +90,8 @@ DropoutKeep new_dropout_keep(const at::Tensor& x, double p, DropoutMode mode) {
                      "tempo dropout");
     }
     return k;
-#else
-    TORCH_CHECK(false, "tempo dropout: this build of tempo has no CUDA kernels");
-#endif
   }
+#endif
   {
     auto gen = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(gen.mutex());

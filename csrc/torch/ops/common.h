@@ -17,6 +17,9 @@ void check_device(const at::Tensor& t, const char* op, const char* arg);
 void check_like(const at::Tensor& t, const at::Tensor& x, const char* op, const char* arg);
 // The current CUDA stream of t's device (a cudaStream_t), or null for other devices.
 void* stream_of(const at::Tensor& t);
+// Whether t is a CUDA tensor whose current stream is being captured into a CUDA graph: no
+// host read of device memory and no seed drawn on the host, since replays would share it.
+bool capturing(const at::Tensor& t);
 void raise_if_error(const Status& s, const char* op);
 
 // Dropout probability in [0, 1], else an error naming op and argument.

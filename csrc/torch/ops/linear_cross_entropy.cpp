@@ -66,7 +66,7 @@ std::tuple<int64_t, int64_t, int64_t> check(const at::Tensor& h, const at::Tenso
 void check_labels(const at::Tensor& labels, int64_t V, int64_t ignore) {
   if (labels.is_meta() || labels.numel() == 0) return;
   const at::Tensor bad = labels.ne(ignore).logical_and(labels.lt(0).logical_or(labels.ge(V)));
-  if (labels.is_cuda() && cuda_stream_capturing(stream_of(labels))) {
+  if (capturing(labels)) {
     // A CUDA graph capture cannot read the result on the host: a device-side assert, as
     // torch's cross_entropy makes (the kernels clamp the labels, so nothing is read out of
     // bounds before it fires).

@@ -139,7 +139,7 @@ at::Tensor kept_columns_kernel(const std::optional<at::Tensor>& weight, const st
   TORCH_CHECK(!ref.is_meta(), op, ": the kept columns depend on the parameters' values; on meta/fake tensors ",
               "use the Python fake kernel (import tempo)");
   const int64_t cols = ref.numel();
-  if (ref.is_cuda() && cuda_stream_capturing(stream_of(ref))) {
+  if (capturing(ref)) {
     // A CUDA graph being captured cannot read the parameters on the host (nor give an output
     // a size that depends on them), and the weights it will be replayed with are not yet
     // known: every column is kept, which is exact for any weights, at the cost of the norm's
@@ -294,7 +294,7 @@ BackwardOut norm_backward(NormKind kind, const at::Tensor& grad, const at::Tenso
   if (!kept_cols && (w || b) && !y.is_meta() && y.numel() > 0) {
     // Called without the forward's kept columns (the autograd path always passes them): a
     // column that needs keeping is an error on every device, not inf/NaN on CUDA.
-    TORCH_CHECK(!(y.is_cuda() && cuda_stream_capturing(stream_of(y))), op,
+    TORCH_CHECK(!capturing(y), op,
                 ": called without the forward's kept_cols in a CUDA graph capture, where the parameters cannot be "
                 "checked on the host; pass the forward's kept_cols and kept_xhat");
     const at::Tensor need = kept_columns_kernel(w ? std::optional<at::Tensor>(*w) : std::nullopt,
