@@ -78,13 +78,29 @@ def _probe(m, forward, *shapes):
     g = torch.Generator().manual_seed(0)
     if p.device.type == "meta":  # a model built without storage (to be loaded later, e.g. under FSDP): what the
         # forward computes does not depend on the values, so a CPU copy with random ones is probed instead
-        m = copy.deepcopy(m).to_empty(device="cpu")
-        with torch.no_grad():
-            for t in list(m.parameters()) + list(m.buffers()):
-                if t.is_floating_point():
-                    t.copy_(torch.randn(t.shape, generator=g))
-        p = next(m.parameters())
-    xs = [torch.randn(s, generator=g).to(p.device, p.dtype) for s in shapes]
+        m = _randomised(m, g)
+    xs = [torch.randn(s, generator=g) for s in shapes]
+    want = _compare(m, forward, xs)
+    if want == 0:  # its weights make every output 0 (a norm's gammas all 0): any form would agree, so the
+        _compare(_randomised(m, g), forward, xs)  # form is told apart on a copy with random weights
+
+
+def _randomised(m, g):
+    """A copy of `m` with random parameters and buffers (on the CPU when `m` has no storage)."""
+    m = copy.deepcopy(m)
+    if next(m.parameters()).device.type == "meta":
+        m = m.to_empty(device="cpu")
+    with torch.no_grad():
+        for t in list(m.parameters()) + list(m.buffers()):
+            if t.is_floating_point():
+                t.copy_(torch.randn(t.shape, generator=g))
+    return m
+
+
+def _compare(m, forward, xs):
+    """_probe's comparison on inputs `xs`; returns the largest magnitude of the module's output."""
+    p = next(m.parameters())
+    xs = [x.to(p.device, p.dtype) for x in xs]
     modes = [(x, x.training) for x in m.modules()]
     m.eval()
     try:
@@ -99,10 +115,12 @@ def _probe(m, forward, *shapes):
     if not (isinstance(want, torch.Tensor) and isinstance(got, torch.Tensor) and want.shape == got.shape):
         raise _Differs("its forward returns something else than the rule's")
     want, got = want.double(), got.double()
-    err = ((got - want).abs().max() / want.abs().max().clamp_min(1e-300)).item()
+    scale = want.abs().max().item()
+    err = (got - want).abs().max().item() / max(scale, 1e-300)
     tol = 1e-4 if p.dtype in (torch.float32, torch.float64) else 2.0**-6
     if not err <= tol:
         raise _Differs("its forward computes something else (probed: relative difference %.2g)" % err)
+    return scale
 
 
 def _probed(forward, shapes):
@@ -113,16 +131,25 @@ def _probed(forward, shapes):
     return replace
 
 
-def _rms_eps(self):
+def _norm_eps(self):
     return getattr(self, "variance_epsilon", getattr(self, "eps", None))
 
 
-def _hf_rms_norm_forward(self, hidden_states):  # x-hat * w (Llama, Mistral, Qwen2/3, ...)
-    return ops.rms_norm(hidden_states, hidden_states.shape[-1], self.weight, _rms_eps(self))
+def _norm_bias(self):
+    b = getattr(self, "bias", None)
+    return b if isinstance(b, torch.nn.Parameter) else None
+
+
+def _hf_rms_norm_forward(self, hidden_states):  # x-hat * w (Llama, Mistral, Qwen2/3, T5's LayerNorm, ...)
+    return ops.rms_norm(hidden_states, hidden_states.shape[-1], self.weight, _norm_eps(self))
 
 
 def _hf_rms_norm_offset_forward(self, hidden_states):  # x-hat * (1 + w) (Gemma, Qwen3-Next, ...)
-    return ops.rms_norm(hidden_states, hidden_states.shape[-1], 1.0 + self.weight, _rms_eps(self))
+    return ops.rms_norm(hidden_states, hidden_states.shape[-1], 1.0 + self.weight, _norm_eps(self))
+
+
+def _hf_layer_norm_forward(self, hidden_states):  # (x - mean) / std * w (+ b) (Cohere, DeBERTa, ...)
+    return ops.layer_norm(hidden_states, hidden_states.shape[-1], self.weight, _norm_bias(self), _norm_eps(self))
 
 
 def _rms_norm(m):
@@ -142,10 +169,12 @@ def _rms_norm(m):
     return _subclass(m, "Tempo", _hf_rms_norm_offset_forward)
 
 
-def _is_hf_rms_norm(m):
+def _is_named_norm(m, suffix):
+    """A norm class of a model's own (transformers' or a user's), found by its name and its
+    state: a vector of weights and an eps. What its forward computes is probed at patch time."""
     w = getattr(m, "weight", None)
-    return (type(m).__name__.endswith("RMSNorm") and isinstance(w, torch.nn.Parameter) and w.dim() == 1
-            and (hasattr(m, "variance_epsilon") or hasattr(m, "eps")))
+    return (type(m).__name__.endswith(suffix) and isinstance(w, torch.nn.Parameter) and w.dim() == 1
+            and isinstance(_norm_eps(m), float))
 
 
 def _gelu(approximate):
@@ -257,15 +286,22 @@ def _act_class(*names):
     return match
 
 
-# (technique, match, replace); the first matching row applies. `replace` returns the module
-# to put in the parent's slot (the same object when patched in place).
+# (technique, match, replace); the first matching row whose replace does not refuse (a probe
+# that finds another computation) applies. `replace` returns the module to put in the
+# parent's slot (the same object when patched in place).
 RULES = [
     ("qkv_split", _is_qkv_split, lambda m: _subclass(m, "Tempo", _qkv_split_forward)),  # transformers' classes only
     ("bias_gelu", _is_bias_gelu, _probed(_bias_gelu_forward, lambda m: [(1, 3, m.dense.in_features)])),
     ("bdrln", _is_bdrln,
      _probed(_bdrln_forward, lambda m: [(1, 3, m.dense.in_features), (1, 3, m.dense.out_features)])),
     ("layer_norm", lambda m: type(m) is torch.nn.LayerNorm, _layer_norm),
-    ("rms_norm", lambda m: type(m) is torch.nn.RMSNorm or _is_hf_rms_norm(m), _rms_norm),
+    ("rms_norm", lambda m: type(m) is torch.nn.RMSNorm or _is_named_norm(m, "RMSNorm"), _rms_norm),
+    # classes named LayerNorm that are not torch's: T5's (and MT5's, UMT5's, LongT5's, ...) is an
+    # RMSNorm; Cohere's, DeBERTa's and torch.nn.LayerNorm subclasses subtract the mean. Each row
+    # probes its form; a module whose forward is neither is left, and the report says why.
+    ("rms_norm", lambda m: _is_named_norm(m, "LayerNorm") and _norm_bias(m) is None, _rms_norm),
+    ("layer_norm", lambda m: _is_named_norm(m, "LayerNorm"),
+     _probed(_hf_layer_norm_forward, lambda m: [(2, 3, m.weight.shape[0])])),
     ("gelu", lambda m: type(m) is torch.nn.GELU, lambda m: tnn.GELU(m.approximate)),
     ("gelu", _is_functional_gelu_layer, _functional_gelu),
     ("gelu", _act_class("GELUActivation"), _gelu("none")),
@@ -398,8 +434,8 @@ class Report:
 _LOOKS_PATCHABLE = ("norm", "gelu", "silu", "swish", "act", "dropout")
 
 
-def _rule_for(module, chosen):
-    return next((r for r in RULES if r[0] in chosen and r[1](module)), None)
+def _rules_for(module, chosen):
+    return [r for r in RULES if r[0] in chosen and r[1](module)]
 
 
 def optimize(model: torch.nn.Module, techniques="all", attention: str = "keep", modules=None,
@@ -472,17 +508,22 @@ def optimize(model: torch.nn.Module, techniques="all", attention: str = "keep", 
             if id(child) in done:
                 continue
             ours = type(child).__module__.startswith("tempo.")  # already patched
-            rule = None if ours else _rule_for(child, chosen)
-            if rule is not None and inside is not None and not inside(path):
-                rows.append((path, type(child).__name__, rule[0], "skipped: outside modules"))
+            rules = [] if ours else _rules_for(child, chosen)
+            if rules and inside is not None and not inside(path):
+                rows.append((path, type(child).__name__, rules[0][0], "skipped: outside modules"))
                 visit(child, path + ".")
                 continue
-            if rule is not None:
+            if rules:
                 original_class = type(child)
-                try:
-                    new = rule[2](child)
-                except _Differs as e:
-                    rows.append((path, original_class.__name__, rule[0], "skipped: " + str(e)))
+                refused = []
+                for rule in rules:
+                    try:
+                        new = rule[2](child)
+                        break
+                    except _Differs as e:
+                        refused.append(("as %s: %s" % (rule[0], e)) if len(rules) > 1 else str(e))
+                else:
+                    rows.append((path, original_class.__name__, rules[0][0], "skipped: " + "; ".join(refused)))
                     visit(child, path + ".")
                     continue
                 new.train(child.training)
@@ -503,9 +544,9 @@ def optimize(model: torch.nn.Module, techniques="all", attention: str = "keep", 
                     continue
             elif not ours:
                 lname = type(child).__name__.lower()
-                other = _rule_for(child, set(TECHNIQUES))
-                if other is not None:
-                    rows.append((path, type(child).__name__, other[0], "skipped: technique not chosen"))
+                other = _rules_for(child, set(TECHNIQUES))
+                if other:
+                    rows.append((path, type(child).__name__, other[0][0], "skipped: technique not chosen"))
                 elif ("attention" in lname and not any("attention" in type(c).__name__.lower() for c in child.children())
                       and attention == "keep"):
                     rows.append((path, type(child).__name__, "attention", "kept: attention='keep'"))

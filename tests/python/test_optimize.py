@@ -405,6 +405,84 @@ def test_layers_that_look_patchable_but_compute_otherwise_are_left():
         torch.testing.assert_close(g[n], g_ref[n], rtol=1e-5, atol=1e-6, msg=n)
 
 
+class _OwnLayerNorm(torch.nn.Module):  # a model's own class named LayerNorm, in one of three forms
+    def __init__(self, n, form):
+        super().__init__()
+        self.form, self.variance_epsilon = form, 1e-6
+        self.weight = torch.nn.Parameter(torch.randn(n))
+        self.bias = torch.nn.Parameter(torch.randn(n)) if form == "mean+bias" else None
+
+    def forward(self, x):
+        if self.form == "channels-first":  # SqueezeBERT's: normalises dim 1 of [B, C, S]
+            return self.forward_last(x.transpose(1, 2)).transpose(1, 2)
+        return self.forward_last(x)
+
+    def forward_last(self, x):
+        if self.form != "rms":  # Cohere's (weights only) and DeBERTa's (with a bias): the mean subtracted
+            x = x - x.mean(-1, keepdim=True)
+        y = x * torch.rsqrt(x.square().mean(-1, keepdim=True) + self.variance_epsilon) * self.weight  # T5's: RMS
+        return y if self.bias is None else y + self.bias
+
+
+@pytest.mark.parametrize("weights", ["random", "zero"])
+def test_norm_classes_named_layer_norm_are_patched_in_the_form_they_compute(weights):
+    """A model's own classes named LayerNorm (T5's, Cohere's, DeBERTa's, ...) are patched in the
+    form their forward computes, found by probing: T5's RMS form as rms_norm, a mean-subtracting
+    one with weights only or with a bias as layer_norm; a channels-first one is left, with the
+    reason. Weights all 0 make every form's output 0 (any probe would agree): the form is then
+    told apart on a copy with random weights, so the layers stay exact once training moves them."""
+    forms = ["rms", "mean", "mean+bias", "channels-first"]
+    model = torch.nn.ModuleDict({f: _OwnLayerNorm(16, f) for f in forms})
+    if weights == "zero":
+        with torch.no_grad():
+            for p in model.parameters():
+                p.zero_()
+    ref = copy.deepcopy(model)
+    tempo.optimize(model)
+    rows = {row[0]: row[2:] for row in tempo.report(model).rows}
+    assert rows["rms"] == ("rms_norm", "patched") and rows["mean"] == ("layer_norm", "patched")
+    assert rows["mean+bias"] == ("layer_norm", "patched")
+    assert rows["channels-first"][0] == "rms_norm" and rows["channels-first"][1].startswith("skipped: as rms_norm: ")
+    assert "; as layer_norm: its forward could not be probed" in rows["channels-first"][1]
+    assert type(model["channels-first"]) is _OwnLayerNorm
+    with torch.no_grad():  # training moves the weights away from 0
+        for p, q in zip(ref.parameters(), model.parameters()):
+            p.copy_(torch.randn_like(p))
+            q.copy_(p)
+    for f in forms:
+        x = torch.randn(2, 16, 5) if f == "channels-first" else torch.randn(2, 5, 16)
+        xr, xo = x.clone().requires_grad_(), x.clone().requires_grad_()
+        y_ref, y = ref[f](xr), model[f](xo)
+        torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-5, msg=f)
+        g = torch.randn_like(y)
+        want = torch.autograd.grad(y_ref, [xr] + list(ref[f].parameters()), g)
+        got = torch.autograd.grad(y, [xo] + list(model[f].parameters()), g)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, msg=f)
+
+
+def test_t5s_layer_norms_keep_less():
+    """T5's LayerNorm (an RMSNorm computed in fp32) keeps its input and intermediates; patched,
+    it keeps its output (which the next linear layer keeps anyway): a T5 keeps under 80% of
+    the bytes with the norms patched alone, and its loss and gradients are unchanged."""
+    cfg = transformers.T5Config(num_layers=2, d_model=64, d_ff=128, num_heads=4, d_kv=16, vocab_size=128,
+                                decoder_start_token_id=0, pad_token_id=0, dropout_rate=0.0)
+    torch.manual_seed(0)
+    ref = transformers.T5ForConditionalGeneration(cfg).train()
+    ours = tempo.optimize(copy.deepcopy(ref), techniques=["rms_norm"])
+    assert len(tempo.report(ours).patched) == 2 * 2 + 3 * 2 + 2  # per block, and each stack's final norm
+    ids = torch.randint(1, 128, (4, 32), generator=torch.Generator().manual_seed(0))
+    params = list(ref.parameters()) + list(ours.parameters())
+    before, loss_ref = saved_bytes(lambda: ref(input_ids=ids, labels=ids).loss, params)
+    after, loss = saved_bytes(lambda: ours(input_ids=ids, labels=ids).loss, params)
+    assert after < 0.8 * before, (after, before)
+    torch.testing.assert_close(loss, loss_ref)
+    loss.backward()
+    loss_ref.backward()
+    for (n, p), q in zip(ours.named_parameters(), ref.parameters()):
+        assert rel(p.grad, q.grad) < 1e-5, n
+
+
 def _tiny(family, p):
     torch.manual_seed(0)
     if family == "bert":

@@ -70,6 +70,17 @@ ARCHITECTURES = {
               dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
                    num_key_value_heads=2, max_position_embeddings=64),
               ["SiLU", "TempoOlmo2RMSNorm"]),
+    "t5": (T.T5ForConditionalGeneration, T.T5Config,
+           dict(num_layers=2, d_model=64, d_ff=128, num_heads=4, d_kv=16, decoder_start_token_id=0, pad_token_id=0),
+           ["Dropout", "TempoT5LayerNorm"]),  # T5's LayerNorm is an RMSNorm: patched as one
+    "cohere": (T.CohereForCausalLM, T.CohereConfig,
+               dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                    num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=2),
+               ["SiLU", "TempoCohereLayerNorm"]),  # a LayerNorm with weights and no bias
+    "deberta": (T.DebertaForMaskedLM, T.DebertaConfig,
+                dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                     max_position_embeddings=64),
+                ["Dropout", "GELU", "LayerNorm", "TempoDebertaLayerNorm"]),  # its own LayerNorm class, and torch's
     "vit": (T.ViTForImageClassification, T.ViTConfig,
             dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4, image_size=32,
                  patch_size=8),
@@ -77,10 +88,13 @@ ARCHITECTURES = {
 }
 _DROPOUTS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "dropout", "attention_dropout", "resid_pdrop",
              "embd_pdrop", "attn_pdrop", "hidden_dropout", "classifier_dropout_prob", "qa_dropout",
-             "seq_classif_dropout", "activation_dropout")
+             "seq_classif_dropout", "activation_dropout", "dropout_rate")
 # These compute attention in their own code, not through transformers' registry: attention="tempo"
 # cannot apply, and says so (a warning and the report) instead of reporting a patch that does nothing.
-_OWN_ATTENTION = ("bloom", "deberta-v2", "falcon")
+_OWN_ATTENTION = ("bloom", "deberta", "deberta-v2", "falcon")
+# These pass their attention function a relative position bias, which tempo's attention does not
+# compute: attention="tempo" raises, naming it, at the first forward.
+_BIASED_ATTENTION = ("t5",)
 # A key projection's bias only shifts each softmax row, so its true gradient is 0: no relative error.
 _ZERO_GRADIENT = ("key.bias", "k_lin.bias", "k_proj.bias", "key_proj.bias")
 
@@ -126,6 +140,11 @@ def test_every_gradient_matches(family):
                 tempo.optimize(ours, attention=attention)
             row = tempo.report(ours).rows[0]
             assert row[2] == "attention" and row[3].startswith("kept: ") and ours.config._attn_implementation != "tempo"
+        elif attention == "tempo" and family in _BIASED_ATTENTION:
+            tempo.optimize(ours, attention=attention)
+            with pytest.raises(ValueError, match="passes `position_bias`"):
+                _grads(ours, batch)
+            continue
         else:
             tempo.optimize(ours, attention=attention)
             assert ours.config._attn_implementation == {"keep": ref.config._attn_implementation,
