@@ -12,6 +12,7 @@ import warnings
 
 import torch
 import torch.nn.functional as F
+from torch.nn.modules import module as _nn_module
 
 from . import nn as tnn
 from . import ops
@@ -183,11 +184,21 @@ def _gelu(approximate):
 
 def _plain(module, *classes):
     """`module` is exactly one of `classes` (torch.nn.Linear; torch's or tempo's LayerNorm,
-    Dropout) with no forward hooks: its parameters are all it computes with, so a fused
-    forward may read them instead of calling it. A module wrapped or replaced after
-    tempo.optimize (peft's LoRA layers, parametrizations, quantized layers, a hook) is not,
-    and is called as it is."""
-    return type(module) in classes and not (module._forward_hooks or module._forward_pre_hooks)
+    Dropout) with no hooks: its parameters are all it computes with, so a fused forward may
+    read them instead of calling it. A module wrapped or replaced after tempo.optimize (peft's
+    LoRA layers, parametrizations, quantized layers) is not, and is called as it is; so is one
+    with a hook that calling it would run: its own forward or backward hooks (Opacus's
+    per-sample gradients, Captum), or hooks on every module (torch.nn.modules.module's
+    register_module_*_hook, as module trackers use)."""
+    return type(module) in classes and not _hooked(module)
+
+
+def _hooked(module):
+    # the condition under which torch.nn.Module.__call__ runs hooks rather than forward alone
+    return bool(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
+                or module._backward_pre_hooks or _nn_module._global_forward_hooks
+                or _nn_module._global_forward_pre_hooks or _nn_module._global_backward_hooks
+                or _nn_module._global_backward_pre_hooks)
 
 
 def _original_forward(self, *args, **kwargs):
@@ -236,7 +247,7 @@ def _is_bias_gelu(m):
 
 def _bias_gelu_forward(self, hidden_states):
     approximate = _gelu_approximate(self.intermediate_act_fn)
-    if approximate is None:  # the activation was replaced after tempo.optimize
+    if approximate is None or _hooked(self.intermediate_act_fn):  # replaced after tempo.optimize, or hooked
         return _original_forward(self, hidden_states)
     if not _plain(self.dense, torch.nn.Linear):  # e.g. LoRA on dense: called as it is, then tempo's GELU
         return ops.gelu(self.dense(hidden_states), approximate)

@@ -148,6 +148,53 @@ def test_forward_hooks_on_a_fused_blocks_layers_run():
     assert worst < 1e-4, worst
 
 
+@pytest.mark.parametrize("kind", ["backward", "global"])
+def test_backward_and_global_hooks_on_a_fused_blocks_layers_run(kind):
+    """Backward hooks registered after tempo.optimize on the Linears, LayerNorms and GELUs inside
+    fused blocks (as Opacus registers for per-sample gradients, and Captum), and hooks on every
+    module (torch.nn.modules.module.register_module_*_hook, as module trackers use), run on each
+    of those layers, with the gradients the unpatched model's layers see (pretrained MiniLM).
+    Fused, a block would read the layers' weights without calling them and skip the hooks."""
+    ref, ours = _minilm(), tempo.optimize(_minilm(), fused=True)
+    seen = {}
+
+    def leaves(model):
+        return [(n, m) for n, m in model.named_modules() if not list(m.children()) and "encoder.layer.0." in n]
+
+    handles = []
+    for model, tag in ((ref, "ref"), (ours, "ours")):
+        for n, m in leaves(model):
+            if kind == "backward":
+                handles.append(m.register_full_backward_hook(
+                    lambda m, gi, go, key=(tag, n): seen.__setitem__(key, go[0].detach().clone())))
+    if kind == "global":
+        from torch.nn.modules import module as nn_module
+        current = {}
+
+        def record(m, i, o):
+            if m in current:
+                seen[current[m]] = o.detach().clone() if isinstance(o, torch.Tensor) else None
+        handles.append(nn_module.register_module_forward_hook(record))
+    try:
+        for model, tag in ((ref, "ref"), (ours, "ours")):
+            if kind == "global":
+                current.clear()
+                current.update({m: (tag, n) for n, m in leaves(model)})
+            out = _run(model)
+            seen[tag] = out
+    finally:
+        for h in handles:
+            h.remove()
+    names = [n for n, _ in leaves(ref) if ("ref", n) in seen]  # the attention's dropout is not called (its p is used)
+    assert len(names) == 11 and all(("ours", n) in seen for n in names), sorted(k for k in seen if k[0] == "ours")
+    for n in names:
+        if seen[("ref", n)] is not None:
+            assert _rel(seen[("ours", n)], seen[("ref", n)]) < 1e-4, n
+    assert _rel(seen["ours"][0], seen["ref"][0]) < 1e-5
+    worst = max(_rel(seen["ours"][1][k], seen["ref"][1][k]) for k in seen["ref"][1] if "attention.self.key.bias" not in k)
+    assert worst < 1e-4, worst
+
+
 def _sentence_transformer():
     st = SentenceTransformer(str(minilm.get_model_path()), device="cpu")
     for m in st.modules():
