@@ -19,15 +19,16 @@ import torch
 
 from . import memory
 from ._measure import free, sync, budget_enforced, largest_batch, parse_bytes
-from .optimize import TECHNIQUES, _transformers_models, _uses_attention_registry, optimize, restore
+from .optimize import TECHNIQUES, AttentionNotComputed, _transformers_models, _uses_attention_registry, optimize, restore
 
 
 class AutoReport:
     """What tempo.auto measured and chose. `rows`: (candidate, largest batch, samples/s,
     tokens/s) per candidate; `choice`; `why`. Prints as a table."""
 
-    def __init__(self, method, budget, rows, choice, why):
+    def __init__(self, method, budget, rows, choice, why, notes=()):
         self.method, self.budget, self.rows, self.choice, self.why = method, budget, rows, choice, why
+        self.notes = list(notes)  # what was not a candidate, and why
 
     def __str__(self):
         lines = ["tempo.auto (%s) under %.2f GiB" % (self.method, self.budget / 2**30),
@@ -37,6 +38,7 @@ class AutoReport:
             lines.append("%-34s %10s %12s %12s%s" % (name, mb if mb is not None else "OOM at 1",
                                                      "%.1f" % sps if sps else "-", "%.0f" % tps if tps else "-", mark))
         lines.append("choice: %s (%s)" % (self.choice, self.why))
+        lines += ["note: " + n for n in self.notes]
         return "\n".join(lines)
 
     __repr__ = __str__
@@ -77,6 +79,21 @@ def _call(model, batch):
     if isinstance(batch, (tuple, list)):
         return model(*batch)
     return model(batch)
+
+
+def _attention_refusal(model, make_batch):
+    """Why tempo's attention cannot run on `model` (it passes its attention function something
+    tempo's does not compute: T5's position bias, Gemma 2's soft-capping), found by one forward
+    at batch 1 with it set; None if it runs."""
+    optimize(model, techniques=[], attention="tempo")
+    try:
+        with torch.no_grad():
+            _call(model, make_batch(1))
+    except AttentionNotComputed as e:
+        return str(e)
+    finally:
+        restore(model)
+    return None
 
 
 def _candidates(model, method, transformers_model):
@@ -130,6 +147,11 @@ def auto(model, make_batch, budget=None, method="fast", loss_fn=None, steps=3, m
     transformers_model = any(_uses_attention_registry(m) for _, m in _transformers_models(model))
     was_training = model.training
     model.train()
+    notes = []
+    refusal = _attention_refusal(model, make_batch) if transformers_model else None
+    if refusal is not None:  # the other techniques are still candidates, with the model's own attention
+        transformers_model = False
+        notes.append("attention kept: " + refusal.split(": ", 1)[1].split("; optimize")[0])
 
     if device.type == "cpu":
         memory.track()
@@ -223,6 +245,6 @@ def auto(model, make_batch, budget=None, method="fast", loss_fn=None, steps=3, m
         techniques, attention, modules, _, _ = results[choice]
         if techniques is not None:
             optimize(model, techniques=techniques, attention=attention, modules=modules)
-        return AutoReport(method, budget, rows, choice, why)
+        return AutoReport(method, budget, rows, choice, why, notes)
     finally:
         model.train(was_training)

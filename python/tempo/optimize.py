@@ -347,6 +347,11 @@ _NOT_COMPUTED = {"softcap": "attention-logit soft-capping", "s_aux": "attention 
                  "position_bias": "a relative position bias added to the logits"}
 
 
+class AttentionNotComputed(ValueError):
+    """A model passes its attention function something tempo's attention does not compute (T5's
+    relative position bias, Gemma 2's logit soft-capping): raised at the forward, naming it."""
+
+
 def _attention_function(op):
     """transformers' attention-function signature over a tempo attention op: q, k, v
     [B, H, S, D], an additive (or boolean) mask broadcastable to [B, H, Sq, Sk]; returns
@@ -354,7 +359,7 @@ def _attention_function(op):
     def forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, is_causal=None, **kwargs):
         for name, what in _NOT_COMPUTED.items():
             if kwargs.get(name) is not None:
-                raise ValueError("tempo.%s (tempo.optimize's attention): %s passes `%s` (%s), which tempo's "
+                raise AttentionNotComputed("tempo.%s (tempo.optimize's attention): %s passes `%s` (%s), which tempo's "
                                  "attention does not compute; optimize this model with attention='keep'"
                                  % (op.__name__, type(module).__name__, name, what))
         key, value = _repeat_kv(module, key, value)

@@ -148,6 +148,31 @@ def test_auto_on_a_users_module_around_a_transformers_model():
         assert model.encoder.config._attn_implementation == "tempo"
 
 
+@pytest.mark.parametrize("method", ["fast", "fine"])
+def test_auto_on_a_model_tempos_attention_cannot_run_measures_the_rest(method):
+    """T5 passes its attention a relative position bias, which tempo's attention does not
+    compute: tempo.auto finds that with one forward, leaves attention out of its candidates
+    (its report says why) and measures the other techniques, instead of failing on the error
+    tempo.optimize(attention="tempo") gives at the forward. Its choice computes what T5 does."""
+    cfg = transformers.T5Config(num_layers=2, d_model=64, d_ff=128, num_heads=4, d_kv=16, vocab_size=V,
+                                decoder_start_token_id=0, pad_token_id=0, dropout_rate=0.1)
+    torch.manual_seed(0)
+    model = transformers.T5ForConditionalGeneration(cfg).train()
+    ref = copy.deepcopy(model)
+    rep = tempo.auto(model, make_batch, budget="24MiB", method=method, steps=1, max_batch=8)
+    names = [r[0] for r in rep.rows]
+    assert "tempo: all" in names and not any("attention" in n for n in names), str(rep)
+    assert any("T5Attention passes `position_bias`" in n for n in rep.notes) and "note: attention kept" in str(rep)
+    assert model.config._attn_implementation == ref.config._attn_implementation
+    assert ("_tempo_undo" not in model.__dict__ if rep.choice == "baseline (as given)"
+            else tempo.report(model).patched)
+    model.eval()
+    ref.eval()
+    with torch.no_grad():
+        batch = make_batch(2)
+        torch.testing.assert_close(model(**batch).logits, ref(**batch).logits, rtol=1e-5, atol=1e-5)
+
+
 def test_auto_applies_its_choice():
     model = small_bert()
     rep = tempo.auto(model, make_batch, budget="10MiB", method="fast", steps=1)
