@@ -90,7 +90,7 @@ def _attention_refusal(model, make_batch):
         with torch.no_grad():
             _call(model, make_batch(1))
     except AttentionNotComputed as e:
-        return str(e)
+        return e.reason
     finally:
         restore(model)
     return None
@@ -151,7 +151,7 @@ def auto(model, make_batch, budget=None, method="fast", loss_fn=None, steps=3, m
     refusal = _attention_refusal(model, make_batch) if transformers_model else None
     if refusal is not None:  # the other techniques are still candidates, with the model's own attention
         transformers_model = False
-        notes.append("attention kept: " + refusal.split(": ", 1)[1].split("; optimize")[0])
+        notes.append("attention kept: " + refusal)
 
     if device.type == "cpu":
         memory.track()

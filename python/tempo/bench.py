@@ -27,7 +27,7 @@ import torch
 
 from . import memory
 from ._measure import free, sync, fits, format_bytes, largest_batch, parse_bytes
-from .optimize import optimize, restore
+from .optimize import AttentionNotComputed, optimize, restore
 
 POLICIES = ("eager", "sdpa", "checkpoint", "compile", "tempo", "tempo-sdpa")
 SIZES = {  # (hidden, layers, heads, intermediate, positions, vocab): the C++ presets' sizes
@@ -47,8 +47,14 @@ def build_model(family, size="base", path=None):
     import transformers as tf
 
     if path is not None:
+        from transformers.models.auto import modeling_auto
+
         config = tf.AutoConfig.from_pretrained(path, local_files_only=True)
-        causal = config.model_type in ("gpt2", "llama", "mistral", "qwen2")
+        # the head transformers has for it: masked LM where there is one (BERT, RoBERTa, ...), else causal
+        causal = config.model_type not in modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES
+        if causal and config.model_type not in modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+            raise ValueError("tempo.bench: %s holds a %s model, for which transformers has neither a masked-LM nor a "
+                             "causal-LM class; tempo.bench trains those" % (path, config.model_type))
         cls = tf.AutoModelForCausalLM if causal else tf.AutoModelForMaskedLM
         model = cls.from_pretrained(path, local_files_only=True, attn_implementation="eager")
         return model.train(), os.path.basename(os.path.normpath(path)), causal
@@ -188,8 +194,9 @@ def run(args):
     model, name, causal = build_model(args.model, args.size, args.model if os.path.isdir(args.model) else None)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
     model.to(device=device, dtype=dtype)
-    limit = model.config.max_position_embeddings - (model.config.pad_token_id + 1 if "roberta" in name else 0)
-    if args.seq > limit:
+    positions = getattr(model.config, "max_position_embeddings", None)  # None: not bounded by a table
+    limit = positions - (model.config.pad_token_id + 1 if "roberta" in name else 0) if positions else None
+    if limit is not None and args.seq > limit:
         raise SystemExit("tempo.bench: --seq %d exceeds %s's %d positions" % (args.seq, name, limit))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     switch = Policies(model)
@@ -200,7 +207,11 @@ def run(args):
             seed[0] += 1
             b = synthetic_batch(model, batch, args.seq, causal, seed[0], device)
             with switch.use(policy) as callable_model:
-                return train_step(callable_model, opt, b, device)
+                try:
+                    return train_step(callable_model, opt, b, device)
+                except AttentionNotComputed as e:
+                    raise ValueError("tempo.bench: policy %s cannot run on %s: %s; leave it out of --policies"
+                                     % (policy, name, e.reason)) from None
         return step
 
     results = {p: {"model": name, "seq": args.seq, "dtype": args.dtype, "device": device.type, "policy": p,

@@ -349,7 +349,13 @@ _NOT_COMPUTED = {"softcap": "attention-logit soft-capping", "s_aux": "attention 
 
 class AttentionNotComputed(ValueError):
     """A model passes its attention function something tempo's attention does not compute (T5's
-    relative position bias, Gemma 2's logit soft-capping): raised at the forward, naming it."""
+    relative position bias, Gemma 2's logit soft-capping): raised at the forward, naming it.
+    `reason` says what was passed, without the advice."""
+
+    def __init__(self, op, reason):
+        super().__init__("tempo.%s (tempo.optimize's attention): %s; optimize this model with attention='keep'"
+                         % (op, reason))
+        self.reason = reason
 
 
 def _attention_function(op):
@@ -359,9 +365,8 @@ def _attention_function(op):
     def forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, is_causal=None, **kwargs):
         for name, what in _NOT_COMPUTED.items():
             if kwargs.get(name) is not None:
-                raise AttentionNotComputed("tempo.%s (tempo.optimize's attention): %s passes `%s` (%s), which tempo's "
-                                 "attention does not compute; optimize this model with attention='keep'"
-                                 % (op.__name__, type(module).__name__, name, what))
+                raise AttentionNotComputed(op.__name__, "%s passes `%s` (%s), which tempo's attention does not "
+                                           "compute" % (type(module).__name__, name, what))
         key, value = _repeat_kv(module, key, value)
         mask = attention_mask[..., : key.shape[-2]] if attention_mask is not None else None
         out = op(query, key, value, mask, dropout_p=dropout, causal=_causal(module, mask, query, is_causal),

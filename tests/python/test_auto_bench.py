@@ -270,6 +270,37 @@ def test_bench_module_on_a_local_folder(tmp_path):
     assert "4-byte float masks" in r.stdout and "bool masks" in r.stdout
 
 
+def test_bench_module_on_folders_of_other_families(tmp_path):
+    """A folder's model gets the head transformers has for it (masked LM where there is one, else
+    causal): a Qwen3 is measured as a causal LM. A Gemma 2 under the tempo policy (its attention
+    soft-caps, which tempo's does not compute) and a T5 (neither head) are clear errors, exit != 0
+    and no traceback."""
+    c = dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+             head_dim=16, vocab_size=128, max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    models = {"qwen3": transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**c)),
+              "gemma2": transformers.Gemma2ForCausalLM(transformers.Gemma2Config(**c)),
+              "t5": transformers.T5ForConditionalGeneration(transformers.T5Config(
+                  num_layers=1, d_model=64, d_ff=128, num_heads=4, d_kv=16, vocab_size=128, decoder_start_token_id=0,
+                  pad_token_id=0))}
+    env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(__file__), "..", "..", "python"))
+    out = {}
+    for family, model in models.items():
+        model.save_pretrained(tmp_path / family)
+        out[family] = subprocess.run([sys.executable, "-m", "tempo.bench", "--model", str(tmp_path / family), "--seq",
+                                      "16", "--batch", "2", "--policies", "eager,tempo", "--steps", "1", "--json"],
+                                     capture_output=True, text=True, timeout=600, env=env)
+    r = out["qwen3"]
+    assert r.returncode == 0, r.stderr
+    e, t = json.loads(r.stdout)
+    assert t["activation_bytes"] < e["activation_bytes"]
+    r = out["gemma2"]
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert "policy tempo cannot run on gemma2: Gemma2Attention passes `softcap`" in r.stderr, r.stderr
+    r = out["t5"]
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert "holds a t5 model, for which transformers has neither a masked-LM nor a causal-LM class" in r.stderr
+
+
 def test_bench_module_reports_a_policy_that_does_not_fit_as_max_batch_zero(tmp_path):
     # A long sequence on a tiny model: the attention activations, not the AdamW state, set the peak.
     folder = tmp_path / "bert"
