@@ -10,6 +10,17 @@ import os
 import sys
 
 
+# What a Hugging Face tokenizer folder holds (one at least): fast, then slow tokenizers' files.
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "tokenizer.model",
+                    "spiece.model", "sentencepiece.bpe.model")
+
+
+def fail(message):
+    """A mistake in the input: the message on stderr, exit 2 (as tempo train)."""
+    print("tempo.pretokenize: " + message, file=sys.stderr)
+    raise SystemExit(2)
+
+
 def text_files(path):
     if os.path.isfile(path):
         return [path]
@@ -17,8 +28,8 @@ def text_files(path):
         files = sorted(os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs)
         if files:
             return files
-        raise SystemExit("tempo.pretokenize: %s holds no files" % path)
-    raise SystemExit("tempo.pretokenize: no such file or directory: %s" % path)
+        fail("%s holds no files" % path)
+    fail("no such file or directory: %s" % path)
 
 
 def main(argv=None):
@@ -28,28 +39,44 @@ def main(argv=None):
     p.add_argument("--out", required=True)
     p.add_argument("--max-bytes", type=int, default=0, help="stop after this many bytes of text (0: all)")
     a = p.parse_args(argv)
+    if a.max_bytes < 0:
+        p.error("--max-bytes must be >= 0 (0: all), got %d" % a.max_bytes)
+    files = text_files(a.data)  # the cheap checks before loading transformers
+    if not os.path.isdir(a.tokenizer):
+        fail("--tokenizer %s is not a folder (a model folder with its tokenizer files; nothing is downloaded)"
+             % a.tokenizer)
+    if not any(os.path.isfile(os.path.join(a.tokenizer, f)) for f in _TOKENIZER_FILES):
+        fail("--tokenizer %s holds no tokenizer files (one of %s)" % (a.tokenizer, ", ".join(_TOKENIZER_FILES)))
+    out_dir = os.path.dirname(os.path.abspath(a.out))
+    if not os.path.isdir(out_dir) or not os.access(out_dir, os.W_OK):
+        fail("cannot write --out %s: %s is not a writable folder" % (a.out, out_dir))
     import torch
     import transformers
     from safetensors.torch import save_file
 
-    tok = transformers.AutoTokenizer.from_pretrained(a.tokenizer)
+    try:
+        tok = transformers.AutoTokenizer.from_pretrained(a.tokenizer, local_files_only=True)
+    except Exception as e:  # no tokenizer files, a damaged one, a converter that is not installed
+        fail("cannot load a tokenizer from %s: %s" % (a.tokenizer, str(e).strip().splitlines()[-1] if str(e).strip()
+                                                       else type(e).__name__))
     sep = tok.sep_token_id if tok.sep_token_id is not None else tok.eos_token_id
     ids, total = [], 0
-    for f in text_files(a.data):
+    for f in files:
         raw = open(f, "rb").read()
         if a.max_bytes:
             raw = raw[: max(a.max_bytes - total, 0)]
         total += len(raw)
         text = raw.decode("utf-8", errors="replace")  # a character cut at the limit becomes one U+FFFD
+        start = len(ids)
         for para in text.split("\n\n"):
             if para.strip():
                 ids.extend(tok(para, add_special_tokens=False)["input_ids"])
-        if sep is not None:
+        if sep is not None and len(ids) > start:
             ids.append(sep)
         if a.max_bytes and total >= a.max_bytes:
             break
     if not ids:
-        sys.exit("tempo.pretokenize: %s holds no text" % a.data)
+        fail("%s holds no text" % a.data)
     mask = tok.mask_token_id if tok.mask_token_id is not None else -1
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     save_file({"ids": torch.tensor(ids, dtype=torch.int32),

