@@ -20,6 +20,17 @@ std::string ratio(double a, double b) {
   std::snprintf(buf, sizeof buf, "%.2fx", b > 0 ? a / b : 0.0);
   return buf;
 }
+// Text for an SVG element: a run's folder name may hold &, < or >.
+std::string xml_text(const std::string& s) {
+  std::string out;
+  for (const char c : s) {
+    if (c == '&') out += "&amp;";
+    else if (c == '<') out += "&lt;";
+    else if (c == '>') out += "&gt;";
+    else out += c;
+  }
+  return out;
+}
 }  // namespace
 
 void print_table(const std::vector<BenchResult>& rs, bool budget) {
@@ -165,7 +176,7 @@ void write_line_charts(const std::string& path, const std::string& title, const 
       for (const auto& [x, y] : se.points) f << X(x) << "," << Y(y) << " ";
       f << "\"/>\n";
       f << "<text x=\"" << x0 + 10 << "\" y=\"" << top + height + 50 + 14 * static_cast<int>(s) << "\" fill=\""
-        << colors[s % 8] << "\">" << se.name << "</text>\n";
+        << colors[s % 8] << "\">" << xml_text(se.name) << "</text>\n";
     }
   }
   f << "</svg>\n";

