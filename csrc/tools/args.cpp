@@ -1,6 +1,7 @@
 #include "args.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <stdexcept>
 
 namespace tempo::tools {
@@ -30,6 +31,16 @@ int64_t parse_int(const std::string& command, const std::string& flag, const std
                                 (min == 1 ? std::string("a positive integer") : "an integer >= " + std::to_string(min)) +
                                 ", got '" + value + "'");
   return x;
+}
+
+void check_output(const std::string& command, const std::string& flag, const std::string& path, bool svg) {
+  if (svg && (path.size() < 4 || path.substr(path.size() - 4) != ".svg"))
+    throw std::invalid_argument(command + ": " + flag + " writes SVG; give a file name ending in .svg, got '" + path +
+                                "'");
+  const std::filesystem::path folder = std::filesystem::path(path).parent_path();
+  if (!folder.empty() && !std::filesystem::is_directory(folder))
+    throw std::invalid_argument(command + ": cannot write " + flag + " " + path + ": " + folder.string() +
+                                " is not a folder");
 }
 
 }  // namespace tempo::tools

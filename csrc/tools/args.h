@@ -1,4 +1,4 @@
-// Command-line values shared by the `tempo` commands: comma lists and checked integers.
+// Command-line values shared by the `tempo` commands: comma lists, checked integers, output files.
 #pragma once
 
 #include <cstdint>
@@ -11,5 +11,8 @@ namespace tempo::tools {
 std::vector<std::string> split_list(const std::string& s);
 // `value` as an integer >= min, else std::invalid_argument "<command>: <flag> must be ...".
 int64_t parse_int(const std::string& command, const std::string& flag, const std::string& value, int64_t min = 1);
+// An output file named by `flag`, checked before any work is done: its folder must exist, and
+// with svg its name must end in .svg. Else std::invalid_argument "<command>: ...".
+void check_output(const std::string& command, const std::string& flag, const std::string& path, bool svg = false);
 
 }  // namespace tempo::tools

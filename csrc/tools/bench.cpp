@@ -120,8 +120,8 @@ BenchOptions parse_bench_args(const std::vector<std::string>& args) {
       throw std::invalid_argument(e.what_without_backtrace());
     }
   }
-  if (!o.plot.empty() && (o.plot.size() < 4 || o.plot.substr(o.plot.size() - 4) != ".svg"))
-    throw std::invalid_argument("tempo bench: --plot writes SVG; give a file name ending in .svg, got '" + o.plot + "'");
+  if (!o.plot.empty()) check_output("tempo bench", "--plot", o.plot, /*svg=*/true);
+  if (!o.csv.empty()) check_output("tempo bench", "--csv", o.csv);
   return o;
 }
 

@@ -110,8 +110,7 @@ SlimOptions parse_slim_args(const std::vector<std::string>& args) {
   for (const auto& p : o.policies)
     if (p != "eager" && p != "tempo")
       throw std::invalid_argument("tempo slim: --policies takes eager and tempo, got '" + p + "'");
-  if (!o.plot.empty() && (o.plot.size() < 4 || o.plot.substr(o.plot.size() - 4) != ".svg"))
-    throw std::invalid_argument("tempo slim: --plot writes SVG; give a file name ending in .svg, got '" + o.plot + "'");
+  if (!o.plot.empty()) check_output("tempo slim", "--plot", o.plot, /*svg=*/true);
   try {
     config_of(o);
   } catch (const c10::Error& e) {

@@ -179,8 +179,7 @@ TrainCommand parse_train_args(const std::vector<std::string>& args) {
   }
   if (o.lr <= 0) throw std::invalid_argument("tempo train: --lr must be positive");
   if (o.dropout >= 1) throw std::invalid_argument("tempo train: --dropout must be below 1");
-  if (!c.plot.empty() && (c.plot.size() < 4 || c.plot.substr(c.plot.size() - 4) != ".svg"))
-    throw std::invalid_argument("tempo train: --plot writes SVG; give a file name ending in .svg, got '" + c.plot + "'");
+  if (!c.plot.empty()) check_output("tempo train", "--plot", c.plot, /*svg=*/true);
   return c;
 }
 
@@ -298,11 +297,7 @@ int run_train(const TrainCommand& c) {
 
 int run_plot(const std::vector<std::string>& args) {
   if (args.size() < 2) throw std::invalid_argument("tempo plot: usage: tempo plot OUT.svg RUN_DIR [RUN_DIR...]");
-  if (args[0].size() < 4 || args[0].substr(args[0].size() - 4) != ".svg")
-    throw std::invalid_argument("tempo plot: the plot is SVG; give a file name ending in .svg, got '" + args[0] + "'");
-  const fs::path folder = fs::path(args[0]).parent_path();
-  if (!folder.empty() && !fs::is_directory(folder))
-    throw std::invalid_argument("tempo plot: cannot write " + args[0] + ": " + folder.string() + " is not a folder");
+  check_output("tempo plot", "OUT.svg", args[0], /*svg=*/true);
   LineChart loss{"training loss", "step", {}}, eval{"eval loss", "step", {}};
   for (size_t i = 1; i < args.size(); ++i) {
     RunLog log = read_log((fs::path(args[i]) / "log.csv").string());

@@ -369,6 +369,10 @@ def main(argv=None):
         parser().error("--seq must be at least 2, --batch and --steps at least 1")
     if args.plot and not args.plot.endswith(".svg"):
         parser().error("--plot writes SVG; give a file name ending in .svg")
+    for flag, path in (("--csv", args.csv), ("--plot", args.plot)):  # before the measurements, not after
+        folder = os.path.dirname(os.path.abspath(path)) if path else None
+        if folder and not os.path.isdir(folder):
+            parser().error("cannot write %s %s: %s is not a folder" % (flag, path, folder))
     if not os.path.isdir(args.model):
         args.size = args.size or next(iter(SIZES.get(args.model, {"base": 0})))
     try:

@@ -335,7 +335,9 @@ def test_bench_module_errors():
                           (["--model", "t5"], "unknown model"),
                           (["--model", "bert", "--size", "huge"], "has sizes"),
                           (["--budget", "lots"], "cannot read a size"),
-                          (["--seq", "1000"], "exceeds")):
+                          (["--seq", "1000"], "exceeds"),
+                          (["--csv", "/nonexistent/b.csv"], "/nonexistent is not a folder"),
+                          (["--plot", "/nonexistent/b.svg"], "/nonexistent is not a folder")):
         r = subprocess.run([sys.executable, "-m", "tempo.bench", *args], capture_output=True, text=True, timeout=300,
                            env=env)
         assert r.returncode != 0 and message in r.stderr, (args, r.stderr)

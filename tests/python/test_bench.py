@@ -88,6 +88,7 @@ def test_ablation_prints_each_technique():
     (["--seq", "0"], "--seq must be a positive integer"),
     (["--budget", "lots"], "cannot read a size"),
     (["--plot", "x.png"], "--plot writes SVG"),
+    (["--csv", "/nonexistent/x.csv"], "cannot write --csv /nonexistent/x.csv: /nonexistent is not a folder"),  # at once
     (["--model", "custom", "--arch", "bert", "--hidden", "60", "--heads", "7"], "divisible by heads"),
     (["--model", "bert-large", "--layers", "100000"], "this host can still allocate"),  # not killed by the kernel
 ])

@@ -237,6 +237,7 @@ def test_cli_errors():
                           (["--heads", "5"], "not a multiple of heads"),
                           (["--feature-map", "tanh"], "unknown feature map"),
                           (["--plot", "x.png"], "ending in .svg"),
+                          (["--plot", "/nonexistent/x.svg"], "/nonexistent is not a folder"),
                           (["--bogus"], "unknown argument")):
         r = tempo_slim(*args)
         assert r.returncode == 2 and message in r.stderr, (args, r.stderr)
