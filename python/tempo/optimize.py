@@ -463,7 +463,7 @@ def optimize(model: torch.nn.Module, techniques="all", attention: str = "keep", 
              fused: bool = False) -> torch.nn.Module:
     """Patches `model` in place with tempo's layers and returns it.
 
-    techniques: "all" or an iterable of "gelu", "silu", "layer_norm", "rms_norm", "dropout",
+    techniques: "all", or one or a list of "gelu", "silu", "layer_norm", "rms_norm", "dropout",
     "bdrln" (dense + dropout + residual + LayerNorm in one pass, BERT/RoBERTa's output blocks).
     attention: "keep" (the model's own), "tempo" (output-only softmax, dropout recomputed from
     1-bit masks), "fused" (tempo.fused_attention: no S^2 tensor), "sdpa" (torch's), or "auto"
@@ -471,13 +471,22 @@ def optimize(model: torch.nn.Module, techniques="all", attention: str = "keep", 
     on each one inside `model` (a user's module around a BertModel, a SentenceTransformer).
     fused: also the Data Movement paper's bias fusions, "qkv_split" and "bias_gelu" (BERT and
     RoBERTa; see FUSED_TECHNIQUES), which may also be named in techniques.
-    modules: None (everywhere), an iterable of module paths (a module and everything under it,
+    modules: None (everywhere), a module path or a list of them (a module and everything under it,
     e.g. "bert.encoder.layer.0"), or a callable path -> bool; outside them nothing is patched
     (attention, set model-wide, is not limited by it).
     Layers not recognised are left exactly as they are (tempo.report lists them);
     tempo.restore undoes the patch. A second call patches only what the first did not.
     """
-    chosen = set(TECHNIQUES) if techniques == "all" else set(techniques)
+    if isinstance(techniques, str):  # "all", or one technique by name
+        techniques = TECHNIQUES if techniques == "all" else [techniques]
+    try:
+        techniques = list(techniques)
+    except TypeError:
+        raise TypeError("tempo.optimize: techniques must be 'all', a technique's name or a list of them, got %r"
+                        % (techniques,)) from None
+    if not isinstance(fused, bool):
+        raise TypeError("tempo.optimize: fused must be True or False, got %r" % (fused,))
+    chosen = set(techniques)
     if fused:
         chosen |= set(FUSED_TECHNIQUES)
     unknown = chosen - set(TECHNIQUES) - set(FUSED_TECHNIQUES)
@@ -497,7 +506,15 @@ def optimize(model: torch.nn.Module, techniques="all", attention: str = "keep", 
     elif callable(modules):
         inside = modules
     else:
-        paths = [str(p) for p in modules]
+        if isinstance(modules, str):  # one module's path
+            modules = [modules]
+        try:
+            paths = list(modules)
+        except TypeError:
+            paths = [None]
+        if not all(isinstance(p, str) for p in paths):
+            raise TypeError("tempo.optimize: modules must be None, a module path, a list of them or a callable "
+                            "path -> bool, got %r" % (modules,))
         if not paths:
             raise ValueError("tempo.optimize: modules is empty")
         known = {n for n, _ in model.named_modules()}

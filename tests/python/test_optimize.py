@@ -214,6 +214,18 @@ def test_techniques_subset_idempotent_and_errors():
         tempo.optimize(bert(), attention="flash")
     with pytest.raises(ValueError, match="needs a transformers model"):
         tempo.optimize(torch.nn.Sequential(torch.nn.LayerNorm(4)), attention="tempo")
+    # one technique or one module path by name, as a user would write them (not iterated letter by letter)
+    assert kinds(tempo.optimize(bert(), techniques="gelu")) == ["GELU"]
+    one = tempo.optimize(bert(), modules="encoder.layer.0")
+    patched = [r[0] for r in tempo.report(one).patched]
+    assert patched and all(p.startswith("encoder.layer.0.") for p in patched), patched
+    with pytest.raises(ValueError, match=r"no module named \['encoder.layer.9'\]"):
+        tempo.optimize(bert(), modules="encoder.layer.9")
+    for kwargs, message in ((dict(techniques=None), "techniques must be 'all', a technique's name or a list"),
+                            (dict(modules=5), "modules must be None, a module path, a list of them or a callable"),
+                            (dict(fused="yes"), "fused must be True or False")):
+        with pytest.raises(TypeError, match=message):
+            tempo.optimize(bert(), **kwargs)
 
 
 def test_restore_gives_back_bitwise_the_original_outputs():
