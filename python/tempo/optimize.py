@@ -477,16 +477,13 @@ def optimize(model: torch.nn.Module, techniques="all", attention: str = "keep", 
     Layers not recognised are left exactly as they are (tempo.report lists them);
     tempo.restore undoes the patch. A second call patches only what the first did not.
     """
-    if isinstance(techniques, str):  # "all", or one technique by name
-        techniques = TECHNIQUES if techniques == "all" else [techniques]
-    try:
-        techniques = list(techniques)
+    try:  # "all", one technique by name, or a list of them
+        chosen = set(TECHNIQUES if techniques == "all" else [techniques] if isinstance(techniques, str) else techniques)
     except TypeError:
         raise TypeError("tempo.optimize: techniques must be 'all', a technique's name or a list of them, got %r"
                         % (techniques,)) from None
     if not isinstance(fused, bool):
         raise TypeError("tempo.optimize: fused must be True or False, got %r" % (fused,))
-    chosen = set(techniques)
     if fused:
         chosen |= set(FUSED_TECHNIQUES)
     unknown = chosen - set(TECHNIQUES) - set(FUSED_TECHNIQUES)
@@ -506,13 +503,11 @@ def optimize(model: torch.nn.Module, techniques="all", attention: str = "keep", 
     elif callable(modules):
         inside = modules
     else:
-        if isinstance(modules, str):  # one module's path
-            modules = [modules]
-        try:
-            paths = list(modules)
+        try:  # one module's path, or a list of them
+            paths = [modules] if isinstance(modules, str) else list(modules)
         except TypeError:
-            paths = [None]
-        if not all(isinstance(p, str) for p in paths):
+            paths = None
+        if paths is None or not all(isinstance(p, str) for p in paths):
             raise TypeError("tempo.optimize: modules must be None, a module path, a list of them or a callable "
                             "path -> bool, got %r" % (modules,))
         if not paths:
