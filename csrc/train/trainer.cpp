@@ -242,7 +242,7 @@ TrainSummary train(const TrainOptions& o, Communicator& comm) {
                    "python -m tempo.pretokenize)");
     } else {
       ModelConfig c = planned;
-      c.resize(0, 0, 0, 0, 0, corpus.vocab_size);
+      c.vocab = corpus.vocab_size;
       if (o.dropout >= 0) c.dropout = c.attention_dropout = o.dropout;
       if (device.is_cpu())  // parameters, gradients, AdamW's two moments: known before anything is built
         tempo::memory::check_host_fits(4 * c.parameter_count() * 4, training_what(o.model, c.parameter_count()));

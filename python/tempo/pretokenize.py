@@ -57,8 +57,8 @@ def main(argv=None):
     try:
         tok = transformers.AutoTokenizer.from_pretrained(a.tokenizer, local_files_only=True)
     except Exception as e:  # no tokenizer files, a damaged one, a converter that is not installed
-        fail("cannot load a tokenizer from %s: %s" % (a.tokenizer, str(e).strip().splitlines()[-1] if str(e).strip()
-                                                       else type(e).__name__))
+        why = str(e).strip().splitlines() or [type(e).__name__]
+        fail("cannot load a tokenizer from %s: %s" % (a.tokenizer, why[-1]))
     sep = tok.sep_token_id if tok.sep_token_id is not None else tok.eos_token_id
     ids, total = [], 0
     for f in files:
