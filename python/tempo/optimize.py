@@ -367,12 +367,48 @@ def _attention_function(op):
             if kwargs.get(name) is not None:
                 raise AttentionNotComputed(op.__name__, "%s passes `%s` (%s), which tempo's attention does not "
                                            "compute" % (type(module).__name__, name, what))
+        if kwargs.get("output_attentions") or _attentions_recorded():
+            return _with_weights(module, query, key, value, attention_mask, scaling, dropout, is_causal, kwargs)
         key, value = _repeat_kv(module, key, value)
         mask = attention_mask[..., : key.shape[-2]] if attention_mask is not None else None
         out = op(query, key, value, mask, dropout_p=dropout, causal=_causal(module, mask, query, is_causal),
                  scale=scaling)
         return out.transpose(1, 2).contiguous(), None
     return forward
+
+
+def _attentions_recorded():
+    """Whether the running forward records attention weights: transformers' output capturing
+    (output_attentions=True, or the config's) collects them from the attention modules' outputs,
+    and some models (GPT-2) do not pass the flag on to their attention function."""
+    try:
+        from transformers.utils.output_capturing import _active_collector
+    except ImportError:  # a transformers without output capturing passes output_attentions instead
+        return False
+    collected = _active_collector.get()
+    return bool(collected) and any(k.endswith("attentions") for k in collected)
+
+
+def _with_weights(module, query, key, value, attention_mask, scaling, dropout, is_causal, kwargs):
+    """A call with output_attentions=True: the caller asks for the [B, H, Sq, Sk] probabilities,
+    which tempo's attention neither returns nor (fused) forms, and which are then held anyway.
+    It runs the model's own eager attention (its modeling module's eager_attention_forward, as
+    attn_implementation="eager" would), or the same math in torch ops for a model without one."""
+    eager = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
+    mask = attention_mask
+    if mask is None and _causal(module, None, query, is_causal):  # eager functions take the causal mask as a mask
+        sq, sk = query.shape[-2], key.shape[-2]
+        keep = torch.ones(sq, sk, dtype=torch.bool, device=query.device).tril(sk - sq)
+        mask = torch.zeros(sq, sk, dtype=query.dtype, device=query.device).masked_fill(~keep, torch.finfo(query.dtype).min)
+    if eager is not None:
+        return eager(module, query, key, value, mask, scaling=scaling, dropout=dropout, **kwargs)
+    key, value = _repeat_kv(module, key, value)
+    scores = torch.matmul(query, key.transpose(-1, -2)) * (query.shape[-1] ** -0.5 if scaling is None else scaling)
+    if mask is not None:
+        mask = mask[..., : key.shape[-2]]
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min) if mask.dtype == torch.bool else scores + mask
+    weights = F.dropout(torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype), dropout, module.training)
+    return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
 
 
 _tempo_attention = _attention_function(ops.attention)

@@ -7,6 +7,7 @@ the user's module) gets tempo's attention; gradient checkpointing recomputes the
 dropout masks; generate() with a KV cache and left padding gives the same tokens."""
 import copy
 import os
+import sys
 
 import pytest
 import torch
@@ -308,3 +309,82 @@ def test_gradient_checkpointing_recomputes_the_same_dropout_masks(family, reentr
     assert torch.equal(loss, ref_loss) and grads.keys() == ref_grads.keys()
     for n in grads:
         assert torch.equal(grads[n], ref_grads[n]), n
+
+
+@pytest.mark.parametrize("attention", ["tempo", "fused"])
+@pytest.mark.parametrize("family", ["minilm", "gpt2", "llama"])
+def test_output_attentions_returns_the_eager_weights(family, attention, monkeypatch):
+    """output_attentions=True (attention visualisation, attention distillation) on a patched
+    model: the call returns the same [B, H, S, S] weights as the unpatched eager model (tempo's
+    attention does not form them, so the model's own eager attention runs for that call), and a
+    loss on them back-propagates the same gradients. Calls without it run tempo's attention.
+    Before, the attentions came back as an empty tuple, silently. GPT-2 does not pass the flag to
+    its attention function; it is read from transformers' output capturing."""
+    if family == "minilm":
+        ref = transformers.BertModel.from_pretrained(str(minilm.get_model_path()), attn_implementation="eager")
+    else:
+        ref = _tiny_causal(family, dropout=0.1).base_model
+        ref.set_attn_implementation("eager")
+    for name, m in ref.named_modules():  # dropout on the attention weights only: the others draw from other streams
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.1 if name.endswith(("attn_dropout", "attention.self.dropout")) else 0.0
+    ours = tempo.optimize(copy.deepcopy(ref), attention=attention)
+    ids = torch.randint(3, 128, (2, 12), generator=torch.Generator().manual_seed(6))
+    mask = torch.ones_like(ids)
+    mask[1, 9:] = 0
+
+    def run(model, train):
+        model.train(train)
+        model.zero_grad(set_to_none=True)
+        out = model(input_ids=ids, attention_mask=mask, output_attentions=True)
+        loss = sum(a.square().sum() for a in out.attentions) + out.last_hidden_state[mask.bool()].square().mean()
+        loss.backward()
+        return out, {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+    for train in (False, True):  # with dropout: the eager weights' own dropout (torch's RNG)
+        torch.manual_seed(7)
+        want, want_grads = run(ref, train)
+        torch.manual_seed(7)
+        got, got_grads = run(ours, train)
+        assert len(got.attentions) == len(want.attentions) == ref.config.num_hidden_layers
+        for a, b in zip(got.attentions, want.attentions):
+            assert a.shape == b.shape and _rel(a, b) < 1e-6
+        assert _rel(got.last_hidden_state[mask.bool()], want.last_hidden_state[mask.bool()]) < 1e-5
+        assert got_grads.keys() == want_grads.keys()
+        for n in want_grads:
+            if n.endswith("key.bias"):  # exactly 0 (softmax ignores a constant per row): both are rounding
+                assert got_grads[n].abs().max() < 1e-5 and want_grads[n].abs().max() < 1e-5
+            else:
+                assert _rel(got_grads[n], want_grads[n]) < 1e-4, n
+    module = sys.modules["tempo.optimize"]  # the module (tempo.optimize is the function)
+    calls = []
+    eager = module._with_weights
+    monkeypatch.setattr(module, "_with_weights", lambda *a: calls.append(1) or eager(*a))
+    with torch.no_grad():
+        assert ours(input_ids=ids, attention_mask=mask).attentions is None and not calls
+        assert len(ours(input_ids=ids, attention_mask=mask, output_attentions=True).attentions) == len(calls) > 0
+
+
+@pytest.mark.parametrize("mask_kind", ["none", "causal", "additive", "bool"])
+def test_output_attentions_without_an_eager_function_in_the_models_module(mask_kind):
+    """A model whose modeling module has no eager_attention_forward: the registered tempo
+    attention computes the weights itself (grouped kv heads, additive or boolean masks, a causal
+    module without a mask); checked against fp64 math."""
+    tempo.optimize(_tiny_causal("llama"), attention="tempo")  # registers tempo's functions with transformers
+    fn = transformers.AttentionInterface()["tempo"]
+    module = torch.nn.Module()  # defined in torch.nn.modules.module: no eager_attention_forward there
+    module.num_key_value_groups, module.is_causal = 2, mask_kind == "causal"
+    g = torch.Generator().manual_seed(8)
+    q, k, v = torch.randn(2, 4, 5, 8, generator=g), torch.randn(2, 2, 5, 8, generator=g), torch.randn(2, 2, 5, 8, generator=g)
+    keep = torch.rand(2, 1, 5, 5, generator=g) > 0.3
+    keep[..., 0] = True
+    mask = {"none": None, "causal": None, "bool": keep,
+            "additive": torch.zeros(2, 1, 5, 5).masked_fill(~keep, torch.finfo(torch.float32).min)}[mask_kind]
+    out, weights = fn(module, q, k, v, mask, scaling=0.3, output_attentions=True)
+    kk, vv = k.double().repeat_interleave(2, 1), v.double().repeat_interleave(2, 1)
+    scores = q.double() @ kk.transpose(-1, -2) * 0.3
+    allowed = {"none": torch.ones(5, 5, dtype=torch.bool), "causal": torch.ones(5, 5, dtype=torch.bool).tril(),
+               "bool": keep, "additive": keep}[mask_kind]
+    want = scores.masked_fill(~allowed, float("-inf")).softmax(-1)
+    assert weights.shape == (2, 4, 5, 5) and _rel(weights, want) < 1e-6
+    assert _rel(out, (want @ vv).transpose(1, 2)) < 1e-6
