@@ -1,11 +1,13 @@
 """tempo.optimize(model): apply tempo's layers to a model that is already built (a Hugging
 Face BERT, RoBERTa, GPT-2 or LLaMA, or anything made of the same layer types), in place.
 
-Parameters stay the same Parameter objects, so optimizers, state dicts (saved before or after)
-and isinstance checks are unaffected; modules keep their eps, dropout p, train/eval mode,
-dtype and device. What is patched is declared in RULES, one row per layer type: which
+Modules are patched in place (their class changes, the object stays), and parameters stay the
+same Parameter objects, so optimizers, state dicts (saved before or after), isinstance checks,
+hooks and references to the modules are unaffected; modules keep their eps, dropout p,
+train/eval mode, dtype and device. What is patched is declared in RULES, one row per layer type: which
 modules it matches, which technique it belongs to, and how it is replaced.
 """
+import contextlib
 import copy
 import sys
 import warnings
@@ -58,9 +60,13 @@ def _new_patched(cls, prefix, forward):
 
 # ---- the replacements ----------------------------------------------------------------------
 
-def _layer_norm(m):
-    m.__class__ = tnn.LayerNorm  # a torch.nn.LayerNorm subclass: same parameters and state dict
-    return m
+def _retype(cls):
+    """A rule's replace for a torch module: re-class it in place as tempo's subclass of its class
+    (same object, parameters, state dict, hooks, and every reference the user holds to it)."""
+    def replace(m):
+        m.__class__ = cls
+        return m
+    return replace
 
 
 class _Differs(Exception):
@@ -105,7 +111,7 @@ def _compare(m, forward, xs):
     modes = [(x, x.training) for x in m.modules()]
     m.eval()
     try:
-        with torch.no_grad():
+        with torch.no_grad(), _hooks_suspended(m):
             want = type(m).forward(m, *xs)
             got = forward(m, *xs)
     except Exception as e:  # a forward with other arguments or other outputs than the rule's
@@ -122,6 +128,24 @@ def _compare(m, forward, xs):
     if not err <= tol:
         raise _Differs("its forward computes something else (probed: relative difference %.2g)" % err)
     return scale
+
+
+_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+
+
+@contextlib.contextmanager
+def _hooks_suspended(m):
+    """The user's hooks (on `m`'s modules, and torch's global module hooks) do not see a probe's
+    random inputs: the probe is tempo's check, not a forward of the model."""
+    saved = [(x, name, getattr(x, name)) for x in m.modules() for name in _HOOKS]
+    saved += [(_nn_module, "_global" + name, getattr(_nn_module, "_global" + name)) for name in _HOOKS]
+    for owner, name, _ in saved:
+        setattr(owner, name, type(getattr(owner, name))())
+    try:
+        yield
+    finally:
+        for owner, name, hooks in saved:
+            setattr(owner, name, hooks)
 
 
 def _probed(forward, shapes):
@@ -155,8 +179,7 @@ def _hf_layer_norm_forward(self, hidden_states):  # (x - mean) / std * w (+ b) (
 
 def _rms_norm(m):
     if type(m) is torch.nn.RMSNorm:
-        m.__class__ = tnn.RMSNorm
-        return m
+        return _retype(tnn.RMSNorm)(m)
     shape = (2, 3, m.weight.shape[0])
     try:
         _probe(m, _hf_rms_norm_forward, shape)
@@ -178,8 +201,16 @@ def _is_named_norm(m, suffix):
             and isinstance(_norm_eps(m), float))
 
 
-def _gelu(approximate):
-    return lambda m: tnn.GELU(approximate)
+def _hf_gelu_forward(self, input):  # transformers' GELUActivation
+    return ops.gelu(input, "none")
+
+
+def _hf_gelu_tanh_forward(self, input):  # NewGELUActivation, GELUTanh, PytorchGELUTanh
+    return ops.gelu(input, "tanh")
+
+
+def _hf_silu_forward(self, input):  # transformers' SiLUActivation
+    return ops.silu(input)
 
 
 def _plain(module, *classes):
@@ -230,12 +261,12 @@ _GELU_APPROXIMATE = {"GELUActivation": "none", "NewGELUActivation": "tanh", "GEL
 
 
 def _gelu_approximate(act):
-    if type(act) is torch.nn.GELU:
+    cls = type(act)
+    if cls in (torch.nn.GELU, tnn.GELU):
         return act.approximate
-    if type(act).__module__.startswith("transformers."):
-        return _GELU_APPROXIMATE.get(type(act).__name__)
-    if type(act).__module__.startswith("tempo.") and isinstance(act, tnn.GELU):
-        return act.approximate
+    cls = cls.__dict__.get("_tempo_patch", (cls,))[0]  # transformers' activation, re-classed by tempo.optimize
+    if cls.__module__.startswith("transformers."):
+        return _GELU_APPROXIMATE.get(cls.__name__)
     return None
 
 
@@ -298,14 +329,14 @@ def _act_class(*names):
 
 
 # (technique, match, replace); the first matching row whose replace does not refuse (a probe
-# that finds another computation) applies. `replace` returns the module to put in the
-# parent's slot (the same object when patched in place).
+# that finds another computation) applies. `replace` patches the module in place (its class,
+# or for a function held as an attribute, a child module in its place) and returns it.
 RULES = [
     ("qkv_split", _is_qkv_split, lambda m: _subclass(m, "Tempo", _qkv_split_forward)),  # transformers' classes only
     ("bias_gelu", _is_bias_gelu, _probed(_bias_gelu_forward, lambda m: [(1, 3, m.dense.in_features)])),
     ("bdrln", _is_bdrln,
      _probed(_bdrln_forward, lambda m: [(1, 3, m.dense.in_features), (1, 3, m.dense.out_features)])),
-    ("layer_norm", lambda m: type(m) is torch.nn.LayerNorm, _layer_norm),
+    ("layer_norm", lambda m: type(m) is torch.nn.LayerNorm, _retype(tnn.LayerNorm)),
     ("rms_norm", lambda m: type(m) is torch.nn.RMSNorm or _is_named_norm(m, "RMSNorm"), _rms_norm),
     # classes named LayerNorm that are not torch's: T5's (and MT5's, UMT5's, LongT5's, ...) is an
     # RMSNorm; Cohere's, DeBERTa's and torch.nn.LayerNorm subclasses subtract the mean. Each row
@@ -313,12 +344,14 @@ RULES = [
     ("rms_norm", lambda m: _is_named_norm(m, "LayerNorm") and _norm_bias(m) is None, _rms_norm),
     ("layer_norm", lambda m: _is_named_norm(m, "LayerNorm"),
      _probed(_hf_layer_norm_forward, lambda m: [(2, 3, m.weight.shape[0])])),
-    ("gelu", lambda m: type(m) is torch.nn.GELU, lambda m: tnn.GELU(m.approximate)),
+    ("gelu", lambda m: type(m) is torch.nn.GELU and m.approximate in ("none", "tanh"), _retype(tnn.GELU)),
     ("gelu", _is_functional_gelu_layer, _functional_gelu),
-    ("gelu", _act_class("GELUActivation"), _gelu("none")),
-    ("gelu", _act_class("NewGELUActivation", "GELUTanh", "PytorchGELUTanh"), _gelu("tanh")),
-    ("silu", lambda m: type(m) is torch.nn.SiLU or _act_class("SiLUActivation")(m), lambda m: tnn.SiLU()),
-    ("dropout", lambda m: type(m) is torch.nn.Dropout, lambda m: tnn.Dropout(m.p)),
+    ("gelu", _act_class("GELUActivation"), lambda m: _subclass(m, "Tempo", _hf_gelu_forward)),
+    ("gelu", _act_class("NewGELUActivation", "GELUTanh", "PytorchGELUTanh"),
+     lambda m: _subclass(m, "Tempo", _hf_gelu_tanh_forward)),
+    ("silu", lambda m: type(m) is torch.nn.SiLU, _retype(tnn.SiLU)),
+    ("silu", _act_class("SiLUActivation"), lambda m: _subclass(m, "Tempo", _hf_silu_forward)),
+    ("dropout", lambda m: type(m) is torch.nn.Dropout, _retype(tnn.Dropout)),
 ]
 
 
@@ -587,7 +620,7 @@ def optimize(model: torch.nn.Module, techniques="all", attention: str = "keep", 
                 refused = []
                 for rule in rules:
                     try:
-                        new = rule[2](child)
+                        rule[2](child)  # in place: the same object, re-classed
                         break
                     except _Differs as e:
                         refused.append(("as %s: %s" % (rule[0], e)) if len(rules) > 1 else str(e))
@@ -595,21 +628,17 @@ def optimize(model: torch.nn.Module, techniques="all", attention: str = "keep", 
                     rows.append((path, original_class.__name__, rules[0][0], "skipped: " + "; ".join(refused)))
                     visit(child, path + ".")
                     continue
-                new.train(child.training)
-                done.add(id(new))
-                if new is not child:
-                    setattr(parent, name, new)
-                    undo.append(("child", parent, name, child))
-                elif "_tempo_replaced_attribute" in new.__dict__:
-                    undo.append(("attribute", new, *new.__dict__.pop("_tempo_replaced_attribute")))
+                done.add(id(child))
+                if "_tempo_replaced_attribute" in child.__dict__:
+                    undo.append(("attribute", child, *child.__dict__.pop("_tempo_replaced_attribute")))
                 else:
                     undo.append(("class", child, original_class))
                 rows.append((path, original_class.__name__, rule[0], "patched"))
                 if rule[0] == "bdrln":  # its LayerNorm and dropout are used through the fused op
-                    done.update({id(new.LayerNorm), id(new.dropout)})
+                    done.update({id(child.LayerNorm), id(child.dropout)})
                     continue
                 if rule[0] == "bias_gelu":  # its activation runs inside the fused op
-                    done.add(id(new.intermediate_act_fn))
+                    done.add(id(child.intermediate_act_fn))
                     continue
             elif not ours:
                 lname = type(child).__name__.lower()
@@ -656,11 +685,6 @@ def restore(model: torch.nn.Module) -> torch.nn.Module:
             _, module, name, value = entry
             module._modules.pop(name, None)
             setattr(module, name, value)
-        elif entry[0] == "child":
-            _, parent, name, child = entry
-            current = getattr(parent, name)
-            child.train(current.training)
-            setattr(parent, name, child)
         else:
             _, module, cls = entry
             module.__class__ = cls

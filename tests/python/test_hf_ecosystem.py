@@ -196,6 +196,61 @@ def test_backward_and_global_hooks_on_a_fused_blocks_layers_run(kind):
     assert worst < 1e-4, worst
 
 
+@pytest.mark.parametrize("fused", [False, True])
+def test_hooks_and_references_from_before_optimize_are_kept(fused):
+    """Hooks registered before tempo.optimize (forward and full backward, on every leaf of the
+    pretrained MiniLM, and a global forward hook) run after it as they did before, with the same
+    outputs and gradients; optimize's patch-time probes run none of them (they are tempo's
+    checks on random inputs, not forwards of the model); and a reference to a layer taken before
+    (its GELU, a Dropout) is still the model's layer: setting p = 0 through it switches dropout
+    off. Before, the GELUs and Dropouts were replaced by new modules, which dropped their hooks
+    and left the user's references pointing at modules the model no longer called, and the
+    probes ran the fused blocks' layers' hooks on random inputs."""
+    from torch.nn.modules import module as nn_module
+    ref = _minilm()
+    ours = _minilm()
+    seen = {"ref": [], "ours": []}
+    handles = []
+    for model, tag in ((ref, "ref"), (ours, "ours")):
+        for n, m in model.named_modules():
+            if not list(m.children()):
+                m.register_forward_hook(lambda m, i, o, key=(tag, n, "fw"): seen[key[0]].append((key, o)))
+                m.register_full_backward_hook(lambda m, gi, go, key=(tag, n, "bw"): seen[key[0]].append((key, go[0])))
+    globally = []
+    handles.append(nn_module.register_module_forward_hook(lambda m, i, o: globally.append(m)))
+    try:
+        act = ours.encoder.layer[0].intermediate.intermediate_act_fn
+        dropouts = [m for m in ours.modules() if isinstance(m, torch.nn.Dropout)]
+        tempo.optimize(ours, fused=fused)
+        assert not globally and not seen["ours"]  # the probes ran no hook
+        assert ours.encoder.layer[0].intermediate.intermediate_act_fn is act
+        assert isinstance(act, transformers.activations.GELUActivation)
+        assert {id(m) for m in dropouts} <= {id(m) for m in ours.modules()}  # the same objects, re-classed or read
+        assert any(isinstance(m, tempo.nn.Dropout) for m in dropouts)
+        out = {}
+        for model, tag in ((ref, "ref"), (ours, "ours")):
+            globally.clear()
+            out[tag] = _run(model)
+            path = {id(m): n for n, m in model.named_modules()}
+            out[tag + ".global"] = sorted(path[id(m)] for m in globally)
+    finally:
+        for h in handles:
+            h.remove()
+    assert [k[1:] for k, _ in seen["ours"]] == [k[1:] for k, _ in seen["ref"]]
+    assert out["ours.global"] == out["ref.global"]
+    for (key, a), (_, b) in zip(seen["ours"], seen["ref"]):
+        if isinstance(b, torch.Tensor) and b.abs().max() > 0:
+            assert _rel(a, b) < 1e-4, key
+    assert _rel(out["ours"][0], out["ref"][0]) < 1e-5
+    ids = torch.randint(1000, 30000, (2, 20), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        plain = ours.eval()(input_ids=ids).last_hidden_state
+        for p in (0.1, 0.0):  # MiniLM is loaded with p = 0: on through the references, then off again
+            for m in dropouts:
+                m.p = p
+            assert torch.equal(ours.train()(input_ids=ids).last_hidden_state, plain) == (p == 0.0)
+
+
 def _sentence_transformer():
     st = SentenceTransformer(str(minilm.get_model_path()), device="cpu")
     for m in st.modules():

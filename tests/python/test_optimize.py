@@ -75,7 +75,7 @@ def kinds(model):
 def test_bert_minilm_every_gradient_matches():
     ref = bert()
     ours = matching_grads(ref, bert_loss, zero_grad_names=("attention.self.key.bias",))  # its true gradient is 0
-    assert kinds(ours) == ["Dropout", "GELU", "LayerNorm", "TempoBertOutput", "TempoBertSelfOutput"]
+    assert kinds(ours) == ["Dropout", "LayerNorm", "TempoBertOutput", "TempoBertSelfOutput", "TempoGELUActivation"]
     # the same Parameters: the state dict is torch's, loadable both ways
     assert list(ours.state_dict()) == list(ref.state_dict())
     ref.load_state_dict(ours.state_dict())
@@ -129,13 +129,13 @@ def test_bert_fused_with_dropout_matches_unfused_tempo_and_compiles():
 
 def test_gpt2_every_gradient_matches():
     ours = matching_grads(gpt2(), lm_loss)
-    assert kinds(ours) == ["Dropout", "GELU", "LayerNorm"]
-    assert ours.transformer.h[0].mlp.act.approximate == "tanh"  # gelu_new
+    assert kinds(ours) == ["Dropout", "LayerNorm", "TempoNewGELUActivation"]  # gelu_new: tanh (the gradients tell)
+    assert isinstance(ours.transformer.h[0].mlp.act, transformers.activations.NewGELUActivation)
 
 
 def test_llama_every_gradient_matches():
     ours = matching_grads(llama(), lm_loss)
-    assert kinds(ours) == ["SiLU", "TempoLlamaRMSNorm"]
+    assert kinds(ours) == ["TempoLlamaRMSNorm", "TempoSiLUActivation"]
     assert isinstance(ours.model.norm, transformers.models.llama.modeling_llama.LlamaRMSNorm)
 
 
@@ -206,7 +206,7 @@ def test_techniques_subset_idempotent_and_errors():
     m = tempo.optimize(bert(), techniques=["layer_norm"])
     assert kinds(m) == ["LayerNorm"]
     again = tempo.optimize(m)
-    assert kinds(again) == ["Dropout", "GELU", "LayerNorm", "TempoBertOutput", "TempoBertSelfOutput"]
+    assert kinds(again) == ["Dropout", "LayerNorm", "TempoBertOutput", "TempoBertSelfOutput", "TempoGELUActivation"]
     assert kinds(tempo.optimize(again)) == kinds(again)  # a second call changes nothing
     with pytest.raises(ValueError, match="unknown technique"):
         tempo.optimize(bert(), techniques=["fast"])
@@ -215,7 +215,7 @@ def test_techniques_subset_idempotent_and_errors():
     with pytest.raises(ValueError, match="needs a transformers model"):
         tempo.optimize(torch.nn.Sequential(torch.nn.LayerNorm(4)), attention="tempo")
     # one technique or one module path by name, as a user would write them (not iterated letter by letter)
-    assert kinds(tempo.optimize(bert(), techniques="gelu")) == ["GELU"]
+    assert kinds(tempo.optimize(bert(), techniques="gelu")) == ["TempoGELUActivation"]
     one = tempo.optimize(bert(), modules="encoder.layer.0")
     patched = [r[0] for r in tempo.report(one).patched]
     assert patched and all(p.startswith("encoder.layer.0.") for p in patched), patched
@@ -234,14 +234,40 @@ def test_restore_gives_back_bitwise_the_original_outputs():
     with torch.no_grad():
         before = model(input_ids=ids).last_hidden_state.clone()
     classes = [type(m) for m in model.modules()]
+    attributes = [sorted(vars(m)) for m in model.modules()]
     tempo.optimize(model)
     assert any(type(m).__module__.startswith("tempo.") for m in model.modules())
     tempo.restore(model)
     assert [type(m) for m in model.modules()] == classes
+    assert [sorted(vars(m)) for m in model.modules()] == attributes
     with torch.no_grad():
         assert torch.equal(model(input_ids=ids).last_hidden_state, before)
     with pytest.raises(ValueError, match="has not been through tempo.optimize"):
         tempo.restore(model)
+
+
+def test_torch_layers_are_reclassed_in_place():
+    """torch's GELU, SiLU, Dropout, LayerNorm and RMSNorm are patched in place as tempo's
+    subclasses of them: the same objects (a reference held before optimize is the model's layer),
+    isinstance of torch's class, the same state dict, and the same outputs and gradients
+    as torch's (fp64 reference, dropout off)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.GELU(approximate="tanh"), torch.nn.LayerNorm(8),
+                                torch.nn.Dropout(0.2), torch.nn.SiLU(), torch.nn.RMSNorm(8), torch.nn.GELU())
+    ref = copy.deepcopy(model).double()
+    layers, state = list(model), model.state_dict()
+    tempo.optimize(model)
+    assert list(model) == layers and all(a is b for a, b in zip(model, layers))
+    assert [type(m).__module__.split(".")[0] for m in model[1:]] == ["tempo"] * 6
+    assert all(isinstance(m, type(r)) for m, r in zip(model, ref))
+    assert model.state_dict().keys() == state.keys()
+    x = torch.randn(5, 6, requires_grad=True)
+    xd = x.detach().double().requires_grad_()
+    model.eval(), ref.eval()
+    y, yd = model(x), ref(xd)
+    g = torch.randn_like(y)
+    y.backward(g), yd.backward(g.double())
+    assert (y.double() - yd).abs().max() < 1e-5 and (x.grad.double() - xd.grad).abs().max() < 1e-5
 
 
 def test_report_says_what_was_patched_and_what_was_left():

@@ -2,6 +2,7 @@
 from .activation import GELU, SiLU
 from .attention import SelfAttention
 from .linear_attention import CausalLinearAttention, FeatureMap
-from .norm import Dropout, LayerNorm, RMSNorm
+from .dropout import Dropout
+from .norm import LayerNorm, RMSNorm
 
 __all__ = ["GELU", "SiLU", "LayerNorm", "RMSNorm", "Dropout", "SelfAttention", "CausalLinearAttention", "FeatureMap"]
