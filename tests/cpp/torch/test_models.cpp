@@ -96,6 +96,15 @@ ModelConfig reduced(const std::string& preset, int64_t layers, int64_t vocab = 4
   return c;
 }
 
+// The training-length tests below run on one thread: CTest runs two tests at once on CI's two
+// cores, and OpenMP's waiting threads slow each of a pair 3x or more (measured: 455 s for the
+// mixed-precision test beside the fifty-step one, against 128 s on one thread each).
+struct OneThread {
+  int threads = at::get_num_threads();
+  OneThread() { at::set_num_threads(1); }
+  ~OneThread() { at::set_num_threads(threads); }
+};
+
 std::vector<at::Tensor> grads_of(tempo::models::TransformerModel& m) {
   std::vector<at::Tensor> g;
   for (auto& p : m->parameters()) g.push_back(p.grad().defined() ? p.grad().clone() : at::zeros_like(p));
@@ -420,11 +429,14 @@ TEST(Models, RecomputedAttentionGivesTheSameGradientsAndKeepsLess) {
 }
 
 TEST(Models, FiftyStepsOfEagerAndTempoAgreeWithinHalfAPercent) {
-  // bert-base and gpt2 shapes (hidden 768, 12 heads, FFN 3072) with 2 layers and a 4096-token
-  // vocabulary, dropout on, a fresh batch each step. The baseline draws the same dropout masks
-  // as tempo (tempo::nn::baseline_dropout), so the curves differ only by what each keeps.
+  // bert-base and gpt2 at all-MiniLM-L6-v2's widths (hidden 384, 12 heads, FFN 1536) with 2
+  // layers and a 4096-token vocabulary, dropout on, a fresh batch each step. The baseline draws
+  // the same dropout masks as tempo (tempo::nn::baseline_dropout), so the curves differ only by
+  // what each keeps.
+  const OneThread one;
   for (const char* preset : {"bert-base", "gpt2"}) {
-    const ModelConfig c = reduced(preset, 2);
+    ModelConfig c = reduced(preset, 2);
+    c.hidden = 384, c.intermediate = 1536;
     std::vector<double> curves[2];
     const char* policies[2] = {"eager", "tempo"};
     for (int k = 0; k < 2; ++k) {
@@ -491,6 +503,7 @@ double worst_rel(const std::vector<double>& a, const std::vector<double>& ref) {
 }
 
 TEST(Models, MixedPrecisionTempoStaysWithinBf16sOwnDeviation) {
+  const OneThread one;
   for (const char* preset : {"bert-base", "gpt2"}) {
     ModelConfig c = reduced(preset, 2, 1024);
     c.hidden = 128, c.heads = 4, c.intermediate = 512;
@@ -513,10 +526,7 @@ TEST(Models, MixedPrecisionTempoStaysWithinBf16sOwnDeviation) {
 // family; after a warm-up the bytes held between steps (the tracker's exact count) never grow,
 // so no saved tensor, mask or bit buffer outlives its step.
 TEST(Models, HeldBytesDoNotGrowOverManySteps) {
-  // One thread: 15000 steps of tiny models gain nothing from more, and OpenMP's waiting
-  // threads slow them 10x or more when the machine is shared (as CI's is).
-  const int threads = at::get_num_threads();
-  at::set_num_threads(1);
+  const OneThread one;  // 15000 steps of tiny models gain nothing from more
   tempo::memory::track_cpu();
   const c10::Device cpu(c10::kCPU);
   for (const char* preset : {"bert-base", "llama-small"}) {
@@ -544,7 +554,6 @@ TEST(Models, HeldBytesDoNotGrowOverManySteps) {
       EXPECT_LE(worst, 0) << preset << " " << policy << ": held bytes grew by " << worst << " over 1500 steps";
     }
   }
-  at::set_num_threads(threads);
 }
 
 }  // namespace
