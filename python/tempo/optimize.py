@@ -4,8 +4,8 @@ Face BERT, RoBERTa, GPT-2 or LLaMA, or anything made of the same layer types), i
 Modules are patched in place (their class changes, the object stays), and parameters stay the
 same Parameter objects, so optimizers, state dicts (saved before or after), isinstance checks,
 hooks and references to the modules are unaffected; modules keep their eps, dropout p,
-train/eval mode, dtype and device. What is patched is declared in RULES, one row per layer type: which
-modules it matches, which technique it belongs to, and how it is replaced.
+train/eval mode, dtype and device. What is patched is declared in RULES, one row per layer
+type: which modules it matches, which technique it belongs to, and how it is patched.
 """
 import contextlib
 import copy
