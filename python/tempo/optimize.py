@@ -432,7 +432,8 @@ def _with_weights(module, query, key, value, attention_mask, scaling, dropout, i
     if mask is None and _causal(module, None, query, is_causal):  # eager functions take the causal mask as a mask
         sq, sk = query.shape[-2], key.shape[-2]
         keep = torch.ones(sq, sk, dtype=torch.bool, device=query.device).tril(sk - sq)
-        mask = torch.zeros(sq, sk, dtype=query.dtype, device=query.device).masked_fill(~keep, torch.finfo(query.dtype).min)
+        mask = torch.zeros(sq, sk, dtype=query.dtype, device=query.device)
+        mask = mask.masked_fill(~keep, torch.finfo(query.dtype).min)
     if eager is not None:
         return eager(module, query, key, value, mask, scaling=scaling, dropout=dropout, **kwargs)
     key, value = _repeat_kv(module, key, value)

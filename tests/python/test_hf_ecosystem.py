@@ -430,7 +430,8 @@ def test_output_attentions_without_an_eager_function_in_the_models_module(mask_k
     module = torch.nn.Module()  # defined in torch.nn.modules.module: no eager_attention_forward there
     module.num_key_value_groups, module.is_causal = 2, mask_kind == "causal"
     g = torch.Generator().manual_seed(8)
-    q, k, v = torch.randn(2, 4, 5, 8, generator=g), torch.randn(2, 2, 5, 8, generator=g), torch.randn(2, 2, 5, 8, generator=g)
+    q = torch.randn(2, 4, 5, 8, generator=g)
+    k, v = torch.randn(2, 2, 5, 8, generator=g), torch.randn(2, 2, 5, 8, generator=g)
     keep = torch.rand(2, 1, 5, 5, generator=g) > 0.3
     keep[..., 0] = True
     mask = {"none": None, "causal": None, "bool": keep,
