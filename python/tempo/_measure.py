@@ -21,6 +21,25 @@ def free(device):
 
 
 @contextlib.contextmanager
+def heap_frozen():
+    """Inside: the objects that exist on entry are left out of the collector's scans
+    (gc.freeze), so the full gc.collect() before each measured step scans what measuring
+    created, not every object of transformers and the user's program: 0.25 s a collection
+    with transformers' BERT loaded, 40% of tempo.auto's time on MiniLM, against about a
+    millisecond. Objects from before that become garbage inside are collected after. Not
+    done where the program has frozen objects itself, since gc.unfreeze would release them."""
+    if gc.get_freeze_count():
+        yield
+        return
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
+@contextlib.contextmanager
 def budget_enforced(device, budget):
     """Inside: a real out-of-memory error past `budget` bytes (all tracked bytes on CPU; the
     caching allocator's fraction of the device on CUDA)."""

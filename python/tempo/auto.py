@@ -18,7 +18,7 @@ import time
 import torch
 
 from . import memory
-from ._measure import free, sync, budget_enforced, largest_batch, parse_bytes
+from ._measure import free, sync, budget_enforced, heap_frozen, largest_batch, parse_bytes
 from .optimize import TECHNIQUES, AttentionNotComputed, _transformers_models, _uses_attention_registry, optimize, restore
 
 
@@ -196,31 +196,32 @@ def auto(model, make_batch, budget=None, method="fast", loss_fn=None, steps=3, m
 
     rows, results = [], {}
     try:
-        for name, techniques, attention, modules in _candidates(model, method, transformers_model):
-            if techniques is not None:
-                try:
-                    optimize(model, techniques=techniques, attention=attention, modules=modules)
-                except ValueError:  # nothing of this kind in the model (it is left unchanged)
-                    continue
-            try:
-                mb, _ = largest_batch(probe, budget)
-                sps = tps = None
-                if mb is not None:
-                    ms, tokens = [], 0
-                    for _ in range(max(steps, 1)):  # after the search's steps (the warm-up)
-                        m = probe(mb)
-                        if m is None:
-                            break
-                        ms.append(m["ms"])
-                        tokens = m["tokens"]
-                    if ms:
-                        med = statistics.median(ms) / 1e3
-                        sps, tps = mb / med, tokens / med
-                rows.append((name, mb, sps, tps))
-                results[name] = (techniques, attention, modules, mb, tps or 0.0)
-            finally:
+        with heap_frozen():
+            for name, techniques, attention, modules in _candidates(model, method, transformers_model):
                 if techniques is not None:
-                    restore(model)
+                    try:
+                        optimize(model, techniques=techniques, attention=attention, modules=modules)
+                    except ValueError:  # nothing of this kind in the model (it is left unchanged)
+                        continue
+                try:
+                    mb, _ = largest_batch(probe, budget)
+                    sps = tps = None
+                    if mb is not None:
+                        ms, tokens = [], 0
+                        for _ in range(max(steps, 1)):  # after the search's steps (the warm-up)
+                            m = probe(mb)
+                            if m is None:
+                                break
+                            ms.append(m["ms"])
+                            tokens = m["tokens"]
+                        if ms:
+                            med = statistics.median(ms) / 1e3
+                            sps, tps = mb / med, tokens / med
+                    rows.append((name, mb, sps, tps))
+                    results[name] = (techniques, attention, modules, mb, tps or 0.0)
+                finally:
+                    if techniques is not None:
+                        restore(model)
         base = results["baseline (as given)"]
         fitting = {k: v for k, v in results.items() if v[3] is not None}
         if not fitting:

@@ -26,7 +26,7 @@ import time
 import torch
 
 from . import memory
-from ._measure import free, sync, fits, format_bytes, largest_batch, parse_bytes
+from ._measure import free, sync, fits, format_bytes, heap_frozen, largest_batch, parse_bytes
 from .optimize import AttentionNotComputed, optimize, restore
 
 POLICIES = ("eager", "sdpa", "checkpoint", "compile", "tempo", "tempo-sdpa")
@@ -167,19 +167,26 @@ def dropout_mask_bytes(model, batch):
     attn_p = getattr(model.config, "attention_probs_dropout_prob", None) or getattr(model.config, "attn_pdrop", None)
     if attn_p and 0 < attn_p < 1:
         scales.add(1.0 / (1.0 - attn_p))
-    seen, total = set(), 0
+    seen, alive, total = set(), [], 0
 
     def pack(t):
         nonlocal total
+        alive.append(t.detach())  # held until the count is done, so that no address is reused
         if t.is_floating_point() and t.numel() > 0 and t.data_ptr() not in seen:
             for s in scales:
                 if bool(((t == 0) | (t == s)).all()) and bool((t == s).any()):
                     seen.add(t.data_ptr())
                     total += t.numel() * t.element_size()
                     break
-        return t
+        # The graph keeps nothing (this forward has no backward). Returning t, or holding t
+        # rather than a detached alias, ties each saved output to its own graph in a cycle
+        # through C++ that the collector cannot free: 27 MB left behind per call on a 2-layer
+        # BERT at seq 512.
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    def unpack(_):
+        raise RuntimeError("tempo.bench: the mask-counting forward has no backward")
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
         model(**batch).loss
     return total
 
@@ -376,7 +383,8 @@ def main(argv=None):
     if not os.path.isdir(args.model):
         args.size = args.size or next(iter(SIZES.get(args.model, {"base": 0})))
     try:
-        rows, masks = run(args)
+        with heap_frozen():  # each step's collection scans what the bench made, not all of transformers
+            rows, masks = run(args)
     except ValueError as e:
         raise SystemExit(str(e))
     write_outputs(args, rows, masks)

@@ -1,8 +1,10 @@
 """tempo.auto (Auto-Tempo), python -m tempo.bench and the CPU budget they run under
 (tempo.memory.cpu_limit), on small Hugging Face models built here and on MiniLM's weights."""
 import copy
+import gc
 import json
 import os
+import runpy
 import subprocess
 import sys
 
@@ -48,6 +50,21 @@ def step_fits(model, batch_size, budget):
         return False
     finally:
         model.zero_grad(set_to_none=True)
+
+
+def bench(capsys, *args):
+    """python -m tempo.bench run through its main() in this process: (exit code, stdout,
+    stderr). A process costs about 9 s of imports here; test_bench_module_errors runs one."""
+    from tempo import bench as module
+    capsys.readouterr()
+    try:
+        code = module.main([str(a) for a in args])
+    except SystemExit as e:  # any other exception would be a traceback for the user
+        code = e.code
+    out, err = capsys.readouterr()
+    if isinstance(code, str):  # SystemExit(message): Python prints the message and exits 1
+        code, err = 1, err + code + "\n"
+    return code, out, err
 
 
 # ---- the CPU budget ----------------------------------------------------------------------------
@@ -107,6 +124,7 @@ def test_auto_chooses_a_measured_candidate_and_its_largest_batch_is_exact(method
     assert base[1] >= 2 and all_[1] > base[1], str(rep)  # tempo fits a larger batch under the same budget
     # Each reported largest batch fits and one more does not, checked here independently.
     chosen_patch = tempo.report(model).patched if "_tempo_undo" in model.__dict__ else []
+    assert bool(chosen_patch) == (rep.choice != "baseline (as given)"), str(rep)  # the choice is what is applied
     if chosen_patch:
         tempo.restore(model)
     assert step_fits(model, base[1], budget) and not step_fits(model, base[1] + 1, budget)
@@ -173,13 +191,24 @@ def test_auto_on_a_model_tempos_attention_cannot_run_measures_the_rest(method):
         torch.testing.assert_close(model(**batch).logits, ref(**batch).logits, rtol=1e-5, atol=1e-5)
 
 
-def test_auto_applies_its_choice():
+def test_auto_leaves_the_collector_as_it_found_it():
+    """tempo.auto freezes the heap it finds (gc.freeze) so that the collection before each step
+    scans only what measuring made; it unfreezes after, and does neither where the program has
+    frozen objects itself. The largest batches are those measured without it."""
     model = small_bert()
-    rep = tempo.auto(model, make_batch, budget="10MiB", method="fast", steps=1)
-    if rep.choice == "tempo: all":
-        assert tempo.report(model).patched
-    else:
-        assert "_tempo_undo" not in model.__dict__
+    assert gc.get_freeze_count() == 0
+    first = tempo.auto(model, make_batch, budget="10MiB", method="fast", steps=1)
+    assert gc.get_freeze_count() == 0
+    if "_tempo_undo" in model.__dict__:
+        tempo.restore(model)
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        second = tempo.auto(model, make_batch, budget="10MiB", method="fast", steps=1)
+        assert 0 < gc.get_freeze_count() <= frozen  # neither released nor added to (some were freed)
+    finally:
+        gc.unfreeze()
+    assert [r[1] for r in first.rows] == [r[1] for r in second.rows]
 
 
 def test_auto_errors():
@@ -198,6 +227,7 @@ def test_auto_errors():
         raise KeyError("no such batch")
     with pytest.raises(KeyError, match="no such batch"):
         tempo.auto(model, broken, budget="1GiB")
+    assert gc.get_freeze_count() == 0
     assert "_tempo_undo" not in model.__dict__  # left unpatched after the error
 
 
@@ -213,16 +243,21 @@ def test_auto_on_minilm_keeps_its_outputs():
     torch.testing.assert_close(model(**batch).logits, ref(**batch).logits, rtol=1e-4, atol=1e-4)
 
 
-def test_auto_tempo_example_runs_and_reports_a_budget_too_small_in_one_line(tmp_path):
+def test_auto_tempo_example_runs_and_reports_a_budget_too_small_in_one_line(tmp_path, capsys, monkeypatch):
+    """The good run through runpy in this process (a process costs about 9 s of imports here);
+    the mistake as a process, for the exit code and the one line a user sees."""
     folder = tmp_path / "bert"
     small_bert().save_pretrained(folder)
     example = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "python", "auto_tempo.py")
-    env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(__file__), "..", "..", "python"))
-    run = [sys.executable, example, "--model", str(folder), "--seq", str(S), "--steps", "1", "--budget"]
-    r = subprocess.run(run + ["10MiB"], capture_output=True, text=True, timeout=600, env=env)
-    assert r.returncode == 0 and "<- chosen" in r.stdout, r.stderr[-2000:]
+    args = ["--model", str(folder), "--seq", str(S), "--steps", "1", "--budget"]
+    monkeypatch.setattr(sys, "argv", [example] + args + ["10MiB"])
+    capsys.readouterr()
+    runpy.run_path(example, run_name="__main__")
+    assert "<- chosen" in capsys.readouterr().out
     held = sum(p.numel() * p.element_size() for p in small_bert().parameters())
-    r = subprocess.run(run + [str(held + 50_000)], capture_output=True, text=True, timeout=600, env=env)
+    env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(__file__), "..", "..", "python"))
+    r = subprocess.run([sys.executable, example] + args + [str(held + 50_000)], capture_output=True, text=True,
+                       timeout=600, env=env)
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert r.stderr.strip().splitlines()[-1].startswith("tempo.auto: the model does not fit the budget"), r.stderr
     assert "gradients alone take" in r.stderr
@@ -230,17 +265,15 @@ def test_auto_tempo_example_runs_and_reports_a_budget_too_small_in_one_line(tmp_
 
 # ---- python -m tempo.bench ---------------------------------------------------------------------
 
-def test_bench_module_on_a_local_folder(tmp_path):
+def test_bench_module_on_a_local_folder(tmp_path, capsys):
     folder = tmp_path / "bert"
     small_bert().save_pretrained(folder)
     out_csv, plot = tmp_path / "b.csv", tmp_path / "b.svg"
-    env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(__file__), "..", "..", "python"))
-    r = subprocess.run([sys.executable, "-m", "tempo.bench", "--model", str(folder), "--seq", str(S), "--batch", "2",
-                        "--policies", "eager,sdpa,checkpoint,tempo,tempo-sdpa", "--budget", "12MiB", "--steps", "1",
-                        "--json", "--csv", str(out_csv), "--plot", str(plot)],
-                       capture_output=True, text=True, timeout=600, env=env)
-    assert r.returncode == 0, r.stderr
-    rows = {x["policy"]: x for x in json.loads(r.stdout)}
+    code, out, err = bench(capsys, "--model", folder, "--seq", S, "--batch", 2, "--policies",
+                           "eager,sdpa,checkpoint,tempo,tempo-sdpa", "--budget", "12MiB", "--steps", 1, "--json",
+                           "--csv", out_csv, "--plot", plot)
+    assert code == 0, err
+    rows = {x["policy"]: x for x in json.loads(out)}
     assert set(rows) == {"eager", "sdpa", "checkpoint", "tempo", "tempo-sdpa"}
     e, t, f, c = rows["eager"], rows["tempo"], rows["tempo-sdpa"], rows["checkpoint"]
     # The eager figure against an independent count of the same forward under the tracker.
@@ -263,14 +296,12 @@ def test_bench_module_on_a_local_folder(tmp_path):
     assert lines[0].startswith("model,seq,dtype,device,policy,batch,activation_bytes") and len(lines) == 6
     assert plot.read_text().startswith("<svg")
     # The table says which masks the baseline keeps.
-    r = subprocess.run([sys.executable, "-m", "tempo.bench", "--model", str(folder), "--seq", str(S), "--batch", "2",
-                        "--policies", "eager,tempo", "--steps", "1"], capture_output=True, text=True, timeout=600,
-                       env=env)
-    assert r.returncode == 0, r.stderr
-    assert "4-byte float masks" in r.stdout and "bool masks" in r.stdout
+    code, out, err = bench(capsys, "--model", folder, "--seq", S, "--batch", 2, "--policies", "eager,tempo", "--steps", 1)
+    assert code == 0, err
+    assert "4-byte float masks" in out and "bool masks" in out
 
 
-def test_bench_module_on_folders_of_other_families(tmp_path):
+def test_bench_module_on_folders_of_other_families(tmp_path, capsys):
     """A folder's model gets the head transformers has for it (masked LM where there is one, else
     causal): a Qwen3 is measured as a causal LM. A Gemma 2 under the tempo policy (its attention
     soft-caps, which tempo's does not compute) and a T5 (neither head) are clear errors, exit != 0
@@ -282,51 +313,52 @@ def test_bench_module_on_folders_of_other_families(tmp_path):
               "t5": transformers.T5ForConditionalGeneration(transformers.T5Config(
                   num_layers=1, d_model=64, d_ff=128, num_heads=4, d_kv=16, vocab_size=128, decoder_start_token_id=0,
                   pad_token_id=0))}
-    env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(__file__), "..", "..", "python"))
     out = {}
     for family, model in models.items():
         model.save_pretrained(tmp_path / family)
-        out[family] = subprocess.run([sys.executable, "-m", "tempo.bench", "--model", str(tmp_path / family), "--seq",
-                                      "16", "--batch", "2", "--policies", "eager,tempo", "--steps", "1", "--json"],
-                                     capture_output=True, text=True, timeout=600, env=env)
-    r = out["qwen3"]
-    assert r.returncode == 0, r.stderr
-    e, t = json.loads(r.stdout)
+        out[family] = bench(capsys, "--model", tmp_path / family, "--seq", 16, "--batch", 2, "--policies", "eager,tempo",
+                            "--steps", 1, "--json")
+    code, stdout, err = out["qwen3"]
+    assert code == 0, err
+    e, t = json.loads(stdout)
     assert t["activation_bytes"] < e["activation_bytes"]
-    r = out["gemma2"]
-    assert r.returncode != 0 and "Traceback" not in r.stderr
-    assert "policy tempo cannot run on gemma2: Gemma2Attention passes `softcap`" in r.stderr, r.stderr
-    r = out["t5"]
-    assert r.returncode != 0 and "Traceback" not in r.stderr
-    assert "holds a t5 model, for which transformers has neither a masked-LM nor a causal-LM class" in r.stderr
+    code, _, err = out["gemma2"]
+    assert code != 0 and "policy tempo cannot run on gemma2: Gemma2Attention passes `softcap`" in err, err
+    code, _, err = out["t5"]
+    assert code != 0 and "holds a t5 model, for which transformers has neither a masked-LM nor a causal-LM class" in err
 
 
-def test_bench_module_reports_a_policy_that_does_not_fit_as_max_batch_zero(tmp_path):
+def test_bench_module_reports_a_policy_that_does_not_fit_as_max_batch_zero(tmp_path, capsys):
     # A long sequence on a tiny model: the attention activations, not the AdamW state, set the peak.
     folder = tmp_path / "bert"
     cfg = transformers.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
                                   vocab_size=100, max_position_embeddings=512, attn_implementation="eager")
     torch.manual_seed(0)
     transformers.BertForMaskedLM(cfg).save_pretrained(folder)
-    env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(__file__), "..", "..", "python"))
-    run = lambda *extra: subprocess.run([sys.executable, "-m", "tempo.bench", "--model", str(folder), "--seq", "512",
-                                         "--batch", "1", "--policies", "eager,tempo-sdpa", "--steps", "1", *extra],
-                                        capture_output=True, text=True, timeout=600, env=env)
-    r = run("--json")
-    assert r.returncode == 0, r.stderr
-    e, f = json.loads(r.stdout)
+    run = lambda *extra: bench(capsys, "--model", folder, "--seq", 512, "--batch", 1, "--policies", "eager,tempo-sdpa",
+                               "--steps", 1, *extra)
+    tempo.memory.track()
+    gc.collect()
+    held = tempo.memory.stats()[0]
+    code, out, err = run("--json")
+    assert code == 0, err
+    e, f = json.loads(out)
     assert f["peak_bytes"] < e["peak_bytes"]
     # A budget between the two policies' peaks at batch 1: eager does not fit, tempo-sdpa does.
     budget = (e["peak_bytes"] + f["peak_bytes"]) // 2
-    r = run("--budget", str(budget), "--json")
-    assert r.returncode == 0, r.stderr
-    e, f = json.loads(r.stdout)
+    code, out, err = run("--budget", budget, "--json")
+    assert code == 0, err
+    e, f = json.loads(out)
     assert e["max_batch"] == 0 and e["max_batch_tokens_per_s"] == 0 and e["max_batch_spread"] is None
     assert f["max_batch"] >= 1 and f["max_batch_tokens_per_s"] > 0
-    r = run("--budget", str(budget))
-    assert r.returncode == 0 and "does not fit" in r.stdout, r.stdout + r.stderr
-    r = run("--budget", str(f["peak_bytes"] // 2))  # nothing fits: a clear error
-    assert r.returncode != 0 and "too small for batch 1 under every policy" in r.stderr and "Traceback" not in r.stderr
+    code, out, err = run("--budget", budget)
+    assert code == 0 and "does not fit" in out, out + err
+    code, out, err = run("--budget", f["peak_bytes"] // 2)  # nothing fits: a clear error
+    assert code != 0 and "too small for batch 1 under every policy" in err, err
+    # Run in one process, the runs leave nothing behind (the mask count's forward once left its
+    # graph, 27 MB here, in a cycle through C++; the next run's budget then counted it).
+    gc.collect()
+    assert tempo.memory.stats()[0] == held
 
 
 def test_bench_module_errors(capsys):
