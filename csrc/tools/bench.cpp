@@ -43,13 +43,13 @@ void print_bench_usage(FILE* out) {
                "          (t in gelu norm dropout attention sdpa fused checkpoint head kernels recompute), e.g. eager+gelu\n");
 }
 
-int64_t parse_bytes(const std::string& text) {
+int64_t parse_bytes(const std::string& text, const std::string& tool) {
   size_t pos = 0;
   double v = 0;
   try {
     v = std::stod(text, &pos);
   } catch (...) {
-    throw std::invalid_argument("tempo bench: cannot read a size from '" + text + "' (e.g. 11GiB, 512MiB)");
+    throw std::invalid_argument(tool + ": cannot read a size from '" + text + "' (e.g. 11GiB, 512MiB)");
   }
   const std::string unit = text.substr(pos);
   double mult = 1;
@@ -60,8 +60,12 @@ int64_t parse_bytes(const std::string& text) {
   else if (unit == "KB") mult = 1e3;
   else if (unit == "MB") mult = 1e6;
   else if (unit == "GB") mult = 1e9;
-  else throw std::invalid_argument("tempo bench: unknown size unit '" + unit + "' in '" + text + "' (B, KiB, MiB, GiB, KB, MB, GB)");
-  if (!(v > 0)) throw std::invalid_argument("tempo bench: a size must be positive, got '" + text + "'");
+  else
+    throw std::invalid_argument(tool + ": unknown size unit '" + unit + "' in '" + text +
+                                "' (B, KiB, MiB, GiB, KB, MB, GB)");
+  // stod also reads "inf", "nan" and hexadecimal: none is a size (inf became -8 EiB).
+  if (text.substr(0, pos).find_first_of("xXnN") != std::string::npos || !(v > 0) || !(v * mult < 0x1p62))
+    throw std::invalid_argument(tool + ": a size must be a positive number below 4 EiB, got '" + text + "'");
   return static_cast<int64_t>(v * mult);
 }
 

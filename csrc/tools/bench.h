@@ -48,8 +48,8 @@ struct BenchResult {
 
 // Parses `tempo bench` arguments; throws std::invalid_argument with a clear message.
 BenchOptions parse_bench_args(const std::vector<std::string>& args);
-// "11GiB", "512MiB", "16GB", "1000000" -> bytes.
-int64_t parse_bytes(const std::string& text);
+// "11GiB", "512MiB", "16GB", "1000000" -> bytes; errors begin with `tool` ("tempo bench").
+int64_t parse_bytes(const std::string& text, const std::string& tool = "tempo bench");
 int run_bench(const BenchOptions& options);
 
 // The data-movement account (data_movement.cpp): every operator of one transformer layer's

@@ -165,7 +165,7 @@ TrainCommand parse_train_args(const std::vector<std::string>& args) {
     else if (k == "--intermediate") o.intermediate = integer(k, value(), 1);
     else if (k == "--positions") o.positions = integer(k, value(), 1);
     else if (k == "--dropout") o.dropout = number(k, value());
-    else if (k == "--budget") o.budget = parse_bytes(value());
+    else if (k == "--budget") o.budget = parse_bytes(value(), "tempo train");
     else if (k == "--out") o.out = value();
     else if (k == "--resume") o.resume = true;
     else if (k == "--plot") c.plot = value();

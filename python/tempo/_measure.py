@@ -113,6 +113,6 @@ def parse_bytes(text):
         v = float(num) * units[unit]
     except (ValueError, KeyError):
         raise argparse.ArgumentTypeError("cannot read a size from %r (e.g. 11GiB, 512MiB)" % text)
-    if v <= 0:
-        raise argparse.ArgumentTypeError("a size must be positive, got %r" % text)
+    if not v > 0 or v == float("inf"):  # NaN compares false
+        raise argparse.ArgumentTypeError("a size must be positive and finite, got %r" % text)
     return int(v)

@@ -11,7 +11,10 @@ The budget covers the model's parameters and buffers, their gradients and everyt
 allocates; an optimizer's state is not part of the step, so leave room for it in the budget
 (on CUDA the default, the device's free memory, already excludes state that exists).
 """
+import argparse
 import gc
+import math
+import numbers
 import statistics
 import time
 
@@ -131,8 +134,20 @@ def auto(model, make_batch, budget=None, method="fast", loss_fn=None, steps=3, m
         raise ValueError("tempo.auto: method must be 'fast' or 'fine', got %r" % (method,))
     if not callable(make_batch):
         raise TypeError("tempo.auto: make_batch must be callable as make_batch(batch_size)")
+    if loss_fn is not None and not callable(loss_fn):
+        raise TypeError("tempo.auto: loss_fn must be None or callable as loss_fn(output) -> loss, got %r" % (loss_fn,))
+    for arg, value in (("steps", steps), ("max_batch", max_batch)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+            raise ValueError("tempo.auto: %s must be an integer >= 1, got %r" % (arg, value))
     if isinstance(budget, str):
-        budget = parse_bytes(budget)
+        try:
+            budget = parse_bytes(budget)
+        except argparse.ArgumentTypeError as e:
+            raise ValueError("tempo.auto: %s" % e) from None
+    elif budget is not None and (isinstance(budget, bool) or not isinstance(budget, numbers.Real)):
+        raise TypeError("tempo.auto: the budget is a number of bytes or a size such as '8GiB', got %r" % (budget,))
+    elif budget is not None and not math.isfinite(budget):
+        raise ValueError("tempo.auto: the budget must be a finite number of bytes, got %r" % (budget,))
     device = _device_of(model)
     if budget is None:
         if device.type != "cuda":
@@ -140,6 +155,7 @@ def auto(model, make_batch, budget=None, method="fast", loss_fn=None, steps=3, m
         budget = torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_allocated(device)
     if budget <= 0:
         raise ValueError("tempo.auto: the budget must be positive, got %r" % (budget,))
+    budget = int(budget)
     if "_tempo_undo" in model.__dict__:
         raise ValueError("tempo.auto: the model is already patched by tempo.optimize; tempo.restore it first")
     loss_of = loss_fn or _loss
@@ -208,7 +224,7 @@ def auto(model, make_batch, budget=None, method="fast", loss_fn=None, steps=3, m
                     sps = tps = None
                     if mb is not None:
                         ms, tokens = [], 0
-                        for _ in range(max(steps, 1)):  # after the search's steps (the warm-up)
+                        for _ in range(steps):  # after the search's steps (the warm-up)
                             m = probe(mb)
                             if m is None:
                                 break

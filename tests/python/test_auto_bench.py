@@ -4,6 +4,7 @@ import copy
 import gc
 import json
 import os
+import re
 import runpy
 import subprocess
 import sys
@@ -79,8 +80,37 @@ def test_cpu_limit_raises_torch_out_of_memory_and_is_removed_after_the_block():
         with pytest.raises(torch.OutOfMemoryError):  # inside an op as well
             torch.ones(2000, 2000) @ torch.ones(2000, 2000)
     assert torch.empty(1_000_000).numel() == 1_000_000 and small.numel() == 1000
-    with pytest.raises(RuntimeError, match=">= 0"):
-        tempo.memory.set_cpu_limit(-1)
+    for bad, error in ((-1, ValueError), (float("inf"), ValueError), (float("nan"), ValueError), (True, TypeError),
+                       ("1GiB", TypeError)):
+        with pytest.raises(error, match="tempo.memory.set_cpu_limit: the limit"):
+            tempo.memory.set_cpu_limit(bad)
+        with pytest.raises(error, match="tempo.memory.cpu_limit: the limit"):
+            tempo.memory.cpu_limit(bad)
+    assert tempo.memory.get_cpu_limit() == 0
+
+
+def test_cpu_limit_blocks_nest_and_give_back_the_limit_from_before():
+    """On leaving a block, the limit set before it is back (it was removed: a limit the user had
+    set went away after tempo.auto, whose steps run in such blocks)."""
+    tempo.memory.track()
+    start = tempo.memory.stats()[0]
+    tempo.memory.set_cpu_limit(start + 10_000_000)
+    try:
+        with tempo.memory.cpu_limit(start + 1_000_000):
+            with tempo.memory.cpu_limit(start + 100_000):
+                with pytest.raises(torch.OutOfMemoryError):
+                    torch.empty(200_000 // 4)
+            assert tempo.memory.get_cpu_limit() == start + 1_000_000
+            torch.empty(200_000 // 4)  # fits under the outer block's limit again
+            with pytest.raises(torch.OutOfMemoryError):
+                torch.empty(2_000_000 // 4)
+        assert tempo.memory.get_cpu_limit() == start + 10_000_000
+        torch.empty(2_000_000 // 4)
+        model = small_bert()
+        tempo.auto(model, make_batch, budget="10MiB", method="fast", steps=1)
+        assert tempo.memory.get_cpu_limit() == start + 10_000_000
+    finally:
+        tempo.memory.set_cpu_limit(0)
 
 
 # ---- tempo.optimize(modules=...) --------------------------------------------------------------
@@ -222,6 +252,22 @@ def test_auto_errors():
         tempo.auto(model, make_batch)
     with pytest.raises(ValueError, match="method must be"):
         tempo.auto(model, make_batch, budget="1GiB", method="slow")
+    # Each argument is checked before anything runs, with a message naming it (these once gave
+    # a misleading "does not fit", a silent step, or a conversion error from deep inside).
+    for kwargs, error, message in ((dict(max_batch=0), ValueError, "max_batch must be an integer >= 1, got 0"),
+                                   (dict(max_batch=2.5), ValueError, "max_batch must be an integer >= 1"),
+                                   (dict(steps=0), ValueError, "steps must be an integer >= 1, got 0"),
+                                   (dict(steps=True), ValueError, "steps must be an integer >= 1"),
+                                   (dict(loss_fn="mse"), TypeError, "loss_fn must be None or callable"),
+                                   (dict(budget="lots"), ValueError, "tempo.auto: cannot read a size from 'lots'"),
+                                   (dict(budget="nan"), ValueError, "must be positive and finite"),
+                                   (dict(budget="infGiB"), ValueError, "must be positive and finite"),
+                                   (dict(budget=float("nan")), ValueError, "must be a finite number of bytes"),
+                                   (dict(budget=float("inf")), ValueError, "must be a finite number of bytes"),
+                                   (dict(budget=True), TypeError, "the budget is a number of bytes"),
+                                   (dict(budget=[8]), TypeError, "the budget is a number of bytes")):
+        with pytest.raises(error, match=re.escape(message)):
+            tempo.auto(model, make_batch, **{"budget": "1GiB", **kwargs})
 
     def broken(batch_size):  # an error that is not out-of-memory propagates
         raise KeyError("no such batch")
@@ -296,7 +342,8 @@ def test_bench_module_on_a_local_folder(tmp_path, capsys):
     assert lines[0].startswith("model,seq,dtype,device,policy,batch,activation_bytes") and len(lines) == 6
     assert plot.read_text().startswith("<svg")
     # The table says which masks the baseline keeps.
-    code, out, err = bench(capsys, "--model", folder, "--seq", S, "--batch", 2, "--policies", "eager,tempo", "--steps", 1)
+    code, out, err = bench(capsys, "--model", folder, "--seq", S, "--batch", 2, "--policies", "eager,tempo",
+                           "--steps", 1)
     assert code == 0, err
     assert "4-byte float masks" in out and "bool masks" in out
 
@@ -316,8 +363,8 @@ def test_bench_module_on_folders_of_other_families(tmp_path, capsys):
     out = {}
     for family, model in models.items():
         model.save_pretrained(tmp_path / family)
-        out[family] = bench(capsys, "--model", tmp_path / family, "--seq", 16, "--batch", 2, "--policies", "eager,tempo",
-                            "--steps", 1, "--json")
+        out[family] = bench(capsys, "--model", tmp_path / family, "--seq", 16, "--batch", 2, "--policies",
+                            "eager,tempo", "--steps", 1, "--json")
     code, stdout, err = out["qwen3"]
     assert code == 0, err
     e, t = json.loads(stdout)
@@ -372,6 +419,7 @@ def test_bench_module_errors(capsys):
     for args, message in ((["--model", "t5"], "unknown model"),
                           (["--model", "bert", "--size", "huge"], "has sizes"),
                           (["--budget", "lots"], "cannot read a size"),
+                          (["--budget", "inf"], "a size must be positive and finite"),  # was an OverflowError
                           (["--seq", "1000"], "exceeds"),
                           (["--csv", "/nonexistent/b.csv"], "/nonexistent is not a folder"),
                           (["--plot", "/nonexistent/b.svg"], "/nonexistent is not a folder")):

@@ -87,6 +87,10 @@ def test_ablation_prints_each_technique():
     (["--policies", "eager,fast"], "unknown memory policy 'fast'"),
     (["--seq", "0"], "--seq must be a positive integer"),
     (["--budget", "lots"], "cannot read a size"),
+    (["--budget", "inf"], "a size must be a positive number below 4 EiB, got 'inf'"),  # was -8 EiB
+    (["--budget", "nan"], "a size must be a positive number below 4 EiB"),
+    (["--budget", "0x10"], "a size must be a positive number below 4 EiB"),
+    (["--budget", "9999999999GiB"], "a size must be a positive number below 4 EiB"),
     (["--plot", "x.png"], "--plot writes SVG"),
     (["--csv", "/nonexistent/x.csv"], "cannot write --csv /nonexistent/x.csv: /nonexistent is not a folder"),  # at once
     (["--model", "custom", "--arch", "bert", "--hidden", "60", "--heads", "7"], "divisible by heads"),

@@ -11,7 +11,7 @@ import torch
 
 import tempo  # noqa: F401  (loads the op library)
 
-SKIP = {"build_info", "memory_stats", "memory_reset_peak", "memory_set_cpu_limit", "memory_track"}
+SKIP = {"build_info", "memory_stats", "memory_reset_peak", "memory_set_cpu_limit", "memory_cpu_limit", "memory_track"}
 
 
 def _valid_calls():

@@ -140,6 +140,7 @@ std::vector<int64_t> op_stats(c10::Device device) {
 }
 void op_reset_peak(c10::Device device) { reset_peak(device); }
 void op_set_limit(int64_t bytes) { set_cpu_limit(bytes); }
+int64_t op_limit() { return cpu_limit(); }
 }  // namespace
 
 }  // namespace tempo::memory
@@ -149,4 +150,5 @@ TORCH_LIBRARY_FRAGMENT(tempo, m) {
   m.def("memory_stats(Device device) -> int[]", &tempo::memory::op_stats);
   m.def("memory_reset_peak(Device device) -> ()", &tempo::memory::op_reset_peak);
   m.def("memory_set_cpu_limit(int bytes) -> ()", &tempo::memory::op_set_limit);
+  m.def("memory_cpu_limit() -> int", &tempo::memory::op_limit);
 }
