@@ -33,6 +33,12 @@ void check(PerformerLM& model, const at::Tensor& tokens, std::optional<int64_t> 
                                     weight.size(1) == tokens.size(1) - 1),
               kOp, ": loss_weight must be [batch, length - 1] (one per target), got ",
               weight.defined() ? weight.sizes() : at::IntArrayRef{});
+  if (weight.defined() && weight.numel() > 0) {  // else a NaN or a negative loss, silently
+    const at::Tensor w = weight.to(at::kDouble);
+    TORCH_CHECK(at::isfinite(w).all().item<bool>() && w.min().item<double>() >= 0, kOp,
+                ": loss_weight must be finite and >= 0 (0 drops a target), got values in [", w.min().item<double>(),
+                ", ", w.max().item<double>(), "]");
+  }
 }
 
 at::Tensor weights_of(const at::Tensor& loss_weight, const at::Tensor& targets) {

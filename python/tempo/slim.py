@@ -13,6 +13,8 @@ would; memory is one chunk's activations and one state per layer.
 `PerformerLM` is the model it trains: a GPT-2-style pre-LN stack of tempo's
 CausalLinearAttention, LayerNorm and GELU over a byte vocabulary.
 """
+import numbers
+
 import torch
 
 from .nn import GELU, CausalLinearAttention, LayerNorm
@@ -95,6 +97,8 @@ class PerformerLM(torch.nn.Module):
 def _check(model, tokens, chunk):
     if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2 or tokens.dtype not in (torch.int64, torch.int32):
         raise ValueError("tempo.slim: tokens must be an integer tensor [batch, length]")
+    if tokens.shape[0] == 0:
+        raise ValueError("tempo.slim: the batch is empty (tokens of shape %s)" % (tuple(tokens.shape),))
     if tokens.shape[1] < 2:
         raise ValueError("tempo.slim: the sequence needs at least 2 tokens (an input and a target), got %d"
                          % tokens.shape[1])
@@ -103,9 +107,10 @@ def _check(model, tokens, chunk):
                          % (model.vocab, int(tokens.min()), int(tokens.max())))
     if tokens.shape[1] - 1 > model.max_len:
         raise ValueError("tempo.slim: %d input positions exceed the model's %d" % (tokens.shape[1] - 1, model.max_len))
-    if chunk is not None and (not isinstance(chunk, int) or chunk <= 0):
+    if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, numbers.Integral) or chunk <= 0):
         raise ValueError("tempo.slim: chunk must be a positive integer (or None: the whole sequence), got %r"
                          % (chunk,))
+    return None if chunk is None else int(chunk)
 
 
 def _chunk_loss(model, logits, targets, weight):
@@ -132,6 +137,9 @@ def _weights(loss_weight, targets):
     w = loss_weight.to(torch.float32)
     if w.shape != targets.shape:
         raise ValueError("tempo.slim: loss_weight must be [batch, length - 1] (one per target), got %s" % (tuple(w.shape),))
+    if not bool(torch.isfinite(w).all()) or bool((w < 0).any()):  # else a NaN or a negative loss, silently
+        raise ValueError("tempo.slim: loss_weight must be finite and >= 0 (0 drops a target), got values in [%g, %g]"
+                         % (float(w.min()), float(w.max())))
     return w
 
 
@@ -140,7 +148,7 @@ def loss_and_backward(model, tokens, chunk, loss_weight=None):
     loss_weight [batch, length - 1] if given), with its gradient accumulated into the
     parameters' .grad, computed in chunks of `chunk` positions (None: one chunk) in memory
     that does not grow with the length. Returns the loss (a detached scalar)."""
-    _check(model, tokens, chunk)
+    chunk = _check(model, tokens, chunk)
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
     weight = _weights(loss_weight, targets)
     L = inputs.shape[1]

@@ -6,6 +6,7 @@ import math
 import os
 import subprocess
 
+import numpy
 import pytest
 import torch
 
@@ -156,9 +157,27 @@ def test_feature_maps_against_their_formulas_and_favor_estimates_the_softmax_ker
 def test_bad_input_gives_clear_errors():
     m = model()
     good = torch.randint(0, 256, (1, 20))
-    for chunk in (0, -3, 2.5):
+    for chunk in (0, -3, 2.5, True):
         with pytest.raises(ValueError, match="chunk must be a positive integer"):
             slim.loss_and_backward(m, good, chunk)
+    # an integer of another type is a chunk (numpy's was refused): the same loss and gradients as int 4
+    m.zero_grad(set_to_none=True)
+    loss = slim.loss_and_backward(m, good, numpy.int64(4))
+    grads = [p.grad.clone() for p in m.parameters()]
+    m.zero_grad(set_to_none=True)
+    assert torch.equal(loss, slim.loss_and_backward(m, good, 4))
+    assert all(torch.equal(a, p.grad) for a, p in zip(grads, m.parameters()))
+    m.zero_grad(set_to_none=True)
+    with pytest.raises(ValueError, match=r"the batch is empty \(tokens of shape \(0, 20\)\)"):  # was a reshape error
+        slim.loss_and_backward(m, good[:0], 4)
+    # weights that would give a NaN or a negative loss, silently
+    for bad in (float("nan"), -1.0, float("inf")):
+        w = torch.ones(1, 19)
+        w[0, 5] = bad
+        for run in (lambda: slim.loss_and_backward(m, good, 4, w), lambda: slim.full_loss_and_backward(m, good, w)):
+            with pytest.raises(ValueError, match="loss_weight must be finite and >= 0"):
+                run()
+    assert all(p.grad is None for p in m.parameters())  # refused before anything ran
     with pytest.raises(ValueError, match="at least 2 tokens"):
         slim.loss_and_backward(m, good[:, :1], 4)
     with pytest.raises(ValueError, match=r"token ids must be in \[0, 256\)"):

@@ -214,6 +214,19 @@ TEST(Slim, ClearErrors) {
   fails(t.clone().index_put_({0, 3}, -1), 4, "token ids must be in [0, 50)");
   fails(t.to(at::kFloat), 4, "integer tensor");
   fails(tokens_of(1, 70, 50), 4, "exceed the model's max_len 64");
+  // Weights that would give a NaN or a negative loss silently, through both entry points.
+  for (double bad : {std::nan(""), -1.0, static_cast<double>(INFINITY)}) {
+    const at::Tensor w = at::ones({1, 19}).index_put_({0, 5}, bad);
+    for (int full = 0; full < 2; ++full) {
+      try {
+        if (full) tempo::slim::full_loss_and_backward(m, t, w);
+        else tempo::slim::loss_and_backward(m, t, 4, w);
+        ADD_FAILURE() << "no error for a weight of " << bad;
+      } catch (const c10::Error& e) {
+        EXPECT_NE(std::string(e.what()).find("loss_weight must be finite and >= 0"), std::string::npos) << e.what();
+      }
+    }
+  }
   EXPECT_THROW(PerformerLM(small(), MemoryPolicy::parse("checkpoint")), c10::Error);
   PerformerConfig bad = small();
   bad.heads = 5;

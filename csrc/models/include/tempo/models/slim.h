@@ -20,7 +20,8 @@ namespace tempo::slim {
 // weighted by loss_weight [B, L - 1] if defined), its gradient accumulated into the
 // parameters' grad, computed in chunks of `chunk` positions (nullopt: one chunk). Returns the
 // loss (a detached scalar of the model's dtype). Clear errors for chunk <= 0, fewer than 2
-// tokens, token ids outside the vocabulary, or more positions than the model's max_len.
+// tokens, token ids outside the vocabulary, more positions than the model's max_len, or loss
+// weights of another shape, not finite or negative.
 at::Tensor loss_and_backward(tempo::models::PerformerLM& model, const at::Tensor& tokens, std::optional<int64_t> chunk,
                              const at::Tensor& loss_weight = {});
 
