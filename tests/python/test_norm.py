@@ -352,6 +352,18 @@ def test_empty_and_non_finite():
     ours, ref = tempo.layer_norm(x, 6), F.layer_norm(x, [6])
     assert torch.equal(torch.isnan(ours), torch.isnan(ref))
     torch.testing.assert_close(ours[0], ref[0])
+    # eps = 0 over a row with no spread is 0/0 (docs/accuracy.md): NaN where torch's is, and
+    # only there, forward and backward; the other rows as torch's.
+    x = torch.randn(3, 6, dtype=torch.float64)
+    x[1] = 2.0
+    for ours_fn, ref_fn, row in ((tempo.layer_norm, F.layer_norm, x), (tempo.rms_norm, F.rms_norm, x * (x != 2))):
+        a, b = row.clone().requires_grad_(), row.clone().requires_grad_()
+        ours, ref = ours_fn(a, (6,), eps=0.0), ref_fn(b, (6,), eps=0.0)
+        ours.sum().backward()
+        ref.sum().backward()
+        assert torch.isnan(ours[1]).all() and torch.isnan(ref[1]).all() and torch.isnan(a.grad[1]).all()
+        torch.testing.assert_close(ours[[0, 2]], ref[[0, 2]])
+        torch.testing.assert_close(a.grad[[0, 2]], b.grad[[0, 2]])
 
 
 # ---- exact for every gamma and beta (kept columns) -----------------------------------------
