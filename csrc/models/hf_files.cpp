@@ -11,6 +11,8 @@
 #include <limits>
 #include <string>
 
+#include "tempo/models/file_write.h"
+
 #if !TEMPO_WITH_JSON
 namespace tempo::models {
 namespace detail {
@@ -215,19 +217,13 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
   }
   std::string header = h.dump();
   header.append((8 - header.size() % 8) % 8, ' ');  // data 8-byte aligned, as safetensors writes it
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    TORCH_CHECK(f.good(), "tempo::models::write_safetensors: cannot write ", tmp);
-    unsigned char len[8];
-    for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>((header.size() >> (8 * i)) & 0xff);
-    f.write(reinterpret_cast<const char*>(len), 8);
-    f.write(header.data(), static_cast<std::streamsize>(header.size()));
-    for (const auto& c : data)
-      f.write(static_cast<const char*>(c.data_ptr()), static_cast<std::streamsize>(c.numel() * c.element_size()));
-    TORCH_CHECK(f.good(), "tempo::models::write_safetensors: writing ", tmp, " failed");
-  }
-  fs::rename(tmp, path);
+  AtomicFile f(path, "tempo::models::write_safetensors");
+  unsigned char len[8];
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>((header.size() >> (8 * i)) & 0xff);
+  f.write(len, 8);
+  f.write(header);
+  for (const auto& c : data) f.write(c.data_ptr(), static_cast<size_t>(c.numel()) * c.element_size());
+  f.commit();
 }
 
 // ---- config.json --------------------------------------------------------------------------------

@@ -21,6 +21,8 @@ void save_pretrained(TransformerModel&, const std::string&) { no_json(); }
 #else
 #include <nlohmann/json.hpp>
 
+#include "tempo/models/file_write.h"
+
 namespace tempo::models {
 
 namespace {
@@ -286,11 +288,7 @@ void save_pretrained(TransformerModel& model, const std::string& dir) {
   }
   write_safetensors((fs::path(dir) / "model.safetensors").string(), out, {{"format", "pt"}});
   const std::string cfg = (fs::path(dir) / "config.json").string();
-  std::ofstream f(cfg + ".tmp");
-  f << j.dump(2) << "\n";
-  f.close();
-  TORCH_CHECK(f.good(), "tempo::models::save_pretrained: writing ", cfg, " failed");
-  fs::rename(cfg + ".tmp", cfg);
+  write_file_atomically(cfg, j.dump(2) + "\n", "tempo::models::save_pretrained");
 }
 
 }  // namespace tempo::models

@@ -5,6 +5,7 @@
 #include <torch/cuda.h>
 #include <torch/version.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -54,6 +55,14 @@ int env() {
   return 0;
 }
 
+// The results go to stdout (--json, the table), often redirected to a file: a write that
+// failed there (a full disk) is an error, not a cut-short file and exit 0.
+int stdout_written(int rc) {
+  if (std::fflush(stdout) == 0 && !std::ferror(stdout)) return rc;
+  std::fprintf(stderr, "tempo: writing the output failed: %s\n", std::strerror(errno));
+  return rc != 0 ? rc : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -81,10 +90,12 @@ int main(int argc, char** argv) {
         return 0;
       }
     try {
-      if (cmd == "bench") return tempo::tools::run_bench(tempo::tools::parse_bench_args(args));
-      if (cmd == "slim") return tempo::tools::run_slim(tempo::tools::parse_slim_args(args));
-      if (cmd == "train") return tempo::tools::run_train(tempo::tools::parse_train_args(args));
-      return tempo::tools::run_plot(args);
+      int rc = 0;
+      if (cmd == "bench") rc = tempo::tools::run_bench(tempo::tools::parse_bench_args(args));
+      else if (cmd == "slim") rc = tempo::tools::run_slim(tempo::tools::parse_slim_args(args));
+      else if (cmd == "train") rc = tempo::tools::run_train(tempo::tools::parse_train_args(args));
+      else rc = tempo::tools::run_plot(args);
+      return stdout_written(rc);
     } catch (const std::invalid_argument& e) {
       std::fprintf(stderr, "%s%s (see tempo %s --help)\n", isatty(2) ? "\r\033[K" : "", e.what(), cmd.c_str());
       return 2;

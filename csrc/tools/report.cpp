@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "bench.h"
+#include "tempo/models/file_write.h"
 
 namespace tempo::tools {
 
@@ -81,8 +82,7 @@ void print_json(const std::vector<BenchResult>& rs) {
 
 void append_csv(const std::string& path, const std::vector<BenchResult>& rs) {
   const bool fresh = !std::ifstream(path).good();
-  std::ofstream f(path, std::ios::app);
-  if (!f) throw std::runtime_error("tempo bench: cannot write --csv " + path);
+  std::ostringstream f;
   if (fresh)
     f << "model,seq,dtype,device,policy,batch,activation_bytes,peak_bytes,train_peak_bytes,optimizer_peak_bytes,"
          "step_ms,tokens_per_s,max_batch,max_batch_tokens_per_s,max_batch_spread,layer_bytes_moved\n";
@@ -93,13 +93,13 @@ void append_csv(const std::string& path, const std::vector<BenchResult>& rs) {
       << (r.max_batch ? std::to_string(*r.max_batch) : "") << ","
       << (r.max_batch ? std::to_string(r.max_batch_tokens_per_s) : "") << ","
       << (r.max_batch ? std::to_string(r.max_batch_spread) : "") << "," << r.layer_bytes_moved << "\n";
+  tempo::models::append_to_file(path, f.str(), "tempo bench: --csv");
 }
 
 // Bar charts side by side, one bar per label, each bar's value (and note) written beside it.
 void write_bar_charts(const std::string& path, const std::string& title, const std::vector<std::string>& labels,
                       const std::vector<BarChart>& charts) {
-  std::ofstream f(path);
-  if (!f) throw std::runtime_error("cannot write the plot " + path);
+  std::ostringstream f;
   const int bar = 26, gap = 10, left = 150, width = 360, top = 70, pitch = left + width + 80;
   const int chart_h = static_cast<int>(labels.size()) * (bar + gap);
   const int W = pitch * static_cast<int>(charts.size()), H = top + chart_h + 60;
@@ -130,11 +130,11 @@ void write_bar_charts(const std::string& path, const std::string& title, const s
     }
   }
   f << "</svg>\n";
+  tempo::models::write_file_atomically(path, f.str(), "tempo: the plot");
 }
 
 void write_line_charts(const std::string& path, const std::string& title, const std::vector<LineChart>& charts) {
-  std::ofstream f(path);
-  if (!f) throw std::runtime_error("cannot write the plot " + path);
+  std::ostringstream f;
   const int left = 70, width = 420, height = 260, top = 60, pitch = left + width + 40;
   const int W = pitch * static_cast<int>(std::max<size_t>(charts.size(), 1)), H = top + height + 90;
   const char* colors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#7f7f7f", "#bcbd22", "#17becf"};
@@ -180,6 +180,7 @@ void write_line_charts(const std::string& path, const std::string& title, const 
     }
   }
   f << "</svg>\n";
+  tempo::models::write_file_atomically(path, f.str(), "tempo: the plot");
 }
 
 // Activation memory per policy, and throughput per policy (at the largest batch when there

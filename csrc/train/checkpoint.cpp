@@ -14,6 +14,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include "tempo/models/file_write.h"
 #include "tempo/models/hf_files.h"
 #include "tempo/train/manifest.h"
 
@@ -64,14 +65,24 @@ std::vector<std::pair<std::string, at::Tensor>> model_tensors(torch::nn::Module&
 
 }  // namespace
 
-std::string save_checkpoint(const std::string& dir, int64_t step, torch::nn::Module& model,
-                            torch::optim::Optimizer& optimizer, int keep, const std::string& settings) {
-  const fs::path root(dir), final_path = root / step_name(step), tmp = root / (".tmp-" + step_name(step));
-  fs::create_directories(root);
-  fs::remove_all(tmp);
-  fs::create_directories(tmp);
+namespace {
+// The checkpoint's files, written into `tmp` (each fsynced).
+void write_checkpoint_files(const fs::path& tmp, int64_t step, torch::nn::Module& model,
+                            torch::optim::Optimizer& optimizer, const std::string& settings) {
   tempo::models::write_safetensors((tmp / "model.safetensors").string(), model_tensors(model));
-  torch::save(optimizer, (tmp / "optimizer.pt").string());
+  {
+    // Streamed through an AtomicFile, whose write never throws: torch's archive writer must not
+    // see an exception (its destructor finishes the file and would terminate the process); a
+    // failure (a full disk) is raised by commit() instead.
+    tempo::models::AtomicFile f((tmp / "optimizer.pt").string(), kOp);
+    torch::serialize::OutputArchive archive;
+    optimizer.save(archive);
+    archive.save_to([&f](const void* data, size_t n) {
+      f.write(data, n);
+      return n;
+    });
+    f.commit();
+  }
   std::vector<std::pair<std::string, at::Tensor>> state{{"step", at::tensor({step}, at::kLong)}};
   if (!settings.empty()) {  // as bytes: the manifest's checksum covers them with the rest
     at::Tensor bytes = at::empty({static_cast<int64_t>(settings.size())}, at::kByte);
@@ -90,17 +101,33 @@ std::string save_checkpoint(const std::string& dir, int64_t step, torch::nn::Mod
       state.emplace_back("rng.cuda." + std::to_string(d), gen.get_state());
     }
   tempo::models::write_safetensors((tmp / "state.safetensors").string(), state);
-  {
-    std::ofstream mf(tmp / "MANIFEST", std::ios::binary);
-    mf << make_manifest(tmp.string(), kFiles);
-    mf.flush();
-    TORCH_CHECK(mf.good(), kOp, ": writing the MANIFEST of ", tmp.string(), " failed");
-  }
-  for (const auto& f : kFiles) fsync_path(tmp / f);
-  fsync_path(tmp / "MANIFEST");
+  tempo::models::write_file_atomically((tmp / "MANIFEST").string(), make_manifest(tmp.string(), kFiles), kOp);
   fsync_path(tmp);
-  fs::remove_all(final_path);
-  fs::rename(tmp, final_path);
+}
+}  // namespace
+
+std::string save_checkpoint(const std::string& dir, int64_t step, torch::nn::Module& model,
+                            torch::optim::Optimizer& optimizer, int keep, const std::string& settings) {
+  const fs::path root(dir), final_path = root / step_name(step), tmp = root / (".tmp-" + step_name(step));
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  TORCH_CHECK(!ec, kOp, ": cannot create ", root.string(), ": ", ec.message());
+  // What a save cut short by a kill left behind (a failed one removes its own).
+  for (const auto& e : fs::directory_iterator(root, ec))
+    if (e.path().filename().string().rfind(".tmp-step-", 0) == 0) fs::remove_all(e.path(), ec);
+  fs::create_directories(tmp, ec);
+  TORCH_CHECK(!ec, kOp, ": cannot create ", tmp.string(), ": ", ec.message());
+  try {
+    write_checkpoint_files(tmp, step, model, optimizer, settings);
+    fs::remove_all(final_path);
+    fs::rename(tmp, final_path);
+  } catch (const fs::filesystem_error& e) {
+    fs::remove_all(tmp, ec);  // the previous checkpoints stay as they were
+    TORCH_CHECK(false, kOp, ": ", e.what());
+  } catch (...) {
+    fs::remove_all(tmp, ec);
+    throw;
+  }
   fsync_path(root);
   const auto all = checkpoints(root);
   for (size_t i = static_cast<size_t>(std::max(keep, 1)); i < all.size(); ++i) fs::remove_all(all[i].second);

@@ -2,8 +2,11 @@
 
 #include <c10/util/Exception.h>
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
+
+#include "tempo/models/file_write.h"
 
 #if TEMPO_WITH_SENTENCEPIECE
 #include <sentencepiece_processor.h>
@@ -12,6 +15,7 @@
 namespace tempo::train {
 
 namespace {
+namespace fs = std::filesystem;
 const char* kOp = "tempo::train::Tokenizer";
 
 // Lines of the files in order, each file read once (SentencePiece's trainer samples from them).
@@ -63,8 +67,11 @@ Tokenizer Tokenizer::train(const std::vector<std::string>& files, const std::str
   TORCH_CHECK(vocab_size >= 16, kOp, ": vocab_size must be at least 16, got ", vocab_size);
   std::string prefix = model_path;
   if (prefix.size() > 6 && prefix.compare(prefix.size() - 6, 6, ".model") == 0) prefix.resize(prefix.size() - 6);
+  // Trained under a temporary name, loaded back, then renamed: a run stopped by a full disk or
+  // a kill leaves no half-written model that a later run would take for its tokenizer.
+  const std::string tmp = prefix + ".tmp";
   std::ostringstream args;
-  args << "--model_prefix=" << prefix << " --vocab_size=" << vocab_size << " --model_type=unigram"
+  args << "--model_prefix=" << tmp << " --vocab_size=" << vocab_size << " --model_type=unigram"
        << " --pad_id=0 --unk_id=1 --bos_id=2 --eos_id=3 --user_defined_symbols=[MASK]"
        << " --input_sentence_size=300000 --shuffle_input_sentence=true --max_sentence_length=8192"
        << " --character_coverage=0.9995 --hard_vocab_limit=false --num_threads=1 --minloglevel=2";
@@ -72,7 +79,32 @@ Tokenizer Tokenizer::train(const std::vector<std::string>& files, const std::str
   sentencepiece::SetRandomGeneratorSeed(static_cast<unsigned int>(seed % 4294967295ull + 1));
   Lines lines(files);
   const auto status = sentencepiece::SentencePieceTrainer::Train(args.str(), &lines);
-  TORCH_CHECK(status.ok(), kOp, ": training SentencePiece failed: ", status.ToString());
+  const auto remove_tmp = [&]() {
+    std::error_code ec;
+    fs::remove(tmp + ".model", ec);
+    fs::remove(tmp + ".vocab", ec);
+  };
+  if (!status.ok()) {
+    remove_tmp();
+    TORCH_CHECK(false, kOp, ": training SentencePiece failed: ", status.ToString());
+  }
+  // SentencePiece does not report a failed write (it wrote a cut-short model on a full disk):
+  // the model must load back before it takes the final name.
+  sentencepiece::SentencePieceProcessor check;
+  const auto loaded = check.Load(tmp + ".model");
+  if (!loaded.ok()) {
+    const std::string space = tempo::models::free_space_note(tmp);
+    remove_tmp();
+    TORCH_CHECK(false, kOp, ": the SentencePiece model just trained into ", tmp,
+                ".model does not load back (is the disk full?", space.empty() ? "" : " " + space, "): ", loaded.ToString());
+  }
+  std::error_code ec;
+  fs::rename(tmp + ".vocab", prefix + ".vocab", ec);
+  fs::rename(tmp + ".model", prefix + ".model", ec);
+  if (ec) {
+    remove_tmp();
+    TORCH_CHECK(false, kOp, ": cannot rename ", tmp, ".model to ", prefix, ".model: ", ec.message());
+  }
   return load(prefix + ".model");
 }
 

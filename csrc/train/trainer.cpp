@@ -16,6 +16,7 @@
 #include <stdexcept>
 
 #include "tempo/memory.h"
+#include "tempo/models/file_write.h"
 #include "tempo/models/pretrained.h"
 #include "tempo/train/checkpoint.h"
 #include "tempo/train/data.h"
@@ -91,8 +92,9 @@ void truncate_log(const fs::path& log, int64_t step) {
     }
   }
   in.close();
-  std::ofstream out(log, std::ios::trunc);
-  for (const auto& l : keep) out << l << "\n";
+  std::string text;
+  for (const auto& l : keep) text += l + "\n";
+  tempo::models::write_file_atomically(log.string(), text, "tempo train");
 }
 
 // What an exact resumption needs to be the same, as "--option=value" lines (kept with each
@@ -215,7 +217,15 @@ TrainSummary train(const TrainOptions& o, Communicator& comm) {
       if (o.tokenizer != "train") {
         corpus = tokenize_corpus(files, Tokenizer::load(o.tokenizer), 0.05, min_eval);
       } else if (fs::exists(saved)) {  // the run's own (a resumed run, or one re-run into the same folder)
-        corpus = tokenize_corpus(files, Tokenizer::load(saved.string()), 0.05, min_eval);
+        const auto saved_tokenizer = [&]() {
+          try {
+            return Tokenizer::load(saved.string());
+          } catch (const c10::Error& e) {
+            user_error(std::string(e.what_without_backtrace()) + " (the tokenizer of the run in " + out.string() +
+                       "; delete it to train a new one, or give --tokenizer FILE.model)");
+          }
+        };
+        corpus = tokenize_corpus(files, saved_tokenizer(), 0.05, min_eval);
       } else {
         if (lead) Tokenizer::train(files, saved.string(), static_cast<int>(o.vocab), o.seed);
         comm.barrier();
@@ -306,7 +316,7 @@ TrainSummary train(const TrainOptions& o, Communicator& comm) {
   }
   if (lead) {
     fs::create_directories(out);
-    if (!fs::exists(log)) std::ofstream(log) << kHeader << "\n";
+    if (!fs::exists(log)) tempo::models::write_file_atomically(log.string(), std::string(kHeader) + "\n", "tempo train");
   }
 
   // ---- data ----
@@ -346,8 +356,6 @@ TrainSummary train(const TrainOptions& o, Communicator& comm) {
   // Data parallel: the gradients summed over ranks in buckets, overlapped with the backward.
   std::unique_ptr<GradientReducer> reducer;
   if (world > 1) reducer = std::make_unique<GradientReducer>(model->parameters(), comm, o.bucket_bytes, o.overlap);
-  std::ofstream logf;
-  if (lead) logf.open(log, std::ios::app);
   const double t_start = now_s();
   int64_t tokens_done = 0;
   for (int64_t step = start + 1; step <= o.steps; ++step) {
@@ -415,8 +423,7 @@ TrainSummary train(const TrainOptions& o, Communicator& comm) {
       std::snprintf(row, sizeof row, "%lld,%.6f,%.6g,%.1f,%lld,%s,%.6f", static_cast<long long>(step), loss, lr,
                     tokens / dt, static_cast<long long>(mem.current),
                     std::isnan(eval) ? "" : std::to_string(eval).c_str(), norm);
-      logf << row << "\n";
-      logf.flush();
+      tempo::models::append_to_file(log.string(), std::string(row) + "\n", "tempo train");
     }
     if (o.progress && lead) {
       const double elapsed = now_s() - t_start;

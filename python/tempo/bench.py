@@ -302,6 +302,15 @@ def print_table(rows, masks, budget):
                 print("  %-12s holds %7.2fx less than that" % (r["policy"], bool_eager / max(r["activation_bytes"], 1)))
 
 
+@contextlib.contextmanager
+def writing(what):
+    """A write that fails (a full disk, a folder taken away during the run): one line and exit 1."""
+    try:
+        yield
+    except OSError as e:
+        raise SystemExit("tempo.bench: writing %s failed: %s" % (what, e.strerror or e))
+
+
 def write_outputs(args, rows, masks):
     if args.json:
         print(json.dumps([dict(r, eager_dropout_mask_bytes=masks) for r in rows], indent=1))
@@ -309,14 +318,15 @@ def write_outputs(args, rows, masks):
         print_table(rows, masks, args.budget)
     if args.csv:
         new = not os.path.exists(args.csv)
-        with open(args.csv, "a", newline="") as f:
+        with writing(args.csv), open(args.csv, "a", newline="") as f:
             w = csv.writer(f)
             if new:
                 w.writerow(FIELDS)
             for r in rows:
                 w.writerow([r.get(k, "") for k in FIELDS])
     if args.plot:
-        write_svg(args.plot, rows)
+        with writing(args.plot):
+            write_svg(args.plot, rows)
 
 
 def write_svg(path, rows):
@@ -388,6 +398,8 @@ def main(argv=None):
     except ValueError as e:
         raise SystemExit(str(e))
     write_outputs(args, rows, masks)
+    with writing("the output"):  # stdout redirected to a file: its failure too, here rather than at exit
+        sys.stdout.flush()
     return 0
 
 

@@ -79,8 +79,16 @@ def main(argv=None):
         fail("%s holds no text" % a.data)
     mask = tok.mask_token_id if tok.mask_token_id is not None else -1
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-    save_file({"ids": torch.tensor(ids, dtype=torch.int32),
-               "meta": torch.tensor([len(tok), mask, pad], dtype=torch.int64)}, a.out)
+    tmp = a.out + ".tmp"  # renamed when whole: a full disk leaves no cut-short file for tempo train
+    try:
+        save_file({"ids": torch.tensor(ids, dtype=torch.int32),
+                   "meta": torch.tensor([len(tok), mask, pad], dtype=torch.int64)}, tmp)
+        os.replace(tmp, a.out)
+    except Exception as e:  # OSError, or safetensors' own error for a failed write
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        print("tempo.pretokenize: writing %s failed: %s" % (a.out, getattr(e, "strerror", None) or e), file=sys.stderr)
+        return 1
     print("%d tokens from %d bytes -> %s (vocabulary %d, [MASK] %d)" % (len(ids), total, a.out, len(tok), mask))
     return 0
 

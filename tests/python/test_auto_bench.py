@@ -375,6 +375,16 @@ def test_bench_module_on_folders_of_other_families(tmp_path, capsys):
     assert code != 0 and "holds a t5 model, for which transformers has neither a masked-LM nor a causal-LM class" in err
 
 
+def test_bench_module_output_that_cannot_be_written_is_one_line(tmp_path, capsys):
+    """--csv on a full disk (/dev/full): exit 1 and the reason in one line, not a traceback."""
+    folder = tmp_path / "bert"
+    small_bert().save_pretrained(folder)
+    code, _, err = bench(capsys, "--model", folder, "--seq", S, "--batch", 2, "--policies", "eager", "--steps", 1,
+                         "--json", "--csv", "/dev/full")
+    assert code == 1 and err.strip().splitlines()[-1] == "tempo.bench: writing /dev/full failed: No space left on device", \
+        err
+
+
 def test_bench_module_reports_a_policy_that_does_not_fit_as_max_batch_zero(tmp_path, capsys):
     # A long sequence on a tiny model: the attention activations, not the AdamW state, set the peak.
     folder = tmp_path / "bert"

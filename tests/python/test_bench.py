@@ -103,6 +103,18 @@ def test_bad_arguments_give_clear_errors(args, message):
     assert r.stderr.strip().count("\n") == 0 and r.stderr.strip().endswith("(see tempo bench --help)"), r.stderr
 
 
+def test_output_that_cannot_be_written_is_an_error_not_a_cut_short_file():
+    """--csv, and stdout (--json redirected to a file), on a full disk (/dev/full): exit 1 and
+    the reason, where the results used to be lost with exit 0."""
+    r = bench(*TINY, "--policies", "eager", "--csv", "/dev/full")
+    assert r.returncode == 1 and "tempo bench: --csv: writing /dev/full failed: No space left on device" in r.stderr, \
+        r.stderr
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([BIN, "bench", *TINY, "--policies", "eager", "--json"], stdout=full, stderr=subprocess.PIPE,
+                           text=True, timeout=600)
+    assert r.returncode == 1 and "tempo: writing the output failed: No space left on device" in r.stderr, r.stderr
+
+
 def test_sequence_longer_than_the_positions_is_an_error():
     r = bench("--model", "bert-base", "--seq", "513", "--policies", "eager")
     assert r.returncode == 2

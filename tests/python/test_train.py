@@ -183,6 +183,67 @@ def test_bad_input_exits_2_with_a_clear_message_and_keeps_checkpoints(text, tmp_
     assert os.listdir(out / "checkpoints") == ["step-000000002"]
 
 
+def _file_size_limit(limit):
+    """For subprocess's preexec_fn: no file written may grow past `limit` bytes, as on a full
+    disk (the write fails with EFBIG; SIGXFSZ, which would kill the process, is ignored)."""
+    import resource
+
+    def apply():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return apply
+
+
+def test_a_failed_write_is_a_clear_error_and_keeps_the_last_good_checkpoint(text, tmp_path):
+    """A checkpoint, the log or the tokenizer that cannot be written (a full disk, here a file
+    size limit or /dev/full): a one-line error naming the file and the reason, exit 1, no crash
+    (torch's archive writer used to abort the process), nothing half-written left behind, and
+    the previous checkpoint kept and resumed from exactly."""
+    data, tok = text
+    args = [*TINY, "--data", data, "--tokenizer", tok, "--eval-every", "0", "--save-every", "2"]
+    ref, out = tmp_path / "ref", tmp_path / "run"
+    assert train(*args, "--steps", "4", "--out", ref).returncode == 0
+    assert train(*args, "--steps", "2", "--out", out).returncode == 0
+    ck = out / "checkpoints"
+    manifest = (ck / "step-000000002" / "MANIFEST").read_bytes()
+    sizes = {f: os.path.getsize(ck / "step-000000002" / f) for f in ("model.safetensors", "optimizer.pt")}
+    assert sizes["model.safetensors"] < sizes["optimizer.pt"]
+    limit = (sizes["model.safetensors"] + sizes["optimizer.pt"]) // 2  # the model fits, the optimizer does not
+    r = subprocess.run([BIN, "train", *map(str, args), "--steps", "4", "--out", str(out), "--resume"],
+                       capture_output=True, text=True, timeout=600, preexec_fn=_file_size_limit(limit))
+    assert r.returncode == 1, (r.returncode, r.stderr[-2000:])
+    assert re.search(r"writing \S*/\.tmp-step-000000004/optimizer\.pt failed: File too large \(.* free on that "
+                     r"filesystem\)", r.stderr), r.stderr
+    assert "frame #" not in r.stderr and r.stderr.strip().count("\n") == 0, r.stderr  # one line, no backtrace
+    assert os.listdir(ck) == ["step-000000002"]  # the failed one's temporary folder removed
+    assert (ck / "step-000000002" / "MANIFEST").read_bytes() == manifest
+    r = train(*args, "--steps", "4", "--out", out, "--resume")
+    assert r.returncode == 0 and "resumed from step 2" in r.stdout, r.stderr
+    _, ra = log_rows(ref)
+    _, rb = log_rows(out)
+    assert [x["loss"] for x in rb] == [x["loss"] for x in ra]  # as the run never stopped
+
+    # the log: every row is checked (a log on a full disk used to lose its rows silently)
+    full = tmp_path / "full"
+    full.mkdir()
+    os.symlink("/dev/full", full / "log.csv")
+    r = train(*args, "--steps", "2", "--out", full)
+    assert r.returncode == 1 and re.search(r"writing \S*/log\.csv failed: No space left on device", r.stderr), \
+        r.stderr
+
+    # the tokenizer: SentencePiece does not report a failed write, so the model it wrote is
+    # loaded back before it is kept; a cut-short one would otherwise be taken by the next run
+    fresh = tmp_path / "fresh"
+    r = subprocess.run([BIN, "train", *map(str, TINY), "--data", str(data), "--vocab", "1000", "--steps", "1",
+                        "--out", str(fresh)], capture_output=True, text=True, timeout=600,
+                       preexec_fn=_file_size_limit(os.path.getsize(tok) // 2))
+    assert r.returncode != 0 and "does not load back (is the disk full?" in r.stderr, r.stderr[-2000:]
+    assert sorted(os.listdir(fresh)) == [], os.listdir(fresh)
+    r = train(*TINY, "--data", data, "--vocab", "1000", "--steps", "1", "--save-every", "0", "--out", fresh)
+    assert r.returncode == 0 and "trained a SentencePiece tokenizer" in r.stdout, r.stderr
+    assert not [f for f in os.listdir(fresh) if ".tmp" in f], os.listdir(fresh)
+
+
 def test_model_and_policy_mistakes_are_refused_before_the_corpus_is_read(text, tmp_path):
     """What does not depend on the corpus (the model, its sizes, the policy, the objective, the
     sequence length) is checked first: with --tokenizer train (the default), a mistake is refused
@@ -247,6 +308,15 @@ def test_pretokenize_bad_input_exits_2_with_a_clear_message(tmp_path, capsys):
     ids = load_file(str(out))["ids"].tolist()
     expect = sum((want(p, add_special_tokens=False)["input_ids"] for p in text.read_text().split("\n\n")), [])
     assert ids == expect + [want.sep_token_id]  # one separator: after a.txt, none for the blank b.txt
+    # an output that cannot be written whole (a full disk; here a file size limit): exit 1 and
+    # the reason, the good file from before left as it was, no temporary file
+    good = out.read_bytes()
+    r = subprocess.run([sys.executable, "-m", "tempo.pretokenize", "--tokenizer", tok, "--data", data, "--out", out,
+                        "--max-bytes", "20"], capture_output=True, text=True, env=env, timeout=300,
+                       preexec_fn=_file_size_limit(100))
+    assert r.returncode == 1 and r.stderr.strip().startswith("tempo.pretokenize: writing %s failed:" % out), r.stderr
+    assert out.read_bytes() == good and sorted(os.listdir(tmp_path)) == sorted(["text.txt", "blank.txt", "data",
+                                                                               "ids.safetensors"])
 
 
 def test_plot_refuses_damaged_logs_and_leaves_non_finite_losses_out(text, tmp_path):

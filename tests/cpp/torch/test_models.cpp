@@ -1,11 +1,20 @@
-// Models, memory policies, the memory tracker and activation checkpointing, from LibTorch.
+// Models, memory policies, the memory tracker, activation checkpointing and the checked
+// file writer, from LibTorch.
 #include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <sstream>
+
+#include <unistd.h>
 
 #include "tempo/models.h"
+#include "tempo/models/file_write.h"
+#include "tempo/models/hf_files.h"
 
 namespace {
 
@@ -554,6 +563,66 @@ TEST(Models, HeldBytesDoNotGrowOverManySteps) {
       EXPECT_LE(worst, 0) << preset << " " << policy << ": held bytes grew by " << worst << " over 1500 steps";
     }
   }
+}
+
+// ---- the checked file writer ----------------------------------------------------------------
+
+std::string contents(const std::filesystem::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  }
+  return "";
+}
+
+TEST(FileWrite, AFailedWriteRaisesWithTheReasonAndLeavesTheOldFile) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("tempo_file_write_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const fs::path file = dir / "a.txt";
+  tempo::models::write_file_atomically(file.string(), "old", "test");
+  EXPECT_EQ(contents(file), "old");
+  {  // not committed (an exception on the way): the old content stays, no temporary file
+    tempo::models::AtomicFile f(file.string(), "test");
+    f.write("new and longer");
+  }
+  EXPECT_EQ(contents(file), "old");
+  EXPECT_FALSE(fs::exists(dir / "a.txt.tmp"));
+  // a full disk: /dev/full, directly and through a link (written in place; the link is kept)
+  std::string why = error_of([] { tempo::models::write_file_atomically("/dev/full", "x", "test op"); });
+  EXPECT_NE(why.find("test op: writing /dev/full failed: No space left on device"), std::string::npos) << why;
+  fs::create_symlink("/dev/full", dir / "full");
+  why = error_of([&] { tempo::models::write_file_atomically((dir / "full").string(), "x", "test op"); });
+  EXPECT_NE(why.find("No space left on device"), std::string::npos) << why;
+  EXPECT_TRUE(fs::is_symlink(dir / "full"));
+  why = error_of([&] { tempo::models::append_to_file((dir / "full").string(), "row\n", "test op"); });
+  EXPECT_NE(why.find("No space left on device"), std::string::npos) << why;
+  // a folder that does not exist
+  why = error_of([&] { tempo::models::write_safetensors((dir / "no" / "m.safetensors").string(), {}); });
+  EXPECT_NE(why.find("tempo::models::write_safetensors: writing"), std::string::npos) << why;
+  EXPECT_NE(why.find("No such file or directory"), std::string::npos) << why;
+  // a link to a file: the file it names is replaced, the link stays a link
+  fs::create_symlink("a.txt", dir / "link.txt");
+  tempo::models::write_file_atomically((dir / "link.txt").string(), "through the link", "test");
+  EXPECT_TRUE(fs::is_symlink(dir / "link.txt"));
+  EXPECT_EQ(contents(file), "through the link");
+  // appends, and a safetensors file read back as written
+  tempo::models::append_to_file((dir / "log").string(), "a\n", "test");
+  tempo::models::append_to_file((dir / "log").string(), "b\n", "test");
+  EXPECT_EQ(contents(dir / "log"), "a\nb\n");
+  const at::Tensor t = at::arange(10, at::kFloat).reshape({2, 5}).t();  // not contiguous
+  tempo::models::write_safetensors((dir / "t.safetensors").string(), {{"t", t}});
+  EXPECT_TRUE(at::equal(tempo::models::read_safetensors((dir / "t.safetensors").string()).at("t"), t));
+  fs::remove_all(dir);
 }
 
 }  // namespace

@@ -18,7 +18,8 @@ class Tokenizer {
   // A SentencePiece model file.
   static Tokenizer load(const std::string& model_path);
   // Trains a unigram SentencePiece model of `vocab_size` pieces on the text files and writes
-  // `model_path`. Ids: 0 <pad>, 1 <unk>, 2 <s>, 3 </s>, 4 [MASK].
+  // `model_path` (trained under a temporary name, loaded back, then renamed: a full disk is an
+  // error, never a cut-short model). Ids: 0 <pad>, 1 <unk>, 2 <s>, 3 </s>, 4 [MASK].
   static Tokenizer train(const std::vector<std::string>& files, const std::string& model_path, int vocab_size,
                          uint64_t seed = 0);
   Tokenizer(Tokenizer&&) noexcept;
