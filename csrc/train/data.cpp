@@ -34,19 +34,42 @@ Corpus split(at::Tensor ids, double share, int64_t min_eval, Corpus c) {
 }
 }  // namespace
 
-std::vector<std::string> text_files(const std::string& path) {
+namespace {
+// A NUL byte in the first 8 KiB: not text (what grep and git call binary).
+bool is_binary(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  char buf[8192];
+  in.read(buf, sizeof buf);
+  return std::find(buf, buf + in.gcount(), '\0') != buf + in.gcount();
+}
+}  // namespace
+
+std::vector<std::string> text_files(const std::string& path, std::vector<std::string>* skipped) {
   TORCH_CHECK(!path.empty(), kOp, ": no --data given");
   std::error_code ec;
   TORCH_CHECK(fs::exists(path, ec), kOp, ": --data ", path, " does not exist");
   std::vector<std::string> files;
-  if (fs::is_regular_file(path)) {
+  if (fs::is_regular_file(path, ec)) {
+    TORCH_CHECK(!is_binary(path), kOp, ": --data ", path, " is not text (it holds NUL bytes)");
     files.push_back(path);
   } else {
-    for (const auto& e : fs::recursive_directory_iterator(path, fs::directory_options::skip_permission_denied))
-      if (e.is_regular_file()) files.push_back(e.path().string());
+    // A device or a pipe cannot be read twice (the tokenizer's training, then the corpus).
+    TORCH_CHECK(fs::is_directory(path, ec), kOp, ": --data ", path, " is neither a file nor a folder");
+    fs::recursive_directory_iterator it(path, fs::directory_options::skip_permission_denied, ec), end;
+    TORCH_CHECK(!ec, kOp, ": cannot read the folder --data ", path, ": ", ec.message());
+    for (; it != end; it.increment(ec)) {
+      TORCH_CHECK(!ec, kOp, ": reading the folder --data ", path, " failed: ", ec.message());
+      if (!it->is_regular_file(ec)) continue;
+      if (is_binary(it->path())) {
+        if (skipped) skipped->push_back(it->path().string());
+      } else {
+        files.push_back(it->path().string());
+      }
+    }
     std::sort(files.begin(), files.end());
+    if (skipped) std::sort(skipped->begin(), skipped->end());
   }
-  TORCH_CHECK(!files.empty(), kOp, ": --data ", path, " holds no files");
+  TORCH_CHECK(!files.empty(), kOp, ": --data ", path, " holds no text files");
   return files;
 }
 

@@ -2,6 +2,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -19,8 +20,13 @@ namespace fs = std::filesystem;
 const char* kOp = "tempo::train::Tokenizer";
 
 // Lines of the files in order, each file read once (SentencePiece's trainer samples from them).
+// A line longer than kPiece bytes is given in pieces, cut after a space where there is one and
+// never inside a UTF-8 character: SentencePiece drops every sentence longer than
+// --max_sentence_length (8192 bytes), so text with a paragraph per line, or none at all, would
+// otherwise train on little or nothing.
 class Lines : public sentencepiece::SentenceIterator {
  public:
+  static constexpr size_t kPiece = 4096;
   explicit Lines(const std::vector<std::string>& files) : files_(files) { next(); }
   bool done() const override { return file_ >= files_.size() && !has_; }
   void Next() override { next(); }
@@ -31,19 +37,35 @@ class Lines : public sentencepiece::SentenceIterator {
   void next() {
     has_ = false;
     while (!has_) {
-      if (!in_.is_open() || !std::getline(in_, line_)) {
+      if (pos_ < text_.size()) {
+        size_t n = std::min(kPiece, text_.size() - pos_);
+        if (pos_ + n < text_.size()) {
+          const size_t space = text_.rfind(' ', pos_ + n - 1);
+          if (space != std::string::npos && space > pos_) {
+            n = space + 1 - pos_;
+          } else {
+            while (n > 1 && (static_cast<unsigned char>(text_[pos_ + n]) & 0xC0) == 0x80) --n;
+          }
+        }
+        line_.assign(text_, pos_, n);
+        pos_ += n;
+        has_ = true;
+        continue;
+      }
+      text_.clear();
+      pos_ = 0;
+      if (!in_.is_open() || !std::getline(in_, text_)) {
         if (in_.is_open()) in_.close();
         if (file_ >= files_.size()) return;
         in_.open(files_[file_++]);
-        continue;
       }
-      has_ = !line_.empty();
     }
   }
   const std::vector<std::string>& files_;
   size_t file_ = 0;
   std::ifstream in_;
-  std::string line_;
+  std::string text_, line_;  // the line read, the piece of it given
+  size_t pos_ = 0;
   bool has_ = false;
 };
 }  // namespace
@@ -86,7 +108,15 @@ Tokenizer Tokenizer::train(const std::vector<std::string>& files, const std::str
   };
   if (!status.ok()) {
     remove_tmp();
-    TORCH_CHECK(false, kOp, ": training SentencePiece failed: ", status.ToString());
+    // Every character of the text needs a piece of its own: say so in tempo train's terms
+    // ("<vocab> vs <pieces needed>" in SentencePiece's message), not with its option names.
+    const std::string msg = status.ToString(), too_small = "Vocabulary size is smaller than required_chars. ";
+    const size_t at = msg.find(too_small);
+    long long have = 0, need = 0;
+    if (at != std::string::npos && std::sscanf(msg.c_str() + at + too_small.size(), "%lld vs %lld", &have, &need) == 2)
+      TORCH_CHECK(false, kOp, ": the text holds more distinct characters than a vocabulary of ", have,
+                  " pieces can cover: give --vocab ", need, " or more (or is --data binary?)");
+    TORCH_CHECK(false, kOp, ": training SentencePiece failed: ", msg);
   }
   // SentencePiece does not report a failed write (it wrote a cut-short model on a full disk):
   // the model must load back before it takes the final name.

@@ -162,6 +162,7 @@ TrainSummary train(const TrainOptions& o, Communicator& comm) {
   if (device.is_cuda() && !at::hasCUDA()) user_error("--device cuda but no CUDA device is available");
   if (device.is_cpu()) tempo::memory::track_cpu();
   const fs::path out(o.out), ckdir = out / "checkpoints", log = out / "log.csv";
+  if (fs::exists(out) && !fs::is_directory(out)) user_error("--out " + o.out + " is a file, not a folder");
   const bool lead = comm.rank() == 0;
   if (o.resume && !fs::exists(ckdir)) user_error("--resume, but " + ckdir.string() + " holds no checkpoint");
   if (!o.resume && fs::exists(ckdir) && !fs::is_empty(ckdir))
@@ -204,14 +205,18 @@ TrainSummary train(const TrainOptions& o, Communicator& comm) {
 
   // ---- tokenizer and corpus ----
   Corpus corpus;
-  std::string tokenizer_note;
+  std::string tokenizer_note, data_note;
   const int64_t min_eval = o.seq * o.batch;  // at least one eval batch
   try {
     if (o.data.empty()) user_error("--data is required");
     if (is_pretokenized(o.data)) {
       corpus = load_pretokenized(o.data, 0.05, min_eval);
     } else {
-      const auto files = text_files(o.data);
+      std::vector<std::string> binary;
+      const auto files = text_files(o.data, &binary);
+      if (!binary.empty())
+        data_note = "left out " + std::to_string(binary.size()) + " binary file" + (binary.size() > 1 ? "s" : "") +
+                    " under --data (" + binary.front() + (binary.size() > 1 ? ", ..." : "") + ")";
       const fs::path saved = out / "tokenizer.model";
       fs::create_directories(out);
       if (o.tokenizer != "train") {
@@ -288,6 +293,7 @@ TrainSummary train(const TrainOptions& o, Communicator& comm) {
 
   // ---- resume ----
   TrainSummary summary;
+  if (!data_note.empty()) summary.notes.push_back(data_note);
   if (!tokenizer_note.empty()) summary.notes.push_back(tokenizer_note);
   int64_t start = 0;
   const std::string settings = run_settings(o, objective, comm.world());

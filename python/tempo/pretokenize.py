@@ -21,14 +21,31 @@ def fail(message):
     raise SystemExit(2)
 
 
+def is_binary(path):
+    """A NUL byte in the first 8 KiB: not text (as tempo train and grep decide)."""
+    try:
+        with open(path, "rb") as f:
+            return b"\0" in f.read(8192)
+    except OSError as e:
+        fail("cannot read %s: %s" % (path, e.strerror or e))
+
+
 def text_files(path):
+    """The file, or the regular text files under the folder, sorted; and the binary files left out."""
     if os.path.isfile(path):
-        return [path]
+        if is_binary(path):
+            fail("%s is not text (it holds NUL bytes)" % path)
+        return [path], []
     if os.path.isdir(path):
-        files = sorted(os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs)
+        found = sorted(os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs)
+        found = [f for f in found if os.path.isfile(f)]  # not devices or pipes, which cannot be read as files
+        binary = [f for f in found if is_binary(f)]
+        files = sorted(set(found) - set(binary))
         if files:
-            return files
-        fail("%s holds no files" % path)
+            return files, binary
+        fail("%s holds no text files" % path)
+    if os.path.exists(path):
+        fail("%s is neither a file nor a folder" % path)
     fail("no such file or directory: %s" % path)
 
 
@@ -41,7 +58,7 @@ def main(argv=None):
     a = p.parse_args(argv)
     if a.max_bytes < 0:
         p.error("--max-bytes must be >= 0 (0: all), got %d" % a.max_bytes)
-    files = text_files(a.data)  # the cheap checks before loading transformers
+    files, binary = text_files(a.data)  # the cheap checks before loading transformers
     if not os.path.isdir(a.tokenizer):
         fail("--tokenizer %s is not a folder (a model folder with its tokenizer files; nothing is downloaded)"
              % a.tokenizer)
@@ -89,6 +106,9 @@ def main(argv=None):
             os.remove(tmp)
         print("tempo.pretokenize: writing %s failed: %s" % (a.out, getattr(e, "strerror", None) or e), file=sys.stderr)
         return 1
+    if binary:
+        print("left out %d binary file%s under %s (%s%s)" % (len(binary), "s" if len(binary) > 1 else "", a.data,
+                                                          binary[0], ", ..." if len(binary) > 1 else ""))
     print("%d tokens from %d bytes -> %s (vocabulary %d, [MASK] %d)" % (len(ids), total, a.out, len(tok), mask))
     return 0
 

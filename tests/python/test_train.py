@@ -244,6 +244,39 @@ def test_a_failed_write_is_a_clear_error_and_keeps_the_last_good_checkpoint(text
     assert not [f for f in os.listdir(fresh) if ".tmp" in f], os.listdir(fresh)
 
 
+def test_data_that_is_not_plain_text_lines(text, tmp_path):
+    """--data a device, a binary file, a folder with a binary file in it, text with no line
+    breaks, more distinct characters than --vocab; --out a file."""
+    data, tok = text
+    args = [*TINY, "--steps", "3", "--eval-every", "0", "--save-every", "0"]
+    for bad, message in ((["--data", "/dev/zero"], "--data /dev/zero is neither a file nor a folder"),  # read forever
+                         (["--data", BIN], "is not text (it holds NUL bytes)"),
+                         (["--data", data, "--out", tok], "is a file, not a folder")):
+        r = train(*args, "--tokenizer", tok, "--out", tmp_path / "bad", *bad)
+        assert r.returncode == 2 and message in r.stderr, (bad, r.returncode, r.stderr[-500:])
+    # a binary file in the folder is left out, and said so: the same losses as without it
+    mixed = tmp_path / "mixed"
+    shutil.copytree(data, mixed)
+    shutil.copy(BIN, mixed / "zz.bin")
+    a, b = train(*args, "--tokenizer", tok, "--data", data, "--out", tmp_path / "a"), \
+        train(*args, "--tokenizer", tok, "--data", mixed, "--out", tmp_path / "b")
+    assert a.returncode == 0 and b.returncode == 0, b.stderr
+    assert "left out 1 binary file under --data (%s)" % (mixed / "zz.bin") in b.stdout, b.stdout
+    assert [x["loss"] for x in log_rows(tmp_path / "b")[1]] == [x["loss"] for x in log_rows(tmp_path / "a")[1]]
+    # no line breaks: SentencePiece drops sentences over 8192 bytes, so the tokenizer's trainer
+    # is given the text in pieces (it used to fail with "!sentences_.empty()")
+    one_line = tmp_path / "one_line.txt"
+    one_line.write_text(" ".join(open(f).read().replace("\n", " ") for f in sorted(data.iterdir())))
+    assert one_line.stat().st_size > 100_000
+    r = train(*args, "--vocab", "1000", "--data", one_line, "--out", tmp_path / "c")
+    assert r.returncode == 0, r.stderr[-1000:]
+    pieces = int(re.search(r"trained a SentencePiece tokenizer \((\d+) pieces\)", r.stdout).group(1))
+    assert pieces > 900, r.stdout  # from the whole text, not from nothing
+    r = train(*args, "--vocab", "16", "--data", data, "--out", tmp_path / "d")
+    assert r.returncode == 2 and re.search(r"more distinct characters than a vocabulary of 16 pieces can cover: "
+                                           r"give --vocab \d+ or more", r.stderr), r.stderr[-1000:]
+
+
 def test_model_and_policy_mistakes_are_refused_before_the_corpus_is_read(text, tmp_path):
     """What does not depend on the corpus (the model, its sizes, the policy, the objective, the
     sequence length) is checked first: with --tokenizer train (the default), a mistake is refused
@@ -283,6 +316,8 @@ def test_pretokenize_bad_input_exits_2_with_a_clear_message(tmp_path, capsys):
         (["--tokenizer", tok, "--data", text, "--out", out, "--max-bytes", "-5"], "--max-bytes must be >= 0"),
         (["--tokenizer", tok, "--data", tmp_path / "missing", "--out", out], "no such file or directory"),
         (["--tokenizer", tok, "--data", blank, "--out", out], "holds no text"),
+        (["--tokenizer", tok, "--data", "/dev/zero", "--out", out], "/dev/zero is neither a file nor a folder"),
+        (["--tokenizer", tok, "--data", sys.executable, "--out", out], "is not text (it holds NUL bytes)"),
     ]
     args, message = cases[0]
     r = subprocess.run([sys.executable, "-m", "tempo.pretokenize", *map(str, args)], capture_output=True,
@@ -299,9 +334,11 @@ def test_pretokenize_bad_input_exits_2_with_a_clear_message(tmp_path, capsys):
     data.mkdir()
     shutil.copy(text, data / "a.txt")
     shutil.copy(blank, data / "b.txt")
+    shutil.copy(sys.executable, data / "c.bin")  # binary: left out, and said so
     r = subprocess.run([sys.executable, "-m", "tempo.pretokenize", "--tokenizer", tok, "--data", data, "--out", out],
                        capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr
+    assert "left out 1 binary file under %s (%s)" % (data, data / "c.bin") in r.stdout, r.stdout
     from safetensors.torch import load_file
     import transformers
     want = transformers.AutoTokenizer.from_pretrained(tok)

@@ -21,8 +21,9 @@ struct Corpus {
 };
 
 // A file, or the regular files under a directory in sorted order; clear errors for a missing
-// path or one with no files.
-std::vector<std::string> text_files(const std::string& path);
+// path, a device or pipe, or one with no text files. A file with a NUL byte in its first 8 KiB
+// is binary: refused when given alone, left out of a folder's files and listed in `skipped`.
+std::vector<std::string> text_files(const std::string& path, std::vector<std::string>* skipped = nullptr);
 // Each file's text tokenized, files separated by the end-of-text id; the last `eval_share` of
 // the ids (at least `min_eval` of them) held out for evaluation.
 Corpus tokenize_corpus(const std::vector<std::string>& files, const Tokenizer& tokenizer, double eval_share,
