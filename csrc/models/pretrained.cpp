@@ -170,16 +170,24 @@ TransformerModel load_pretrained(const std::string& dir, const MemoryPolicy& pol
     } catch (const json::exception& e) {
       TORCH_CHECK(false, kLoad, ": model.safetensors.index.json is not valid JSON (", e.what(), ")");
     }
-    TORCH_CHECK(j.contains("weight_map") && j["weight_map"].is_object(), kLoad, ": the index has no weight_map");
+    TORCH_CHECK(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(), kLoad,
+                ": the index has no weight_map");
     std::set<std::string> files;
-    for (const auto& [k, v] : j["weight_map"].items()) files.insert(v.get<std::string>());
+    for (const auto& [k, v] : j["weight_map"].items()) {
+      TORCH_CHECK(v.is_string(), kLoad, ": the index's weight_map maps ", k, " to ", v.dump(), ", not a file name");
+      files.insert(v.get<std::string>());
+    }
     for (const auto& file : files) {
-      TORCH_CHECK(file.find('/') == std::string::npos && file.find("..") == std::string::npos, kLoad,
-                  ": the index names a shard outside the folder: ", file);
+      TORCH_CHECK(!file.empty() && file.find('/') == std::string::npos && file.find("..") == std::string::npos, kLoad,
+                  ": the index names a shard outside the folder: '", file, "'");
       for (auto& [k, t] : read_safetensors((root / file).string())) theirs.emplace(k, std::move(t));
     }
   } else {
-    TORCH_CHECK(false, kLoad, ": ", dir, " has neither model.safetensors nor model.safetensors.index.json");
+    TORCH_CHECK(false, kLoad, ": ", dir, " has neither model.safetensors nor model.safetensors.index.json",
+                fs::exists(root / "pytorch_model.bin")
+                    ? " (only pytorch_model.bin, a pickle, which tempo does not read: convert it with transformers' "
+                      "model.save_pretrained(dir), which writes safetensors)"
+                    : "");
   }
   TransformerModel model(c, policy);
   const std::string prefix = backbone_prefix(c.arch);

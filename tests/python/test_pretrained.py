@@ -246,6 +246,21 @@ def test_damaged_safetensors_are_refused(tmp_path):
     cfg = json.loads((folder / "config.json").read_text())  # a config whose shapes disagree
     (folder / "config.json").write_text(json.dumps(dict(cfg, intermediate_size=64)))
     refused(folder, "has shape [48, 32] in the checkpoint; the config makes it [64, 32]", tmp_path)
+    (folder / "config.json").write_text(json.dumps(cfg))
+
+    # sharded, with a damaged index (a name that is not a string used to escape as a JSON
+    # library exception); and a folder with only the pickle format
+    st.unlink()
+    index = folder / "model.safetensors.index.json"
+    for damaged, message in (({"weight_map": {name: 3}}, "maps %s to 3, not a file name" % name),
+                             ({"weight_map": {name: ""}}, "names a shard outside the folder: ''"),
+                             ({"weight_map": {name: "../model.safetensors"}}, "names a shard outside the folder"),
+                             ([1, 2], "the index has no weight_map")):
+        index.write_text(json.dumps(damaged))
+        refused(folder, message, tmp_path)
+    index.unlink()
+    (folder / "pytorch_model.bin").write_bytes(b"\x80\x02")
+    refused(folder, "has neither model.safetensors nor model.safetensors.index.json (only pytorch_model.bin", tmp_path)
 
 
 @pytest.mark.parametrize("change,message", [
