@@ -75,6 +75,14 @@ void to_device(tempo::models::Batch& b, const c10::Device& device) {
 
 const char* kHeader = "step,loss,lr,tokens_per_s,held_bytes,eval_loss,grad_norm";
 
+// The 2-norm of all the gradients, as clip_grad_norm_ computes it, without clipping.
+double gradient_norm(const std::vector<at::Tensor>& params) {
+  std::vector<at::Tensor> norms;
+  for (const auto& p : params)
+    if (p.grad().defined()) norms.push_back(p.grad().norm());
+  return norms.empty() ? 0.0 : at::stack(norms).norm().item<double>();
+}
+
 // Keeps the header and the rows up to `step` (a resumed run rewrites what follows).
 void truncate_log(const fs::path& log, int64_t step) {
   std::ifstream in(log);
@@ -364,6 +372,14 @@ TrainSummary train(const TrainOptions& o, Communicator& comm) {
   if (world > 1) reducer = std::make_unique<GradientReducer>(model->parameters(), comm, o.bucket_bytes, o.overlap);
   const double t_start = now_s();
   int64_t tokens_done = 0;
+  int64_t last_saved = start;  // the newest checkpoint's step (0: none)
+  const auto diverged = [&](const char* what, int64_t step) {
+    TORCH_CHECK(false, "tempo train: ", what, " is not finite at step ", step,
+                " (the run diverged: a lower --lr or a --clip may help; ",
+                last_saved > 0 ? "--resume goes on from the checkpoint of step " + std::to_string(last_saved)
+                               : std::string("no checkpoint was written yet"),
+                ")");
+  };
   for (int64_t step = start + 1; step <= o.steps; ++step) {
     const double t0 = now_s();
     const double lr = learning_rate(step, o.warmup, o.steps, o.lr);
@@ -393,7 +409,7 @@ TrainSummary train(const TrainOptions& o, Communicator& comm) {
           Autocast ac(o.dtype == "bf16", device.type());
           loss = model->loss(b);
         }
-        TORCH_CHECK(std::isfinite(loss.item<double>()), "tempo train: the loss is not finite at step ", step);
+        if (!std::isfinite(loss.item<double>())) diverged("the loss", step);
         (loss * (t / total)).backward();
         loss_sum += loss.item<double>() * t;
       }
@@ -409,8 +425,11 @@ TrainSummary train(const TrainOptions& o, Communicator& comm) {
     std::vector<at::Tensor> l{ls};
     comm.allreduce_sum(l);
     const double loss = ls.item<double>() / total;
+    // The norm is logged with or without clipping; one that is not finite stops the run before
+    // the step, so that no checkpoint holds the weights it would have made.
     const double norm = o.clip > 0 ? torch::nn::utils::clip_grad_norm_(model->parameters(), o.clip)
-                                   : 0.0;
+                                   : gradient_norm(model->parameters());
+    if (!std::isfinite(norm)) diverged("the gradient norm", step);
     opt.step();
     if (device.is_cuda()) torch::cuda::synchronize();
     const double dt = now_s() - t0;
@@ -442,6 +461,7 @@ TrainSummary train(const TrainOptions& o, Communicator& comm) {
     if (o.save_every > 0 && (step % o.save_every == 0 || step == o.steps)) {
       if (lead) save_checkpoint(ckdir.string(), step, *model, opt, 2, settings);
       comm.barrier();
+      last_saved = step;
     }
   }
   if (o.progress && lead) std::fprintf(stderr, "\r\033[K");

@@ -277,6 +277,28 @@ def test_data_that_is_not_plain_text_lines(text, tmp_path):
                                            r"give --vocab \d+ or more", r.stderr), r.stderr[-1000:]
 
 
+def test_a_diverging_run_stops_at_the_step_and_its_checkpoints_are_finite(text, tmp_path):
+    """A learning rate far too high: the run stops at the first non-finite loss (or gradient
+    norm, checked before the optimiser's step) with exit 1, naming the step and the checkpoint
+    to go on from, which holds finite weights; grad_norm is logged without --clip too."""
+    import torch
+    from safetensors.torch import load_file
+    data, tok = text
+    out = tmp_path / "run"
+    r = train(*TINY, "--data", data, "--tokenizer", tok, "--steps", "200", "--eval-every", "0", "--save-every", "5",
+              "--lr", "1000", "--warmup", "0", "--clip", "0", "--out", out)
+    m = re.search(r"tempo train: the (loss|gradient norm) is not finite at step (\d+) \(the run diverged: a lower --lr "
+                  r"or a --clip may help; --resume goes on from the checkpoint of step (\d+)\)", r.stderr)
+    assert r.returncode == 1 and m, (r.returncode, r.stderr[-1000:])
+    step, saved = int(m.group(2)), int(m.group(3))
+    assert saved == (step - 1) // 5 * 5 > 0, (step, saved)
+    _, rows = log_rows(out)
+    assert len(rows) == step - 1 and all(math.isfinite(float(x["loss"])) for x in rows)
+    assert all(float(x["grad_norm"]) > 0 for x in rows)  # measured, not 0, with --clip 0
+    weights = load_file(str(out / "checkpoints" / ("step-%09d" % saved) / "model.safetensors"))
+    assert all(bool(torch.isfinite(t).all()) for t in weights.values() if t.is_floating_point())
+
+
 def test_model_and_policy_mistakes_are_refused_before_the_corpus_is_read(text, tmp_path):
     """What does not depend on the corpus (the model, its sizes, the policy, the objective, the
     sequence length) is checked first: with --tokenizer train (the default), a mistake is refused
