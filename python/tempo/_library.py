@@ -26,11 +26,22 @@ def load_library():
     global _loaded
     if _loaded is not None:
         return _loaded
+    env = os.environ.get("TEMPO_LIBRARY")
+    if env and not Path(env).is_file():  # named by the user: not silently replaced by another
+        raise ImportError("tempo: TEMPO_LIBRARY=%s is not a file (unset it to use the library built with the package)"
+                          % env)
     tried = []
     for path in _candidates():
         tried.append(str(path))
         if path.is_file():
-            torch.ops.load_library(str(path))
+            try:
+                torch.ops.load_library(str(path))
+            except OSError as e:
+                if "undefined symbol" not in str(e.__cause__ or e):
+                    raise
+                raise ImportError(
+                    "tempo: %s was built against another torch than this one (%s): rebuild it with `make` (or "
+                    "`pip install --no-build-isolation .`) in this environment" % (path, torch.__version__)) from e
             _loaded = str(path)
             return _loaded
     raise ImportError(
