@@ -64,7 +64,7 @@ AtomicFile::AtomicFile(std::string path, std::string op) : path_(std::move(path)
   } else {
     tmp_ = target.string() + ".tmp";
     target_ = target.string();
-    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);  // less the umask, as a stream
   }
   if (fd_ < 0) error_ = errno;
 }
@@ -104,7 +104,7 @@ void write_file_atomically(const std::string& path, std::string_view bytes, cons
 }
 
 void append_to_file(const std::string& path, std::string_view bytes, const std::string& op) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0666);
   TORCH_CHECK(fd >= 0, write_failure(op, path, errno));
   int err = write_all(fd, bytes.data(), bytes.size());
   if (::close(fd) != 0 && err == 0) err = errno;
