@@ -11,7 +11,6 @@
 #include <fcntl.h>
 #include <unistd.h>
 
-
 namespace tempo::models {
 
 namespace {

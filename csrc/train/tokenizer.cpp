@@ -128,13 +128,11 @@ Tokenizer Tokenizer::train(const std::vector<std::string>& files, const std::str
     TORCH_CHECK(false, kOp, ": the SentencePiece model just trained into ", tmp,
                 ".model does not load back (is the disk full?", space.empty() ? "" : " " + space, "): ", loaded.ToString());
   }
-  std::error_code ec;
-  fs::rename(tmp + ".vocab", prefix + ".vocab", ec);
+  std::error_code ec, vocab_ec;
+  fs::rename(tmp + ".vocab", prefix + ".vocab", vocab_ec);  // the pieces as text, for people: not needed to load
   fs::rename(tmp + ".model", prefix + ".model", ec);
-  if (ec) {
-    remove_tmp();
-    TORCH_CHECK(false, kOp, ": cannot rename ", tmp, ".model to ", prefix, ".model: ", ec.message());
-  }
+  remove_tmp();  // whatever was not renamed
+  TORCH_CHECK(!ec, kOp, ": cannot rename ", tmp, ".model to ", prefix, ".model: ", ec.message());
   return load(prefix + ".model");
 }
 

@@ -12,11 +12,10 @@ namespace tempo::models {
 // A file written under a temporary name (path + ".tmp") and renamed over `path` by commit(),
 // after an fsync: `path` holds either what it held before or the whole new content (a
 // symbolic link: the file it names; something other than a file, such as /dev/stdout or a
-// pipe: written in place). write()
-// never throws (so it can sit behind a serialiser that must not see an exception); the first
-// failure is kept, and commit() raises it as a c10::Error naming `op`, the path, the system's
-// reason and the space left on that filesystem. Destroyed without a commit (an exception on
-// the way), the temporary file is removed.
+// pipe: written in place). write() never throws (so it can sit behind a serialiser that must
+// not see an exception); the first failure is kept, and commit() raises it as a c10::Error
+// naming `op`, the path, the system's reason and the space left on that filesystem. Destroyed
+// without a commit (an exception on the way), the temporary file is removed.
 class AtomicFile {
  public:
   AtomicFile(std::string path, std::string op);
