@@ -11,6 +11,9 @@ _loaded = None
 def _candidates():
     env = os.environ.get("TEMPO_LIBRARY")
     if env:
+        if not Path(env).is_file():  # named by the user: not silently replaced by another
+            raise ImportError("tempo: TEMPO_LIBRARY=%s is not a file (unset it to use the library built with the "
+                              "package)" % env)
         yield Path(env)
     here = Path(__file__).resolve().parent
     yield here / "lib" / _NAME  # an installed package (pip install .)
@@ -26,10 +29,6 @@ def load_library():
     global _loaded
     if _loaded is not None:
         return _loaded
-    env = os.environ.get("TEMPO_LIBRARY")
-    if env and not Path(env).is_file():  # named by the user: not silently replaced by another
-        raise ImportError("tempo: TEMPO_LIBRARY=%s is not a file (unset it to use the library built with the package)"
-                          % env)
     tried = []
     for path in _candidates():
         tried.append(str(path))
