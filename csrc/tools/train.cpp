@@ -10,11 +10,14 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 
 #include <torch/cuda.h>
 
@@ -123,6 +126,9 @@ void print_train_usage(FILE* out) {
                "MASTER_PORT set. Gradients are summed over processes in buckets of --bucket MiB (25),\n"
                "each started during the backward as soon as its gradients are final; --no-overlap sums\n"
                "them all after the backward.\n"
+               "SIGINT (Ctrl-C) or SIGTERM during the steps: the step in progress ends, is checkpointed,\n"
+               "and the run exits 130 or 143 (a second signal stops it at once); --resume goes on. One\n"
+               "run at a time per DIR (its folder is locked).\n"
                "usage: tempo plot OUT.svg RUN_DIR [RUN_DIR...]   the runs' loss and eval-loss curves\n",
                kDefaultCorpus);
 }
@@ -201,8 +207,72 @@ int free_port() {
   return port;
 }
 
+// ---- stopping on SIGINT and SIGTERM ----
+// A worker (a run, or one rank of several): the first signal during the steps asks the trainer
+// to stop after the step in progress, with a checkpoint of it; a second one, or one before the
+// steps (reading the corpus, training a tokenizer), has the signal's default action. The
+// launcher of --nproc passes a signal on to its workers, which may have had it already (Ctrl-C
+// reaches the whole process group): a copy from the launcher after the first does not count.
+tempo::train::StopRequest g_stop;
+constexpr int kFromLauncher = 0x7e3b0;  // sigqueue's value on the launcher's copies
+bool g_speak = true;  // the rank that prints (0)
+
+void default_action(int sig) {
+  ::signal(sig, SIG_DFL);
+  ::raise(sig);
+}
+
+void on_stop_signal(int sig, siginfo_t* info, void*) {
+  if (!g_stop.accepting) return default_action(sig);
+  if (g_stop.requested != 0) {
+    if (info && info->si_code == SI_QUEUE && info->si_value.sival_int == kFromLauncher) return;  // its copy
+    return default_action(sig);
+  }
+  g_stop.requested = sig;
+  if (g_speak) {
+    static const char msg[] = "\ntempo train: stopping after this step, with a checkpoint (again: stop at once)\n";
+    [[maybe_unused]] const ssize_t n = ::write(2, msg, sizeof msg - 1);
+  }
+}
+
+void install(int sig, void (*handler)(int, siginfo_t*, void*)) {
+  struct sigaction a {};
+  a.sa_sigaction = handler;
+  a.sa_flags = SA_SIGINFO | SA_RESTART;
+  sigemptyset(&a.sa_mask);
+  ::sigaction(sig, &a, nullptr);
+}
+
+// The launcher: its workers' pids, and how many stop signals it has passed on (the second
+// kills them).
+constexpr int kMaxWorkers = 1024;
+pid_t g_workers[kMaxWorkers];
+volatile sig_atomic_t g_nworkers = 0, g_forwarded = 0, g_signal = 0;
+
+void on_launcher_signal(int sig, siginfo_t*, void*) {
+  const int again = g_forwarded;
+  g_forwarded = again + 1;
+  g_signal = sig;
+  for (int i = 0; i < g_nworkers; ++i) {
+    if (again) {
+      ::kill(g_workers[i], SIGKILL);
+    } else {
+      union sigval v {};
+      v.sival_int = kFromLauncher;
+      ::sigqueue(g_workers[i], sig, v);
+    }
+  }
+}
+
+// A worker's exit that is a stop asked for (by a signal), not a failure.
+bool stopped_as_asked(int status) {
+  return WIFEXITED(status) && (WEXITSTATUS(status) == 128 + SIGINT || WEXITSTATUS(status) == 128 + SIGTERM);
+}
+
 // --nproc N: this program N times with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set, as
-// torchrun starts workers; if one fails, the others are stopped.
+// torchrun starts workers. If one fails, the others are killed (they cannot finish a step
+// without it); SIGINT and SIGTERM are passed on, so every worker stops after the same step;
+// a worker whose launcher dies (even by SIGKILL) gets SIGTERM.
 int spawn(const TrainCommand& c) {
   if (c.options.device == "cuda") {
     if (!tempo::train::nccl_available())
@@ -224,10 +294,18 @@ int spawn(const TrainCommand& c) {
     }
     args.push_back(c.args[i]);
   }
+  if (c.nproc > kMaxWorkers)
+    throw std::invalid_argument("tempo train: --nproc is at most " + std::to_string(kMaxWorkers));
   std::vector<pid_t> pids;
+  const pid_t launcher = ::getpid();
+  install(SIGINT, on_launcher_signal);
+  install(SIGTERM, on_launcher_signal);
   for (int r = 0; r < c.nproc; ++r) {
     const pid_t pid = ::fork();
     if (pid == 0) {
+      ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (::getppid() != launcher) std::_Exit(128 + SIGTERM);  // it died before the line above
+      ::signal(SIGINT, SIG_DFL), ::signal(SIGTERM, SIG_DFL);  // until the worker installs its own
       ::setenv("RANK", std::to_string(r).c_str(), 1);
       ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
       ::setenv("WORLD_SIZE", world.c_str(), 1);
@@ -239,22 +317,51 @@ int spawn(const TrainCommand& c) {
       ::execv("/proc/self/exe", argv.data());
       std::_Exit(127);
     }
-    if (pid < 0) throw std::runtime_error("tempo train: fork failed");
+    if (pid < 0) {
+      for (pid_t p : pids) ::kill(p, SIGKILL);
+      throw std::runtime_error("tempo train: fork failed");
+    }
     pids.push_back(pid);
+    g_workers[r] = pid;
+    g_nworkers = r + 1;
   }
-  // The exit status: the first failure's (a sibling stopped because of it does not count).
-  int first = 0;
-  for (size_t done = 0; done < pids.size(); ++done) {
+  // The exit status: the first failure's (a sibling killed because of it does not count), else
+  // that of a stop asked for, else 0.
+  int failed = 0, stopped = 0;
+  for (size_t done = 0; done < pids.size();) {
     int status = 0;
-    const pid_t pid = ::wait(&status);
+    const pid_t pid = ::waitpid(-1, &status, 0);
+    if (pid < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    ++done;
     const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
-    if (code != 0 && first == 0) {
-      first = code;
+    if (code == 0) continue;
+    if (stopped_as_asked(status)) {
+      if (!stopped) stopped = code;
+      continue;
+    }
+    if (g_forwarded > 1) {  // killed by the launcher, at a second signal: as that signal would have
+      failed = 128 + g_signal;
+      continue;
+    }
+    if (!failed) {
+      // A worker that failed says why itself; one killed by a signal that the launcher did not
+      // pass on cannot.
+      if (WIFSIGNALED(status) && g_forwarded == 0) {
+        const int rank = static_cast<int>(std::find(pids.begin(), pids.end(), pid) - pids.begin());
+        const int sig = WTERMSIG(status);
+        std::fprintf(stderr, "tempo train: process %d of %d was killed by signal %d (%s)%s; stopping the others\n",
+                     rank, c.nproc, sig, strsignal(sig),
+                     sig == SIGKILL ? ": out of memory? (the kernel's OOM killer sends SIGKILL)" : "");
+      }
+      failed = code;
       for (pid_t p : pids)
-        if (p != pid) ::kill(p, SIGTERM);
+        if (p != pid) ::kill(p, SIGKILL);
     }
   }
-  return first;
+  return failed ? failed : stopped;
 }
 
 int env_int(const char* name, int fallback) {
@@ -282,8 +389,13 @@ int run_train(const TrainCommand& c) {
   if (o.budget) tempo::memory::set_cpu_limit(o.budget);
   tempo::train::TrainOptions opts = o;
   opts.progress = o.progress && rank == 0;
+  opts.stop = &g_stop;
+  g_speak = rank == 0;
+  install(SIGINT, on_stop_signal);
+  install(SIGTERM, on_stop_signal);
   const auto s = tempo::train::train(opts, *comm);
-  if (rank != 0) return 0;
+  const int code = s.stopped ? 128 + (g_stop.requested != 0 ? g_stop.requested.load() : SIGTERM) : 0;
+  if (rank != 0) return code;
   if (world > 1) std::printf("data parallel: %d processes (%s)\n", world, nccl ? "NCCL" : "Gloo");
   for (const auto& n : s.notes) std::printf("%s\n", n.c_str());
   if (s.last_step > 0)  // none when a resumed run was already complete
@@ -291,8 +403,11 @@ int run_train(const TrainCommand& c) {
                 static_cast<long long>(s.first_step), static_cast<long long>(s.last_step), s.first_loss, s.last_loss,
                 s.first_eval, s.last_eval, s.tokens_per_s, s.peak_bytes / 1048576.0);
   std::printf("log: %s\n", (fs::path(o.out) / "log.csv").c_str());
-  if (!c.plot.empty()) return run_plot({c.plot, o.out});
-  return 0;
+  if (!c.plot.empty()) {
+    const int plotted = run_plot({c.plot, o.out});
+    if (plotted != 0) return plotted;
+  }
+  return code;
 }
 
 int run_plot(const std::vector<std::string>& args) {

@@ -15,6 +15,10 @@
 #include <sstream>
 #include <stdexcept>
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
 #include "tempo/memory.h"
 #include "tempo/models/file_write.h"
 #include "tempo/models/pretrained.h"
@@ -72,6 +76,43 @@ void to_device(tempo::models::Batch& b, const c10::Device& device) {
   b.input_ids = b.input_ids.to(device), b.attention_mask = b.attention_mask.to(device);
   if (b.labels.defined()) b.labels = b.labels.to(device);
 }
+
+// An exclusive lock on the run's folder (flock, released by the kernel however the process
+// ends), so that two runs cannot write one folder's log and checkpoints at once. Where the
+// filesystem has no such locks (some network filesystems), the run goes on unlocked.
+class FolderLock {
+ public:
+  explicit FolderLock(const fs::path& dir) {
+    fd_ = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd_ < 0) return;
+    if (::flock(fd_, LOCK_EX | LOCK_NB) == 0) return;
+    const int err = errno;
+    ::close(fd_);
+    fd_ = -1;
+    if (err == EWOULDBLOCK)
+      user_error("another tempo train is running in " + dir.string() +
+                 " (it holds the folder's lock): wait for it to end, stop it, or choose another --out");
+  }
+  ~FolderLock() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  FolderLock(const FolderLock&) = delete;
+  FolderLock& operator=(const FolderLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
+// Marks the steps as running for a StopRequest (and unmarks them however train() leaves).
+struct Accepting {
+  explicit Accepting(StopRequest* r) : r_(r) {
+    if (r_) r_->accepting = true;
+  }
+  ~Accepting() {
+    if (r_) r_->accepting = false;
+  }
+  StopRequest* r_;
+};
 
 const char* kHeader = "step,loss,lr,tokens_per_s,held_bytes,eval_loss,grad_norm";
 
@@ -172,9 +213,16 @@ TrainSummary train(const TrainOptions& o, Communicator& comm) {
   const fs::path out(o.out), ckdir = out / "checkpoints", log = out / "log.csv";
   if (fs::exists(out) && !fs::is_directory(out)) user_error("--out " + o.out + " is a file, not a folder");
   const bool lead = comm.rank() == 0;
-  if (o.resume && !fs::exists(ckdir)) user_error("--resume, but " + ckdir.string() + " holds no checkpoint");
-  if (!o.resume && fs::exists(ckdir) && !fs::is_empty(ckdir))
-    user_error(out.string() + " already holds checkpoints: add --resume to continue that run, or choose another --out");
+  // The lead locks the run's folder before it looks at its checkpoints (a folder that does not
+  // exist yet is locked once made, and looked at again).
+  std::unique_ptr<FolderLock> folder_lock;
+  if (lead && fs::is_directory(out)) folder_lock = std::make_unique<FolderLock>(out);
+  const auto check_checkpoints = [&] {
+    if (o.resume && !fs::exists(ckdir)) user_error("--resume, but " + ckdir.string() + " holds no checkpoint");
+    if (!o.resume && fs::exists(ckdir) && !fs::is_empty(ckdir))
+      user_error(out.string() + " already holds checkpoints: add --resume to continue that run, or choose another --out");
+  };
+  check_checkpoints();
 
   // ---- the policy and the model's config: checked before the corpus is read (a tokenizer
   // trained on it takes a while), so a mistyped option fails at once ----
@@ -211,6 +259,13 @@ TrainSummary train(const TrainOptions& o, Communicator& comm) {
     user_error("--seq " + std::to_string(o.seq) + " is longer than the model's " + std::to_string(max_seq) +
                " positions");
 
+  // ---- the run's folder ----
+  if (lead && !folder_lock) {
+    fs::create_directories(out);
+    folder_lock = std::make_unique<FolderLock>(out);
+    check_checkpoints();
+  }
+
   // ---- tokenizer and corpus ----
   Corpus corpus;
   std::string tokenizer_note, data_note;
@@ -226,7 +281,6 @@ TrainSummary train(const TrainOptions& o, Communicator& comm) {
         data_note = "left out " + std::to_string(binary.size()) + " binary file" + (binary.size() > 1 ? "s" : "") +
                     " under --data (" + binary.front() + (binary.size() > 1 ? ", ..." : "") + ")";
       const fs::path saved = out / "tokenizer.model";
-      fs::create_directories(out);
       if (o.tokenizer != "train") {
         corpus = tokenize_corpus(files, Tokenizer::load(o.tokenizer), 0.05, min_eval);
       } else if (fs::exists(saved)) {  // the run's own (a resumed run, or one re-run into the same folder)
@@ -329,7 +383,6 @@ TrainSummary train(const TrainOptions& o, Communicator& comm) {
     if (lead && fs::exists(log)) truncate_log(log, start);
   }
   if (lead) {
-    fs::create_directories(out);
     if (!fs::exists(log)) tempo::models::write_file_atomically(log.string(), std::string(kHeader) + "\n", "tempo train");
   }
 
@@ -380,6 +433,7 @@ TrainSummary train(const TrainOptions& o, Communicator& comm) {
                                : std::string("no checkpoint was written yet"),
                 ")");
   };
+  const Accepting accepting(o.stop);
   for (int64_t step = start + 1; step <= o.steps; ++step) {
     const double t0 = now_s();
     const double lr = learning_rate(step, o.warmup, o.steps, o.lr);
@@ -421,10 +475,12 @@ TrainSummary train(const TrainOptions& o, Communicator& comm) {
       throw;
     }
     if (reducer) reducer->finish();
-    at::Tensor ls = at::tensor({loss_sum}, at::kDouble);
+    // The loss, and whether any rank was asked to stop: every rank stops after the same step.
+    at::Tensor ls = at::tensor({loss_sum, o.stop && o.stop->requested != 0 ? 1.0 : 0.0}, at::kDouble);
     std::vector<at::Tensor> l{ls};
     comm.allreduce_sum(l);
-    const double loss = ls.item<double>() / total;
+    const double loss = ls[0].item<double>() / total;
+    const bool stop = ls[1].item<double>() > 0 && step < o.steps;
     // The norm is logged with or without clipping; one that is not finite stops the run before
     // the step, so that no checkpoint holds the weights it would have made.
     const double norm = o.clip > 0 ? torch::nn::utils::clip_grad_norm_(model->parameters(), o.clip)
@@ -462,6 +518,19 @@ TrainSummary train(const TrainOptions& o, Communicator& comm) {
       if (lead) save_checkpoint(ckdir.string(), step, *model, opt, 2, settings);
       comm.barrier();
       last_saved = step;
+    }
+    if (stop) {
+      if (o.save_every > 0 && last_saved != step) {
+        if (lead) save_checkpoint(ckdir.string(), step, *model, opt, 2, settings);
+        comm.barrier();
+        last_saved = step;
+      }
+      summary.stopped = true;
+      summary.notes.push_back("stopped as asked after step " + std::to_string(step) + " of " +
+                              std::to_string(o.steps) + ": " +
+                              (last_saved == step ? "--resume goes on from its checkpoint"
+                                                  : "no checkpoint of it (--save-every 0)"));
+      break;
     }
   }
   if (o.progress && lead) std::fprintf(stderr, "\r\033[K");

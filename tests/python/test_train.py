@@ -94,6 +94,85 @@ def test_kill_and_resume_gives_the_uninterrupted_losses_bitwise(text, tmp_path):
     assert [[x[k] for k in keys] for x in rb] == [[x[k] for k in keys] for x in ra]  # bitwise, as printed
 
 
+def _rows_written(out):
+    try:
+        return len(open(os.path.join(out, "log.csv")).read().splitlines()) - 1
+    except FileNotFoundError:
+        return 0
+
+
+def _start(args, out, rows, **popen):
+    """`tempo train ARGS --out OUT` started, and waited for until its log has `rows` rows."""
+    p = subprocess.Popen([BIN, "train", *map(str, args), "--out", str(out)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, **popen)
+    deadline = time.time() + 300
+    while _rows_written(out) < rows and p.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    assert p.poll() is None, "the run ended before it was signalled"
+    return p
+
+
+def test_sigterm_or_ctrl_c_stops_after_the_step_with_a_checkpoint_and_resume_is_exact(text, tmp_path):
+    """SIGTERM (a scheduler preempting the job) or SIGINT (Ctrl-C) during the steps: the step in
+    progress ends and is checkpointed, here between the --save-every ones, and the run exits 143
+    or 130 saying so; --resume then gives the losses of the run never stopped, bitwise. A
+    second signal stops it at once; with --save-every 0 there is no checkpoint, and it says so."""
+    data, tok = text
+    args = [*TINY, "--data", data, "--tokenizer", tok, "--steps", "40", "--eval-every", "10", "--save-every", "10"]
+    a, b = tmp_path / "a", tmp_path / "b"
+    r = train(*args, "--out", a)
+    assert r.returncode == 0, r.stderr
+    p = _start(args, b, rows=3)
+    p.send_signal(signal.SIGTERM)
+    stdout, stderr = p.communicate(timeout=120)
+    assert p.returncode == 128 + signal.SIGTERM, (p.returncode, stderr[-500:])
+    n = _rows_written(b)
+    assert 3 <= n < 40
+    assert "stopped as asked after step %d of 40: --resume goes on from its checkpoint" % n in stdout, stdout
+    assert "stopping after this step" in stderr, stderr
+    assert sorted(os.listdir(b / "checkpoints"))[-1] == "step-%09d" % n
+    r = train(*args, "--out", b, "--resume")
+    assert r.returncode == 0 and "resumed from step %d" % n in r.stdout, r.stdout + r.stderr
+    keys = ("step", "loss", "lr", "eval_loss", "grad_norm")
+    assert [[x[k] for k in keys] for x in log_rows(b)[1]] == [[x[k] for k in keys] for x in log_rows(a)[1]]
+
+    unsaved = [x if x != "10" or args[i - 1] != "--save-every" else "0" for i, x in enumerate(args)]
+    c = tmp_path / "c"
+    p = _start(unsaved, c, rows=2)
+    p.send_signal(signal.SIGINT)
+    stdout, stderr = p.communicate(timeout=120)
+    assert p.returncode == 128 + signal.SIGINT, (p.returncode, stderr[-500:])
+    assert "stopped as asked after step %d of 40: no checkpoint of it (--save-every 0)" % _rows_written(c) in stdout
+    assert not (c / "checkpoints").exists()
+
+    d = tmp_path / "d"
+    p = _start(unsaved, d, rows=2)
+    p.send_signal(signal.SIGINT)
+    p.send_signal(signal.SIGTERM)  # the second: at once, by the signal's default action
+    p.communicate(timeout=120)
+    assert p.returncode in (-signal.SIGINT, -signal.SIGTERM), p.returncode
+
+
+def test_two_runs_cannot_share_a_folder(text, tmp_path):
+    """A second `tempo train` into the folder of one still running (a job started twice) is
+    refused with exit 2, with or without --resume, and the running one is not disturbed."""
+    data, tok = text
+    args = [*TINY, "--data", data, "--tokenizer", tok, "--steps", "400", "--eval-every", "0", "--save-every", "2"]
+    out = tmp_path / "run"
+    p = _start(args, out, rows=3)
+    try:
+        for extra in ([], ["--resume"]):
+            r = train(*args, *extra, "--out", out)
+            assert r.returncode == 2 and "another tempo train is running in %s" % out in r.stderr, r.stderr
+    finally:
+        p.send_signal(signal.SIGTERM)
+        stdout, stderr = p.communicate(timeout=120)
+    assert p.returncode == 128 + signal.SIGTERM, stderr[-500:]
+    assert [int(x["step"]) for x in log_rows(out)[1]] == list(range(1, _rows_written(out) + 1))
+    r = train(*args, "--out", out, "--resume", "--steps", str(_rows_written(out)))  # free again once it ended
+    assert r.returncode == 0 and "the run is complete" in r.stdout, r.stdout + r.stderr
+
+
 def test_resuming_with_other_settings_is_told_and_a_complete_run_is_a_no_op(text, tmp_path):
     """A resumed run whose options differ from the checkpoint's (kept with it) goes on and is
     told which; one already at --steps does nothing; --steps before the checkpoint is refused."""
@@ -488,3 +567,73 @@ def test_two_gloo_processes_equal_one_with_the_combined_batch(text, tmp_path):
     # A failing process fails the whole run.
     r = train(*args, "--nproc", "2", "--seq", "1000", "--out", tmp_path / "bad")
     assert r.returncode == 2 and "longer than the model's" in r.stderr
+
+
+def test_nproc_passes_a_stop_on_and_workers_outlive_no_launcher(text, tmp_path):
+    """--nproc 2: SIGTERM to the launcher reaches both processes, which stop after the same step
+    with its checkpoint (exit 143); resumed, the run gives the uninterrupted one's losses. A
+    launcher killed outright (SIGKILL) leaves no worker training on: each is sent SIGTERM and
+    stops the same way. Ctrl-C (SIGINT to the process group) stops once, not twice; a worker
+    killed outright is named and the other stopped."""
+    data, tok = text
+    half = [("2" if (i > 0 and TINY[i - 1] == "--batch") else a) for i, a in enumerate(TINY)]
+    args = [*half, "--data", data, "--tokenizer", tok, "--steps", "40", "--eval-every", "0", "--save-every", "50",
+            "--nproc", "2"]
+    a, b = tmp_path / "a", tmp_path / "b"
+    r = train(*args, "--out", a)
+    if "built without Gloo" in r.stderr:
+        pytest.skip("built without Gloo's headers")
+    assert r.returncode == 0, r.stderr
+    p = _start(args, b, rows=3)
+    p.send_signal(signal.SIGTERM)
+    stdout, stderr = p.communicate(timeout=120)
+    assert p.returncode == 128 + signal.SIGTERM, (p.returncode, stderr[-800:])
+    n = _rows_written(b)
+    assert 3 <= n < 40 and "stopped as asked after step %d of 40" % n in stdout, stdout
+    assert sorted(os.listdir(b / "checkpoints"))[-1] == "step-%09d" % n
+    r = train(*args, "--out", b, "--resume")
+    assert r.returncode == 0, r.stderr
+    keys = ("step", "loss", "lr", "grad_norm")
+    assert [[x[k] for k in keys] for x in log_rows(b)[1]] == [[x[k] for k in keys] for x in log_rows(a)[1]]
+
+    c = tmp_path / "c"
+    p = _start(args, c, rows=3)
+    p.kill()
+    p.wait()
+    stdout, _ = p.communicate(timeout=120)  # the workers hold the pipe: it ends when both have exited
+    n = _rows_written(c)
+    assert n < 40 and "stopped as asked after step %d of 40" % n in stdout, stdout
+    assert sorted(os.listdir(c / "checkpoints"))[-1] == "step-%09d" % n
+
+    # Ctrl-C on a terminal: SIGINT to the whole process group, the launcher and both workers,
+    # which then also get the launcher's copy; that copy does not count as a second Ctrl-C.
+    p = _start(args, tmp_path / "e", rows=3, start_new_session=True)
+    os.killpg(p.pid, signal.SIGINT)
+    stdout, stderr = p.communicate(timeout=120)
+    n = _rows_written(tmp_path / "e")
+    assert p.returncode == 128 + signal.SIGINT, (p.returncode, stderr[-800:])
+    assert "stopped as asked after step %d of 40" % n in stdout, stdout
+    assert sorted(os.listdir(tmp_path / "e" / "checkpoints"))[-1] == "step-%09d" % n
+
+    # A worker killed outright (the kernel's OOM killer sends SIGKILL): the launcher names it,
+    # kills the other (which cannot finish a step alone) and exits 137.
+    p = _start(args, tmp_path / "d", rows=3)
+    rank1 = [pid for pid in _children(p.pid)
+             if b"RANK=1" in open("/proc/%d/environ" % pid, "rb").read().split(b"\0")]
+    assert len(rank1) == 1
+    os.kill(rank1[0], signal.SIGKILL)
+    _, stderr = p.communicate(timeout=120)
+    assert p.returncode == 128 + signal.SIGKILL, (p.returncode, stderr[-800:])
+    assert "process 1 of 2 was killed by signal 9" in stderr and "out of memory?" in stderr, stderr[-800:]
+
+
+def _children(pid):
+    """The pids whose parent is `pid` (from /proc)."""
+    out = []
+    for d in os.listdir("/proc"):
+        try:
+            if d.isdigit() and int(open("/proc/%s/stat" % d).read().rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(d))
+        except (OSError, IndexError, ValueError):
+            pass
+    return out

@@ -7,6 +7,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -38,6 +39,16 @@ class Communicator {
   virtual void barrier() {}
 };
 
+// A request to end a running train() early (`tempo train` makes one of SIGINT and SIGTERM):
+// the step in progress finishes and is checkpointed (unless save_every is 0), and train()
+// returns with TrainSummary::stopped set. A request on any rank stops every rank after the same
+// step. `accepting` is true while train() runs its steps, the only time a request is acted on:
+// a signal handler can fall back to the signal's default action outside them.
+struct StopRequest {
+  std::atomic<int> requested{0};  // non-zero: stop (the CLI stores the signal's number)
+  std::atomic<bool> accepting{false};
+};
+
 struct TrainOptions {
   std::string model = "bert-base";  // a preset, or a Hugging Face folder (config.json + safetensors)
   int64_t hidden = 0, layers = 0, heads = 0, intermediate = 0, positions = 0;  // preset overrides (0: keep)
@@ -61,6 +72,7 @@ struct TrainOptions {
   // after it (no overlap).
   int64_t bucket_bytes = 25ll << 20;
   bool overlap = true;
+  StopRequest* stop = nullptr;  // none: the run goes to `steps` (or fails)
 };
 
 struct TrainSummary {
@@ -68,12 +80,14 @@ struct TrainSummary {
   double first_loss = 0, last_loss = 0, first_eval = std::nan(""), last_eval = std::nan("");  // NaN: not evaluated
   double tokens_per_s = 0;
   int64_t peak_bytes = 0;
+  bool stopped = false;  // ended early by a StopRequest, after last_step
   std::vector<std::string> notes;  // what happened beyond the steps (resumed from, skipped damaged checkpoints)
 };
 
 // Runs the training; user errors (missing data, an empty corpus, a sequence longer than the
 // model's positions, a batch that does not fit, ...) throw std::invalid_argument with a clear
-// message, before anything is written over a good checkpoint.
+// message, before anything is written over a good checkpoint. The run's folder is locked while
+// it runs: a second train() into the same `out` (another process) is refused.
 TrainSummary train(const TrainOptions& options, Communicator& comm);
 
 // The learning rate at `step` (1-based): linear warm-up to `lr`, then linear decay to 0 at `steps`.
