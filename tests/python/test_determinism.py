@@ -103,12 +103,44 @@ OPS = {"gelu+bias": _gelu, "silu+bias": _silu, "dropout bits": _dropout("bits"),
        "linear_cross_entropy": _linear_cross_entropy, "qkv_split": _qkv_split}
 
 
+# The ops whose reductions run (in part) in ATen's matmuls, on the BLAS torch links, rather than
+# in tempo's kernels.
+BLAS_OPS = {"attention", "fused_attention", "causal_linear_attention prefix", "linear_cross_entropy"}
+
+
+def _blas_is_thread_count_stable():
+    """Whether torch.mm gives bitwise the same product at 1, 2 and 3 threads on this machine, on
+    a product with a long reduction (linear_cross_entropy's input gradient: [256, 1000] x
+    [1000, 64]). MKL on AVX-512 machines splits such a reduction over threads: it does not."""
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(256, 1000, generator=g), torch.randn(1000, 64, generator=g)
+    old = torch.get_num_threads()
+    try:
+        products = []
+        for t in (1, 2, 3):
+            torch.set_num_threads(t)
+            products.append(a @ b)
+    finally:
+        torch.set_num_threads(old)
+    return all(torch.equal(p, products[0]) for p in products)
+
+
 @pytest.mark.parametrize("name", sorted(OPS))
 def test_bitwise_equal_across_runs_and_thread_counts(name):
+    """Bitwise across runs at each thread count, and across thread counts, for every op; for the
+    ops whose reductions are the BLAS's, across thread counts only where torch.mm itself is
+    (otherwise within fp32 rounding of the 1-thread result)."""
     ref = _run(OPS[name], 1)
+    strict = name not in BLAS_OPS or _blas_is_thread_count_stable()
     for threads in (1, 2, 3):
         got = _run(OPS[name], threads)
-        assert len(got) == len(ref)
-        for i, (a, b) in enumerate(zip(got, ref)):
-            assert torch.equal(a, b), "%s: tensor %d differs with %d threads (max %.3g)" % (
-                name, i, threads, (a.double() - b.double()).abs().max().item())
+        again = _run(OPS[name], threads)
+        assert len(got) == len(ref) == len(again)
+        for i, (a, b, c) in enumerate(zip(got, ref, again)):
+            assert torch.equal(a, c), "%s: tensor %d differs between two runs with %d threads" % (name, i, threads)
+            if strict:
+                assert torch.equal(a, b), "%s: tensor %d differs with %d threads (max %.3g)" % (
+                    name, i, threads, (a.double() - b.double()).abs().max().item())
+            else:
+                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6 * max(b.abs().max().item(), 1e-30),
+                                           msg=lambda m: "%s, tensor %d, %d threads: %s" % (name, i, threads, m))
