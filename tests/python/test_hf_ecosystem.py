@@ -396,11 +396,17 @@ def test_output_attentions_returns_the_eager_weights(family, attention, monkeypa
         loss.backward()
         return out, {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
 
+    exact = copy.deepcopy(ref).double()  # fp64: the reference both fp32 gradients are held to
     for train in (False, True):  # with dropout: the eager weights' own dropout (torch's RNG)
         torch.manual_seed(7)
         want, want_grads = run(ref, train)
         torch.manual_seed(7)
         got, got_grads = run(ours, train)
+        if not train:  # (fp64 would draw other dropout masks)
+            _, exact_grads = run(exact, train)
+            for n in want_grads:
+                if not n.endswith("key.bias"):
+                    assert _rel(got_grads[n], exact_grads[n]) <= 2 * _rel(want_grads[n], exact_grads[n]) + 1e-6, n
         assert len(got.attentions) == len(want.attentions) == ref.config.num_hidden_layers
         for a, b in zip(got.attentions, want.attentions):
             assert a.shape == b.shape and _rel(a, b) < 1e-6
@@ -409,8 +415,8 @@ def test_output_attentions_returns_the_eager_weights(family, attention, monkeypa
         for n in want_grads:
             if n.endswith("key.bias"):  # exactly 0 (softmax ignores a constant per row): both are rounding
                 assert got_grads[n].abs().max() < 1e-5 and want_grads[n].abs().max() < 1e-5
-            else:
-                assert _rel(got_grads[n], want_grads[n]) < 1e-4, n
+            else:  # two fp32 orders of the sums: eager's own gradients are up to 5.5e-5 from fp64's here
+                assert _rel(got_grads[n], want_grads[n]) < 3e-4, n
     module = sys.modules["tempo.optimize"]  # the module (tempo.optimize is the function)
     calls = []
     eager = module._with_weights

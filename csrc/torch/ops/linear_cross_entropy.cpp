@@ -114,12 +114,16 @@ std::tuple<at::Tensor, at::Tensor> forward_kernel(const at::Tensor& hidden, cons
     for (int64_t r0 = 0; r0 < N; r0 += C) {
       const int64_t n = std::min(C, N - r0);
       const at::Tensor z = at::linear(h.narrow(0, r0, n), weight, b).to(math_t);  // [n, V]
-      const at::Tensor l = at::logsumexp(z, {1});
+      // Through ATen's log_softmax kernel rather than at::exp / at::logsumexp: on an AVX-512
+      // machine with MKL, at::exp of the same tensor was seen to differ in its last bits between
+      // calls (2 of 24 runs of tempo train), which made the run-to-run loss differ.
+      const at::Tensor ls = at::log_softmax(z, 1);  // z - lse
+      const at::Tensor l = (z.select(1, 0) - ls.select(1, 0));
       const at::Tensor yc = y.narrow(0, r0, n);
       const at::Tensor keep = yc.ne(ignore);
-      const at::Tensor zy = z.gather(1, yc.clamp(0, V - 1).unsqueeze(1)).squeeze(1);
-      at::Tensor loss = l - (1.0 - smoothing) * zy;
-      if (smoothing > 0) loss = loss - smoothing * z.mean(1);
+      const at::Tensor lsy = ls.gather(1, yc.clamp(0, V - 1).unsqueeze(1)).squeeze(1);
+      at::Tensor loss = -(1.0 - smoothing) * lsy;
+      if (smoothing > 0) loss = loss - smoothing * ls.mean(1);
       lse.narrow(0, r0, n).copy_(l);
       rows.narrow(0, r0, n).copy_(at::where(keep, loss, at::zeros({}, math_opts)));
     }
@@ -188,8 +192,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_kernel(
   for (int64_t r0 = 0; r0 < N; r0 += C) {
     const int64_t n = std::min(C, N - r0);
     const at::Tensor hc = h.narrow(0, r0, n);
-    at::Tensor dz = at::linear(hc, weight, b).to(math_t);  // the logits again
-    dz.sub_(lse.narrow(0, r0, n).unsqueeze(1)).exp_();         // softmax
+    at::Tensor dz = at::softmax(at::linear(hc, weight, b).to(math_t), 1);  // the logits again, their softmax
     const at::Tensor yc = y.narrow(0, r0, n).clamp(0, V - 1).unsqueeze(1);
     dz.scatter_add_(1, yc, at::full({n, 1}, -(1.0 - smoothing), dz.options()));
     if (smoothing > 0) dz.sub_(smoothing / static_cast<double>(V));

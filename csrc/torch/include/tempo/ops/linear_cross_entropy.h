@@ -1,6 +1,6 @@
 // C++ API of tempo's fused LM head and loss: cross_entropy(linear(hidden, weight, bias), labels)
 // computed over chunks of rows, keeping no logits for backward (the backward recomputes each
-// chunk's logits from hidden and the row's saved log-sum-exp). The logits of a step (S x V
+// chunk's logits from hidden, and their softmax). The logits of a step (S x V
 // per sequence, 206 MB for GPT-2 at S = 1024) are never all in memory, forward or backward.
 #pragma once
 
@@ -22,7 +22,9 @@ at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weig
                                 c10::string_view reduction = "mean", int64_t chunk = 0);
 
 // The ops behind it: forward -> (loss, lse [N] float32, float64 for float64 data), backward -> (grad_hidden,
-// grad_weight, grad_bias (undefined without a bias)).
+// grad_weight, grad_bias (undefined without a bias)). The backward checks lse's shape but takes the
+// softmax from the recomputed logits (ATen's softmax kernel), not exp(logits - lse): on the CPU with
+// MKL, at::exp of one tensor was seen to differ in its last bits from call to call.
 std::tuple<at::Tensor, at::Tensor> linear_cross_entropy_forward(const at::Tensor& hidden, const at::Tensor& weight,
                                                                 const std::optional<at::Tensor>& bias,
                                                                 const at::Tensor& labels, int64_t ignore_index,
