@@ -1,7 +1,9 @@
-"""tempo.optimize across Hugging Face architectures it was not written for: tiny models built
-from configs, norm weights moved far from their initial values (as trained ones are), dropout 0.
-With the model's own attention and with tempo's, tempo patches the layers listed here and
-every parameter's gradient matches the unpatched model's within 1e-5 relative."""
+"""tempo.optimize across Hugging Face architectures it was not written for (32 families:
+encoders, decoders, mixtures of experts, encoder-decoders, a vision transformer): tiny models
+built from configs, norm weights moved far from their initial values (as trained ones are),
+dropout 0. With the model's own attention and with tempo's, tempo patches the layers listed here
+and every parameter's gradient matches the unpatched model's within 1e-5 relative. (OLMo's
+LayerNorm has no parameters, a layer tempo leaves as it is: only OLMo's SiLU is patched.)"""
 import copy
 import os
 
@@ -81,6 +83,54 @@ ARCHITECTURES = {
                 dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
                      max_position_embeddings=64),  # its own LayerNorm class, and torch's:
                 ["Dropout", "LayerNorm", "TempoDebertaLayerNorm", "TempoGELUActivation"]),
+    "modernbert": (T.ModernBertForMaskedLM, T.ModernBertConfig,
+                   dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                        max_position_embeddings=64, global_attn_every_n_layers=2, local_attention=8,
+                        pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2),
+                   ["Dropout", "LayerNorm", "TempoGELUActivation"]),
+    "mixtral": (T.MixtralForCausalLM, T.MixtralConfig,
+                dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                     num_key_value_heads=2, max_position_embeddings=64, num_local_experts=4, num_experts_per_tok=2),
+                ["TempoMixtralRMSNorm", "TempoSiLUActivation"]),
+    "qwen2_moe": (T.Qwen2MoeForCausalLM, T.Qwen2MoeConfig,
+                  dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                       num_key_value_heads=2, max_position_embeddings=64, num_experts=4, num_experts_per_tok=2,
+                       moe_intermediate_size=32, shared_expert_intermediate_size=32),
+                  ["TempoQwen2MoeRMSNorm", "TempoSiLUActivation"]),
+    "gemma3": (T.Gemma3ForCausalLM, T.Gemma3TextConfig,
+               dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=16, max_position_embeddings=64, sliding_window=8),
+               ["TempoGELUTanh", "TempoGemma3RMSNorm"]),
+    "gptj": (T.GPTJForCausalLM, T.GPTJConfig, dict(n_layer=2, n_embd=64, n_head=4, rotary_dim=8, n_positions=64),
+             ["Dropout", "LayerNorm", "TempoNewGELUActivation"]),
+    "gpt_neo": (T.GPTNeoForCausalLM, T.GPTNeoConfig,
+                dict(num_layers=2, hidden_size=64, num_heads=4, attention_types=[[["global", "local"], 1]],
+                     window_size=8, max_position_embeddings=64), ["Dropout", "LayerNorm", "TempoNewGELUActivation"]),
+    "gpt_bigcode": (T.GPTBigCodeForCausalLM, T.GPTBigCodeConfig, dict(n_layer=2, n_embd=64, n_head=4, n_positions=64),
+                    ["Dropout", "LayerNorm", "TempoGELUTanh"]),
+    "starcoder2": (T.Starcoder2ForCausalLM, T.Starcoder2Config,
+                   dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                        num_key_value_heads=2, max_position_embeddings=64), ["LayerNorm", "TempoGELUTanh"]),
+    "granite": (T.GraniteForCausalLM, T.GraniteConfig,
+                dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                     num_key_value_heads=2, max_position_embeddings=64),
+                ["TempoGraniteRMSNorm", "TempoSiLUActivation"]),
+    "olmo": (T.OlmoForCausalLM, T.OlmoConfig,
+             dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                  max_position_embeddings=64), ["TempoSiLUActivation"]),
+    "xlm-roberta": (T.XLMRobertaForMaskedLM, T.XLMRobertaConfig,
+                    dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                         max_position_embeddings=70, pad_token_id=1),
+                    ["Dropout", "LayerNorm", "TempoGELUActivation", "TempoXLMRobertaOutput",
+                     "TempoXLMRobertaSelfOutput"]),
+    "mpnet": (T.MPNetForMaskedLM, T.MPNetConfig,
+              dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                   max_position_embeddings=70, pad_token_id=1),
+              ["Dropout", "LayerNorm", "TempoGELUActivation", "TempoMPNetOutput"]),
+    "bart": (T.BartForConditionalGeneration, T.BartConfig,
+             dict(encoder_layers=2, decoder_layers=2, d_model=64, encoder_ffn_dim=128, decoder_ffn_dim=128,
+                  encoder_attention_heads=4, decoder_attention_heads=4, max_position_embeddings=64),
+             ["LayerNorm", "TempoGELUActivation"]),
     "vit": (T.ViTForImageClassification, T.ViTConfig,
             dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4, image_size=32,
                  patch_size=8),
@@ -91,12 +141,12 @@ _DROPOUTS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "dropout", "
              "seq_classif_dropout", "activation_dropout", "dropout_rate")
 # These compute attention in their own code, not through transformers' registry: attention="tempo"
 # cannot apply, and says so (a warning and the report) instead of reporting a patch that does nothing.
-_OWN_ATTENTION = ("bloom", "deberta", "deberta-v2", "falcon")
+_OWN_ATTENTION = ("bloom", "deberta", "deberta-v2", "falcon", "gpt_neo", "mpnet")
 # These pass their attention function a relative position bias, which tempo's attention does not
 # compute: attention="tempo" raises, naming it, at the first forward.
 _BIASED_ATTENTION = ("t5",)
 # A key projection's bias only shifts each softmax row, so its true gradient is 0: no relative error.
-_ZERO_GRADIENT = ("key.bias", "k_lin.bias", "k_proj.bias", "key_proj.bias")
+_ZERO_GRADIENT = ("key.bias", "k_lin.bias", "k_proj.bias", "key_proj.bias", "attn.k.bias")
 
 
 def _model(family):
