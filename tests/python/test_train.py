@@ -112,6 +112,22 @@ def _start(args, out, rows, **popen):
     return p
 
 
+def _stopped(args, out, sig=signal.SIGTERM, group=False):
+    """Starts a run, sends it `sig` once its log has 3 rows (to its whole process group, as a
+    terminal's Ctrl-C, with group=True), and checks that it stopped as asked: exit 128 + sig,
+    stdout saying after which step, the log ending there. Returns that step, stdout, stderr."""
+    p = _start(args, out, rows=3, start_new_session=group)
+    if group:
+        os.killpg(p.pid, sig)
+    else:
+        p.send_signal(sig)
+    stdout, stderr = p.communicate(timeout=120)
+    assert p.returncode == 128 + sig, (p.returncode, stderr[-800:])
+    n = _rows_written(out)
+    assert 3 <= n and re.search(r"stopped as asked after step %d of \d+: " % n, stdout), stdout
+    return n, stdout, stderr
+
+
 def test_sigterm_or_ctrl_c_stops_after_the_step_with_a_checkpoint_and_resume_is_exact(text, tmp_path):
     """SIGTERM (a scheduler preempting the job) or SIGINT (Ctrl-C) during the steps: the step in
     progress ends and is checkpointed, here between the --save-every ones, and the run exits 143
@@ -122,13 +138,8 @@ def test_sigterm_or_ctrl_c_stops_after_the_step_with_a_checkpoint_and_resume_is_
     a, b = tmp_path / "a", tmp_path / "b"
     r = train(*args, "--out", a)
     assert r.returncode == 0, r.stderr
-    p = _start(args, b, rows=3)
-    p.send_signal(signal.SIGTERM)
-    stdout, stderr = p.communicate(timeout=120)
-    assert p.returncode == 128 + signal.SIGTERM, (p.returncode, stderr[-500:])
-    n = _rows_written(b)
-    assert 3 <= n < 40
-    assert "stopped as asked after step %d of 40: --resume goes on from its checkpoint" % n in stdout, stdout
+    n, stdout, stderr = _stopped(args, b)
+    assert n < 40 and "after step %d of 40: --resume goes on from its checkpoint" % n in stdout, stdout
     assert "stopping after this step" in stderr, stderr
     assert sorted(os.listdir(b / "checkpoints"))[-1] == "step-%09d" % n
     r = train(*args, "--out", b, "--resume")
@@ -138,11 +149,8 @@ def test_sigterm_or_ctrl_c_stops_after_the_step_with_a_checkpoint_and_resume_is_
 
     unsaved = [x if x != "10" or args[i - 1] != "--save-every" else "0" for i, x in enumerate(args)]
     c = tmp_path / "c"
-    p = _start(unsaved, c, rows=2)
-    p.send_signal(signal.SIGINT)
-    stdout, stderr = p.communicate(timeout=120)
-    assert p.returncode == 128 + signal.SIGINT, (p.returncode, stderr[-500:])
-    assert "stopped as asked after step %d of 40: no checkpoint of it (--save-every 0)" % _rows_written(c) in stdout
+    n, stdout, _ = _stopped(unsaved, c, signal.SIGINT)
+    assert "after step %d of 40: no checkpoint of it (--save-every 0)" % n in stdout, stdout
     assert not (c / "checkpoints").exists()
 
     d = tmp_path / "d"
@@ -584,13 +592,8 @@ def test_nproc_passes_a_stop_on_and_workers_outlive_no_launcher(text, tmp_path):
     if "built without Gloo" in r.stderr:
         pytest.skip("built without Gloo's headers")
     assert r.returncode == 0, r.stderr
-    p = _start(args, b, rows=3)
-    p.send_signal(signal.SIGTERM)
-    stdout, stderr = p.communicate(timeout=120)
-    assert p.returncode == 128 + signal.SIGTERM, (p.returncode, stderr[-800:])
-    n = _rows_written(b)
-    assert 3 <= n < 40 and "stopped as asked after step %d of 40" % n in stdout, stdout
-    assert sorted(os.listdir(b / "checkpoints"))[-1] == "step-%09d" % n
+    n, _, _ = _stopped(args, b)
+    assert n < 40 and sorted(os.listdir(b / "checkpoints"))[-1] == "step-%09d" % n
     r = train(*args, "--out", b, "--resume")
     assert r.returncode == 0, r.stderr
     keys = ("step", "loss", "lr", "grad_norm")
@@ -607,12 +610,7 @@ def test_nproc_passes_a_stop_on_and_workers_outlive_no_launcher(text, tmp_path):
 
     # Ctrl-C on a terminal: SIGINT to the whole process group, the launcher and both workers,
     # which then also get the launcher's copy; that copy does not count as a second Ctrl-C.
-    p = _start(args, tmp_path / "e", rows=3, start_new_session=True)
-    os.killpg(p.pid, signal.SIGINT)
-    stdout, stderr = p.communicate(timeout=120)
-    n = _rows_written(tmp_path / "e")
-    assert p.returncode == 128 + signal.SIGINT, (p.returncode, stderr[-800:])
-    assert "stopped as asked after step %d of 40" % n in stdout, stdout
+    n, _, _ = _stopped(args, tmp_path / "e", signal.SIGINT, group=True)
     assert sorted(os.listdir(tmp_path / "e" / "checkpoints"))[-1] == "step-%09d" % n
 
     # A worker killed outright (the kernel's OOM killer sends SIGKILL): the launcher names it,
