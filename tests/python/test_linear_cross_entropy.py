@@ -90,6 +90,22 @@ def test_keeps_no_logits_for_backward():
     assert eager >= N * H * 4 + N * V * 4  # and the log-softmax of the logits
 
 
+def test_backward_holds_one_chunk_of_logits_at_a_time():
+    """The backward's peak above its start: the gradients it returns and one chunk of logits, its
+    softmax made in place (not a second chunk beside it), plus a little. Exact bytes from
+    tempo's CPU tracker against the sizes."""
+    tempo.memory.track()
+    N, H, V, C = 512, 64, 16384, 128
+    h = torch.randn(N, H, requires_grad=True)
+    w = (torch.randn(V, H) * 0.02).requires_grad_()
+    y = torch.randint(0, V, (N,))
+    loss = tempo.linear_cross_entropy(h, w, labels=y, chunk=C)
+    with tempo.memory.Scope() as s:
+        loss.backward()
+    returned = N * H * 4 + V * H * 4  # grad hidden, grad weight (fp32)
+    assert returned + C * V * 4 <= s.peak <= returned + C * V * 4 + (1 << 20), (s.peak, returned, C * V * 4)
+
+
 def test_opcheck_and_compile():
     h, w, b, y = inputs()
     for args in ((h, w, b, y, -100, 0.0, "mean", 5), (h, w, None, y, -100, 0.1, "none", 0)):

@@ -114,11 +114,12 @@ std::tuple<at::Tensor, at::Tensor> forward_kernel(const at::Tensor& hidden, cons
     for (int64_t r0 = 0; r0 < N; r0 += C) {
       const int64_t n = std::min(C, N - r0);
       const at::Tensor z = at::linear(h.narrow(0, r0, n), weight, b).to(math_t);  // [n, V]
-      // Through ATen's log_softmax kernel rather than at::exp / at::logsumexp: on an AVX-512
-      // machine with MKL, at::exp of the same tensor was seen to differ in its last bits between
-      // calls (2 of 24 runs of tempo train), which made the run-to-run loss differ.
+      // Through ATen's log_softmax kernel rather than at::exp / at::logsumexp: on the CPU, ATen
+      // hands a float exp to MKL's VML, and on an AVX-512 machine at::exp of one tensor gave
+      // other last bits from call to call (2 of 24 runs of tempo train), so the loss of identical
+      // runs differed.
       const at::Tensor ls = at::log_softmax(z, 1);  // z - lse
-      const at::Tensor l = (z.select(1, 0) - ls.select(1, 0));
+      const at::Tensor l = z.select(1, 0) - ls.select(1, 0);
       const at::Tensor yc = y.narrow(0, r0, n);
       const at::Tensor keep = yc.ne(ignore);
       const at::Tensor lsy = ls.gather(1, yc.clamp(0, V - 1).unsqueeze(1)).squeeze(1);
@@ -192,7 +193,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_kernel(
   for (int64_t r0 = 0; r0 < N; r0 += C) {
     const int64_t n = std::min(C, N - r0);
     const at::Tensor hc = h.narrow(0, r0, n);
-    at::Tensor dz = at::softmax(at::linear(hc, weight, b).to(math_t), 1);  // the logits again, their softmax
+    at::Tensor dz = at::linear(hc, weight, b).to(math_t);  // the logits again; their softmax, in place:
+    if (dz.is_cpu())  // ATen's softmax kernel (at::exp goes to MKL's VML there: see the forward)
+      at::_softmax_out(dz, dz, 1, false);
+    else
+      dz.sub_(lse.narrow(0, r0, n).unsqueeze(1)).exp_();
     const at::Tensor yc = y.narrow(0, r0, n).clamp(0, V - 1).unsqueeze(1);
     dz.scatter_add_(1, yc, at::full({n, 1}, -(1.0 - smoothing), dz.options()));
     if (smoothing > 0) dz.sub_(smoothing / static_cast<double>(V));

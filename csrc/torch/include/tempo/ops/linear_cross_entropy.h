@@ -1,6 +1,6 @@
 // C++ API of tempo's fused LM head and loss: cross_entropy(linear(hidden, weight, bias), labels)
 // computed over chunks of rows, keeping no logits for backward (the backward recomputes each
-// chunk's logits from hidden, and their softmax). The logits of a step (S x V
+// chunk's logits from hidden, and their softmax in place). The logits of a step (S x V
 // per sequence, 206 MB for GPT-2 at S = 1024) are never all in memory, forward or backward.
 #pragma once
 
@@ -22,9 +22,9 @@ at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weig
                                 c10::string_view reduction = "mean", int64_t chunk = 0);
 
 // The ops behind it: forward -> (loss, lse [N] float32, float64 for float64 data), backward -> (grad_hidden,
-// grad_weight, grad_bias (undefined without a bias)). The backward checks lse's shape but takes the
-// softmax from the recomputed logits (ATen's softmax kernel), not exp(logits - lse): on the CPU with
-// MKL, at::exp of one tensor was seen to differ in its last bits from call to call.
+// grad_weight, grad_bias (undefined without a bias)). The backward's softmax is exp(logits - lse) on
+// CUDA; on the CPU it is ATen's softmax kernel on the recomputed logits (lse's shape is checked),
+// since at::exp there (MKL's VML) was seen to give one tensor other last bits from call to call.
 std::tuple<at::Tensor, at::Tensor> linear_cross_entropy_forward(const at::Tensor& hidden, const at::Tensor& weight,
                                                                 const std::optional<at::Tensor>& bias,
                                                                 const at::Tensor& labels, int64_t ignore_index,
