@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -259,11 +260,17 @@ TrainSummary train(const TrainOptions& o, Communicator& comm) {
     user_error("--seq " + std::to_string(o.seq) + " is longer than the model's " + std::to_string(max_seq) +
                " positions");
 
-  // ---- the run's folder ----
-  if (lead && !folder_lock) {
-    fs::create_directories(out);
-    folder_lock = std::make_unique<FolderLock>(out);
-    check_checkpoints();
+  // ---- the run's folder: made, writable, locked (now, if it was not there before) ----
+  if (lead) {
+    std::error_code ec;
+    fs::create_directories(out, ec);
+    if (ec) user_error("cannot make the run folder --out " + out.string() + ": " + ec.message());
+    if (::access(out.c_str(), W_OK) != 0)
+      user_error("cannot write in the run folder --out " + out.string() + ": " + std::strerror(errno));
+    if (!folder_lock) {
+      folder_lock = std::make_unique<FolderLock>(out);
+      check_checkpoints();
+    }
   }
 
   // ---- tokenizer and corpus ----

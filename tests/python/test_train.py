@@ -257,6 +257,11 @@ def test_bad_input_exits_2_with_a_clear_message_and_keeps_checkpoints(text, tmp_
     for extra, message in cases:
         r = train(*TINY, "--steps", "2", *extra, "--out", tmp_path / "bad")
         assert r.returncode == 2 and message in r.stderr, (extra, r.returncode, r.stderr[-500:])
+    # a run folder that cannot be made or written in (refused before a tokenizer is trained)
+    for out, message in (("/dev/null/run", "cannot make the run folder --out /dev/null/run: Not a directory"),
+                         ("/proc/self", "cannot write in the run folder --out /proc/self: ")):
+        r = train(*TINY, "--steps", "2", "--data", data, "--out", out)
+        assert r.returncode == 2 and message in r.stderr and "sentencepiece" not in r.stderr.lower(), r.stderr[-500:]
     # a run folder with checkpoints: not overwritten without --resume
     out = tmp_path / "good"
     assert train(*TINY, "--data", data, "--tokenizer", tok, "--steps", "2", "--save-every", "2", "--out",
