@@ -243,8 +243,8 @@ void install(int sig, void (*handler)(int, siginfo_t*, void*)) {
   ::sigaction(sig, &a, nullptr);
 }
 
-// The launcher: its workers' pids, and how many stop signals it has passed on (the second
-// kills them).
+// The launcher: its workers' pids (spawn's list, copied where a signal handler may read it), and
+// how many stop signals it has passed on (the second kills them).
 constexpr int kMaxWorkers = 1024;
 pid_t g_workers[kMaxWorkers];
 volatile sig_atomic_t g_nworkers = 0, g_forwarded = 0, g_signal = 0;

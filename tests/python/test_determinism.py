@@ -5,6 +5,8 @@ gradients fused into the activation backward and tempo.qkv_split) add fixed grou
 a fixed order, whatever the thread count; dropout masks are a function of (seed, offset,
 element). The ATen matmuls inside attention, linear attention's prefix mode and
 linear_cross_entropy are PyTorch's; they are checked here as well, on this machine's BLAS."""
+import functools
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -108,6 +110,7 @@ OPS = {"gelu+bias": _gelu, "silu+bias": _silu, "dropout bits": _dropout("bits"),
 BLAS_OPS = {"attention", "fused_attention", "causal_linear_attention prefix", "linear_cross_entropy"}
 
 
+@functools.lru_cache(maxsize=None)  # one probe per run, not one per op
 def _blas_is_thread_count_stable():
     """Whether torch.mm gives bitwise the same product at 1, 2 and 3 threads on this machine, on
     a product with a long reduction (linear_cross_entropy's input gradient: [256, 1000] x
