@@ -9,7 +9,6 @@
 
 #include <ATen/ATen.h>
 #include <torch/cuda.h>
-#include <torch/optim/adamw.h>
 
 #include <algorithm>
 #include <chrono>
@@ -21,6 +20,7 @@
 
 #include "tempo/memory.h"
 #include "tempo/models/transformer.h"
+#include "tempo/train/adamw.h"
 
 namespace tempo::tools {
 
@@ -185,7 +185,7 @@ class Runner {
     model_ = models::make_model(c, MemoryPolicy::parse(policy));
     model_->to(device_, o.dtype == "bf16" ? at::kBFloat16 : at::kFloat);
     model_->train();
-    opt_ = std::make_unique<torch::optim::AdamW>(model_->parameters(), torch::optim::AdamWOptions(1e-4));
+    opt_ = std::make_unique<tempo::train::AdamW>(model_->parameters(), torch::optim::AdamWOptions(1e-4));  // tempo train's
   }
   void sync() const {
     if (device_.is_cuda()) torch::cuda::synchronize();
@@ -221,7 +221,7 @@ class Runner {
   ModelConfig c_;
   c10::Device device_;
   models::TransformerModel model_{nullptr};
-  std::unique_ptr<torch::optim::AdamW> opt_;
+  std::unique_ptr<tempo::train::AdamW> opt_;
 };
 
 // A progress line on stderr, rewritten in place on a terminal.

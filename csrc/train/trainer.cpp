@@ -4,7 +4,6 @@
 #include <ATen/autocast_mode.h>
 #include <torch/cuda.h>
 #include <torch/nn/utils/clip_grad.h>
-#include <torch/optim/adamw.h>
 
 #include <chrono>
 #include <cmath>
@@ -23,6 +22,7 @@
 #include "tempo/memory.h"
 #include "tempo/models/file_write.h"
 #include "tempo/models/pretrained.h"
+#include "tempo/train/adamw.h"
 #include "tempo/train/checkpoint.h"
 #include "tempo/train/data.h"
 #include "tempo/train/distributed.h"
@@ -358,7 +358,7 @@ TrainSummary train(const TrainOptions& o, Communicator& comm) {
                                  torch::optim::AdamWOptions(o.lr).weight_decay(o.weight_decay).eps(1e-6)));
   groups.emplace_back(no_decay, std::make_unique<torch::optim::AdamWOptions>(
                                     torch::optim::AdamWOptions(o.lr).weight_decay(0.0).eps(1e-6)));
-  torch::optim::AdamW opt(std::move(groups), torch::optim::AdamWOptions(o.lr));
+  AdamW opt(std::move(groups), torch::optim::AdamWOptions(o.lr));  // tempo's: the same bits on every run
 
   // ---- resume ----
   TrainSummary summary;
