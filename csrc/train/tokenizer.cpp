@@ -3,6 +3,7 @@
 #include <c10/util/Exception.h>
 
 #include <cstdio>
+#include <stdexcept>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -114,9 +115,10 @@ Tokenizer Tokenizer::train(const std::vector<std::string>& files, const std::str
     const size_t at = msg.find(too_small);
     long long have = 0, need = 0;
     if (at != std::string::npos && std::sscanf(msg.c_str() + at + too_small.size(), "%lld vs %lld", &have, &need) == 2)
-      TORCH_CHECK(false, kOp, ": the text holds more distinct characters than a vocabulary of ", have,
-                  " pieces can cover: give --vocab ", need, " or more (or is --data binary?)");
-    TORCH_CHECK(false, kOp, ": training SentencePiece failed: ", msg);
+      throw std::invalid_argument(std::string(kOp) + ": the text holds more distinct characters than a vocabulary of " +
+                                  std::to_string(have) + " pieces can cover: give --vocab " + std::to_string(need) +
+                                  " or more (or is --data binary?)");
+    throw std::invalid_argument(std::string(kOp) + ": training SentencePiece failed: " + msg);
   }
   // SentencePiece does not report a failed write (it wrote a cut-short model on a full disk):
   // the model must load back before it takes the final name.
@@ -180,7 +182,13 @@ Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
 Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 Tokenizer::~Tokenizer() = default;
 Tokenizer Tokenizer::load(const std::string&) { unavailable(); }
-Tokenizer Tokenizer::train(const std::vector<std::string>&, const std::string&, int, uint64_t) { unavailable(); }
+Tokenizer Tokenizer::train(const std::vector<std::string>&, const std::string&, int, uint64_t) {
+  try {
+    unavailable();
+  } catch (const c10::Error& e) {  // not a failed write: what the build can do (as invalid_argument, like bad text)
+    throw std::invalid_argument(e.what_without_backtrace());
+  }
+}
 std::vector<int> Tokenizer::encode(const std::string&) const { unavailable(); }
 std::string Tokenizer::decode(const std::vector<int>&) const { unavailable(); }
 int Tokenizer::vocab_size() const { unavailable(); }

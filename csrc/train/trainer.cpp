@@ -301,7 +301,15 @@ TrainSummary train(const TrainOptions& o, Communicator& comm) {
         };
         corpus = tokenize_corpus(files, saved_tokenizer(), 0.05, min_eval);
       } else {
-        if (lead) Tokenizer::train(files, saved.string(), static_cast<int>(o.vocab), o.seed);
+        if (lead) {
+          try {
+            Tokenizer::train(files, saved.string(), static_cast<int>(o.vocab), o.seed);
+          } catch (const std::invalid_argument& e) {  // the text: bad input (exit 2)
+            user_error(e.what());
+          } catch (const c10::Error& e) {  // the model not written (a full disk): exit 1, as any failed write
+            throw std::runtime_error(e.what_without_backtrace());
+          }
+        }
         comm.barrier();
         corpus = tokenize_corpus(files, Tokenizer::load(saved.string()), 0.05, min_eval);
         tokenizer_note = "trained a SentencePiece tokenizer (" + std::to_string(corpus.vocab_size) + " pieces): " +

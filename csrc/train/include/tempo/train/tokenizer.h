@@ -20,6 +20,8 @@ class Tokenizer {
   // Trains a unigram SentencePiece model of `vocab_size` pieces on the text files and writes
   // `model_path` (trained under a temporary name, loaded back, then renamed: a full disk is an
   // error, never a cut-short model). Ids: 0 <pad>, 1 <unk>, 2 <s>, 3 </s>, 4 [MASK].
+  // Raises std::invalid_argument where the text is at fault (SentencePiece cannot train on it,
+  // or it needs more pieces than vocab_size), c10::Error where the model cannot be written.
   static Tokenizer train(const std::vector<std::string>& files, const std::string& model_path, int vocab_size,
                          uint64_t seed = 0);
   Tokenizer(Tokenizer&&) noexcept;
