@@ -39,13 +39,14 @@ run: build
 	$(BUILD)/tempo bench --model bert-base --layers 2 --vocab 8192 --seq 128 --batch 8 --steps 3 --budget 640MiB \
 	  --csv $(BUILD)/results/bench.csv --plot $(BUILD)/results/bench.svg
 
-# The op benchmarks (activation, norms/dropout, attention, one encoder layer per policy), side by side.
+# The op benchmarks (activation, norms/dropout, attention, one encoder layer per policy, the AdamW step), side by side.
 bench: build
 	mkdir -p $(BUILD)/results
 	$(BUILD)/bench_activation --csv $(BUILD)/results/activation_speed.csv --json $(BUILD)/results/activation_speed.json
 	$(BUILD)/bench_norm --csv $(BUILD)/results/norm_speed.csv --json $(BUILD)/results/norm_speed.json
 	$(BUILD)/bench_attention --seq 128,512 --csv $(BUILD)/results/attention_speed.csv --json $(BUILD)/results/attention_speed.json
 	$(BUILD)/bench_layer --model bert-base --seq 128 --batch 4 --csv $(BUILD)/results/layer_speed.csv --json $(BUILD)/results/layer_speed.json
+	$(BUILD)/bench_optimizer --model bert-base --csv $(BUILD)/results/optimizer_speed.csv --json $(BUILD)/results/optimizer_speed.json
 
 test: build cuda-build sanitize fuzz
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
