@@ -170,11 +170,10 @@ class SentencePieceProcessor {};
 
 namespace tempo::train {
 namespace {
-[[noreturn]] void unavailable() {
-  TORCH_CHECK(false, "tempo::train::Tokenizer: built without SentencePiece's C++ library (apt-get install "
-              "libsentencepiece-dev pkg-config and rebuild), so no tokenizer; give --data pretokenized ids "
-              "(python -m tempo.pretokenize) instead");
-}
+const char* kUnavailable =
+    "tempo::train::Tokenizer: built without SentencePiece's C++ library (apt-get install libsentencepiece-dev "
+    "pkg-config and rebuild), so no tokenizer; give --data pretokenized ids (python -m tempo.pretokenize) instead";
+[[noreturn]] void unavailable() { TORCH_CHECK(false, kUnavailable); }
 }  // namespace
 
 Tokenizer::Tokenizer() = default;
@@ -183,11 +182,7 @@ Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 Tokenizer::~Tokenizer() = default;
 Tokenizer Tokenizer::load(const std::string&) { unavailable(); }
 Tokenizer Tokenizer::train(const std::vector<std::string>&, const std::string&, int, uint64_t) {
-  try {
-    unavailable();
-  } catch (const c10::Error& e) {  // not a failed write: what the build can do (as invalid_argument, like bad text)
-    throw std::invalid_argument(e.what_without_backtrace());
-  }
+  throw std::invalid_argument(kUnavailable);  // not a failed write: what the build cannot do
 }
 std::vector<int> Tokenizer::encode(const std::string&) const { unavailable(); }
 std::string Tokenizer::decode(const std::vector<int>&) const { unavailable(); }

@@ -60,7 +60,7 @@ std::vector<float> values(const at::Tensor& t) {
 at::Tensor gradient(const at::Tensor& p, int64_t s) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(1000 + s);
   at::Tensor g = at::randn(p.sizes(), gen, at::kFloat) * at::pow(10.0, at::randint(-8, 2, p.sizes(), gen).to(at::kFloat));
-  return g.masked_fill_(at::rand(p.sizes(), gen) < 0.05, 0);
+  return g.masked_fill_(at::rand(p.sizes(), gen) < 0.05, 0).to(p.scalar_type());
 }
 
 // Parameters of awkward sizes: one element, a prime, one that spans several threads' ranges.
@@ -121,11 +121,11 @@ TEST(AdamW, IsTorchsAdamWWithinFloatRoundingAndFp64sWithinFp32Error) {
     const auto torchs = run<torch::optim::AdamW>(init, h, 10);
     std::vector<at::Tensor> init64;
     for (const auto& t : init) init64.push_back(t.to(at::kDouble));
-    std::vector<at::Tensor> exact;  // fp64, gradients rounded from the same float ones
+    std::vector<at::Tensor> exact;  // torch's AdamW in fp64, on the same float gradients
     {
       std::vector<at::Tensor> ps;
       for (const auto& t : init64) ps.push_back(t.clone().requires_grad_());
-      AdamW opt(ps, options(h));
+      torch::optim::AdamW opt(ps, options(h));
       for (int s = 1; s <= 10; ++s) {
         for (auto& p : ps) p.mutable_grad() = gradient(p.to(at::kFloat), s).to(at::kDouble);
         opt.step();
@@ -167,6 +167,10 @@ TEST(AdamW, NonContiguousAndDoubleAndBfloat16Parameters) {
   auto a = run<AdamW>({t}, h, 3);
   auto b = run<AdamW>({base.contiguous()}, h, 3);
   EXPECT_TRUE(at::equal(a[0].contiguous(), b[0]));
+  // double: the CPU pass against torch's AdamW in double.
+  const auto d = run<AdamW>({base.to(at::kDouble)}, h, 3);
+  const auto dt = run<torch::optim::AdamW>({base.to(at::kDouble)}, h, 3);
+  EXPECT_LE((d[0] - dt[0]).abs().max().item<double>(), 1e-12 * base.abs().max().item<double>());
   // bfloat16 (the tensor-op path) within bfloat16's rounding of the float update.
   at::Tensor p16 = base.to(at::kBFloat16).requires_grad_();
   AdamW opt16({p16}, options(h));
