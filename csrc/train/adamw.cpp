@@ -122,17 +122,16 @@ at::Tensor AdamW::step(LossClosure closure) {
     const auto& o = static_cast<const torch::optim::AdamWOptions&>(group.options());
     for (auto& p : group.params()) {
       if (!p.grad().defined()) continue;
-      TORCH_CHECK(!p.grad().is_sparse(), "tempo::train::AdamW does not take sparse gradients");
-      auto& slot = state_[p.unsafeGetTensorImpl()];
+      auto& slot = state_[p.unsafeGetTensorImpl()];  // a sparse gradient is refused by adamw_update
       if (!slot) {
         auto s = std::make_unique<torch::optim::AdamWParamState>();
         s->step(0);
         s->exp_avg(at::zeros_like(p, at::MemoryFormat::Preserve));
         s->exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Preserve));
-        if (o.amsgrad()) s->max_exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Preserve));
         slot = std::move(s);
       }
       auto& s = static_cast<torch::optim::AdamWParamState&>(*slot);
+      // amsgrad's maximum: made at its first step (also for state loaded from a run without it)
       if (o.amsgrad() && !s.max_exp_avg_sq().defined()) s.max_exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Preserve));
       s.step(s.step() + 1);
       adamw_update(p, p.grad(), s.exp_avg(), s.exp_avg_sq(), o.amsgrad() ? s.max_exp_avg_sq() : at::Tensor(),

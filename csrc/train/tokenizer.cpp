@@ -3,10 +3,10 @@
 #include <c10/util/Exception.h>
 
 #include <cstdio>
-#include <stdexcept>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <stdexcept>
 
 #include "tempo/models/file_write.h"
 
