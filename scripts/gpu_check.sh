@@ -10,7 +10,9 @@
 #              ccache off); the dry run builds (or reuses) the CPU build in $BUILD (default build)
 #   2. tests   the C++ tests and the Python tests' CUDA cases (CUDA vs CPU and fp64 references;
 #              fp32, bf16, fp16; dropout masks the same on CPU and CUDA); graphs: the ops in
-#              CUDA graphs (a new dropout mask each replay, exact norms as the weights change)
+#              CUDA graphs (a new dropout mask each replay, exact norms as the weights change);
+#              train: `tempo train` on the GPU (policies, NCCL, bf16) and tempo.optimize under
+#              bf16/fp16 autocast and pure bf16
 #   3. bandwidth  each kernel's forward and backward as a share of a device-to-device copy
 #   4. bench   `tempo bench` on bert-large S=128 and S=512 and gpt2-medium S=1024 under 11 GiB
 #              and 16 GiB for every policy; `python -m tempo.bench` (Hugging Face, torch.compile)
@@ -115,6 +117,17 @@ tests() {
   return $rc
 }
 
+# `tempo train` on the device (policies against eager, a process group of one on NCCL, bf16
+# autocast, more processes than GPUs refused) and tempo.optimize under autocast (bf16, fp16) and
+# pure bf16: the cases for this device of the two files (the dry run: one model's, on the CPU).
+train() {
+  local filter="cuda"
+  [ $DRY = 1 ] && filter="cpu and (group or gpt2)"
+  TEMPO_BIN="$PWD/$BUILD/tempo" TEMPO_LIBRARY="$PWD/$BUILD/lib/libtempo_torch.so" PYTHONPATH="$PWD/python" \
+    "$PYTHON" -m pytest -q -rs tests/python/test_train_device.py tests/python/test_mixed_precision.py -k "$filter" \
+    -s --junitxml="$OUT/pytest_train.xml"
+}
+
 # The dropping ops, the norms and linear_cross_entropy inside CUDA graphs (a step of its own:
 # it compiles a model with mode="reduce-overhead"); on the CPU every case skips.
 graphs() {
@@ -170,7 +183,7 @@ bench_hf() {
 }
 
 export DRY OUT PYTHON BUILD DEVICE JOBS
-export -f build tests graphs bandwidth layer bench_cpp bench_hf
+export -f build tests graphs train bandwidth layer bench_cpp bench_hf
 
 if [ $DRY = 1 ]; then
   B1=6MiB; B2=8MiB; M1=bert-base; M2=gpt2
@@ -187,6 +200,7 @@ step build 240 build
 if [ -x "$BUILD/tempo" ]; then
   step tests 150 tests
   step graphs 90 graphs
+  step train 120 train
   step bandwidth 60 bandwidth
   step layer 60 layer
   step bench_bert_s128_11g 45 bench_cpp bench_bert_s128_11g $M1 $S1 $B1

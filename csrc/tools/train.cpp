@@ -364,24 +364,37 @@ int spawn(const TrainCommand& c) {
   return failed ? failed : stopped;
 }
 
-int env_int(const char* name, int fallback) {
+// A torchrun variable: unset or empty gives the fallback; anything but a whole number from
+// `least` to `most` is a mistake in the launch (exit 2), named.
+int env_int(const char* name, int fallback, long least, long most) {
   const char* v = std::getenv(name);
-  return v && *v ? std::atoi(v) : fallback;
+  if (!v || !*v) return fallback;
+  char* end = nullptr;
+  errno = 0;
+  const long n = std::strtol(v, &end, 10);
+  if (errno != 0 || *end != '\0' || n < least || n > most)
+    throw std::invalid_argument("tempo train: " + std::string(name) + "='" + v + "' is not a whole number from " +
+                                std::to_string(least) + " to " + std::to_string(most));
+  return static_cast<int>(n);
 }
 }  // namespace
 
 int run_train(const TrainCommand& c) {
   if (c.nproc > 1) return spawn(c);
   const auto& o = c.options;
-  // Launched as one of several (by --nproc, or by torchrun-style environment variables).
-  const int world = env_int("WORLD_SIZE", 1), rank = env_int("RANK", 0);
+  // Launched as one of several (by --nproc, or by torchrun-style environment variables). Under
+  // torchrun a world of one is a process group too (as torch's DDP makes one): the gradients go
+  // through Gloo or NCCL, summed over one process (without that backend built, it runs alone).
+  const char* world_env = std::getenv("WORLD_SIZE");
+  const int world = env_int("WORLD_SIZE", 1, 1, 1 << 20), rank = env_int("RANK", 0, 0, world - 1);
   std::unique_ptr<tempo::train::Communicator> comm;
   const bool nccl = o.device == "cuda";
-  if (world > 1) {
+  const bool built = nccl ? tempo::train::nccl_available() : tempo::train::gloo_available();
+  if ((world_env && *world_env) && (world != 1 || built)) {
     const char* addr = std::getenv("MASTER_ADDR");
     const std::string a = addr ? addr : "127.0.0.1";
-    const int port = env_int("MASTER_PORT", 29500);
-    comm = nccl ? tempo::train::make_nccl_communicator(rank, world, a, port, env_int("LOCAL_RANK", rank))
+    const int port = env_int("MASTER_PORT", 29500, 1, 65535);
+    comm = nccl ? tempo::train::make_nccl_communicator(rank, world, a, port, env_int("LOCAL_RANK", rank, 0, 1023))
                 : tempo::train::make_gloo_communicator(rank, world, a, port);
   } else {
     comm = std::make_unique<tempo::train::Communicator>();
@@ -396,7 +409,8 @@ int run_train(const TrainCommand& c) {
   const auto s = tempo::train::train(opts, *comm);
   const int code = s.stopped ? 128 + (g_stop.requested != 0 ? g_stop.requested.load() : SIGTERM) : 0;
   if (rank != 0) return code;
-  if (world > 1) std::printf("data parallel: %d processes (%s)\n", world, nccl ? "NCCL" : "Gloo");
+  if (comm->distributed())
+    std::printf("data parallel: %d process%s (%s)\n", world, world > 1 ? "es" : "", nccl ? "NCCL" : "Gloo");
   for (const auto& n : s.notes) std::printf("%s\n", n.c_str());
   if (s.last_step > 0)  // none when a resumed run was already complete
     std::printf("steps %lld..%lld: loss %.4f -> %.4f, eval loss %.4f -> %.4f, %.0f tokens/s, peak %.1f MiB\n",

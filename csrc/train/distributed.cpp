@@ -52,6 +52,7 @@ class GlooCommunicator : public Communicator {
   }
   int rank() const override { return rank_; }
   int world() const override { return world_; }
+  bool distributed() const override { return true; }
   std::function<void()> allreduce_sum_start(at::Tensor t) override {
     std::vector<at::Tensor> one{t};
     auto work = pg_->allreduce(one);
@@ -89,6 +90,7 @@ class NcclCommunicator : public Communicator {
   }
   int rank() const override { return rank_; }
   int world() const override { return world_; }
+  bool distributed() const override { return true; }
   // NCCL sums device tensors; a CPU tensor goes through the device and back.
   std::function<void()> allreduce_sum_start(at::Tensor t) override {
     at::Tensor d = t.is_cuda() ? t : t.to(device_);

@@ -437,7 +437,7 @@ TrainSummary train(const TrainOptions& o, Communicator& comm) {
   // ---- steps ----
   // Data parallel: the gradients summed over ranks in buckets, overlapped with the backward.
   std::unique_ptr<GradientReducer> reducer;
-  if (world > 1) reducer = std::make_unique<GradientReducer>(model->parameters(), comm, o.bucket_bytes, o.overlap);
+  if (comm.distributed()) reducer = std::make_unique<GradientReducer>(model->parameters(), comm, o.bucket_bytes, o.overlap);
   const double t_start = now_s();
   int64_t tokens_done = 0;
   int64_t last_saved = start;  // the newest checkpoint's step (0: none)

@@ -24,6 +24,9 @@ class Communicator {
   virtual ~Communicator() = default;
   virtual int rank() const { return 0; }
   virtual int world() const { return 1; }
+  // A process group (Gloo, NCCL), even of one process: the trainer then sums gradients through
+  // it, as torch's DDP does under torchrun with one process.
+  virtual bool distributed() const { return false; }
   // Starts summing one tensor and returns at once; calling the result waits for the sum.
   // Every rank must start the same sums in the same order.
   virtual std::function<void()> allreduce_sum_start(at::Tensor tensor) {
