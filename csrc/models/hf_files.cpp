@@ -22,6 +22,7 @@ void no_json() {
 }
 }  // namespace detail
 using detail::no_json;
+bool hf_files_available() { return false; }
 std::map<std::string, at::Tensor> read_safetensors(const std::string&) { no_json(); }
 std::map<std::string, at::Tensor> read_safetensors(std::istream&, const std::string&) { no_json(); }
 void write_safetensors(const std::string&, const std::vector<std::pair<std::string, at::Tensor>>&,
@@ -32,6 +33,8 @@ ModelConfig config_from_json(const std::string&, const std::string&) { no_json()
 #include <nlohmann/json.hpp>
 
 namespace tempo::models {
+
+bool hf_files_available() { return true; }
 
 namespace {
 using json = nlohmann::json;

@@ -12,6 +12,7 @@
 #if !TEMPO_WITH_JSON
 namespace tempo::models {
 using detail::no_json;
+ModelConfig pretrained_config(const std::string&) { no_json(); }
 TransformerModel load_pretrained(const std::string&, const MemoryPolicy&, LoadReport*,
                                  const std::function<void(ModelConfig&)>&) {
   no_json();

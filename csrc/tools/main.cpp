@@ -14,6 +14,9 @@
 #include <unistd.h>
 
 #include "tempo/common.h"
+#include "tempo/models/hf_files.h"
+#include "tempo/train/distributed.h"
+#include "tempo/train/tokenizer.h"
 
 #include "bench.h"
 #include "slim.h"
@@ -52,6 +55,18 @@ int env() {
   const bool present = torch::cuda::is_available();
   std::printf("cuda devices      %s\n",
               present ? std::to_string(torch::cuda::device_count()).c_str() : "none available");
+  // The optional libraries: what a build without each cannot do.
+  std::printf("hf checkpoints    %s\n", tempo::models::hf_files_available()
+                                          ? "read and written (nlohmann-json)"
+                                          : "no: built without nlohmann-json (tempo train --model DIR refused)");
+  std::printf("tokenizer         %s\n", tempo::train::Tokenizer::available()
+                                          ? "SentencePiece"
+                                          : "no: built without SentencePiece (tempo train takes pretokenized ids)");
+  const bool gloo = tempo::train::gloo_available(), nccl = tempo::train::nccl_available();
+  std::printf("data parallel     %s\n", gloo && nccl ? "Gloo (cpu), NCCL (cuda)"
+                                       : gloo       ? "Gloo (cpu); no NCCL"
+                                       : nccl       ? "NCCL (cuda); no Gloo: built without its headers"
+                                                    : "no: built without Gloo's headers or NCCL");
   return 0;
 }
 

@@ -71,6 +71,7 @@ class Lines : public sentencepiece::SentenceIterator {
 };
 }  // namespace
 
+bool Tokenizer::available() { return true; }
 Tokenizer::Tokenizer() : sp_(std::make_unique<sentencepiece::SentencePieceProcessor>()) {}
 Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
 Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
@@ -176,6 +177,7 @@ const char* kUnavailable =
 [[noreturn]] void unavailable() { TORCH_CHECK(false, kUnavailable); }
 }  // namespace
 
+bool Tokenizer::available() { return false; }
 Tokenizer::Tokenizer() = default;
 Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
 Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;

@@ -71,7 +71,10 @@ def test_policies_give_eagers_losses_and_learn(byte_ids, tmp_path, device, model
     evals = column(losses["eager"], "eval_loss")
     assert len(base) == 40 and evals[-1] < evals[0] - 1.0, evals  # from ln 259 = 5.56, byte-level
     for policy in ("tempo", "tempo-sdpa", "tempo-fused"):
-        assert close(column(losses[policy], "loss"), base, 1e-3), (policy, column(losses[policy], "loss"), base)
+        got = column(losses[policy], "loss")
+        print("%s %s %s: worst step loss vs eager %.2e, eval %.4f -> %.4f" % (
+            model, device, policy, max(abs(x - y) / y for x, y in zip(got, base)), evals[0], evals[-1]))
+        assert close(got, base, 1e-3), (policy, got, base)
         assert close(column(losses[policy], "eval_loss"), evals, 1e-3), policy
 
 
@@ -106,6 +109,8 @@ def test_a_process_group_of_one_gives_the_plain_runs_losses(byte_ids, tmp_path, 
     if device == "cpu":
         assert [[x[k] for k in KEYS] for x in group] == [[x[k] for k in KEYS] for x in plain]
     else:
+        print("cuda process group of one: bitwise the plain run's log: %s" % (
+            [[x[k] for k in KEYS] for x in group] == [[x[k] for k in KEYS] for x in plain]))
         for k in ("loss", "eval_loss", "grad_norm"):
             assert close(column(group, k), column(plain, k), 1e-5), (k, column(group, k), column(plain, k))
 
@@ -125,6 +130,7 @@ def test_bf16_autocast_learns_as_fp32_does(byte_ids, tmp_path, device):
     fp32, eager, ours = (column(runs[k], "loss") for k in (("eager", "fp32"), ("eager", "bf16"), ("tempo", "bf16")))
     own = max(abs(x - y) / y for x, y in zip(eager, fp32))
     got = max(abs(x - y) / y for x, y in zip(ours, eager))
+    print("gpt2 %s bf16 autocast: tempo vs eager %.2e, eager vs fp32 %.2e" % (device, got, own))
     assert got <= max(2 * own, 0.01), (got, own)
     e32, e16 = column(runs["eager", "fp32"], "eval_loss"), column(runs["tempo", "bf16"], "eval_loss")
     assert e16[-1] < e16[0] - 1.0 and close(e16, e32, 0.02), (e16, e32)

@@ -31,6 +31,9 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
 // attention, rope scaling, relative positions, ...) is refused by name.
 ModelConfig config_from_json(const std::string& json_text, const std::string& name = "pretrained");
 
+// Whether this build reads and writes Hugging Face files (it was built with nlohmann-json).
+bool hf_files_available();
+
 namespace detail {
 // In a build without nlohmann-json: the error every Hugging Face file function raises.
 [[noreturn]] void no_json();

@@ -15,6 +15,8 @@ namespace tempo::train {
 
 class Tokenizer {
  public:
+  // Whether this build has SentencePiece's C++ library (without it load and train raise).
+  static bool available();
   // A SentencePiece model file.
   static Tokenizer load(const std::string& model_path);
   // Trains a unigram SentencePiece model of `vocab_size` pieces on the text files and writes
