@@ -200,7 +200,7 @@ step build 240 build
 if [ -x "$BUILD/tempo" ]; then
   step tests 150 tests
   step graphs 90 graphs
-  step train 120 train
+  step train 180 train
   step bandwidth 60 bandwidth
   step layer 60 layer
   step bench_bert_s128_11g 45 bench_cpp bench_bert_s128_11g $M1 $S1 $B1

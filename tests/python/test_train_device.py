@@ -159,3 +159,20 @@ def test_a_bad_launch_environment_is_refused_by_name(byte_ids, tmp_path):
         r = train("--model", "bert-base", *SIZE, "--data", byte_ids, "--steps", 1, "--out", tmp_path / "run", env=env)
         assert r.returncode == 2 and message in r.stderr, (env, r.returncode, r.stderr[-1000:])
         assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.skipif("cuda" not in DEVICES, reason="needs a GPU (the CPU's: Models.HeldBytesDoNotGrowOverManySteps)")
+def test_held_bytes_do_not_grow_over_many_cuda_steps(byte_ids, tmp_path):
+    """400 steps per policy on the GPU, dropout on: after a warm-up the bytes the CUDA allocator
+    holds between steps (the log's held_bytes, after each step) never grow, so no saved
+    tensor, mask or bit buffer outlives its step."""
+    for policy in ("eager", "sdpa", "tempo", "tempo-sdpa", "tempo-fused"):
+        out = tmp_path / policy
+        r = train("--model", "bert-base", *SIZE, "--device", "cuda", "--data", byte_ids, "--policy", policy,
+                  "--steps", 400, "--eval-every", 0, "--save-every", 0, "--out", out)
+        assert r.returncode == 0, r.stderr[-2000:]
+        held = [int(x["held_bytes"]) for x in log(out)]
+        settled = held[20]  # weights, gradients and AdamW state all exist by now
+        growth = max(h - settled for h in held[21:-1])  # the last step also evaluates
+        print("cuda %s: held %d bytes after step 21, largest growth over 400 steps %d" % (policy, settled, growth))
+        assert growth <= 0, (policy, growth)
