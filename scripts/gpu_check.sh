@@ -106,14 +106,15 @@ tests() {
     echo "C++ suites not built (no GoogleTest here): the Python suites carry the CUDA checks"
   fi
   # The CUDA cases of the Python suite (parametrised over cpu and cuda, or CUDA only); the dry
-  # run takes the CPU cases of the same files instead.
+  # run takes the CPU cases of the same files instead. Every case runs (no -x): a GPU is lent
+  # rarely, so one run should name every failure.
   local filter="cuda"
   [ $DRY = 1 ] && filter="cpu and (dropout or memory)"
   TEMPO_LIBRARY="$PWD/$BUILD/lib/libtempo_torch.so" PYTHONPATH="$PWD/python" \
-    "$PYTHON" -m pytest -q -x tests/python/test_activation.py tests/python/test_dropout.py tests/python/test_norm.py \
-    tests/python/test_attention.py tests/python/test_memory.py tests/python/test_linear_attention.py \
-    tests/python/test_linear_cross_entropy.py tests/python/test_autocast.py tests/python/test_fused_kernels.py \
-    -k "$filter" --junitxml="$OUT/pytest.xml" || rc=1
+    "$PYTHON" -m pytest -q -rfs --durations=10 tests/python/test_activation.py tests/python/test_dropout.py \
+    tests/python/test_norm.py tests/python/test_attention.py tests/python/test_memory.py \
+    tests/python/test_linear_attention.py tests/python/test_linear_cross_entropy.py \
+    tests/python/test_fused_kernels.py -k "$filter" --junitxml="$OUT/pytest.xml" || rc=1
   return $rc
 }
 
