@@ -399,7 +399,6 @@ int run_train(const TrainCommand& c) {
   } else {
     comm = std::make_unique<tempo::train::Communicator>();
   }
-  if (o.budget) tempo::memory::set_cpu_limit(o.budget);
   tempo::train::TrainOptions opts = o;
   opts.progress = o.progress && rank == 0;
   opts.stop = &g_stop;

@@ -211,6 +211,13 @@ TrainSummary train(const TrainOptions& o, Communicator& comm) {
   const c10::Device device(o.device == "cuda" ? c10::kCUDA : c10::kCPU);
   if (device.is_cuda() && !at::hasCUDA()) user_error("--device cuda but no CUDA device is available");
   if (device.is_cpu()) tempo::memory::track_cpu();
+  if (o.budget) {  // on CUDA, on the device this process uses (NCCL's made it current)
+    try {
+      tempo::memory::set_limit(device, o.budget);
+    } catch (const c10::Error& e) {
+      user_error(e.what_without_backtrace());
+    }
+  }
   const fs::path out(o.out), ckdir = out / "checkpoints", log = out / "log.csv";
   if (fs::exists(out) && !fs::is_directory(out)) user_error("--out " + o.out + " is a file, not a folder");
   const bool lead = comm.rank() == 0;
@@ -345,7 +352,12 @@ TrainSummary train(const TrainOptions& o, Communicator& comm) {
   }
   const ModelConfig& cfg = model->config();
   if (mlm && corpus.mask_id < 0) user_error("masked-LM training needs a [MASK] token; the tokenizer has none");
-  model->to(device);
+  try {
+    model->to(device);
+  } catch (const c10::OutOfMemoryError&) {
+    user_error("the model's " + std::to_string(cfg.parameter_count()) + " parameters do not fit" +
+               (o.budget ? " the budget" : " the device"));
+  }
   model->train();
   if (device.is_cpu() && folder) {  // a preset was checked before it was built; a folder's
     // gradients and AdamW's two moments come at the first step: refused now, rather than the process killed then
@@ -501,7 +513,14 @@ TrainSummary train(const TrainOptions& o, Communicator& comm) {
     const double norm = o.clip > 0 ? torch::nn::utils::clip_grad_norm_(model->parameters(), o.clip)
                                    : gradient_norm(model->parameters());
     if (!std::isfinite(norm)) diverged("the gradient norm", step);
-    opt.step();
+    try {
+      opt.step();
+    } catch (const c10::OutOfMemoryError&) {  // AdamW's two moments are made at the first step
+      if (step == start + 1)
+        user_error("the model's gradients and AdamW's state do not fit" + std::string(o.budget ? " the budget" : " the device") +
+                   " beside its weights");
+      throw;
+    }
     if (device.is_cuda()) torch::cuda::synchronize();
     const double dt = now_s() - t0;
     const int64_t tokens = o.batch * o.seq * o.accum * world;

@@ -157,6 +157,27 @@ def test_a_cuda_run_follows_the_cpu_run(byte_ids, tmp_path, model):
         assert close(a, b, 1e-3), (k, a, b)
 
 
+@pytest.mark.skipif("cuda" not in DEVICES, reason="needs a GPU (the CPU's: test_train.py's bad-input cases)")
+def test_a_cuda_budget_is_enforced(byte_ids, tmp_path):
+    """--budget on CUDA caps the caching allocator (as torch.cuda.set_per_process_memory_fraction):
+    a small batch trains under 256 MiB, and a batch of 2048 x 64 (its logits alone 136 MB, and
+    the layers' activations beside them) is refused at its first step (exit 2, naming the
+    budget), with no step logged. The corpus is the byte ids 40 times over, so that it holds an
+    eval set of that batch."""
+    st = pytest.importorskip("safetensors.torch")
+    t = st.load_file(str(byte_ids))
+    ids = tmp_path / "ids40.safetensors"
+    st.save_file({"ids": t["ids"].repeat(40), "meta": t["meta"]}, str(ids))
+    args = ["--model", "gpt2", *SIZE, "--device", "cuda", "--data", ids, "--budget", "256MiB", "--steps", 3,
+            "--save-every", 0]
+    r = train(*args, "--out", tmp_path / "fits")
+    assert r.returncode == 0, r.stderr[-2000:]
+    big = [("2048" if (i > 0 and args[i - 1] == "--batch") else a) for i, a in enumerate(args)]
+    r = train(*big, "--out", tmp_path / "big")
+    assert r.returncode == 2 and "2048 x 64 does not fit the budget" in r.stderr, (r.returncode, r.stderr[-2000:])
+    assert log(tmp_path / "big") == []
+
+
 @pytest.mark.skipif("cuda" not in DEVICES, reason="needs a GPU")
 def test_more_processes_than_gpus_is_refused_on_cuda(byte_ids, tmp_path):
     n = torch.cuda.device_count() + 1

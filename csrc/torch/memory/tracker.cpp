@@ -5,6 +5,7 @@
 #include <c10/core/CPUAllocator.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <atomic>
 #include <unordered_map>
 #include <utility>
@@ -12,6 +13,12 @@
 #include <vector>
 
 #include "tempo/memory.h"
+
+#if TEMPO_TORCH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#endif
 
 namespace tempo::memory {
 namespace {
@@ -105,6 +112,20 @@ void set_cpu_limit(int64_t bytes) {
   g_limit.store(bytes);
 }
 int64_t cpu_limit() { return g_limit.load(); }
+
+void set_limit(const c10::Device& device, int64_t bytes) {
+  if (device.is_cpu()) return set_cpu_limit(bytes);
+  TORCH_CHECK(bytes >= 0, "tempo::memory: the limit on ", device, " must be >= 0 bytes (0: none), got ", bytes);
+#if TEMPO_TORCH_CUDA
+  if (device.is_cuda()) {
+    const c10::DeviceIndex index = device.has_index() ? device.index() : c10::cuda::current_device();
+    const auto total = static_cast<double>(at::cuda::getDeviceProperties(index)->totalGlobalMem);
+    c10::cuda::CUDACachingAllocator::setMemoryFraction(bytes == 0 ? 1.0 : std::min(1.0, bytes / total), index);
+    return;
+  }
+#endif
+  TORCH_CHECK(false, "tempo::memory: a memory limit on ", device, " needs tempo's CUDA build (this one has only the CPU's)");
+}
 
 Stats stats(const c10::Device& device) {
   if (device.is_cpu()) {

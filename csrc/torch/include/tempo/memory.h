@@ -23,6 +23,12 @@ bool tracking_cpu();
 // atomics, so concurrent allocations may overshoot it by what they request together.
 void set_cpu_limit(int64_t bytes);
 int64_t cpu_limit();
+// A budget on `device`: the CPU's is set_cpu_limit; on CUDA the caching allocator's
+// per-process fraction of the device's memory (as torch.cuda.set_per_process_memory_fraction),
+// past which an allocation raises c10::OutOfMemoryError. The CUDA limit counts the memory the
+// allocator reserves (its cache included), not only the bytes tensors hold. 0 removes it. A
+// build without tempo's CUDA kernels cannot set one on CUDA (an error naming the device).
+void set_limit(const c10::Device& device, int64_t bytes);
 
 struct Stats {
   int64_t current = 0;  // bytes held now

@@ -66,7 +66,7 @@ struct TrainOptions {
   int64_t eval_every = 50, save_every = 100, eval_batches = 8;
   uint64_t seed = 0;
   std::string dtype = "fp32", device = "cpu";
-  int64_t budget = 0;         // CPU bytes (0: none): a batch past it does not fit
+  int64_t budget = 0;         // bytes on the device (0: none): a batch past it does not fit
   std::string out;
   bool resume = false;
   bool progress = false;      // a progress line on stderr
