@@ -15,7 +15,6 @@
 #include "tempo/memory.h"
 
 #if TEMPO_TORCH_CUDA
-#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #endif
@@ -119,7 +118,7 @@ void set_limit(const c10::Device& device, int64_t bytes) {
 #if TEMPO_TORCH_CUDA
   if (device.is_cuda()) {
     const c10::DeviceIndex index = device.has_index() ? device.index() : c10::cuda::current_device();
-    const auto total = static_cast<double>(at::cuda::getDeviceProperties(index)->totalGlobalMem);
+    const auto total = static_cast<double>(at::getDeviceAllocator(c10::kCUDA)->getMemoryInfo(index).second);
     c10::cuda::CUDACachingAllocator::setMemoryFraction(bytes == 0 ? 1.0 : std::min(1.0, bytes / total), index);
     return;
   }
