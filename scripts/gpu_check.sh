@@ -11,8 +11,8 @@
 #   2. tests   the C++ tests and the Python tests' CUDA cases (CUDA vs CPU and fp64 references;
 #              fp32, bf16, fp16; dropout masks the same on CPU and CUDA); graphs: the ops in
 #              CUDA graphs (a new dropout mask each replay, exact norms as the weights change);
-#              train: `tempo train` on the GPU (policies, NCCL, bf16) and tempo.optimize under
-#              bf16/fp16 autocast and pure bf16
+#              train: `tempo train` on the GPU (policies, NCCL, bf16, budget, held bytes) and
+#              tempo.optimize under bf16/fp16 autocast and pure bf16
 #   3. bandwidth  each kernel's forward and backward as a share of a device-to-device copy
 #   4. bench   `tempo bench` on bert-large S=128 and S=512 and gpt2-medium S=1024 under 11 GiB
 #              and 16 GiB for every policy; `python -m tempo.bench` (Hugging Face, torch.compile)
@@ -119,8 +119,9 @@ tests() {
 }
 
 # `tempo train` on the device (policies against eager, a process group of one on NCCL, bf16
-# autocast, more processes than GPUs refused) and tempo.optimize under autocast (bf16, fp16) and
-# pure bf16: the cases for this device of the two files (the dry run: one model's, on the CPU).
+# autocast, the CPU run followed, --budget, held bytes over 400 steps, more processes than GPUs
+# refused) and tempo.optimize under autocast (bf16, fp16) and pure bf16: the CUDA cases of the
+# two files (the dry run: the CPU's process-group case and GPT-2's cases).
 train() {
   local filter="cuda"
   [ $DRY = 1 ] && filter="cpu and (group or gpt2)"

@@ -1,7 +1,9 @@
 """`tempo train` on every device this machine has, on ids that need no corpus and no tokenizer
 (this repository's Markdown as bytes, so the cases run on the GPU image, which has neither):
 the memory policies give eager's losses, a process group of one (Gloo on the CPU, NCCL on CUDA)
-gives the plain run's, bf16 autocast learns as fp32 does; more processes than GPUs is refused."""
+gives the plain run's, bf16 autocast learns as fp32 does, bad launch variables are refused. On
+CUDA also: a run follows the CPU's, --budget is enforced, held bytes do not grow over 400 steps,
+more processes than GPUs is refused."""
 import glob
 import math
 import os
