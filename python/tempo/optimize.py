@@ -481,7 +481,8 @@ def _transformers_models(model):
 def _uses_attention_registry(model):
     """Whether the model's attention layers call transformers' attention-function registry (where
     attention="tempo" takes effect): some module defining one of its layers imports it. Models
-    that compute attention themselves (BLOOM, Falcon, DeBERTa-v2) would ignore the setting."""
+    that compute attention themselves (BLOOM, DeBERTa-v2; Falcon before transformers 5.25) would
+    ignore the setting."""
     names = {type(m).__module__ for m in model.modules()}
     return any("ALL_ATTENTION_FUNCTIONS" in vars(sys.modules[n]) for n in names if n in sys.modules)
 
