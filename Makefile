@@ -22,17 +22,24 @@ PYTHON_ABS = $(if $(findstring /,$(PYTHON)),$(abspath $(PYTHON)),$(shell command
 # The CUDA build: what scripts/gpu_check.sh builds on the GPU machine (CUDA kernels for sm_90, the
 # op library, modules, models, trainer with NCCL, the tempo CLI and the benchmarks; no C++ tests)
 # linked against a CUDA torch in its own venv and build folder, so that every CUDA path compiles
-# and links on a machine without a GPU. Like the GPU image it is configured without the optional
-# system libraries (nlohmann-json, SentencePiece, Gloo's headers: CMake ignores /usr for them),
-# so that the build without them is the one proven. Nothing runs on CUDA here: the checks are
-# that `tempo env` sees the CUDA kernels, that the activation kernels for 16/32-bit data hold no
-# fp64 instruction (cuobjdump), and that `--device cuda` fails cleanly.
+# and links on a machine without a GPU. It is configured as the GPU machine builds: CMake ignores
+# /usr, where the GPU image has none of the optional system libraries (SentencePiece, Gloo's
+# headers), and finds nlohmann-json in $(DEPS), the copy a GPU run carries there (the trainer's
+# checkpoints and pretokenized ids are safetensors files). Nothing runs on CUDA here: the checks
+# are that `tempo env` sees the CUDA kernels and the libraries the GPU build will have, that the
+# activation kernels for 16/32-bit data hold no fp64 instruction (cuobjdump), that `--device
+# cuda` fails cleanly, and that this build, with its torch, trains on the CPU (the CPU cases of
+# gpu_check.sh's train step).
 CUDA_VENV  ?= .venv-cuda
 CUDA_BUILD ?= build-cuda
 CUDA_TORCH ?= 2.14.1
 CUDA_ARCHS ?= 90
+# nlohmann-json (header-only, MIT licence) for the GPU machine, whose image has none: its
+# headers, CMake files and copyright notice, copied from this machine's Debian package. A GPU
+# run carries this ignored folder (the device tool's carry: [".deps"]); gpu_check.sh builds with it.
+DEPS       ?= .deps
 
-.PHONY: run test build setup sysdeps venv bench accuracy clean cuda-build sanitize fuzz
+.PHONY: run test build setup sysdeps venv bench accuracy clean cuda-build deps sanitize fuzz
 
 # The main job: `tempo bench` on a reduced bert-base (memory, largest batch in a budget and
 # throughput per policy; about 2 minutes on 2 cores). `make bench` adds the op benchmarks.
@@ -103,13 +110,19 @@ build: setup $(BUILD)/build.ninja
 # AddressSanitizer + UndefinedBehaviorSanitizer on tempo's own code (LibTorch is not rebuilt):
 # the core's suites, then the op library under the Python op suites that reach every op
 # (the argument audit, the fused kernels, determinism, dropout), with the sanitizer runtime
-# preloaded into Python. Any report fails.
+# preloaded into Python. Any report fails. This build is also the one without nlohmann-json
+# (every other build here has it): the CLI links, and refuses what needs it by name.
 ASAN_BUILD ?= build-asan
 SANITIZE_ENV = ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 sanitize: setup
 	@[ -f $(ASAN_BUILD)/build.ninja ] || cmake -S . -B $(ASAN_BUILD) -G Ninja -DPython_EXECUTABLE=$(PYTHON_ABS) \
-	  -DTEMPO_SANITIZE=ON -DTEMPO_CUDA_COMPILE_CHECK=OFF -DTEMPO_NATIVE=$(NATIVE) -DCMAKE_BUILD_TYPE=RelWithDebInfo
-	CCACHE_BASEDIR=$(CURDIR) cmake --build $(ASAN_BUILD) -j $(JOBS) --target tempo_core_tests tempo_torch
+	  -DTEMPO_SANITIZE=ON -DTEMPO_CUDA_COMPILE_CHECK=OFF -DTEMPO_NATIVE=$(NATIVE) -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DCMAKE_DISABLE_FIND_PACKAGE_nlohmann_json=ON
+	CCACHE_BASEDIR=$(CURDIR) cmake --build $(ASAN_BUILD) -j $(JOBS) --target tempo_core_tests tempo_torch tempo
+	$(SANITIZE_ENV) $(ASAN_BUILD)/tempo env | grep -E "hf checkpoints +no: built without nlohmann-json"
+	@$(SANITIZE_ENV) $(ASAN_BUILD)/tempo train --out $(ASAN_BUILD)/no-json > $(ASAN_BUILD)/no-json.txt 2>&1; rc=$$?; \
+	  grep -q "this build has no nlohmann-json" $(ASAN_BUILD)/no-json.txt && [ $$rc = 2 ] && [ ! -e $(ASAN_BUILD)/no-json ] || \
+	  { cat $(ASAN_BUILD)/no-json.txt; echo "tempo train without nlohmann-json: exit $$rc, expected 2 and its message"; exit 1; }
 	$(SANITIZE_ENV) $(ASAN_BUILD)/tempo_core_tests
 	$(SANITIZE_ENV) LD_PRELOAD="$$(g++ -print-file-name=libasan.so) $$(g++ -print-file-name=libubsan.so)" \
 	  TEMPO_LIBRARY=$(abspath $(ASAN_BUILD))/lib/libtempo_torch.so PYTHONPATH=python $(PYTHON) -m pytest -q -x \
@@ -136,17 +149,24 @@ fuzz: setup
 	  echo "$$t: $$(grep -o 'Done [0-9]* runs in [0-9]* second' $(FUZZ_BUILD)/$$t.log)s, no failure"; \
 	done
 
-cuda-build: setup
+deps: sysdeps
+	@[ -f $(DEPS)/nlohmann/include/nlohmann/json.hpp ] || { \
+	  mkdir -p $(DEPS)/nlohmann/include $(DEPS)/nlohmann/share/cmake && \
+	  cp -r /usr/include/nlohmann $(DEPS)/nlohmann/include/ && \
+	  cp -r /usr/share/cmake/nlohmann_json $(DEPS)/nlohmann/share/cmake/ && \
+	  cp /usr/share/doc/nlohmann-json3-dev/copyright $(DEPS)/nlohmann/; }
+
+cuda-build: setup deps
 	@[ -x $(CUDA_VENV)/bin/python ] || python3 -m venv $(CUDA_VENV)
-	@$(CUDA_VENV)/bin/python -c "import torch; assert torch.__version__.startswith('$(CUDA_TORCH)') and torch.version.cuda" 2>/dev/null || \
-	  $(CUDA_VENV)/bin/python -m pip install -q torch==$(CUDA_TORCH) numpy
+	@$(CUDA_VENV)/bin/python -c "import torch, pytest, safetensors; assert torch.__version__.startswith('$(CUDA_TORCH)') and torch.version.cuda" 2>/dev/null || \
+	  $(CUDA_VENV)/bin/python -m pip install -q torch==$(CUDA_TORCH) numpy pytest safetensors
 	@[ -f $(CUDA_BUILD)/build.ninja ] || cmake -S . -B $(CUDA_BUILD) -G Ninja -DTEMPO_CUDA=ON -DTEMPO_BUILD_TESTS=OFF \
 	  -DPython_EXECUTABLE=$(abspath $(CUDA_VENV))/bin/python -DTEMPO_CUDA_ARCHS=$(CUDA_ARCHS) -DTEMPO_NATIVE=$(NATIVE) \
-	  -DCMAKE_IGNORE_PREFIX_PATH=/usr -DCMAKE_DISABLE_FIND_PACKAGE_PkgConfig=ON
+	  -DCMAKE_IGNORE_PREFIX_PATH=/usr -DCMAKE_DISABLE_FIND_PACKAGE_PkgConfig=ON -DCMAKE_PREFIX_PATH=$(abspath $(DEPS))/nlohmann
 	CCACHE_BASEDIR=$(CURDIR) cmake --build $(CUDA_BUILD) -j $(JOBS)
 	$(CUDA_BUILD)/tempo env | tee $(CUDA_BUILD)/env.txt
 	grep -Eq "cuda kernels +built" $(CUDA_BUILD)/env.txt
-	grep -Eq "hf checkpoints +no:" $(CUDA_BUILD)/env.txt && grep -Eq "tokenizer +no:" $(CUDA_BUILD)/env.txt
+	grep -Eq "hf checkpoints +read and written" $(CUDA_BUILD)/env.txt && grep -Eq "tokenizer +no:" $(CUDA_BUILD)/env.txt
 	grep -Eq "data parallel +NCCL \(cuda\); no Gloo" $(CUDA_BUILD)/env.txt
 	@# The activation kernels for 16/32-bit data: no fp64 instruction in their SASS.
 	$(CUDA_VENV)/bin/python scripts/check_fp64_sass.py $(CUDA_BUILD)/CMakeFiles/tempo_core.dir/csrc/core/cuda/activation.cu.o
@@ -159,6 +179,8 @@ cuda-build: setup
 	    echo "tempo $$cmd: refused (exit 2): $$(tail -1 $(CUDA_BUILD)/refusal.txt)"; \
 	  done; \
 	fi
+	TEMPO_BIN=$(abspath $(CUDA_BUILD))/tempo TEMPO_LIBRARY=$(abspath $(CUDA_BUILD))/lib/libtempo_torch.so PYTHONPATH=python \
+	  $(CUDA_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/python/test_train_device.py -k "cpu and (group or gpt2)"
 
 # The accuracy sweep behind docs/accuracy.md.
 accuracy: build

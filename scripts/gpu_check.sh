@@ -7,7 +7,9 @@
 # Steps (each under its own time limit, all under the total; a step that fails or runs out of
 # time is recorded and the next one runs):
 #   1. build   the CUDA library, ops, models and CLI with that python's torch (ninja -j16, sm_90,
-#              ccache off); the dry run builds (or reuses) the CPU build in $BUILD (default build)
+#              ccache off; nlohmann-json from .deps, which the run carries: make deps, then the
+#              device tool's carry: [".deps"]); the dry run builds (or reuses) the CPU build in
+#              $BUILD (default build)
 #   2. tests   the C++ tests and the Python tests' CUDA cases (CUDA vs CPU and fp64 references;
 #              fp32, bf16, fp16; dropout masks the same on CPU and CUDA); graphs: the ops in
 #              CUDA graphs (a new dropout mask each replay, exact norms as the weights change);
@@ -81,8 +83,16 @@ build() {
     # The GPU image has no GoogleTest: the C++ suites are built only where its headers are.
     local gtest=OFF
     [ -f /usr/include/gtest/gtest.h ] && gtest=ON
+    # Nor nlohmann-json, which tempo train needs (its checkpoints and ids are safetensors): the
+    # run carries a copy in .deps (make deps here; the device tool's carry: [".deps"]).
+    local deps=()
+    if [ -d .deps/nlohmann ]; then
+      deps=(-DCMAKE_PREFIX_PATH="$PWD/.deps/nlohmann")
+    else
+      echo "WARNING: no .deps/nlohmann (run make deps and carry .deps): tempo train will refuse to run"
+    fi
     [ -f "$BUILD/build.ninja" ] || cmake -S . -B "$BUILD" -G Ninja -DPython_EXECUTABLE="$PYTHON" \
-      -DTEMPO_CUDA=ON -DTEMPO_CUDA_ARCHS=90 -DTEMPO_NATIVE=ON -DTEMPO_BUILD_TESTS=$gtest || return 1
+      -DTEMPO_CUDA=ON -DTEMPO_CUDA_ARCHS=90 -DTEMPO_NATIVE=ON -DTEMPO_BUILD_TESTS=$gtest "${deps[@]}" || return 1
   else
     [ -f "$BUILD/build.ninja" ] || cmake -S . -B "$BUILD" -G Ninja -DPython_EXECUTABLE="$PYTHON" || return 1
   fi

@@ -58,7 +58,8 @@ int env() {
   // The optional libraries: what a build without each cannot do.
   std::printf("hf checkpoints    %s\n", tempo::models::hf_files_available()
                                           ? "read and written (nlohmann-json)"
-                                          : "no: built without nlohmann-json (tempo train --model DIR refused)");
+                                          : "no: built without nlohmann-json (tempo train refused: its "
+                                            "checkpoints are safetensors)");
   std::printf("tokenizer         %s\n", tempo::train::Tokenizer::available()
                                           ? "SentencePiece"
                                           : "no: built without SentencePiece (tempo train takes pretokenized ids)");

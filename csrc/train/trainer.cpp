@@ -200,6 +200,11 @@ double learning_rate(int64_t step, int64_t warmup, int64_t steps, double lr) {
 }
 
 TrainSummary train(const TrainOptions& o, Communicator& comm) {
+  // Checkpoints and pretokenized ids are safetensors files: refused at once, not at the first
+  // checkpoint after the steps before it have run.
+  if (!tempo::models::hf_files_available())
+    user_error("this build has no nlohmann-json, and a run's checkpoints and pretokenized ids are safetensors files "
+               "(install nlohmann-json3-dev and rebuild; on a machine without it, see docs/results/cuda-build.md)");
   // ---- options ----
   if (o.out.empty()) user_error("--out DIR is required (the log, checkpoints and tokenizer go there)");
   if (o.seq < 2 || o.batch < 1 || o.accum < 1 || o.steps < 1 || o.warmup < 0 || o.lr <= 0 || o.clip < 0 ||

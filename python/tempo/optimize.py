@@ -294,10 +294,14 @@ def _is_qkv_split(m):
             and hasattr(m, "num_attention_heads") and hasattr(m, "scaling"))
 
 
-def _qkv_split_forward(self, hidden_states, attention_mask=None, cache=None, **kwargs):
-    if (cache is not None or kwargs.get("past_key_values") is not None  # decoding with a cache
+def _qkv_split_forward(self, hidden_states, attention_mask=None, *args, **kwargs):
+    # The original's third argument is its cache, named `cache` (transformers 5.24 on) or
+    # `past_key_values` (5.17): passed on as it came when tempo does not compute this call.
+    caches = list(args[:1]) + [kwargs.get(n) for n in ("cache", "past_key_values")]
+    if (any(c is not None for c in caches)  # decoding with a cache
             or not all(_plain(x, torch.nn.Linear) for x in (self.query, self.key, self.value))):  # e.g. LoRA
-        return _original_forward(self, hidden_states, attention_mask, cache, **kwargs)
+        return _original_forward(self, hidden_states, attention_mask, *args, **kwargs)
+    kwargs = {k: v for k, v in kwargs.items() if k not in ("cache", "past_key_values")}
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
     from transformers.models.bert.modeling_bert import eager_attention_forward
     w = torch.cat([self.query.weight, self.key.weight, self.value.weight])
@@ -487,6 +491,30 @@ def _uses_attention_registry(model):
     return any("ALL_ATTENTION_FUNCTIONS" in vars(sys.modules[n]) for n in names if n in sys.modules)
 
 
+def _attention_configs(model):
+    """(config, its attention implementation) for the model's own config first, then every other
+    config its modules hold (T5's encoder and decoder stacks hold copies of it)."""
+    seen, out = set(), []
+    for config in [model.config] + [getattr(m, "config", None) for m in model.modules()]:
+        if id(config) not in seen and hasattr(config, "_attn_implementation_internal"):
+            seen.add(id(config))
+            out.append((config, config._attn_implementation))
+    return out
+
+
+def _set_attention(model, implementation):
+    """model.set_attn_implementation, then the same on every config a module of it holds:
+    transformers before 5.25 leaves the copies of T5's config (its encoder's and decoder's) as
+    they were, so the model would still run its old attention while reporting the new."""
+    model.set_attn_implementation(implementation)
+    if model.config._attn_implementation != implementation:  # refused (transformers logs why)
+        return False
+    for config, current in _attention_configs(model):
+        if current != implementation:
+            config._attn_implementation = implementation
+    return True
+
+
 class _AttentionRegistered:
     """Kept in a model whose attention tempo.optimize set: unpickling the model (torch.load in
     a fresh process) registers tempo's attention functions with transformers again, which
@@ -600,8 +628,14 @@ def optimize(model: torch.nn.Module, techniques="all", attention: str = "keep", 
             rows.append((path, type(hf).__name__, "attention", why))
             continue
         _register_attention()
-        undo.append(("attention", hf, hf.config._attn_implementation))
-        hf.set_attn_implementation(ATTENTION[attention])
+        before = _attention_configs(hf)
+        if not _set_attention(hf, ATTENTION[attention]):
+            why = ("kept: transformers did not let %s set its attention to %r" % (type(hf).__name__,
+                                                                                  ATTENTION[attention]))
+            warnings.warn("tempo.optimize: " + why[len("kept: "):], stacklevel=2)
+            rows.append((path, type(hf).__name__, "attention", why))
+            continue
+        undo.append(("attention", hf, before))
         hf.__dict__["_tempo_attention_marker"] = _AttentionRegistered()
         rows.append((path, type(hf).__name__, "attention", "patched: %s" % ATTENTION[attention]))
     done = set()
@@ -680,8 +714,10 @@ def restore(model: torch.nn.Module) -> torch.nn.Module:
         raise ValueError("tempo.restore: %s has not been through tempo.optimize" % type(model).__name__)
     for entry in reversed(undo):
         if entry[0] == "attention":
-            _, root, implementation = entry
-            root.set_attn_implementation(implementation)
+            _, root, configs = entry
+            root.set_attn_implementation(configs[0][1])
+            for config, implementation in configs:
+                config._attn_implementation = implementation
             root.__dict__.pop("_tempo_attention_marker", None)
         elif entry[0] == "attribute":
             _, module, name, value = entry

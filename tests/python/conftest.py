@@ -1,3 +1,7 @@
+import functools
+import os
+import subprocess
+
 import pytest
 import torch
 
@@ -27,3 +31,18 @@ def on_device(request):
         pytest.skip("checks a CPU-only facility")
     with torch.device(request.param):
         yield request.param
+
+
+@functools.lru_cache(maxsize=None)
+def build_lacks(binary, *names):
+    """Why the tempo command line at `binary` cannot do what the `tempo env` lines NAMES (such
+    as "hf checkpoints", "tokenizer") describe: the first such line that says "no: ..." (a
+    build without an optional library), else None."""
+    if not os.path.exists(binary):
+        return None
+    env = subprocess.run([binary, "env"], capture_output=True, text=True, timeout=60).stdout
+    for line in env.splitlines():
+        name, _, value = line.partition("  ")
+        if name.strip() in names and value.strip().startswith("no:"):
+            return "%s: %s" % (name.strip(), value.strip()[len("no: "):])
+    return None

@@ -355,7 +355,10 @@ def test_gradient_checkpointing_recomputes_the_same_dropout_masks(family, reentr
         return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
     ref_loss, ref_grads = step()
-    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": reentrant})
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers 5.24's name
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": reentrant})
+    else:  # 5.17's
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
     model.train()
     calls = []
     attention.register_forward_pre_hook(lambda m, i: calls.append(1))  # inside the checkpointed forward

@@ -186,7 +186,12 @@ def _calls_the_registry(model, batch):
 
     T.AttentionInterface.register("tempo_test_probe", probe)
     probed = copy.deepcopy(model)
-    probed.set_attn_implementation("tempo_test_probe")
+    probed.set_attn_implementation("tempo_test_probe")  # refused (logged) where not supported
+    if probed.config._attn_implementation != "tempo_test_probe":
+        return False
+    for module in probed.modules():  # transformers 5.17 leaves the copies of T5's config
+        if hasattr(getattr(module, "config", None), "_attn_implementation_internal"):
+            module.config._attn_implementation = "tempo_test_probe"
     with torch.no_grad():
         probed(**batch)
     return bool(calls)

@@ -14,11 +14,13 @@ import subprocess
 import pytest
 import torch
 
-from conftest import DEVICES
+from conftest import DEVICES, build_lacks
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 BIN = os.environ.get("TEMPO_BIN", os.path.join(ROOT, "build", "tempo"))
-pytestmark = pytest.mark.skipif(not os.path.exists(BIN), reason="build/tempo is not built")
+pytestmark = [pytest.mark.skipif(not os.path.exists(BIN), reason="build/tempo is not built"),
+              pytest.mark.skipif(bool(build_lacks(BIN, "hf checkpoints")),
+                                 reason="this build cannot train: %s" % build_lacks(BIN, "hf checkpoints"))]
 SEP, MASK, PAD = 256, 257, 258  # byte ids are 0..255
 SIZE = ["--hidden", "64", "--layers", "2", "--heads", "2", "--intermediate", "128", "--seq", "64", "--batch", "8",
         "--warmup", "4", "--lr", "2e-3"]
