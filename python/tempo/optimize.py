@@ -496,7 +496,7 @@ def _attention_configs(model):
     config its modules hold (T5's encoder and decoder stacks hold copies of it)."""
     seen, out = set(), []
     for config in [model.config] + [getattr(m, "config", None) for m in model.modules()]:
-        if id(config) not in seen and hasattr(config, "_attn_implementation_internal"):
+        if config is not None and id(config) not in seen and hasattr(config, "_attn_implementation"):
             seen.add(id(config))
             out.append((config, config._attn_implementation))
     return out

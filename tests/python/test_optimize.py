@@ -194,11 +194,18 @@ def test_attention_a_model_needs_more_of_is_refused_by_name(attention, family):
         cfg = transformers.T5Config(num_layers=1, d_model=64, d_ff=128, num_heads=4, d_kv=16, vocab_size=128,
                                     decoder_start_token_id=0, pad_token_id=0)
         model, what = transformers.T5ForConditionalGeneration(cfg), "T5Attention passes `position_bias`"
+
+    def configs():  # every config the model's modules hold: T5's encoder and decoder hold copies
+        return {id(m.config): m.config for m in model.modules() if hasattr(m, "config")}.values()
+
+    before = [c._attn_implementation for c in configs()]
     tempo.optimize(model, attention=attention)
+    assert {c._attn_implementation for c in configs()} == {{"tempo": "tempo", "fused": "tempo_fused"}[attention]}
     ids = torch.randint(1, 128, (1, 8))
     with pytest.raises(ValueError, match=what + " .*attention='keep'"):
         model(input_ids=ids, labels=ids)
     tempo.restore(model)
+    assert [c._attn_implementation for c in configs()] == before
     model(input_ids=ids, labels=ids)  # its own attention again
 
 

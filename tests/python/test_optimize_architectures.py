@@ -190,7 +190,7 @@ def _calls_the_registry(model, batch):
     if probed.config._attn_implementation != "tempo_test_probe":
         return False
     for module in probed.modules():  # transformers 5.17 leaves the copies of T5's config
-        if hasattr(getattr(module, "config", None), "_attn_implementation_internal"):
+        if hasattr(getattr(module, "config", None), "_attn_implementation"):
             module.config._attn_implementation = "tempo_test_probe"
     with torch.no_grad():
         probed(**batch)
