@@ -29,7 +29,7 @@ PYTHON_ABS = $(if $(findstring /,$(PYTHON)),$(abspath $(PYTHON)),$(shell command
 # are that `tempo env` sees the CUDA kernels and the libraries the GPU build will have, that the
 # activation kernels for 16/32-bit data hold no fp64 instruction (cuobjdump), that `--device
 # cuda` fails cleanly, and that this build, with its torch, trains on the CPU (the CPU cases of
-# gpu_check.sh's train step).
+# tests/python/test_train_device.py, which gpu_check.sh's train step runs on CUDA).
 CUDA_VENV  ?= .venv-cuda
 CUDA_BUILD ?= build-cuda
 CUDA_TORCH ?= 2.14.1
@@ -180,7 +180,7 @@ cuda-build: setup deps
 	  done; \
 	fi
 	TEMPO_BIN=$(abspath $(CUDA_BUILD))/tempo TEMPO_LIBRARY=$(abspath $(CUDA_BUILD))/lib/libtempo_torch.so PYTHONPATH=python \
-	  $(CUDA_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/python/test_train_device.py -k "cpu and (group or gpt2)"
+	  $(CUDA_VENV)/bin/python -m pytest -q -rs -p no:cacheprovider tests/python/test_train_device.py
 
 # The accuracy sweep behind docs/accuracy.md.
 accuracy: build
