@@ -44,6 +44,7 @@ else
   DEVICE=cuda
 fi
 JOBS=${JOBS:-16}
+case $BUILD in /*) ;; *) BUILD=$PWD/$BUILD ;; esac  # absolute: the steps run in other folders
 PYTHON=$(command -v "$PYTHON" || echo "$PYTHON")
 STEPS_JSON=()
 
@@ -120,7 +121,7 @@ tests() {
   # rarely, so one run should name every failure.
   local filter="cuda"
   [ $DRY = 1 ] && filter="cpu and (dropout or memory)"
-  TEMPO_LIBRARY="$PWD/$BUILD/lib/libtempo_torch.so" PYTHONPATH="$PWD/python" \
+  TEMPO_LIBRARY="$BUILD/lib/libtempo_torch.so" PYTHONPATH="$PWD/python" \
     "$PYTHON" -m pytest -q -rfs --durations=10 tests/python/test_activation.py tests/python/test_dropout.py \
     tests/python/test_norm.py tests/python/test_attention.py tests/python/test_memory.py \
     tests/python/test_linear_attention.py tests/python/test_linear_cross_entropy.py \
@@ -135,7 +136,7 @@ tests() {
 train() {
   local filter="cuda"
   [ $DRY = 1 ] && filter="cpu and (group or gpt2)"
-  TEMPO_BIN="$PWD/$BUILD/tempo" TEMPO_LIBRARY="$PWD/$BUILD/lib/libtempo_torch.so" PYTHONPATH="$PWD/python" \
+  TEMPO_BIN="$BUILD/tempo" TEMPO_LIBRARY="$BUILD/lib/libtempo_torch.so" PYTHONPATH="$PWD/python" \
     "$PYTHON" -m pytest -q -rs tests/python/test_train_device.py tests/python/test_mixed_precision.py -k "$filter" \
     -s --junitxml="$OUT/pytest_train.xml"
 }
@@ -143,7 +144,7 @@ train() {
 # The dropping ops, the norms and linear_cross_entropy inside CUDA graphs (a step of its own:
 # it compiles a model with mode="reduce-overhead"); on the CPU every case skips.
 graphs() {
-  TEMPO_LIBRARY="$PWD/$BUILD/lib/libtempo_torch.so" PYTHONPATH="$PWD/python" \
+  TEMPO_LIBRARY="$BUILD/lib/libtempo_torch.so" PYTHONPATH="$PWD/python" \
     "$PYTHON" -m pytest -q tests/python/test_cuda_graphs.py -rs --junitxml="$OUT/pytest_graphs.xml"
 }
 
@@ -151,7 +152,7 @@ graphs() {
 bandwidth() {
   local size=(--rows 16384 --cols 4096 --seq 1024 --dtypes fp32,bf16,fp16 --repeats 20)
   [ $DRY = 1 ] && size=(--rows 64 --cols 256 --seq 64 --dtypes fp32,bf16 --repeats 2)
-  TEMPO_LIBRARY="$PWD/$BUILD/lib/libtempo_torch.so" PYTHONPATH="$PWD/python" \
+  TEMPO_LIBRARY="$BUILD/lib/libtempo_torch.so" PYTHONPATH="$PWD/python" \
     "$PYTHON" benchmarks/op_bandwidth.py --device $DEVICE "${size[@]}" \
     --csv "$OUT/bandwidth.csv" --json "$OUT/bandwidth.json"
 }
@@ -186,7 +187,7 @@ bench_hf() {
     # batches (75 s here alone; 768MiB at seq 32 took 157 s, and timed out beside other work)
     args=(--model "$minilm" --seq 16 --budget 400MiB --policies eager,tempo)
   fi
-  HF_HUB_OFFLINE=1 TEMPO_LIBRARY="$PWD/$BUILD/lib/libtempo_torch.so" PYTHONPATH="$PWD/python" \
+  HF_HUB_OFFLINE=1 TEMPO_LIBRARY="$BUILD/lib/libtempo_torch.so" PYTHONPATH="$PWD/python" \
     "$PYTHON" -m tempo.bench --device $DEVICE "${args[@]}" --steps 2 --json --csv "$OUT/bench_hf.csv" \
     > "$OUT/bench_hf.json"
   local rc=$?
