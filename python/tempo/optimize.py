@@ -307,7 +307,11 @@ def _qkv_split_forward(self, hidden_states, attention_mask=None, *args, **kwargs
     w = torch.cat([self.query.weight, self.key.weight, self.value.weight])
     b = torch.cat([self.query.bias, self.key.bias, self.value.bias])
     q, k, v = ops.qkv_split(F.linear(hidden_states, w), b, self.num_attention_heads)
-    interface = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
+    name = self.config._attn_implementation
+    if hasattr(ALL_ATTENTION_FUNCTIONS, "get_interface"):
+        interface = ALL_ATTENTION_FUNCTIONS.get_interface(name, eager_attention_forward)
+    else:  # transformers 5.0: "eager" is the modeling module's own function, not in the registry
+        interface = eager_attention_forward if name == "eager" else ALL_ATTENTION_FUNCTIONS[name]
     out, weights = interface(self, q, k, v, attention_mask, dropout=0.0 if not self.training else self.dropout.p,
                              scaling=self.scaling, **kwargs)
     return out.reshape(*hidden_states.shape[:-1], -1).contiguous(), weights
@@ -418,12 +422,15 @@ def _attentions_recorded():
     """Whether the running forward records attention weights: transformers' output capturing
     (output_attentions=True, or the config's) collects them from the attention modules' outputs,
     and some models (GPT-2) do not pass the flag on to their attention function."""
-    try:
-        from transformers.utils.output_capturing import _active_collector
-    except ImportError:  # a transformers without output capturing passes output_attentions instead
+    if _COLLECTOR[0] is None:  # a transformers without output capturing (5.0) passes output_attentions instead
         return False
-    collected = _active_collector.get()
+    collected = _COLLECTOR[0].get()
     return bool(collected) and any(k.endswith("attentions") for k in collected)
+
+
+# transformers' output-capturing collector, looked up by _register_attention (outside any compiled
+# forward: torch.compile cannot trace the failed import of a transformers without one).
+_COLLECTOR = [None]
 
 
 def _with_weights(module, query, key, value, attention_mask, scaling, dropout, is_causal, kwargs):
@@ -457,6 +464,12 @@ def _register_attention():
     import transformers
     from transformers import masking_utils
 
+    try:
+        from transformers.utils.output_capturing import _active_collector
+        _COLLECTOR[0] = _active_collector
+    except ImportError:
+        pass
+
     if "tempo" not in transformers.AttentionInterface._global_mapping:
         transformers.AttentionInterface.register("tempo", _tempo_attention)
         transformers.AttentionInterface.register("tempo_fused", _tempo_fused_attention)
@@ -489,6 +502,33 @@ def _uses_attention_registry(model):
     ignore the setting."""
     names = {type(m).__module__ for m in model.modules()}
     return any("ALL_ATTENTION_FUNCTIONS" in vars(sys.modules[n]) for n in names if n in sys.modules)
+
+
+# The transformers releases the tests pass with: 5.17 (the GPU machine's) to 5.25 (the newest
+# CI installed). Older 5.x releases differ (5.0: T5 refuses a new attention, GPT-2's attention
+# weights are recorded differently), so an older one is named, once, rather than refused.
+TESTED_TRANSFORMERS = (5, 17)
+_warned_transformers = []
+
+
+def _transformers_version():
+    module = sys.modules.get("transformers")  # not imported: the model is not a transformers one
+    return getattr(module, "__version__", None)
+
+
+def _warn_on_untested_transformers():
+    release = _transformers_version()
+    if release is None or _warned_transformers:
+        return
+    _warned_transformers.append(True)
+    try:
+        version = tuple(int(x) for x in release.split(".")[:2])
+    except ValueError:
+        return
+    if version < TESTED_TRANSFORMERS:
+        warnings.warn("tempo.optimize: transformers %s is older than %d.%d, the oldest release tempo is tested with; "
+                      "some patches may differ from the unpatched model (pip install 'transformers>=%d.%d')"
+                      % ((release,) + TESTED_TRANSFORMERS * 2), stacklevel=3)
 
 
 def _attention_configs(model):
@@ -576,6 +616,7 @@ def optimize(model: torch.nn.Module, techniques="all", attention: str = "keep", 
     Layers not recognised are left exactly as they are (tempo.report lists them);
     tempo.restore undoes the patch. A second call patches only what the first did not.
     """
+    _warn_on_untested_transformers()
     try:  # "all", one technique by name, or a list of them
         chosen = set(TECHNIQUES if techniques == "all" else [techniques] if isinstance(techniques, str) else techniques)
     except TypeError:

