@@ -11,7 +11,9 @@ def saved_bytes(fn, params=()):
         st = t.untyped_storage()
         if st.data_ptr() not in skip:
             storages[st.data_ptr()] = st.nbytes()
-        return t
+        # A detached alias, not t: a saved output returned as it came ties its graph to itself in
+        # a cycle through C++ that the collector cannot free (the whole model stayed alive).
+        return t.detach()
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = fn()
