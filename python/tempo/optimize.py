@@ -544,8 +544,9 @@ def _attention_configs(model):
 
 def _set_attention(model, implementation):
     """model.set_attn_implementation, then the same on every config a module of it holds:
-    transformers before 5.25 leaves the copies of T5's config (its encoder's and decoder's) as
-    they were, so the model would still run its old attention while reporting the new."""
+    transformers 5.17 leaves the copies of T5's config (its encoder's and decoder's) as they
+    were, so the model would still run its old attention while reporting the new one. False
+    where transformers refuses the setting (5.0 does for T5)."""
     model.set_attn_implementation(implementation)
     if model.config._attn_implementation != implementation:  # refused (transformers logs why)
         return False
