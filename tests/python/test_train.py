@@ -35,8 +35,9 @@ def text(tmp_path_factory):
     """A few hundred KB of the default corpus (real English prose), and a tokenizer trained on it."""
     if not os.path.isdir(CORPUS):
         pytest.skip("Debian's python3-doc is not installed (make setup installs it)")
-    if build_lacks(BIN, "hf checkpoints", "tokenizer"):
-        pytest.skip("this build cannot train on text: " + build_lacks(BIN, "hf checkpoints", "tokenizer"))
+    lacks = build_lacks(BIN, "hf checkpoints", "tokenizer")
+    if lacks:
+        pytest.skip("this build cannot train on text: " + lacks)
     d = tmp_path_factory.mktemp("text")
     files = sorted(os.path.join(p, f) for p, _, fs in os.walk(os.path.join(CORPUS, "tutorial")) for f in fs)
     data = d / "tutorial"
@@ -520,8 +521,9 @@ def test_minilm_fine_tunes_with_the_same_losses_under_each_policy(tmp_path):
     pytest.importorskip("transformers")
     if not os.path.isdir(CORPUS):
         pytest.skip("Debian's python3-doc is not installed")
-    if build_lacks(BIN, "hf checkpoints"):
-        pytest.skip("this build cannot train: " + build_lacks(BIN, "hf checkpoints"))
+    lacks = build_lacks(BIN, "hf checkpoints")
+    if lacks:
+        pytest.skip("this build cannot train: " + lacks)
     ids = tmp_path / "ids.safetensors"
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"), HF_HUB_OFFLINE="1")
     r = subprocess.run([sys.executable, "-m", "tempo.pretokenize", "--tokenizer", gt.get_model_path(), "--data",

@@ -18,9 +18,9 @@ from conftest import DEVICES, build_lacks
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 BIN = os.environ.get("TEMPO_BIN", os.path.join(ROOT, "build", "tempo"))
+LACKS = build_lacks(BIN, "hf checkpoints")
 pytestmark = [pytest.mark.skipif(not os.path.exists(BIN), reason="build/tempo is not built"),
-              pytest.mark.skipif(bool(build_lacks(BIN, "hf checkpoints")),
-                                 reason="this build cannot train: %s" % build_lacks(BIN, "hf checkpoints"))]
+              pytest.mark.skipif(bool(LACKS), reason="this build cannot train: %s" % LACKS)]
 SEP, MASK, PAD = 256, 257, 258  # byte ids are 0..255
 SIZE = ["--hidden", "64", "--layers", "2", "--heads", "2", "--intermediate", "128", "--seq", "64", "--batch", "8",
         "--warmup", "4", "--lr", "2e-3"]
