@@ -27,6 +27,7 @@ element to their stated recovery bound instead.
 TEMPO_PROPERTY_CASES (default 300) cases per op, seeds base + i with TEMPO_PROPERTY_SEED as base
 (default 0). A failure prints the op, the seed and the one-line command that reruns it.
 """
+import contextlib
 import math
 import os
 import random
@@ -683,7 +684,10 @@ def test_saved_tensor_hooks_carry_what_the_backward_reads(name):
                 copies.append(t.clone())
                 return copies[-1]
 
-            with torch.autograd.graph.saved_tensors_hooks(pack if hooked else (lambda t: t), lambda t: t):
+            # the unhooked run installs no hooks: an identity pack would tie a saved output to
+            # its own graph in a cycle that outlives a case that ends before its backward
+            hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t) if hooked else contextlib.nullcontext()
+            with hooks:
                 out, leaves = _call(case, seed, "grad")
             ws = [l for l in leaves if l is not None and l.requires_grad]
             if not ws or not out.requires_grad:
