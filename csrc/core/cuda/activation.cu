@@ -23,9 +23,10 @@ using cuda::grid_for;
 using cuda::kThreads;
 using cuda::launch_status;
 
-// 8 consecutive elements of T, moved as 16-byte words when `vec` holds.
+// 8 consecutive elements of T, moved as 16-byte words when `vec` holds: 16-byte aligned, as
+// the uint4 accesses need (T's own alignment would let a copy spilled to local memory fault).
 template <typename T>
-struct Pack8 {
+struct alignas(16) Pack8 {
   T v[8];
 };
 

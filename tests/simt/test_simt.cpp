@@ -1,0 +1,762 @@
+// The core's CUDA kernels, run on the host by the SIMT emulator (tests/simt/cuda_runtime.h),
+// against the core's CPU kernels on the same inputs: every entry point, every dtype, sizes that
+// are 1, odd, primes and past one block, the unaligned (scalar) and aligned (16-byte vector)
+// paths, the fused prologues and the bias gradients with their workspaces. The CPU kernels are
+// the reference here because their own tests hold them to fp64 loops and to PyTorch.
+//
+// What must agree exactly: every keep bit and activation bit, dropout's outputs (one rounding
+// of the same product), the q/k/v split (a copy, or one add), the activations' gradients of
+// 16/32-bit data (the same fp32 element math). What may differ, and by how much (Tol below):
+// the activations' forward (the CUDA one of 16/32-bit data is fp32 arithmetic within 2.33 ulp,
+// the CPU's a double evaluation rounded once) and fp64 element math (the two sides contract
+// multiply-adds differently, and recovering x from y amplifies that); sums whose order differs
+// (the norms' and softmax's row reductions, the bias gradients' column sums, the linear
+// attention's running sums): kTol units of the dtype's rounding of the magnitude the sum's
+// terms have. The run prints, per test, the worst difference / tolerance (0.39 at most when
+// this was written): the bounds leave room, and an indexing or reduction error is far outside.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "api.h"
+#include "math/numeric.h"
+#include "tempo/activation.h"
+#include "tempo/attention.h"
+#include "tempo/dropout.h"
+#include "tempo/linear_attention.h"
+#include "tempo/norm.h"
+
+namespace {
+
+using tempo::DType;
+namespace math = tempo::math;
+
+const DType kDTypes[] = {DType::kFloat32, DType::kFloat64, DType::kBFloat16, DType::kFloat16};
+
+size_t elem_size(DType t) { return t == DType::kFloat64 ? 8 : t == DType::kFloat32 ? 4 : 2; }
+
+// A device-like buffer: 64-byte aligned storage, `shift` elements in (a shift of 1 makes
+// every 16-byte vector path fall back to its scalar loop).
+struct Buf {
+  DType dtype = DType::kFloat32;
+  int64_t n = 0;
+  std::vector<unsigned char> raw;
+  int shift = 0;
+  Buf() = default;
+  Buf(DType t, int64_t count, int shift_ = 0) : dtype(t), n(count), raw((count + shift_) * elem_size(t) + 64), shift(shift_) {}
+  // A copy places the elements at its own aligned address (the storage may be aligned otherwise).
+  Buf(const Buf& o) : Buf(o.dtype, o.n, o.shift) { std::memcpy(data(), const_cast<Buf&>(o).data(), n * elem_size(dtype)); }
+  Buf& operator=(const Buf& o) {
+    Buf c(o);
+    std::swap(raw, c.raw);
+    dtype = o.dtype;
+    n = o.n;
+    shift = o.shift;
+    return *this;
+  }
+  void* data() {
+    auto base = reinterpret_cast<uintptr_t>(raw.data());
+    return reinterpret_cast<void*>((base + 63) / 64 * 64 + shift * elem_size(dtype));
+  }
+  double get(int64_t i) {
+    void* p = data();
+    switch (dtype) {
+      case DType::kFloat32: return static_cast<float*>(p)[i];
+      case DType::kFloat64: return static_cast<double*>(p)[i];
+      case DType::kBFloat16: return math::to_float(static_cast<math::bf16_t*>(p)[i]);
+      case DType::kFloat16: return math::to_float(static_cast<math::fp16_t*>(p)[i]);
+    }
+    return 0;
+  }
+  void set(int64_t i, double v) {
+    void* p = data();
+    switch (dtype) {
+      case DType::kFloat32: static_cast<float*>(p)[i] = static_cast<float>(v); break;
+      case DType::kFloat64: static_cast<double*>(p)[i] = v; break;
+      case DType::kBFloat16: static_cast<math::bf16_t*>(p)[i] = math::from_float<math::bf16_t>(static_cast<float>(v)); break;
+      case DType::kFloat16: static_cast<math::fp16_t*>(p)[i] = math::from_float<math::fp16_t>(static_cast<float>(v)); break;
+    }
+  }
+  std::vector<double> values() {
+    std::vector<double> v(n);
+    for (int64_t i = 0; i < n; ++i) v[i] = get(i);
+    return v;
+  }
+};
+
+Buf randn(DType t, int64_t n, std::mt19937& gen, double scale = 1.0, int shift = 0) {
+  Buf b(t, n, shift);
+  std::normal_distribution<double> nd(0.0, scale);
+  for (int64_t i = 0; i < n; ++i) b.set(i, nd(gen));
+  return b;
+}
+
+Buf zeros(DType t, int64_t n, int shift = 0) {
+  Buf b(t, n, shift);
+  std::memset(b.raw.data(), 0, b.raw.size());
+  return b;
+}
+
+// Units of the dtype's rounding a reordered sum may move a value by, against the tensor's largest.
+double unit(DType t) {
+  switch (t) {
+    case DType::kFloat32: return std::ldexp(1.0, -24);
+    case DType::kFloat64: return std::ldexp(1.0, -53);
+    case DType::kBFloat16: return std::ldexp(1.0, -8);
+    case DType::kFloat16: return std::ldexp(1.0, -11);
+  }
+  return 0;
+}
+constexpr double kTol = 64;  // units of the dtype's rounding (16-bit data: its stored rounding)
+
+// The spacing of the dtype's subnormal numbers (a rounding flip there moves a value by it).
+double subnormal_step(DType t) {
+  switch (t) {
+    case DType::kFloat32: return std::ldexp(1.0, -149);
+    case DType::kFloat64: return 0;
+    case DType::kBFloat16: return std::ldexp(1.0, -133);
+    case DType::kFloat16: return std::ldexp(1.0, -24);
+  }
+  return 0;
+}
+
+// How far the emulated CUDA result may be from the CPU kernel's: ulps units of the dtype's
+// rounding (unit()) of a magnitude, the larger of |value|, `floor` and, for reductions
+// (`row_scale`), the tensor's largest magnitude / 8: a value that cancels in a sum carries the
+// error of the terms it came from. ulps = 0: the same value.
+struct Tol {
+  double ulps = 0;
+  double floor = 0;
+  bool row_scale = false;
+};
+constexpr Tol kExact{};
+Tol elementwise(double ulps) { return Tol{ulps, 0, false}; }
+Tol reduction(double floor = 0) { return Tol{kTol, floor, true}; }
+// A column sum over `terms` rows of O(1) values, which the CPU adds in double and the CUDA
+// kernels in fp32 partial sums per row group: the recursive-summation bound, terms x u x the
+// largest partial sum (at most terms), taken as kTol x u x terms.
+Tol column_sum(int64_t terms) { return Tol{kTol, static_cast<double>(terms), true}; }
+
+// Per test: elements compared, how many were bitwise equal, the worst difference / tolerance;
+// printed when the run ends (the figures in docs/accuracy.md).
+struct Worst {
+  int64_t compared = 0, equal = 0;
+  double ratio = 0;
+};
+std::map<std::string, Worst>& worst() {
+  static std::map<std::string, Worst> w;
+  return w;
+}
+
+class Summary : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    for (const auto& [name, w] : worst())
+      std::printf("%s: %lld elements compared, %lld bitwise equal, worst difference / tolerance %.3g\n", name.c_str(),
+                  static_cast<long long>(w.compared), static_cast<long long>(w.equal), w.ratio);
+  }
+};
+const auto* const kSummary = ::testing::AddGlobalTestEnvironment(new Summary);
+
+void expect_close(Buf& cpu, Buf& gpu, Tol tol, const std::string& what) {
+  Worst& w = worst()[::testing::UnitTest::GetInstance()->current_test_info()->name()];
+  ASSERT_EQ(cpu.n, gpu.n);
+  std::vector<double> a = cpu.values(), b = gpu.values();
+  double big = 0;
+  for (double v : a)
+    if (std::isfinite(v)) big = std::max(big, std::fabs(v));
+  const double u = unit(cpu.dtype);
+  const bool narrow = cpu.dtype == DType::kBFloat16 || cpu.dtype == DType::kFloat16;
+  int64_t bad = 0;
+  for (int64_t i = 0; i < cpu.n; ++i) {
+    const bool same = a[i] == b[i] || (std::isnan(a[i]) && std::isnan(b[i]));
+    ++w.compared;
+    if (same) {
+      ++w.equal;
+      continue;
+    }
+    double limit = 0;
+    if (tol.ulps > 0) {
+      limit = tol.ulps * u * std::max({std::fabs(a[i]), tol.floor, tol.row_scale ? big / 8 : 0.0});
+      // 16-bit outputs: a value computed in fp32 a little differently may round to the
+      // neighbouring 16-bit number (one unit of the stored dtype, or one subnormal step).
+      if (narrow) limit += 2 * u * std::fabs(a[i]) + subnormal_step(cpu.dtype);
+    }
+    if (limit > 0) w.ratio = std::max(w.ratio, std::fabs(a[i] - b[i]) / limit);
+    if (!(std::fabs(a[i] - b[i]) <= limit)) {
+      if (++bad <= 3)
+        ADD_FAILURE() << what << ": element " << i << " of " << cpu.n << ": cpu " << a[i] << ", emulated cuda " << b[i]
+                      << " (" << tempo::dtype_name(cpu.dtype) << ", tolerance " << limit << ")";
+    }
+  }
+  EXPECT_EQ(bad, 0) << what;
+}
+
+void expect_same_bytes(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  int64_t diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff += a[i] != b[i];
+  EXPECT_EQ(diff, 0) << what << ": " << diff << " of " << a.size() << " mask bytes differ";
+}
+
+std::string tag(DType t, int64_t n) { return std::string(tempo::dtype_name(t)) + " n=" + std::to_string(n); }
+
+// The activations' element math: the CUDA forward of 16/32-bit data is fp32 arithmetic within
+// kF32ForwardUlps (2.33) of the exact value and the CPU's within half an ulp, so they may differ
+// by 2.83 ulp (6 units of 2^-24 relative); in fp64 both are double evaluations (the CPU's
+// vectorised, the backward's Newton steps stopping within an ulp or two): 16 units of 2^-53.
+constexpr double kF32ForwardUnits = 6;
+constexpr double kFp64Units = 1e-13 / 0x1p-53;
+constexpr double kFp64BackwardUnits = 1e-12 / 0x1p-53;
+
+// ---- activations -------------------------------------------------------------------------------
+
+TEST(SimtCuda, ActivationsMatchTheCpuKernels) {
+  std::mt19937 gen(11);
+  for (auto act : {tempo::Activation::kGeluErf, tempo::Activation::kGeluTanh, tempo::Activation::kSilu})
+    for (DType t : kDTypes)
+      for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{8}, int64_t{9}, int64_t{250}, int64_t{4099}})
+        for (int shift : {0, 1}) {
+          const std::string what = std::string(tempo::activation_name(act)) + " " + tag(t, n) + " shift " +
+                                   std::to_string(shift);
+          const int64_t bias_size = n % 2 == 0 ? 2 : n == 250 ? 50 : 0;
+          Buf x = randn(t, n, gen, 3.0, shift), bias = randn(t, std::max<int64_t>(bias_size, 1), gen);
+          Buf y_cpu = zeros(t, n, shift), y_gpu = zeros(t, n, shift);
+          std::vector<uint8_t> m_cpu(tempo::bit_mask_bytes(n)), m_gpu(m_cpu.size(), 0xab);
+          tempo::ActivationForwardParams f;
+          f.act = act;
+          f.dtype = t;
+          f.x = x.data();
+          f.bias = bias_size ? bias.data() : nullptr;
+          f.bias_size = bias_size;
+          f.numel = n;
+          f.y = y_cpu.data();
+          f.mask = m_cpu.data();
+          ASSERT_TRUE(tempo::activation_forward_cpu(f).ok()) << what;
+          f.y = y_gpu.data();
+          f.mask = m_gpu.data();
+          ASSERT_EQ(simt_api::activation_forward(&f), "") << what;
+          expect_same_bytes(m_cpu, m_gpu, what + " forward bits");
+          expect_close(y_cpu, y_gpu, elementwise(t == DType::kFloat64 ? kFp64Units : kF32ForwardUnits), what + " forward");
+
+          // Backward from the CPU forward's outputs; with the bias gradient where there is a bias.
+          Buf gy = randn(t, n, gen, 1.0, shift);
+          const Tol backward_tol = t == DType::kFloat64 ? Tol{kFp64BackwardUnits, 1.0, false} : kExact;
+          Buf gx_cpu = zeros(t, n, shift), gx_gpu = zeros(t, n, shift);
+          Buf gb_cpu = zeros(t, std::max<int64_t>(bias_size, 1)), gb_gpu = zeros(t, std::max<int64_t>(bias_size, 1));
+          Buf ws(t == DType::kFloat64 ? DType::kFloat64 : DType::kFloat32,
+                 std::max<int64_t>(tempo::activation_backward_workspace_elems(n, bias_size), 1));
+          tempo::ActivationBackwardParams b;
+          b.act = act;
+          b.dtype = t;
+          b.y = y_cpu.data();
+          b.mask = m_cpu.data();
+          b.grad_y = gy.data();
+          b.numel = n;
+          b.grad_x = gx_cpu.data();
+          if (bias_size) {
+            b.grad_bias = gb_cpu.data();
+            b.bias_size = bias_size;
+          }
+          ASSERT_TRUE(tempo::activation_backward_cpu(b).ok()) << what;
+          b.grad_x = gx_gpu.data();
+          if (bias_size) {
+            b.grad_bias = gb_gpu.data();
+            b.workspace = ws.data();
+          }
+          ASSERT_EQ(simt_api::activation_backward(&b), "") << what;
+          expect_close(gx_cpu, gx_gpu, backward_tol, what + " backward");
+          if (bias_size) expect_close(gb_cpu, gb_gpu, column_sum(n / bias_size), what + " bias gradient");
+          // In place: grad_x over grad_y.
+          Buf inplace = gy;
+          b.grad_x = inplace.data();
+          b.grad_y = inplace.data();
+          b.grad_bias = nullptr;
+          b.bias_size = 0;
+          b.workspace = nullptr;
+          ASSERT_EQ(simt_api::activation_backward(&b), "") << what;
+          expect_close(gx_cpu, inplace, backward_tol, what + " backward in place");
+        }
+}
+
+// ---- dropout -----------------------------------------------------------------------------------
+
+TEST(SimtCuda, DropoutMatchesTheCpuKernelsBitForBit) {
+  std::mt19937 gen(12);
+  for (DType t : kDTypes)
+    for (int64_t n : {int64_t{1}, int64_t{9}, int64_t{1000}, int64_t{8191}})
+      for (double p : {0.0, 1e-3, 0.5, 1.0})
+        for (auto mode : {tempo::DropoutMode::kBits, tempo::DropoutMode::kPhilox}) {
+          const std::string what = tag(t, n) + " p " + std::to_string(p) + (mode == tempo::DropoutMode::kBits ? " bits" : " philox");
+          Buf x = randn(t, n, gen);
+          Buf y_cpu = zeros(t, n), y_gpu = zeros(t, n);
+          std::vector<uint8_t> m_cpu(tempo::bit_mask_bytes(n)), m_gpu(m_cpu.size(), 0xcd);
+          tempo::DropoutForwardParams f;
+          f.dtype = t;
+          f.x = x.data();
+          f.numel = n;
+          f.p = p;
+          f.mode = mode;
+          f.rng.seed = 1234 + n;
+          f.rng.offset = 77;
+          f.y = y_cpu.data();
+          f.mask = mode == tempo::DropoutMode::kBits ? m_cpu.data() : nullptr;
+          ASSERT_TRUE(tempo::dropout_forward_cpu(f).ok()) << what;
+          f.y = y_gpu.data();
+          f.mask = mode == tempo::DropoutMode::kBits ? m_gpu.data() : nullptr;
+          ASSERT_EQ(simt_api::dropout_forward(&f), "") << what;
+          expect_close(y_cpu, y_gpu, kExact, what + " forward");
+          if (mode == tempo::DropoutMode::kBits && p > 0) expect_same_bytes(m_cpu, m_gpu, what + " bits");
+
+          Buf g = randn(t, n, gen), gx_cpu = zeros(t, n), gx_gpu = zeros(t, n);
+          tempo::DropoutBackwardParams b;
+          b.dtype = t;
+          b.grad_y = g.data();
+          b.numel = n;
+          b.p = p;
+          b.mode = mode;
+          b.rng = f.rng;
+          b.mask = mode == tempo::DropoutMode::kBits ? m_cpu.data() : nullptr;
+          b.grad_x = gx_cpu.data();
+          ASSERT_TRUE(tempo::dropout_backward_cpu(b).ok()) << what;
+          b.grad_x = gx_gpu.data();
+          ASSERT_EQ(simt_api::dropout_backward(&b), "") << what;
+          expect_close(gx_cpu, gx_gpu, kExact, what + " backward");
+        }
+}
+
+// The state a philox-mode backward reads from device memory, and the state read from there.
+TEST(SimtCuda, PhiloxStateIsStoredAndReadFromDeviceMemory) {
+  tempo::PhiloxState s;
+  s.seed = 0x0123456789abcdefULL;
+  s.offset = 42;
+  uint64_t out[2] = {0, 0};
+  ASSERT_EQ(simt_api::philox_state_store(&s, out), "");
+  EXPECT_EQ(out[0], s.seed);
+  EXPECT_EQ(out[1], s.offset);
+  // A graph-captured generator: seed ^ the graph domain, offset + the add.
+  int64_t graph_seed = 99, graph_offset = 1000;
+  tempo::PhiloxState g;
+  g.graph_seed = &graph_seed;
+  g.graph_offset = &graph_offset;
+  g.graph_offset_add = 8;
+  ASSERT_EQ(simt_api::philox_state_store(&g, out), "");
+  EXPECT_EQ(out[0], 99ULL ^ tempo::kGraphSeedDomain);
+  EXPECT_EQ(out[1], 1008ULL);
+  // A dropout whose state is read from `device` draws what the host state draws.
+  const int64_t n = 777;
+  std::mt19937 gen(13);
+  Buf x = randn(DType::kFloat32, n, gen), y_host = zeros(DType::kFloat32, n), y_dev = zeros(DType::kFloat32, n);
+  tempo::DropoutForwardParams f;
+  f.x = x.data();
+  f.numel = n;
+  f.p = 0.3;
+  f.mode = tempo::DropoutMode::kPhilox;
+  f.rng.seed = out[0];
+  f.rng.offset = out[1];
+  f.y = y_host.data();
+  ASSERT_TRUE(tempo::dropout_forward_cpu(f).ok());
+  f.rng = tempo::PhiloxState{};
+  f.rng.device = out;
+  f.y = y_dev.data();
+  ASSERT_EQ(simt_api::dropout_forward(&f), "");
+  expect_close(y_host, y_dev, kExact, "dropout with the state in device memory");
+}
+
+// ---- norms -------------------------------------------------------------------------------------
+
+struct NormCase {
+  tempo::NormKind kind;
+  DType t;
+  bool float_params;
+  int64_t rows, cols;
+  bool weight, beta, prologue, prologue_bias, kept;
+  double p;
+  tempo::DropoutMode mode;
+};
+
+void run_norm(const NormCase& c, std::mt19937& gen) {
+  const DType t = c.t, pt = c.float_params ? DType::kFloat32 : t;
+  const DType acc = t == DType::kFloat64 ? DType::kFloat64 : DType::kFloat32;
+  const int64_t R = c.rows, M = c.cols, n = R * M;
+  const std::string what = std::string(tempo::norm_name(c.kind)) + " " + tempo::dtype_name(t) +
+                           (c.float_params ? " fp32 params" : "") + " " + std::to_string(R) + "x" + std::to_string(M) +
+                           (c.prologue ? " prologue p " + std::to_string(c.p) : "") + (c.kept ? " kept" : "");
+  Buf x = randn(t, n, gen, 2.0), res = randn(t, n, gen), pbias = randn(t, M, gen, 0.5);
+  Buf w = randn(pt, M, gen, 1.0), be = randn(pt, M, gen, 0.3);
+  for (int64_t j = 0; j < M; ++j) w.set(j, 1.0 + 0.5 * w.get(j));
+  if (c.kept)  // tiny and zero gammas (a trained BERT's), and a beta that dwarfs its gamma
+    for (int64_t j = 0; j < M; j += 3) w.set(j, j % 2 ? 0.0 : -4.8e-33);
+  std::vector<int64_t> kept_cols(M);
+  const int64_t kept = tempo::norm_kept_columns(t, pt, c.weight ? w.data() : nullptr,
+                                                c.beta && c.kind == tempo::NormKind::kLayerNorm ? be.data() : nullptr, M,
+                                                kept_cols.data());
+  std::vector<int32_t> slot(M, -1);
+  for (int64_t k = 0; k < kept; ++k) slot[kept_cols[k]] = static_cast<int32_t>(k);
+  if (c.kept) ASSERT_GT(kept, 0) << what;
+
+  Buf y_cpu = zeros(t, n), y_gpu = zeros(t, n), r_cpu = zeros(acc, R), r_gpu = zeros(acc, R);
+  Buf kx_cpu = zeros(acc, std::max<int64_t>(R * kept, 1)), kx_gpu = zeros(acc, std::max<int64_t>(R * kept, 1));
+  std::vector<uint8_t> m_cpu(tempo::bit_mask_bytes(n)), m_gpu(m_cpu.size(), 0x5a);
+  tempo::NormForwardParams f;
+  f.kind = c.kind;
+  f.dtype = t;
+  f.x = x.data();
+  f.weight = c.weight ? w.data() : nullptr;
+  f.beta = c.beta && c.kind == tempo::NormKind::kLayerNorm ? be.data() : nullptr;
+  f.float_params = c.float_params;
+  f.rows = R;
+  f.cols = M;
+  f.kept_slot = kept ? slot.data() : nullptr;
+  f.kept = kept;
+  if (c.prologue) {
+    f.prologue.residual = res.data();
+    f.prologue.bias = c.prologue_bias ? pbias.data() : nullptr;
+    f.prologue.p = c.p;
+    f.prologue.mode = c.mode;
+    f.prologue.rng.seed = 5;
+    f.prologue.rng.offset = 6;
+  }
+  const bool bits = c.prologue && c.p > 0 && c.mode == tempo::DropoutMode::kBits;
+  f.y = y_cpu.data();
+  f.rstd = r_cpu.data();
+  f.mask = bits ? m_cpu.data() : nullptr;
+  f.kept_xhat = kept ? kx_cpu.data() : nullptr;
+  tempo::Status s = tempo::norm_forward_cpu(f);
+  ASSERT_TRUE(s.ok()) << what << ": " << s.message();
+  f.y = y_gpu.data();
+  f.rstd = r_gpu.data();
+  f.mask = bits ? m_gpu.data() : nullptr;
+  f.kept_xhat = kept ? kx_gpu.data() : nullptr;
+  ASSERT_EQ(simt_api::norm_forward(&f), "") << what;
+  expect_close(y_cpu, y_gpu, reduction(), what + " y");
+  expect_close(r_cpu, r_gpu, reduction(), what + " rstd");
+  if (kept) expect_close(kx_cpu, kx_gpu, reduction(), what + " kept xhat");
+  if (bits) expect_same_bytes(m_cpu, m_gpu, what + " dropout bits");
+
+  Buf gy = randn(t, n, gen);
+  Buf gx_cpu = zeros(t, n), gx_gpu = zeros(t, n), gr_cpu = zeros(t, n), gr_gpu = zeros(t, n);
+  Buf gw_cpu = zeros(pt, M), gw_gpu = zeros(pt, M), gbe_cpu = zeros(pt, M), gbe_gpu = zeros(pt, M);
+  Buf gpb_cpu = zeros(t, M), gpb_gpu = zeros(t, M);
+  Buf ws(acc, tempo::norm_backward_workspace_elems(R, M));
+  tempo::NormBackwardParams b;
+  b.kind = c.kind;
+  b.dtype = t;
+  b.grad_y = gy.data();
+  b.y = y_cpu.data();
+  b.rstd = r_cpu.data();
+  b.weight = f.weight;
+  b.beta = f.beta;
+  b.float_params = c.float_params;
+  b.prologue = f.prologue;
+  b.mask = bits ? m_cpu.data() : nullptr;
+  b.kept_slot = f.kept_slot;
+  b.kept = kept;
+  b.kept_xhat = kept ? kx_cpu.data() : nullptr;
+  b.rows = R;
+  b.cols = M;
+  auto outputs = [&](Buf& gx, Buf& gw, Buf& gbe, Buf& gr, Buf& gpb) {
+    b.grad_x = gx.data();
+    b.grad_weight = f.weight ? gw.data() : nullptr;
+    b.grad_beta = f.beta ? gbe.data() : nullptr;
+    b.grad_residual = c.prologue ? gr.data() : nullptr;
+    b.grad_bias = c.prologue && c.prologue_bias ? gpb.data() : nullptr;
+  };
+  outputs(gx_cpu, gw_cpu, gbe_cpu, gr_cpu, gpb_cpu);
+  s = tempo::norm_backward_cpu(b);
+  ASSERT_TRUE(s.ok()) << what << ": " << s.message();
+  outputs(gx_gpu, gw_gpu, gbe_gpu, gr_gpu, gpb_gpu);
+  b.workspace = ws.data();
+  ASSERT_EQ(simt_api::norm_backward(&b), "") << what;
+  expect_close(gx_cpu, gx_gpu, reduction(1.0), what + " grad x");
+  if (f.weight) expect_close(gw_cpu, gw_gpu, column_sum(R), what + " grad weight");
+  if (f.beta) expect_close(gbe_cpu, gbe_gpu, column_sum(R), what + " grad beta");
+  if (c.prologue) expect_close(gr_cpu, gr_gpu, reduction(1.0), what + " grad residual");
+  if (c.prologue && c.prologue_bias) expect_close(gpb_cpu, gpb_gpu, column_sum(R), what + " grad bias");
+}
+
+TEST(SimtCuda, NormsMatchTheCpuKernels) {
+  std::mt19937 gen(14);
+  using K = tempo::NormKind;
+  int cases = 0;
+  for (DType t : kDTypes)
+    for (bool fp : {false, true}) {
+      if (fp && (t == DType::kFloat32 || t == DType::kFloat64)) continue;
+      // 600 rows: more than kNormBackwardGroups (512), so a backward block sums two rows (fp32 and bf16 only:
+      // 600 blocks of 256 emulated threads per launch).
+      for (auto [R, M] : {std::pair<int64_t, int64_t>{1, 1}, {3, 31}, {5, 300}, {9, 1031}, {600, 24}}) {
+        if (R == 600 && (fp || t == DType::kFloat64 || t == DType::kFloat16)) continue;
+        run_norm({K::kLayerNorm, t, fp, R, M, true, true, false, false, false, 0.0, tempo::DropoutMode::kBits}, gen);
+        run_norm({K::kRmsNorm, t, fp, R, M, true, false, false, false, false, 0.0, tempo::DropoutMode::kBits}, gen);
+        run_norm({K::kLayerNorm, t, fp, R, M, false, false, false, false, false, 0.0, tempo::DropoutMode::kBits}, gen);
+        run_norm({K::kLayerNorm, t, fp, R, M, true, true, true, true, false, 0.1, tempo::DropoutMode::kBits}, gen);
+        run_norm({K::kLayerNorm, t, fp, R, M, true, true, true, false, false, 0.5, tempo::DropoutMode::kPhilox}, gen);
+        run_norm({K::kLayerNorm, t, fp, R, M, true, true, true, true, false, 0.0, tempo::DropoutMode::kBits}, gen);
+        if (M >= 24) {
+          run_norm({K::kLayerNorm, t, fp, R, M, true, true, false, false, true, 0.0, tempo::DropoutMode::kBits}, gen);
+          run_norm({K::kRmsNorm, t, fp, R, M, true, false, false, false, true, 0.0, tempo::DropoutMode::kBits}, gen);
+        }
+        cases += 8;
+        if (HasFatalFailure() || HasNonfatalFailure()) return;
+      }
+    }
+  EXPECT_GT(cases, 0);
+}
+
+// ---- the q/k/v split -----------------------------------------------------------------------
+
+TEST(SimtCuda, QkvSplitMatchesTheCpuKernels) {
+  std::mt19937 gen(15);
+  for (DType t : kDTypes)
+    for (auto shape : {std::vector<int64_t>{1, 1, 1, 1}, {2, 5, 3, 7}, {3, 17, 4, 16}})
+      for (bool bias : {false, true}) {
+        tempo::QkvSplitForwardParams f;
+        f.dtype = t;
+        f.batch = shape[0];
+        f.seq = shape[1];
+        f.heads = shape[2];
+        f.head_dim = shape[3];
+        const int64_t n = f.numel(), M = f.cols(), tokens = f.batch * f.seq, each = n / 3;
+        const std::string what = tag(t, n) + (bias ? " bias" : "");
+        Buf z = randn(t, n, gen), bz = randn(t, M, gen);
+        Buf qc = zeros(t, each), kc = zeros(t, each), vc = zeros(t, each);
+        Buf qg = zeros(t, each), kg = zeros(t, each), vg = zeros(t, each);
+        f.z = z.data();
+        f.bias = bias ? bz.data() : nullptr;
+        f.q = qc.data();
+        f.k = kc.data();
+        f.v = vc.data();
+        ASSERT_TRUE(tempo::qkv_split_forward_cpu(f).ok()) << what;
+        f.q = qg.data();
+        f.k = kg.data();
+        f.v = vg.data();
+        ASSERT_EQ(simt_api::qkv_split_forward(&f), "") << what;
+        expect_close(qc, qg, kExact, what + " q");
+        expect_close(kc, kg, kExact, what + " k");
+        expect_close(vc, vg, kExact, what + " v");
+
+        tempo::QkvSplitBackwardParams b;
+        static_cast<tempo::QkvSplitParams&>(b) = f;
+        Buf dq = randn(t, each, gen), dk = randn(t, each, gen), dv = randn(t, each, gen);
+        Buf dzc = zeros(t, n), dzg = zeros(t, n), dbc = zeros(t, M), dbg = zeros(t, M);
+        Buf ws(t == DType::kFloat64 ? DType::kFloat64 : DType::kFloat32, tempo::qkv_split_workspace_elems(tokens, M));
+        b.grad_q = dq.data();
+        b.grad_k = dk.data();
+        b.grad_v = dv.data();
+        b.grad_z = dzc.data();
+        b.grad_bias = bias ? dbc.data() : nullptr;
+        ASSERT_TRUE(tempo::qkv_split_backward_cpu(b).ok()) << what;
+        b.grad_z = dzg.data();
+        b.grad_bias = bias ? dbg.data() : nullptr;
+        b.workspace = ws.data();
+        ASSERT_EQ(simt_api::qkv_split_backward(&b), "") << what;
+        expect_close(dzc, dzg, kExact, what + " grad z");
+        if (bias) expect_close(dbc, dbg, column_sum(tokens), what + " grad bias");
+      }
+}
+
+// ---- the attention softmax -------------------------------------------------------------------
+
+TEST(SimtCuda, AttentionSoftmaxMatchesTheCpuKernels) {
+  std::mt19937 gen(16);
+  struct Shape {
+    int64_t batch, heads, rows, cols, row_offset, seq_q;
+  };
+  for (DType t : kDTypes)
+    for (Shape sh : {Shape{1, 1, 1, 1, 0, 0}, Shape{2, 3, 7, 7, 0, 0}, Shape{1, 2, 5, 300, 0, 0},
+                     Shape{2, 2, 3, 11, 4, 11}, Shape{1, 1, 2, 600, 0, 0}})
+      for (bool causal : {false, true})
+        for (int mask_kind : {0, 1, 2})
+          for (double p : {0.0, 0.2})
+            for (auto mode : {tempo::DropoutMode::kBits, tempo::DropoutMode::kPhilox}) {
+              // A block of query rows draws its bits (philox mode): the core refuses bits there.
+              const bool block = sh.row_offset != 0 || (sh.seq_q != 0 && sh.seq_q != sh.rows);
+              if (block ? mode == tempo::DropoutMode::kBits : p == 0.0 && mode == tempo::DropoutMode::kPhilox) continue;
+              tempo::AttentionSoftmaxForwardParams f;
+              f.dtype = t;
+              f.batch = sh.batch;
+              f.heads = sh.heads;
+              f.rows = sh.rows;
+              f.cols = sh.cols;
+              f.row_offset = sh.row_offset;
+              f.seq_q = sh.seq_q;
+              f.scale = 0.37;
+              f.causal = causal;
+              f.p = p;
+              f.mode = mode;
+              f.rng.seed = 8;
+              f.rng.offset = 9;
+              const int64_t n = f.rows_total() * f.cols, seq = f.seq();
+              const std::string what = tag(t, n) + (causal ? " causal" : "") + " mask " + std::to_string(mask_kind) +
+                                       " p " + std::to_string(p) + (mode == tempo::DropoutMode::kBits ? " bits" : " philox") +
+                                       " offset " + std::to_string(sh.row_offset);
+              // Masks: 1 a key-padding mask [batch, 1, 1, cols] broadcast over heads and rows, with
+              // one batch's every key masked (rows of P = 0); 2 a full [batch, heads, seq, cols] mask.
+              std::vector<float> mask;
+              if (mask_kind == 1) {
+                mask.assign(sh.batch * sh.cols, 0.0f);
+                for (int64_t j = 0; j < sh.cols; ++j) {
+                  mask[j] = -INFINITY;
+                  if (sh.batch > 1 && j % 3 == 0) mask[sh.cols + j] = -1e4f;
+                }
+                f.attn_mask = mask.data();
+                f.mask_stride[0] = sh.cols;
+                f.mask_stride[3] = 1;
+              } else if (mask_kind == 2) {
+                mask.resize(sh.batch * sh.heads * seq * sh.cols);
+                std::normal_distribution<float> nd;
+                for (auto& v : mask) v = nd(gen);
+                f.attn_mask = mask.data();
+                f.mask_stride[0] = sh.heads * seq * sh.cols;
+                f.mask_stride[1] = seq * sh.cols;
+                f.mask_stride[2] = sh.cols;
+                f.mask_stride[3] = 1;
+              }
+              Buf s0 = randn(t, n, gen, 3.0);
+              Buf pc = s0, pg = s0, dc = zeros(t, n), dg = zeros(t, n);
+              std::vector<uint8_t> bc(tempo::bit_mask_bytes(n)), bg(bc.size(), 0x33);
+              const bool bits = p > 0 && mode == tempo::DropoutMode::kBits;
+              f.scores = pc.data();
+              f.dropped = p > 0 ? dc.data() : nullptr;
+              f.mask_bits = bits ? bc.data() : nullptr;
+              tempo::Status s = tempo::attention_softmax_forward_cpu(f);
+              ASSERT_TRUE(s.ok()) << what << ": " << s.message();
+              f.scores = pg.data();
+              f.dropped = p > 0 ? dg.data() : nullptr;
+              f.mask_bits = bits ? bg.data() : nullptr;
+              ASSERT_EQ(simt_api::attention_softmax_forward(&f), "") << what;
+              expect_close(pc, pg, reduction(), what + " P");
+              if (p > 0) expect_close(dc, dg, reduction(), what + " dropped P");
+              if (bits) expect_same_bytes(bc, bg, what + " bits");
+
+              tempo::AttentionSoftmaxBackwardParams b;
+              static_cast<tempo::AttentionSoftmaxParams&>(b) = f;
+              Buf g0 = randn(t, n, gen), gc = g0, gg = g0;
+              b.probs = pc.data();
+              b.mask_bits = bits ? bc.data() : nullptr;
+              b.grad = gc.data();
+              s = tempo::attention_softmax_backward_cpu(b);
+              ASSERT_TRUE(s.ok()) << what << ": " << s.message();
+              b.grad = gg.data();
+              ASSERT_EQ(simt_api::attention_softmax_backward(&b), "") << what;
+              expect_close(gc, gg, reduction(1.0), what + " grad");
+              if (HasFailure()) return;
+            }
+}
+
+// ---- causal linear attention (SLiM) ----------------------------------------------------------
+
+TEST(SimtCuda, LinearAttentionMatchesTheCpuKernels) {
+  std::mt19937 gen(17);
+  for (DType t : kDTypes)
+    for (auto shape : {std::vector<int64_t>{1, 1, 1, 1}, {3, 9, 4, 5}, {2, 33, 16, 8}, {1, 5, 40, 130}})
+      for (bool state_in : {false, true}) {
+        const DType st = tempo::linear_attention_state_dtype(t);
+        const int64_t R = shape[0], L = shape[1], m = shape[2], d = shape[3];
+        const std::string what = tag(t, R * L * m) + " m " + std::to_string(m) + " d " + std::to_string(d) +
+                                 (state_in ? " with a state in" : "");
+        auto positive = [&](int64_t n) {  // feature-mapped queries and keys are non-negative
+          Buf b(t, n);
+          std::uniform_real_distribution<double> u(0.05, 1.5);
+          for (int64_t i = 0; i < n; ++i) b.set(i, u(gen));
+          return b;
+        };
+        Buf q = positive(R * L * m), k = positive(R * L * m), v = randn(t, R * L * d, gen);
+        Buf num(st, R * m * d), den(st, R * m);
+        std::uniform_real_distribution<double> u(0.1, 2.0);
+        for (int64_t i = 0; i < num.n; ++i) num.set(i, u(gen) - 0.5);
+        for (int64_t i = 0; i < den.n; ++i) den.set(i, u(gen));
+        Buf yc = zeros(t, R * L * d), yg = zeros(t, R * L * d);
+        Buf nc = zeros(st, R * m * d), ng = zeros(st, R * m * d), dnc = zeros(st, R * m), dng = zeros(st, R * m);
+        Buf ws(DType::kFloat64, tempo::linear_attention_workspace_bytes(R, m, d, true) / 8);
+        tempo::LinearAttentionForwardParams f;
+        f.dtype = t;
+        f.q = q.data();
+        f.k = k.data();
+        f.v = v.data();
+        f.num_in = state_in ? num.data() : nullptr;
+        f.den_in = state_in ? den.data() : nullptr;
+        f.rows = R;
+        f.len = L;
+        f.m = m;
+        f.d = d;
+        f.y = yc.data();
+        f.num_out = nc.data();
+        f.den_out = dnc.data();
+        tempo::Status s = tempo::linear_attention_forward_cpu(f);
+        ASSERT_TRUE(s.ok()) << what << ": " << s.message();
+        f.y = yg.data();
+        f.num_out = ng.data();
+        f.den_out = dng.data();
+        f.workspace = ws.data();
+        ASSERT_EQ(simt_api::linear_attention_forward(&f), "") << what;
+        expect_close(yc, yg, reduction(), what + " y");
+        expect_close(nc, ng, reduction(), what + " state out (num)");
+        expect_close(dnc, dng, reduction(), what + " state out (den)");
+
+        tempo::LinearAttentionBackwardParams b;
+        static_cast<tempo::LinearAttentionInputs&>(b) = f;
+        b.workspace = nullptr;
+        Buf gy = randn(t, R * L * d, gen), gnum = randn(st, R * m * d, gen, 0.1), gden = randn(st, R * m, gen, 0.1);
+        Buf gqc = zeros(t, R * L * m), gqg = zeros(t, R * L * m), gkc = zeros(t, R * L * m), gkg = zeros(t, R * L * m);
+        Buf gvc = zeros(t, R * L * d), gvg = zeros(t, R * L * d);
+        Buf gnc = zeros(st, R * m * d), gng = zeros(st, R * m * d), gdc = zeros(st, R * m), gdg = zeros(st, R * m);
+        b.grad_y = gy.data();
+        b.grad_num_out = state_in ? gnum.data() : nullptr;
+        b.grad_den_out = state_in ? gden.data() : nullptr;
+        auto outputs = [&](Buf& gq, Buf& gk, Buf& gv, Buf& gn, Buf& gd) {
+          b.grad_q = gq.data();
+          b.grad_k = gk.data();
+          b.grad_v = gv.data();
+          b.grad_num_in = gn.data();
+          b.grad_den_in = gd.data();
+        };
+        outputs(gqc, gkc, gvc, gnc, gdc);
+        s = tempo::linear_attention_backward_cpu(b);
+        ASSERT_TRUE(s.ok()) << what << ": " << s.message();
+        outputs(gqg, gkg, gvg, gng, gdg);
+        b.workspace = ws.data();
+        ASSERT_EQ(simt_api::linear_attention_backward(&b), "") << what;
+        expect_close(gqc, gqg, reduction(1.0), what + " grad q");
+        expect_close(gkc, gkg, reduction(1.0), what + " grad k");
+        expect_close(gvc, gvg, reduction(1.0), what + " grad v");
+        expect_close(gnc, gng, reduction(1.0), what + " grad num in");
+        expect_close(gdc, gdg, reduction(1.0), what + " grad den in");
+      }
+}
+
+// The emulator ran the kernels as blocks of threads that met at barriers and shuffles (the
+// counters say the block reductions were exercised, not bypassed), and refuses what a GPU refuses.
+TEST(SimtCuda, TheEmulatorRanBlocksBarriersAndShuffles) {
+  std::mt19937 gen(18);
+  const auto before = simt_api::counters();
+  run_norm({tempo::NormKind::kLayerNorm, DType::kFloat32, false, 4, 300, true, true, false, false, false, 0.0,
+            tempo::DropoutMode::kBits},
+           gen);
+  const auto after = simt_api::counters();
+  EXPECT_GE(after.blocks - before.blocks, 4u);
+  EXPECT_GT(after.barriers, before.barriers);
+  EXPECT_GT(after.shuffles, before.shuffles);
+  // Shared memory past the 48 KiB a launch may take without opting in: the core refuses first.
+  tempo::LinearAttentionForwardParams f;
+  std::vector<float> buf(16);
+  f.q = f.k = f.v = buf.data();
+  f.y = buf.data();
+  std::vector<float> state(4);
+  f.num_out = state.data();
+  f.den_out = state.data();
+  f.rows = 1;
+  f.len = 1;
+  f.m = 4096;
+  f.d = 1;
+  f.workspace = buf.data();
+  EXPECT_NE(simt_api::linear_attention_forward(&f).find("shared memory"), std::string::npos);
+}
+
+}  // namespace
