@@ -7,7 +7,8 @@
 // grid y/z, shared memory), __syncthreads reached at different places by the threads of a
 // block, a full-mask warp shuffle with lanes that have exited or diverged, a block whose
 // threads wait on each other forever, 16-byte vector accesses at unaligned addresses, and
-// reads of dynamic shared memory the kernel never wrote (filled with NaN bytes). What it
+// reads of dynamic shared memory the kernel never wrote (filled with NaN bytes) and writes past
+// its end (guard bytes; the tests guard their tensors the same way). What it
 // cannot check: the device's memory model (every access here is sequentially consistent and
 // blocks run one after another, so races between blocks or threads go unseen), nvcc's code
 // generation, and timing. Every failure aborts with a message: a test that sees one fails.
@@ -42,7 +43,10 @@ struct dim3 {
 
 namespace simt {
 [[noreturn]] inline void fail(const char* what, int line = 0) {
-  std::fprintf(stderr, "simt: %s (line %d of the kernel source)\n", what, line);
+  if (line > 0)
+    std::fprintf(stderr, "simt: %s (line %d of the kernel source)\n", what, line);
+  else
+    std::fprintf(stderr, "simt: %s\n", what);
   std::abort();
 }
 }  // namespace simt
@@ -333,6 +337,8 @@ inline void run_block(unsigned threads, Shuffle (*kind_of_line)(int)) {
 inline Shuffle g_kinds[1 << 16];
 inline Shuffle kind_of_line(int line) { return g_kinds[line & 0xffff]; }
 
+constexpr size_t kSharedGuard = 256;
+
 inline void launch(dim3 grid, dim3 block, size_t shared_bytes, const std::function<void()>& body) {
   const uint64_t threads = uint64_t{block.x} * block.y * block.z;
   // The device's limits (compute capability 9.0): a launch beyond them fails, the kernel never runs.
@@ -356,8 +362,12 @@ inline void launch(dim3 grid, dim3 block, size_t shared_bytes, const std::functi
     for (unsigned y = 0; y < grid.y; ++y)
       for (unsigned x = 0; x < grid.x; ++x) {
         blockIdx = uint3{x, y, z};
-        L.dynamic_shared.assign(shared_bytes, 0xff);  // unwritten doubles and floats read as NaN
+        // Unwritten doubles and floats read as NaN; 256 guard bytes after the end catch a write past it.
+        L.dynamic_shared.assign(shared_bytes + kSharedGuard, 0xff);
+        std::memset(L.dynamic_shared.data() + shared_bytes, 0xa5, kSharedGuard);
         run_block(static_cast<unsigned>(threads), kind_of_line);
+        for (size_t i = shared_bytes; i < shared_bytes + kSharedGuard; ++i)
+          if (L.dynamic_shared[i] != 0xa5) fail("a write past the end of the dynamic shared memory");
         ++L.blocks;
       }
   L.body = nullptr;
