@@ -106,6 +106,9 @@ inline cudaError_t cudaStreamIsCapturing(cudaStream_t, cudaStreamCaptureStatus* 
 // ---- the scheduler ---------------------------------------------------------------------------
 namespace simt {
 
+// What a lane reads in a shuffle: the value of lane ^ arg, of lane + arg, or of lane arg.
+enum class Shuffle { kXor, kDown, kIdx };
+
 struct Fiber {
   ucontext_t ctx;  // the portable switch (not x86-64)
   void* sp = nullptr;  // the x86-64 switch: the saved stack pointer
@@ -114,7 +117,8 @@ struct Fiber {
   enum State { kReady, kAtBarrier, kAtShuffle, kDone } state = kReady;
   int line = 0;       // where it waits
   uint64_t value = 0;  // a shuffle's operand, then its result
-  int lane_arg = 0;    // a shuffle's xor mask or source lane
+  Shuffle kind = Shuffle::kXor;  // a shuffle's kind
+  int lane_arg = 0;    // its xor mask, offset or source lane
 };
 
 struct Launch {
@@ -213,11 +217,11 @@ inline void syncthreads(int line) {
 }
 
 // A warp's 32 lanes each offer a value; lane l then gets the value of lane source(l).
-enum class Shuffle { kXor, kDown, kIdx };
-inline uint64_t shuffle(uint64_t v, int arg, int line) {
+inline uint64_t shuffle(Shuffle kind, uint64_t v, int arg, int line) {
   Fiber* f = g_launch.current;
   f->state = Fiber::kAtShuffle;
   f->line = line;
+  f->kind = kind;
   f->value = v;
   f->lane_arg = arg;
   yield();
@@ -239,7 +243,7 @@ inline Schedule g_schedule = [] {
 }();
 
 // Releases warp w's shuffle if all 32 of its lanes wait at it; fails on lanes at different ones.
-inline bool release_shuffle(unsigned w, unsigned threads, Shuffle (*kind_of_line)(int)) {
+inline bool release_shuffle(unsigned w, unsigned threads) {
   Launch& L = g_launch;
   const unsigned lo = w * 32, hi = std::min(threads, lo + 32);
   unsigned waiting = 0;
@@ -254,10 +258,10 @@ inline bool release_shuffle(unsigned w, unsigned threads, Shuffle (*kind_of_line
   if (waiting == 0 || waiting != 32 || hi - lo != 32) return false;
   uint64_t in[32];
   for (unsigned t = lo; t < hi; ++t) in[t - lo] = L.fibers[t].value;
-  const Shuffle kind = kind_of_line(line);
   for (unsigned t = lo; t < hi; ++t) {
     Fiber& f = L.fibers[t];
     const int lane = static_cast<int>(t - lo);
+    const Shuffle kind = f.kind;  // one shuffle (one line): the same kind in every lane
     int src = kind == Shuffle::kXor ? (lane ^ f.lane_arg) : kind == Shuffle::kDown ? lane + f.lane_arg : f.lane_arg;
     if (src < 0 || src > 31) src = lane;  // out of range: the lane keeps its own value, as on the device
     f.value = in[src];
@@ -284,7 +288,7 @@ inline bool run_ready(unsigned lo, unsigned hi) {
 
 // Runs the block's fibers until all are done; releases a barrier when every live thread of
 // the block waits at it, a shuffle when all 32 lanes of a warp wait at it.
-inline void run_block(unsigned threads, Shuffle (*kind_of_line)(int)) {
+inline void run_block(unsigned threads) {
   Launch& L = g_launch;
   for (unsigned t = 0; t < threads; ++t) start_fiber(L.fibers[t]);
   const unsigned warps = (threads + 31) / 32;
@@ -295,13 +299,13 @@ inline void run_block(unsigned threads, Shuffle (*kind_of_line)(int)) {
     } else {
       for (unsigned i = 0; i < warps; ++i) {
         const unsigned w = g_schedule == Schedule::kWarpFirst ? i : warps - 1 - i;
-        while (run_ready(w * 32, std::min(threads, w * 32 + 32)) || release_shuffle(w, threads, kind_of_line)) ran = true;
+        while (run_ready(w * 32, std::min(threads, w * 32 + 32)) || release_shuffle(w, threads)) ran = true;
       }
     }
     if (ran) continue;
     // Nothing runnable: release whatever every participant has reached.
     bool released = false;
-    for (unsigned w = 0; w < warps; ++w) released = release_shuffle(w, threads, kind_of_line) || released;
+    for (unsigned w = 0; w < warps; ++w) released = release_shuffle(w, threads) || released;
     if (released) continue;
     unsigned live = 0, at_barrier = 0, at_shuffle = 0;
     int barrier_line = -1, shuffle_line = -1;
@@ -333,9 +337,6 @@ inline void run_block(unsigned threads, Shuffle (*kind_of_line)(int)) {
   }
 }
 
-// The shuffle kind of each call site, recorded by the intrinsics below (one kind per line).
-inline Shuffle g_kinds[1 << 16];
-inline Shuffle kind_of_line(int line) { return g_kinds[line & 0xffff]; }
 
 constexpr size_t kSharedGuard = 256;
 
@@ -365,7 +366,7 @@ inline void launch(dim3 grid, dim3 block, size_t shared_bytes, const std::functi
         // Unwritten doubles and floats read as NaN; 256 guard bytes after the end catch a write past it.
         L.dynamic_shared.assign(shared_bytes + kSharedGuard, 0xff);
         std::memset(L.dynamic_shared.data() + shared_bytes, 0xa5, kSharedGuard);
-        run_block(static_cast<unsigned>(threads), kind_of_line);
+        run_block(static_cast<unsigned>(threads));
         for (size_t i = shared_bytes; i < shared_bytes + kSharedGuard; ++i)
           if (L.dynamic_shared[i] != 0xa5) fail("a write past the end of the dynamic shared memory");
         ++L.blocks;
@@ -395,8 +396,7 @@ T from_bits(uint64_t u) {
 template <typename T>
 T shfl(Shuffle kind, unsigned mask, T v, int arg, int line) {
   if (mask != 0xffffffffu) fail("a warp shuffle with a partial mask (not emulated)", line);
-  g_kinds[line & 0xffff] = kind;
-  return from_bits<T>(shuffle(to_bits(v), arg, line));
+  return from_bits<T>(shuffle(kind, to_bits(v), arg, line));
 }
 
 }  // namespace simt
