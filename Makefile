@@ -112,9 +112,19 @@ build: setup $(BUILD)/build.ninja
 # (the argument audit, the fused kernels, determinism, dropout), with the sanitizer runtime
 # preloaded into Python. Any report fails. This build is also the one without nlohmann-json
 # (every other build here has it): the CLI links, and refuses what needs it by name.
+# Then the CUDA kernels as the CPU runs them (tests/simt) under UBSan alone, in a small build of
+# the core without LibTorch: ASan does not follow the emulator's own stack switching.
 ASAN_BUILD ?= build-asan
+SIMT_UBSAN_BUILD ?= build-ubsan-simt
 SANITIZE_ENV = ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 sanitize: setup
+	@[ -f $(SIMT_UBSAN_BUILD)/build.ninja ] || cmake -S . -B $(SIMT_UBSAN_BUILD) -G Ninja \
+	  -DPython_EXECUTABLE=$(PYTHON_ABS) -DTEMPO_BUILD_TORCH=OFF -DTEMPO_CUDA_COMPILE_CHECK=OFF \
+	  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS="-fsanitize=undefined -fno-sanitize-recover=undefined" \
+	  -DCMAKE_EXE_LINKER_FLAGS=-fsanitize=undefined
+	CCACHE_BASEDIR=$(CURDIR) cmake --build $(SIMT_UBSAN_BUILD) -j $(JOBS) --target tempo_simt_tests
+	for s in round-robin warp-first warp-last; do \
+	  SIMT_SCHEDULE=$$s $(SANITIZE_ENV) $(SIMT_UBSAN_BUILD)/tempo_simt_tests --gtest_brief=1 || exit 1; done
 	@[ -f $(ASAN_BUILD)/build.ninja ] || cmake -S . -B $(ASAN_BUILD) -G Ninja -DPython_EXECUTABLE=$(PYTHON_ABS) \
 	  -DTEMPO_SANITIZE=ON -DTEMPO_CUDA_COMPILE_CHECK=OFF -DTEMPO_NATIVE=$(NATIVE) -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 	  -DCMAKE_DISABLE_FIND_PACKAGE_nlohmann_json=ON
