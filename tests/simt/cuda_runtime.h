@@ -77,7 +77,7 @@ using std::max;
 using std::min;
 
 // ---- the runtime API the core calls ---------------------------------------------------------
-enum cudaError_t { cudaSuccess = 0, cudaErrorInvalidConfiguration = 9, cudaErrorInvalidValue = 1 };
+enum cudaError_t { cudaSuccess = 0, cudaErrorInvalidConfiguration = 9 };
 enum cudaStreamCaptureStatus { cudaStreamCaptureStatusNone = 0, cudaStreamCaptureStatusActive = 1 };
 using cudaStream_t = struct SimtStream*;
 
@@ -91,8 +91,7 @@ inline cudaError_t cudaGetLastError() {
   return e;
 }
 inline const char* cudaGetErrorString(cudaError_t e) {
-  return e == cudaSuccess ? "no error" : e == cudaErrorInvalidConfiguration ? "invalid configuration argument"
-                                                                            : "invalid argument";
+  return e == cudaSuccess ? "no error" : "invalid configuration argument";
 }
 inline cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t = nullptr) {
   std::memset(p, value, bytes);
@@ -106,9 +105,6 @@ inline cudaError_t cudaStreamIsCapturing(cudaStream_t, cudaStreamCaptureStatus* 
 // ---- the scheduler ---------------------------------------------------------------------------
 namespace simt {
 
-// What a lane reads in a shuffle: the value of lane ^ arg, of lane + arg, or of lane arg.
-enum class Shuffle { kXor, kDown, kIdx };
-
 struct Fiber {
   ucontext_t ctx;  // the portable switch (not x86-64)
   void* sp = nullptr;  // the x86-64 switch: the saved stack pointer
@@ -117,8 +113,7 @@ struct Fiber {
   enum State { kReady, kAtBarrier, kAtShuffle, kDone } state = kReady;
   int line = 0;       // where it waits
   uint64_t value = 0;  // a shuffle's operand, then its result
-  Shuffle kind = Shuffle::kXor;  // a shuffle's kind
-  int lane_arg = 0;    // its xor mask, offset or source lane
+  int lane_arg = 0;    // a shuffle's xor mask
 };
 
 struct Launch {
@@ -217,11 +212,10 @@ inline void syncthreads(int line) {
 }
 
 // A warp's 32 lanes each offer a value; lane l then gets the value of lane source(l).
-inline uint64_t shuffle(Shuffle kind, uint64_t v, int arg, int line) {
+inline uint64_t shuffle(uint64_t v, int arg, int line) {
   Fiber* f = g_launch.current;
   f->state = Fiber::kAtShuffle;
   f->line = line;
-  f->kind = kind;
   f->value = v;
   f->lane_arg = arg;
   yield();
@@ -261,10 +255,7 @@ inline bool release_shuffle(unsigned w, unsigned threads) {
   for (unsigned t = lo; t < hi; ++t) {
     Fiber& f = L.fibers[t];
     const int lane = static_cast<int>(t - lo);
-    const Shuffle kind = f.kind;  // one shuffle (one line): the same kind in every lane
-    int src = kind == Shuffle::kXor ? (lane ^ f.lane_arg) : kind == Shuffle::kDown ? lane + f.lane_arg : f.lane_arg;
-    if (src < 0 || src > 31) src = lane;  // out of range: the lane keeps its own value, as on the device
-    f.value = in[src];
+    f.value = in[(lane ^ f.lane_arg) & 31];  // as the device: the xor taken within the warp
     f.state = Fiber::kReady;
   }
   ++L.shuffles;
@@ -394,22 +385,18 @@ T from_bits(uint64_t u) {
 }
 
 template <typename T>
-T shfl(Shuffle kind, unsigned mask, T v, int arg, int line) {
+T shfl_xor(unsigned mask, T v, int arg, int line) {
   if (mask != 0xffffffffu) fail("a warp shuffle with a partial mask (not emulated)", line);
-  return from_bits<T>(shuffle(kind, to_bits(v), arg, line));
+  return from_bits<T>(shuffle(to_bits(v), arg, line));
 }
 
 }  // namespace simt
 
 #define __syncthreads() ::simt::syncthreads(__LINE__)
-#define __shfl_xor_sync(mask, v, o) ::simt::shfl(::simt::Shuffle::kXor, (mask), (v), (o), __LINE__)
-#define __shfl_down_sync(mask, v, o) ::simt::shfl(::simt::Shuffle::kDown, (mask), (v), (o), __LINE__)
-#define __shfl_sync(mask, v, l) ::simt::shfl(::simt::Shuffle::kIdx, (mask), (v), (l), __LINE__)
+// The only shuffle the kernels use; another intrinsic is a compile error here, to be added when used.
+#define __shfl_xor_sync(mask, v, o) ::simt::shfl_xor((mask), (v), (o), __LINE__)
 
 // Device intrinsics the math headers use under __CUDA_ARCH__, with their device semantics.
 inline unsigned int __float_as_uint(float f) { return simt::to_bits(f) & 0xffffffffu; }
 inline float __uint_as_float(unsigned int u) { return simt::from_bits<float>(u); }
 inline double __longlong_as_double(long long v) { return simt::from_bits<double>(static_cast<uint64_t>(v)); }
-inline unsigned int __umulhi(unsigned int a, unsigned int b) {
-  return static_cast<unsigned int>((static_cast<uint64_t>(a) * b) >> 32);
-}
