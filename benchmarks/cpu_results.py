@@ -1,11 +1,23 @@
 #!/usr/bin/env python3
-"""Renders the JSON written by benchmarks/cpu_results.sh into docs/results/cpu.md."""
+"""Renders the JSON written by benchmarks/cpu_results.sh into docs/results/cpu.md.
+
+The page's title and opening paragraph, and the "## " sections this script owns (OWNED), are
+rewritten: an owned section whose results this run has not made yet is left out, so the page never
+mixes two runs' tables under one date. Any other "## " section on the page (a hand-written
+measurement with its own command and date) is kept where it stands. An owned section the page does
+not have yet goes at its end."""
 import datetime
 import json
 import os
 import platform
 import subprocess
 import sys
+
+
+BUDGET = "## bert-large: activations at batch 1 and the largest batch under a budget"
+EQUAL = "## Equal batch: bert-base shape with 4 layers, seq 128, batch 8"
+ABLATION = "## Ablation: per-layer activation bytes of each technique (bert-large)"
+OWNED = (BUDGET, EQUAL, ABLATION)
 
 
 def load(path):
@@ -15,6 +27,39 @@ def load(path):
 
 def mib(b):
     return b / 1048576.0
+
+
+def read_sections(md):
+    """The "## " sections of the page as it stands: a list of (title, lines); [] if there is none."""
+    if not os.path.exists(md):
+        return []
+    sections = []
+    in_code = False
+    with open(md) as f:
+        for line in f.read().rstrip("\n").split("\n"):
+            if line.startswith("```"):
+                in_code = not in_code
+            if line.startswith("## ") and not in_code:
+                sections.append((line, [line]))
+            elif sections:
+                sections[-1][1].append(line)
+    return sections
+
+
+def merge(header, generated, existing):
+    """The header, then the page's sections in their order, each owned one replaced by this run's text
+    (or left out), then this run's sections the page did not have yet."""
+    made = {lines[0]: lines for lines in generated}
+    out = list(header)
+    for title, lines in existing:
+        if title in OWNED:
+            out += made.pop(title, [])
+        else:
+            out += lines
+    for lines in generated:
+        if lines[0] in made:
+            out += lines
+    return out
 
 
 def main(out, md):
@@ -27,7 +72,9 @@ def main(out, md):
              "activations). Times are one step each on a shared 2-core machine: read them as rough." % (
                  datetime.date.today().isoformat(), commit, platform.processor() or platform.machine(),
                  os.cpu_count(), __import__("torch").__version__), ""]
-    lines += ["## bert-large: activations at batch 1 and the largest batch under a budget", "",
+    header = lines
+    sections = []  # each a list of lines, the first its title, in the order this script makes them
+    lines = [BUDGET, "",
               "| seq | budget | policy | activations, batch 1 | vs eager | peak, batch 1 | max batch | vs eager "
               "| tokens/s at max batch |", "|---|---|---|---|---|---|---|---|---|"]
     missing = []
@@ -49,16 +96,18 @@ def main(out, md):
               "step at it under the tracker (its peak within the budget). The tokens/s column is the verifying "
               "step's own time (one step, the first at that batch size). The script runs these with "
               "MALLOC_MMAP_THRESHOLD_=131072 (glibc returns freed blocks at once, so the resident size stays near "
-              "the tracked bytes); the S=128 and S=512 11 GiB rows of this page were measured without it.", ""]
+              "the tracked bytes).", ""]
     if missing:
         lines += ["Not in this run: %s (the script runs them last; each takes tens of minutes on 2 cores, and "
                   "the 16 GiB runs need well over 16 GiB of RAM, since the process's resident size exceeds the "
                   "tracked bytes by the allocator's caches)." % ", ".join(missing), ""]
+    if len(missing) < 4:
+        sections.append(lines)
     path = os.path.join(out, "bert-base-l4-s128.json")
     if os.path.exists(path):
         rows = load(path)
         eager = next(r for r in rows if r["policy"] == "eager")
-        lines += ["## Equal batch: bert-base shape with 4 layers, seq 128, batch 8", "",
+        lines = [EQUAL, "",
                   "| policy | activations | vs eager | peak | step ms | vs eager | tokens/s |",
                   "|---|---|---|---|---|---|---|"]
         for r in rows:
@@ -67,15 +116,18 @@ def main(out, md):
                 mib(r["peak_bytes"]), r["step_ms"], r["step_ms"] / eager["step_ms"], r["tokens_per_s"]))
         lines += ["", "Command: `build/tempo bench --model bert-base --layers 4 --seq 128 --batch 8 --steps 5 "
                   "--policies eager,checkpoint,sdpa,tempo,tempo-sdpa --json` (median of 5 steps after a warm-up).", ""]
+        sections.append(lines)
     path = os.path.join(out, "ablation.txt")
     if os.path.exists(path):
         with open(path) as f:
             text = f.read().rstrip()
-        lines += ["## Ablation: per-layer activation bytes of each technique (bert-large)", "",
-                  "Command: `build/tempo bench --model bert-large --ablation --ablation-seqs 128,256,512`", "",
-                  "```", text, "```", ""]
-    with open(md, "w") as f:
-        f.write("\n".join(lines) + "\n")
+        sections.append([ABLATION, "",
+                         "Command: `build/tempo bench --model bert-large --ablation --ablation-seqs 128,256,512`", "",
+                         "```", text, "```", ""])
+    text = "\n".join(merge(header, sections, read_sections(md))) + "\n"
+    with open(md + ".tmp", "w") as f:
+        f.write(text)
+    os.replace(md + ".tmp", md)
     print("wrote", md)
 
 
