@@ -54,8 +54,10 @@ def merge(header, generated, existing):
     for title, lines in existing:
         if title in OWNED:
             out += made.pop(title, [])
-        else:
-            out += lines
+        else:  # one blank line after it, however the page ended
+            while lines and not lines[-1].strip():
+                lines = lines[:-1]
+            out += lines + [""]
     for lines in generated:
         if lines[0] in made:
             out += lines
