@@ -91,15 +91,16 @@ def main(out, md):
     runs = [(s, b) for s in (128, 512) for b in ("11GiB", "16GiB")]
     for s, b in runs:
         path = os.path.join(out, "bert-large-s%d-%s.json" % (s, b))
+        budget = b.replace("GiB", " GiB")
         if not os.path.exists(path):
-            missing.append("S=%d under %s" % (s, b.replace("GiB", " GiB")))
+            missing.append("S=%d under %s" % (s, budget))
             continue
         rows = load(path)
-        made.append(("S=%d under %s" % (s, b.replace("GiB", " GiB")), commit_of(path)))
+        made.append(("S=%d under %s" % (s, budget), commit_of(path)))
         eager = next(r for r in rows if r["policy"] == "eager")
         for r in rows:
             lines.append("| %d | %s | %s | %.1f MiB | %.2fx | %.1f MiB | %d | %.2fx | %.1f | %.1f%% |" % (
-                s, b.replace("GiB", " GiB"), r["policy"], mib(r["activation_bytes"]),
+                s, budget, r["policy"], mib(r["activation_bytes"]),
                 r["activation_bytes"] / eager["activation_bytes"], mib(r["peak_bytes"]), r["max_batch"],
                 r["max_batch"] / eager["max_batch"], r["max_batch_tokens_per_s"], 100 * r["max_batch_spread"]))
     lines += ["", "Command: `build/tempo bench --model bert-large --seq S --batch 1 --steps 1 --policies "
