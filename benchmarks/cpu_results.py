@@ -2,10 +2,10 @@
 """Renders the JSON written by benchmarks/cpu_results.sh into docs/results/cpu.md.
 
 The page's title and opening paragraph, and the "## " sections this script owns (OWNED), are
-rewritten: an owned section whose results this run has not made yet is left out, so the page never
-mixes two runs' tables under one date. Any other "## " section on the page (a hand-written
-measurement with its own command and date) is kept where it stands. An owned section the page does
-not have yet goes at its end."""
+rewritten from the results in the folder: an owned section with no result there yet is left out,
+and the opening paragraph names the commit each result was made at (its NAME.commit stamp). Any
+other "## " section on the page (a hand-written measurement with its own command and date) is kept
+where it stands. An owned section the page does not have yet goes at its end."""
 import datetime
 import json
 import os
@@ -111,7 +111,7 @@ def main(out, md):
               "MALLOC_MMAP_THRESHOLD_=131072 (glibc returns freed blocks at once, so the resident size stays near "
               "the tracked bytes).", ""]
     if missing:
-        lines += ["Not in this run: %s (the script runs them last; each takes tens of minutes on 2 cores, and "
+        lines += ["Not measured yet: %s (the script runs them last; each takes tens of minutes on 2 cores, and "
                   "the 16 GiB runs need well over 16 GiB of RAM, since the process's resident size exceeds the "
                   "tracked bytes by the allocator's caches)." % ", ".join(missing), ""]
     if len(missing) < len(runs):
