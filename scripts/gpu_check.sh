@@ -99,6 +99,13 @@ build() {
   fi
   cmake --build "$BUILD" -j "$JOBS" || return 1
   "$BUILD/tempo" env
+  # One C++ runtime, torch's shared one (cmake/TempoCxxRuntime.cmake): no copy of libstdc++'s
+  # stream code inside the op library (the GPU image's compiler linked one in on 2026-12-04, and
+  # every error message that formats a number crashed).
+  if nm "$BUILD/lib/libtempo_torch.so" | grep -qE ' [TtWw] _ZNSo9_M_insertIlEERSoT_$'; then
+    echo "libtempo_torch.so carries its own libstdc++ (a second C++ runtime beside torch's)"
+    return 1
+  fi
   if [ $DRY = 0 ]; then
     "$PYTHON" scripts/check_fp64_sass.py "$BUILD/CMakeFiles/tempo_core.dir/csrc/core/cuda/activation.cu.o" || return 1
   fi
