@@ -114,10 +114,11 @@ int main(int argc, char** argv) {
       TransformerLayer eager = layers.front().layer;
       double eager_ms = 0;
       for (auto& L : layers) {
-        // kept: bytes held after the forward (the output included; CPU tracker, -1 on CUDA);
-        // moved: the operators' traffic over forward + backward
-        int64_t kept = -1;
-        if (!cuda) {
+        // kept: bytes held after the forward (the output included; the CPU tracker, or CUDA's
+        // caching allocator's count of allocated bytes); moved: the operators' traffic over
+        // forward + backward
+        int64_t kept = 0;
+        {
           tempo::memory::Scope scope(dev);
           at::Tensor xi = x.detach().requires_grad_(true);
           at::Tensor y = L.layer->forward(xi, at::Tensor());

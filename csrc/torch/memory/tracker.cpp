@@ -1,6 +1,7 @@
 // The counting CPU allocator and the device-generic statistics behind tempo/memory.h, with
 // the ops that open them to Python (tempo::memory_track, memory_stats, memory_reset_peak,
 // memory_set_cpu_limit).
+#include <ATen/Context.h>
 #include <ATen/DeviceAccelerator.h>
 #include <c10/core/CPUAllocator.h>
 #include <torch/library.h>
@@ -25,6 +26,14 @@ namespace {
 std::atomic<int64_t> g_current{0};
 std::atomic<int64_t> g_peak{0};
 std::atomic<int64_t> g_limit{0};  // 0: none
+
+// The device's caching allocator, initialised first: CUDA's is set up by the lazy init that a
+// first tensor on the device triggers, and asking it anything before that fails ("Allocator not
+// initialized for device"; e.g. `tempo train --budget` sets the limit before any allocation).
+c10::DeviceAllocator* device_allocator(const c10::Device& device) {
+  at::globalContext().lazyInitDevice(device.type());
+  return at::getDeviceAllocator(device.type());
+}
 
 void add(int64_t n) {
   const int64_t now = g_current.fetch_add(n) + n;
@@ -118,7 +127,7 @@ void set_limit(const c10::Device& device, int64_t bytes) {
 #if TEMPO_TORCH_CUDA
   if (device.is_cuda()) {
     const c10::DeviceIndex index = device.has_index() ? device.index() : c10::cuda::current_device();
-    const auto total = static_cast<double>(at::getDeviceAllocator(c10::kCUDA)->getMemoryInfo(index).second);
+    const auto total = static_cast<double>(device_allocator(device)->getMemoryInfo(index).second);
     c10::cuda::CUDACachingAllocator::setMemoryFraction(bytes == 0 ? 1.0 : std::min(1.0, bytes / total), index);
     return;
   }
@@ -132,7 +141,7 @@ Stats stats(const c10::Device& device) {
                                 "(tempo.memory.track() in Python)");
     return {g_current.load(), g_peak.load()};
   }
-  const auto s = at::getDeviceAllocator(device.type())->getDeviceStats(device.has_index() ? device.index() : 0);
+  const auto s = device_allocator(device)->getDeviceStats(device.has_index() ? device.index() : 0);
   const auto& a = s.allocated_bytes[0];  // aggregate over pools
   return {a.current, a.peak};
 }
@@ -142,7 +151,7 @@ void reset_peak(const c10::Device& device) {
     g_peak.store(g_current.load());
     return;
   }
-  at::getDeviceAllocator(device.type())->resetPeakStats(device.has_index() ? device.index() : 0);
+  device_allocator(device)->resetPeakStats(device.has_index() ? device.index() : 0);
 }
 
 Scope::Scope(const c10::Device& device) : device_(device) {
