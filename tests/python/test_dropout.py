@@ -95,7 +95,7 @@ def test_saved_bytes_exact():
     bits, _ = saved_bytes(lambda: tempo.dropout(lin(x), 0.2), params)
     philox, _ = saved_bytes(lambda: tempo.dropout(lin(x), 0.2, mode="philox"), params)
     base = 91 * 7 * 4  # the Linear keeps x
-    assert torch_bytes == base + 4 * n
+    assert torch_bytes == base + (4 * n if torch.get_default_device().type == "cpu" else n)
     assert bits == base + (n + 7) // 8
     assert philox == base + 16
 

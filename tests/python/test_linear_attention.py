@@ -28,12 +28,12 @@ def reference(q, k, v, num=None, den=None, eps=EPS, dtype=torch.float64):
 
 def inputs(B=2, A=3, C=17, M=8, D=5, dtype=torch.float32, state=True, seed=0):
     g = torch.Generator().manual_seed(seed)
-    q = torch.rand(B, A, C, M, generator=g) + 0.05  # feature maps are positive
-    k = torch.rand(B, A, C, M, generator=g) + 0.05
-    v = torch.randn(B, A, C, D, generator=g)
+    q = torch.rand(B, A, C, M, generator=g, device="cpu") + 0.05  # feature maps are positive
+    k = torch.rand(B, A, C, M, generator=g, device="cpu") + 0.05
+    v = torch.randn(B, A, C, D, generator=g, device="cpu")
     st = torch.float64 if dtype == torch.float64 else torch.float32
-    num = torch.randn(B, A, M, D, generator=g).to(st) if state else None
-    den = (torch.rand(B, A, M, generator=g) * 3 + 0.5).to(st) if state else None
+    num = torch.randn(B, A, M, D, generator=g, device="cpu").to(st) if state else None
+    den = (torch.rand(B, A, M, generator=g, device="cpu") * 3 + 0.5).to(st) if state else None
     dev = torch.get_default_device()
     move = (lambda t: None if t is None else t.to(dev))
     return move(q.to(dtype)), move(k.to(dtype)), move(v.to(dtype)), move(num), move(den)
@@ -66,9 +66,9 @@ def test_gradients_match_autograd_of_the_formula(on_device, mode, dtype):
     q, k, v, num, den = inputs(dtype=dtype)
     leaves = [t.detach().requires_grad_() for t in (q, k, v, num, den)]
     gen = torch.Generator().manual_seed(9)
-    gy = torch.randn(2, 3, 17, 5, generator=gen, dtype=torch.float64).to(q.device)
-    gn = torch.randn(2, 3, 8, 5, generator=gen, dtype=torch.float64).to(q.device)
-    gd = torch.randn(2, 3, 8, generator=gen, dtype=torch.float64).to(q.device)
+    gy = torch.randn(2, 3, 17, 5, generator=gen, dtype=torch.float64, device="cpu").to(q.device)
+    gn = torch.randn(2, 3, 8, 5, generator=gen, dtype=torch.float64, device="cpu").to(q.device)
+    gd = torch.randn(2, 3, 8, generator=gen, dtype=torch.float64, device="cpu").to(q.device)
     y, (n, d) = tempo.causal_linear_attention(*leaves[:3], (leaves[3], leaves[4]), mode=mode)
     got = torch.autograd.grad(_loss(y, n, d, (gy, gn, gd)), leaves)
     ref_leaves = [t.detach().double().requires_grad_() for t in (q, k, v, num, den)]

@@ -62,10 +62,15 @@ def close(a, b, rel):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("model", ["bert-base", "gpt2"])
 def test_policies_give_eagers_losses_and_learn(byte_ids, tmp_path, device, model):
-    """Dropout on (0.1): every policy draws the same masks, so only rounding separates them: each
-    step's loss within 0.1% of eager's (the paper's bar is 0.5%), over 40 steps."""
+    """Dropout on (0.1): each policy's step losses against the run that draws the same masks, so
+    that only rounding separates them: within 0.1% (the paper's bar is 0.5%), over 40 steps.
+    That run is eager's, except for tempo-sdpa on CUDA: there torch's fused attention kernel
+    draws the attention dropout masks from its own random stream (eager's are tempo's Philox
+    masks), so its reference is the sdpa policy (eager with the same torch kernel, the same
+    masks); against eager, whose masks differ, its eval losses meet the paper's 0.5%."""
+    policies = ("eager", "tempo", "tempo-sdpa", "tempo-fused") + (("sdpa",) if device == "cuda" else ())
     losses = {}
-    for policy in ("eager", "tempo", "tempo-sdpa", "tempo-fused"):
+    for policy in policies:
         out = tmp_path / policy
         r = train("--model", model, *SIZE, "--device", device, "--data", byte_ids, "--policy", policy, "--steps", 40,
                   "--eval-every", 20, "--save-every", 0, "--out", out)
@@ -74,12 +79,19 @@ def test_policies_give_eagers_losses_and_learn(byte_ids, tmp_path, device, model
     base = column(losses["eager"], "loss")
     evals = column(losses["eager"], "eval_loss")
     assert len(base) == 40 and evals[-1] < evals[0] - 1.0, evals  # from ln 259 = 5.56, byte-level
+    bad = []
     for policy in ("tempo", "tempo-sdpa", "tempo-fused"):
-        got = column(losses[policy], "loss")
-        print("%s %s %s: worst step loss vs eager %.2e, eval %.4f -> %.4f" % (
-            model, device, policy, max(abs(x - y) / y for x, y in zip(got, base)), evals[0], evals[-1]))
-        assert close(got, base, 1e-3), (policy, got, base)
-        assert close(column(losses[policy], "eval_loss"), evals, 1e-3), policy
+        ref = "sdpa" if (policy == "tempo-sdpa" and device == "cuda") else "eager"
+        got, want = column(losses[policy], "loss"), column(losses[ref], "loss")
+        got_eval, want_eval = column(losses[policy], "eval_loss"), column(losses[ref], "eval_loss")
+        print("%s %s %s: worst step loss vs %s %.2e, worst eval loss vs eager %.2e, eval %.4f -> %.4f" % (
+            model, device, policy, ref, max(abs(x - y) / y for x, y in zip(got, want)),
+            max(abs(x - y) / y for x, y in zip(got_eval, evals)), evals[0], evals[-1]))
+        if not (close(got, want, 1e-3) and close(got_eval, want_eval, 1e-3)):
+            bad.append((policy, ref, got, want))
+        if not close(got_eval, evals, 5e-3):
+            bad.append((policy, "eager's eval losses (0.5%)", got_eval, evals))
+    assert not bad, bad
 
 
 def free_port():
