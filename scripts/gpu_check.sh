@@ -21,6 +21,9 @@
 #   5. summary OUT_DIR/summary.md and summary.json (every step's status, time and output files)
 # Environment: PYTHON (default python3; the dry run defaults to .venv/bin/python), BUILD, JOBS,
 # TOTAL_S (default 530: stops itself before 9 minutes, writing what it has).
+# On the device tool, which returns at most 8 files: make deps here, then run with carry
+# [".deps"] and timeout_s 560:
+#   scripts/gpu_check.sh /tmp/gpu; rc=$?; tar czf $OUT/gpu.tgz -C /tmp gpu; exit $rc
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DRY=0
@@ -81,7 +84,7 @@ step() {
 build() {
   if [ $DRY = 0 ]; then
     export CCACHE_DISABLE=1
-    # The GPU image has no GoogleTest: the C++ suites are built only where its headers are.
+    # The C++ suites are built where GoogleTest's headers are (the GPU image had them on 2026-12-04).
     local gtest=OFF
     [ -f /usr/include/gtest/gtest.h ] && gtest=ON
     # Nor nlohmann-json, which tempo train needs (its checkpoints and ids are safetensors): the
@@ -128,8 +131,12 @@ tests() {
   # rarely, so one run should name every failure.
   local filter="cuda"
   [ $DRY = 1 ] && filter="cpu and (dropout or memory)"
+  # With pytest-xdist (the GPU image has it), 8 workers: a case that crashes its process costs
+  # that case, not the rest of the run.
+  local workers=()
+  "$PYTHON" -c "import xdist" 2>/dev/null && workers=(-n 8)
   TEMPO_LIBRARY="$BUILD/lib/libtempo_torch.so" PYTHONPATH="$PWD/python" \
-    "$PYTHON" -m pytest -q -rfs --durations=10 tests/python/test_activation.py tests/python/test_dropout.py \
+    "$PYTHON" -m pytest -q -rfs --durations=10 "${workers[@]}" tests/python/test_activation.py tests/python/test_dropout.py \
     tests/python/test_norm.py tests/python/test_attention.py tests/python/test_memory.py \
     tests/python/test_linear_attention.py tests/python/test_linear_cross_entropy.py \
     tests/python/test_fused_kernels.py -k "$filter" --junitxml="$OUT/pytest.xml" || rc=1
@@ -223,9 +230,9 @@ if [ -x "$BUILD/tempo" ]; then
   step train 180 train
   step bandwidth 60 bandwidth
   step layer 60 layer
-  step bench_bert_s128_11g 45 bench_cpp bench_bert_s128_11g $M1 $S1 $B1
+  step bench_bert_s128_11g 75 bench_cpp bench_bert_s128_11g $M1 $S1 $B1
   step bench_bert_s512_11g 60 bench_cpp bench_bert_s512_11g $M1 $S2 $B1
-  step bench_bert_s512_16g 60 bench_cpp bench_bert_s512_16g $M1 $S2 $B2
+  step bench_bert_s512_16g 75 bench_cpp bench_bert_s512_16g $M1 $S2 $B2
   step bench_gpt2m_s1024_11g 60 bench_cpp bench_gpt2m_s1024_11g $M2 $S3 $B1
   step bench_hf $([ $DRY = 1 ] && echo 180 || echo 150) bench_hf
 fi
