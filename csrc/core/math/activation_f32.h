@@ -8,7 +8,7 @@
 // in the subnormal range are rounded once. Error, measured against the fp64 functions over a
 // sweep of fp32 inputs (tests/cpp/core/test_activation.cpp, docs/accuracy.md): kF32ForwardUlps.
 // The same code runs on the host for those tests, and the device rounds alike: the fused
-// operations are the explicit fmaf calls, and the CUDA sources are compiled with --fmad=false
+// operations are the explicit fmaf calls, and activation.cu is compiled with --fmad=false
 // (CMakeLists.txt). With contraction on (nvcc's default) an H200 was 2 ulp off in the fp32
 // tanh-GELU (x = -1.465, 2026-12-04): a two_prod's product fused into the later sum of its hi
 // and lo parts counts the product's rounding twice.
