@@ -56,8 +56,13 @@ function(tempo_cxx_runtime torch_lib_dir)
     endif()
   endif()
   if(NOT runtime)
-    find_file(runtime NAMES libstdc++.so.6 PATHS ${torch_lib_dir} /lib/x86_64-linux-gnu /usr/lib/x86_64-linux-gnu
-              /lib/aarch64-linux-gnu /usr/lib/aarch64-linux-gnu /usr/lib64 /lib64 NO_DEFAULT_PATH)
+    # (a cache variable of its own: a normal variable of find_file's name would shadow the result)
+    find_file(TEMPO_LIBSTDCXX_SO NAMES libstdc++.so.6 PATHS ${torch_lib_dir} /lib/x86_64-linux-gnu
+              /usr/lib/x86_64-linux-gnu /lib/aarch64-linux-gnu /usr/lib/aarch64-linux-gnu /usr/lib64 /lib64
+              NO_DEFAULT_PATH)
+    if(TEMPO_LIBSTDCXX_SO)
+      set(runtime ${TEMPO_LIBSTDCXX_SO})
+    endif()
   endif()
   if(runtime)
     _tempo_probe_cxx_runtime(${dir} ${runtime} how)

@@ -2,23 +2,29 @@
 # with gxx_static.sh wrapping it. Both libraries must leave the C++ runtime to the shared
 # libstdc++ (no std::ostream::_M_insert<long> of their own), and only the wrapped compiler may
 # make tempo_cxx_runtime link torch's runtime ahead (its configure message says so).
-foreach(kind plain static)
+# "static-search": the same without torch's folder (no libc10.so to ask), so the runtime is
+# searched for in the system's library folders.
+foreach(kind plain static static-search)
   set(b ${BIN}/${kind})
   file(REMOVE_RECURSE ${b})
   set(compiler ${CXX})
-  if(kind STREQUAL "static")
+  set(torch_lib ${TORCH_LIB_DIR})
+  if(kind MATCHES "^static")
     set(compiler ${SRC}/gxx_static.sh)
+  endif()
+  if(kind STREQUAL "static-search")
+    set(torch_lib ${b}/no-torch)
   endif()
   execute_process(COMMAND ${CMAKE_COMMAND} -E env TEMPO_REAL_CXX=${CXX}
                           ${CMAKE_COMMAND} -S ${SRC} -B ${b} -G ${GENERATOR} -DCMAKE_CXX_COMPILER=${compiler}
-                          -DTORCH_LIB_DIR=${TORCH_LIB_DIR}
+                          -DTORCH_LIB_DIR=${torch_lib}
                   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
   if(NOT rc EQUAL 0)
     message(FATAL_ERROR "${kind}: configure failed:\n${out}")
   endif()
   string(FIND "${out}" "shared runtime ahead of it" said)
-  if(kind STREQUAL "static" AND said EQUAL -1)
-    message(FATAL_ERROR "static: the probe did not see libstdc++'s code linked in:\n${out}")
+  if(kind MATCHES "^static" AND said EQUAL -1)
+    message(FATAL_ERROR "${kind}: the probe did not see libstdc++'s code linked in:\n${out}")
   elseif(kind STREQUAL "plain" AND NOT said EQUAL -1)
     message(FATAL_ERROR "plain: the probe saw a static runtime where there is none:\n${out}")
   endif()
