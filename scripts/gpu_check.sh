@@ -87,7 +87,7 @@ build() {
     # The C++ suites are built where GoogleTest's headers are (the GPU image had them on 2026-12-04).
     local gtest=OFF
     [ -f /usr/include/gtest/gtest.h ] && gtest=ON
-    # Nor nlohmann-json, which tempo train needs (its checkpoints and ids are safetensors): the
+    # The image has no nlohmann-json, which tempo train needs (its checkpoints and ids are safetensors): the
     # run carries a copy in .deps (make deps here; the device tool's carry: [".deps"]).
     local deps=()
     if [ -d .deps/nlohmann ]; then
