@@ -214,10 +214,13 @@ int free_port() {
 // to stop after the step in progress, with a checkpoint of it; a second one, or one before the
 // steps (reading the corpus, training a tokenizer), has the signal's default action. The
 // launcher of --nproc passes a signal on to its workers, which may have had it already (Ctrl-C
-// reaches the whole process group): a copy from the launcher after the first does not count.
+// reaches the whole process group): one Ctrl-C then reaches a worker twice, directly and as the
+// launcher's copy, in either order and possibly after the steps have ended, and only a second
+// signal from the same source counts as a second one.
 tempo::train::StopRequest g_stop;
 constexpr int kFromLauncher = 0x7e3b0;  // sigqueue's value on the launcher's copies
 bool g_speak = true;  // the rank that prints (0)
+volatile sig_atomic_t g_seen_direct = 0, g_seen_launcher = 0;  // the sources of the signals had
 
 void default_action(int sig) {
   ::signal(sig, SIG_DFL);
@@ -225,11 +228,15 @@ void default_action(int sig) {
 }
 
 void on_stop_signal(int sig, siginfo_t* info, void*) {
-  if (!g_stop.accepting) return default_action(sig);
+  const bool from_launcher = info && info->si_code == SI_QUEUE && info->si_value.sival_int == kFromLauncher;
+  volatile sig_atomic_t& seen = from_launcher ? g_seen_launcher : g_seen_direct;
   if (g_stop.requested != 0) {
-    if (info && info->si_code == SI_QUEUE && info->si_value.sival_int == kFromLauncher) return;  // its copy
-    return default_action(sig);
+    if (seen) return default_action(sig);  // a second signal
+    seen = 1;  // the other copy of the first
+    return;
   }
+  if (!g_stop.accepting) return default_action(sig);
+  seen = 1;
   g_stop.requested = sig;
   if (g_speak) {
     static const char msg[] = "\ntempo train: stopping after this step, with a checkpoint (again: stop at once)\n";
