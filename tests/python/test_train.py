@@ -168,8 +168,10 @@ def test_sigterm_or_ctrl_c_stops_after_the_step_with_a_checkpoint_and_resume_is_
 
     d = tmp_path / "d"
     p = _start(unsaved, d, rows=2)
+    p.send_signal(signal.SIGSTOP)  # both pending while it is stopped: neither step nor exit comes between
     p.send_signal(signal.SIGINT)
     p.send_signal(signal.SIGTERM)  # the second: at once, by the signal's default action
+    p.send_signal(signal.SIGCONT)
     p.communicate(timeout=120)
     assert p.returncode in (-signal.SIGINT, -signal.SIGTERM), p.returncode
 
