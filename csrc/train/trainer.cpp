@@ -26,6 +26,7 @@
 #include "tempo/train/checkpoint.h"
 #include "tempo/train/data.h"
 #include "tempo/train/distributed.h"
+#include "tempo/train/manifest.h"
 
 namespace tempo::train {
 
@@ -150,7 +151,7 @@ void truncate_log(const fs::path& log, int64_t step) {
 // What an exact resumption needs to be the same, as "--option=value" lines (kept with each
 // checkpoint): a resumed run that changes one goes on, but is told it is no longer the run it
 // continues. The model's shape is checked by the tensors themselves.
-std::string run_settings(const TrainOptions& o, const std::string& objective, int world) {
+std::string run_settings(const TrainOptions& o, const std::string& objective, int world, const std::string& tokenizer) {
   auto num = [](double v) {  // the shortest text that reads back as v
     char b[40];
     for (int digits = 1; digits <= 17; ++digits) {
@@ -167,25 +168,34 @@ std::string run_settings(const TrainOptions& o, const std::string& objective, in
     << "\n--processes=" << world << "\n--seed=" << o.seed << "\n--lr=" << num(o.lr) << "\n--warmup=" << o.warmup
     << "\n--steps=" << o.steps << "\n--weight-decay=" << num(o.weight_decay) << "\n--clip=" << num(o.clip)
     << "\n--dropout=" << num(o.dropout) << "\n";
+  if (!tokenizer.empty()) s << "--tokenizer=" << tokenizer << "\n";  // the model file's checksum
   return s.str();
+}
+
+std::vector<std::pair<std::string, std::string>> parse_settings(const std::string& text) {
+  std::vector<std::pair<std::string, std::string>> kv;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto eq = line.find('=');
+    if (eq != std::string::npos) kv.emplace_back(line.substr(0, eq), line.substr(eq + 1));
+  }
+  return kv;
+}
+
+// One saved setting's value; empty where the saved run did not record it.
+std::string saved_setting(const std::string& saved, const std::string& key) {
+  for (const auto& [k, v] : parse_settings(saved))
+    if (k == key) return v;
+  return "";
 }
 
 // "--batch 8 (was 4), --lr 0.001 (was 0.0005)" for the settings that differ; options the
 // saved run did not record are not compared.
 std::string changed_settings(const std::string& saved, const std::string& now) {
-  auto parse = [](const std::string& text) {
-    std::vector<std::pair<std::string, std::string>> kv;
-    std::istringstream in(text);
-    std::string line;
-    while (std::getline(in, line)) {
-      const auto eq = line.find('=');
-      if (eq != std::string::npos) kv.emplace_back(line.substr(0, eq), line.substr(eq + 1));
-    }
-    return kv;
-  };
-  const auto before = parse(saved);
+  const auto before = parse_settings(saved);
   std::string out;
-  for (const auto& [key, value] : parse(now))
+  for (const auto& [key, value] : parse_settings(now))
     for (const auto& [k, v] : before)
       if (k == key && v != value) out += (out.empty() ? "" : ", ") + key + " " + value + " (was " + v + ")";
   return out;
@@ -288,6 +298,13 @@ TrainSummary train(const TrainOptions& o, Communicator& comm) {
   // ---- tokenizer and corpus ----
   Corpus corpus;
   std::string tokenizer_note, data_note;
+  std::string tokenizer_sum;  // "crc32:..." of the SentencePiece model used (none for pretokenized ids)
+  bool own_tokenizer = false;  // the run folder's tokenizer.model, made by an earlier run into it
+  auto checksum = [](const std::string& path) {
+    char b[24];
+    std::snprintf(b, sizeof b, "crc32:%08x", tempo::train::file_crc32(path));
+    return std::string(b);
+  };
   const int64_t min_eval = o.seq * o.batch;  // at least one eval batch
   try {
     if (o.data.empty()) user_error("--data is required");
@@ -302,6 +319,7 @@ TrainSummary train(const TrainOptions& o, Communicator& comm) {
       const fs::path saved = out / "tokenizer.model";
       if (o.tokenizer != "train") {
         corpus = tokenize_corpus(files, Tokenizer::load(o.tokenizer), 0.05, min_eval);
+        tokenizer_sum = checksum(o.tokenizer);
       } else if (fs::exists(saved)) {  // the run's own (a resumed run, or one re-run into the same folder)
         const auto saved_tokenizer = [&]() {
           try {
@@ -312,6 +330,8 @@ TrainSummary train(const TrainOptions& o, Communicator& comm) {
           }
         };
         corpus = tokenize_corpus(files, saved_tokenizer(), 0.05, min_eval);
+        tokenizer_sum = checksum(saved.string());
+        own_tokenizer = true;
       } else {
         if (lead) {
           try {
@@ -324,6 +344,7 @@ TrainSummary train(const TrainOptions& o, Communicator& comm) {
         }
         comm.barrier();
         corpus = tokenize_corpus(files, Tokenizer::load(saved.string()), 0.05, min_eval);
+        tokenizer_sum = checksum(saved.string());
         tokenizer_note = "trained a SentencePiece tokenizer (" + std::to_string(corpus.vocab_size) + " pieces): " +
                          saved.string();
       }
@@ -390,7 +411,7 @@ TrainSummary train(const TrainOptions& o, Communicator& comm) {
   if (!data_note.empty()) summary.notes.push_back(data_note);
   if (!tokenizer_note.empty()) summary.notes.push_back(tokenizer_note);
   int64_t start = 0;
-  const std::string settings = run_settings(o, objective, comm.world());
+  const std::string settings = run_settings(o, objective, comm.world(), tokenizer_sum);
   if (o.resume) {
     std::vector<std::string> skipped;
     std::string saved;
@@ -401,6 +422,13 @@ TrainSummary train(const TrainOptions& o, Communicator& comm) {
     if (o.steps < start)
       user_error("--steps " + std::to_string(o.steps) + " is before the checkpoint's step " + std::to_string(start) +
                  " (give --steps " + std::to_string(start) + " or more)");
+    // The run's own tokenizer is part of the run: one that is not the file its checkpoint was
+    // trained with (a damaged copy still parses) would give other ids for the same text.
+    const std::string trained_with = saved_setting(saved, "--tokenizer");
+    if (own_tokenizer && !trained_with.empty() && trained_with != tokenizer_sum)
+      user_error("the run's tokenizer " + (out / "tokenizer.model").string() + " is not the one its checkpoint at step " +
+                 std::to_string(start) + " was trained with (" + tokenizer_sum + ", the checkpoint's " + trained_with +
+                 "): damaged? Restore it, or give the original with --tokenizer FILE.model");
     summary.notes.push_back("resumed from step " + std::to_string(start));
     if (o.steps == start)
       summary.notes.push_back("the run is complete: the checkpoint is at step " + std::to_string(start) +

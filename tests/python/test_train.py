@@ -5,6 +5,7 @@ import os
 import re
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -251,6 +252,34 @@ def test_a_damaged_newest_checkpoint_is_skipped_and_the_previous_used(text, tmp_
         r = train(*args, "--steps", "12", "--out", out, "--resume")
         assert why in r.stdout and "resumed from step 8" in r.stdout, r.stdout + r.stderr
         mf.write_text("".join(lines))
+
+
+def test_a_changed_run_tokenizer_is_refused_on_resume_and_another_given_is_told(text, tmp_path):
+    """The run folder's tokenizer.model is part of the run: one that still parses but is not the
+    file its checkpoint was trained with (here a piece's score changed, so the same text may give
+    other ids) is refused on --resume with exit 2, naming both checksums, and nothing is written.
+    A --tokenizer FILE other than the checkpoint's goes on and is told, as any changed option."""
+    data, tok = text
+    out = tmp_path / "run"
+    out.mkdir()
+    shutil.copy(tok, out / "tokenizer.model")  # the run's own, as a run that trained it leaves it
+    args = [*TINY, "--data", data, "--eval-every", "0", "--save-every", "2"]
+    r = train(*args, "--steps", "2", "--out", out)
+    assert r.returncode == 0, r.stderr
+    raw = bytearray((out / "tokenizer.model").read_bytes())
+    at = raw.index(b"\n\x06\xe2\x96\x81the\x15") + 9  # the piece "_the", then its score (a float)
+    raw[at:at + 4] = struct.pack("<f", -100.0)
+    (out / "tokenizer.model").write_bytes(bytes(raw))
+    log = (out / "log.csv").read_bytes()
+    r = train(*args, "--steps", "4", "--out", out, "--resume")
+    assert r.returncode == 2 and "is not the one its checkpoint at step 2 was trained with (crc32:" in r.stderr, \
+        r.stderr[-800:]
+    assert (out / "log.csv").read_bytes() == log and os.listdir(out / "checkpoints") == ["step-000000002"]
+    other = tmp_path / "other.model"
+    other.write_bytes(bytes(raw))  # it loads: given explicitly, it is the user's choice
+    r = train(*args, "--steps", "4", "--out", out, "--resume", "--tokenizer", other)
+    assert r.returncode == 0 and re.search(r"resumed with .*--tokenizer crc32:\w+ \(was crc32:\w+\)", r.stdout), \
+        r.stdout + r.stderr[-800:]
 
 
 def test_bad_input_exits_2_with_a_clear_message_and_keeps_checkpoints(text, tmp_path):
