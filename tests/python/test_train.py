@@ -2,6 +2,7 @@
 equality, damaged checkpoints, bad input, MiniLM under each policy, `tempo plot`."""
 import math
 import os
+import random
 import re
 import shutil
 import signal
@@ -298,6 +299,12 @@ def test_bad_input_exits_2_with_a_clear_message_and_keeps_checkpoints(text, tmp_
         (["--data", data, "--tokenizer", tok, "--layers", "1000000", "--intermediate", "100000"],
          "this host can still allocate"),
     ]
+    # a damaged tokenizer model: empty, truncated, random bytes (SentencePiece's parser refuses each)
+    raw = tok.read_bytes()
+    for name, damaged in (("empty", b""), ("cut", raw[:1000]), ("noise", random.Random(5).randbytes(5000))):
+        (tmp_path / (name + ".model")).write_bytes(damaged)
+        cases.append((["--data", data, "--tokenizer", tmp_path / (name + ".model")],
+                      "cannot load the SentencePiece model %s" % (tmp_path / (name + ".model"))))
     for extra, message in cases:
         r = train(*TINY, "--steps", "2", *extra, "--out", tmp_path / "bad")
         assert r.returncode == 2 and message in r.stderr, (extra, r.returncode, r.stderr[-500:])
