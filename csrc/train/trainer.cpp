@@ -151,7 +151,8 @@ void truncate_log(const fs::path& log, int64_t step) {
 // What an exact resumption needs to be the same, as "--option=value" lines (kept with each
 // checkpoint): a resumed run that changes one goes on, but is told it is no longer the run it
 // continues. The model's shape is checked by the tensors themselves.
-std::string run_settings(const TrainOptions& o, const std::string& objective, int world, const std::string& tokenizer) {
+std::string run_settings(const TrainOptions& o, const std::string& objective, int world, const std::string& tokenizer,
+                         const Corpus& corpus) {
   auto num = [](double v) {  // the shortest text that reads back as v
     char b[40];
     for (int digits = 1; digits <= 17; ++digits) {
@@ -169,6 +170,16 @@ std::string run_settings(const TrainOptions& o, const std::string& objective, in
     << "\n--steps=" << o.steps << "\n--weight-decay=" << num(o.weight_decay) << "\n--clip=" << num(o.clip)
     << "\n--dropout=" << num(o.dropout) << "\n";
   if (!tokenizer.empty()) s << "--tokenizer=" << tokenizer << "\n";  // the model file's checksum
+  // The ids trained on: a corpus edited (or another tokenizer) since gives other windows.
+  uint32_t sum = 0;
+  for (const auto* ids : {&corpus.train, &corpus.eval}) {
+    const at::Tensor c = ids->contiguous();
+    sum = tempo::train::crc32(c.data_ptr(), static_cast<size_t>(c.nbytes()), sum);
+  }
+  char ids[64];
+  std::snprintf(ids, sizeof ids, "%lld+%lld ids, crc32:%08x", static_cast<long long>(corpus.train.numel()),
+                static_cast<long long>(corpus.eval.numel()), sum);
+  s << "corpus=" << ids << "\n";
   return s.str();
 }
 
@@ -411,7 +422,7 @@ TrainSummary train(const TrainOptions& o, Communicator& comm) {
   if (!data_note.empty()) summary.notes.push_back(data_note);
   if (!tokenizer_note.empty()) summary.notes.push_back(tokenizer_note);
   int64_t start = 0;
-  const std::string settings = run_settings(o, objective, comm.world(), tokenizer_sum);
+  const std::string settings = run_settings(o, objective, comm.world(), tokenizer_sum, corpus);
   if (o.resume) {
     std::vector<std::string> skipped;
     std::string saved;

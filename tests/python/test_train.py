@@ -199,8 +199,9 @@ def test_two_runs_cannot_share_a_folder(text, tmp_path):
 
 
 def test_resuming_with_other_settings_is_told_and_a_complete_run_is_a_no_op(text, tmp_path):
-    """A resumed run whose options differ from the checkpoint's (kept with it) goes on and is
-    told which; one already at --steps does nothing; --steps before the checkpoint is refused."""
+    """A resumed run whose options differ from the checkpoint's (kept with it), or whose corpus
+    gives other ids, goes on and is told which; one already at --steps does nothing; --steps
+    before the checkpoint is refused."""
     data, tok = text
     args = [*TINY, "--data", data, "--tokenizer", tok, "--eval-every", "0", "--save-every", "2"]
     out = tmp_path / "run"
@@ -218,6 +219,16 @@ def test_resuming_with_other_settings_is_told_and_a_complete_run_is_a_no_op(text
             "step 4, but not as the uninterrupted run would have") in r.stdout, r.stdout
     _, rows = log_rows(out)
     assert [x["step"] for x in rows] == ["1", "2", "3", "4", "5", "6"]
+    # the corpus edited since (the same --data path): other ids, and the run is told
+    mine = tmp_path / "data"
+    shutil.copytree(data, mine)
+    edited = [mine if a == data else a for a in args]
+    assert train(*edited, "--steps", "2", "--out", tmp_path / "e").returncode == 0
+    first = sorted(mine.iterdir())[0]
+    first.write_text(first.read_text() + "\nA sentence added to the corpus after the checkpoint.\n")
+    r = train(*edited, "--steps", "2", "--out", tmp_path / "e", "--resume")
+    assert r.returncode == 0 and re.search(r"resumed with corpus \d+\+\d+ ids, crc32:\w+ \(was \d+\+\d+ ids, crc32:\w+\)",
+                                           r.stdout), r.stdout + r.stderr[-800:]
 
 
 def test_a_damaged_newest_checkpoint_is_skipped_and_the_previous_used(text, tmp_path):
