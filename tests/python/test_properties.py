@@ -616,7 +616,8 @@ def _valid_cases(name, n):
 
 def _call(case, seed, mode):
     """Run the op on the case once under `mode` ("grad", "no_grad" or "inference"), with the
-    global generator reset so dropout draws the same bits; the output and the leaves."""
+    global generator reset so dropout draws the same bits; the output, the leaves and the views
+    of them that the op was given."""
     views, leaves = [], []
     for m, how, g in zip(case.inputs, case.layouts, case.grad):
         v, leaf = to_leaf(m.to(case.dtype) if m is not None else None, case.dtype, how, g and mode == "grad")
@@ -625,11 +626,11 @@ def _call(case, seed, mode):
     torch.manual_seed(seed)
     if mode == "inference":
         with torch.inference_mode():
-            return case.run(views), leaves
+            return case.run(views), leaves, views
     if mode == "no_grad":
         with torch.no_grad():
-            return case.run(views), leaves
-    return case.run(views), leaves
+            return case.run(views), leaves, views
+    return case.run(views), leaves, views
 
 
 @pytest.mark.parametrize("name", sorted(OPS))
@@ -638,7 +639,7 @@ def test_backward_twice_with_retain_graph_gives_the_same_gradients(name):
     the same graph (retain_graph=True, as a user computing two losses' gradients does) gives
     bitwise the first one's gradients."""
     for seed, case in _valid_cases(name, 12):
-        out, leaves = _call(case, seed, "grad")
+        out, leaves, _ = _call(case, seed, "grad")
         ws = [l for l in leaves if l is not None and l.requires_grad]
         if not ws or not out.requires_grad:
             continue
@@ -657,12 +658,13 @@ def test_no_grad_and_inference_mode_give_the_grad_mode_output(name):
     """Evaluation under torch.no_grad() and torch.inference_mode() runs the op and gives
     bitwise the output it gives when recording a graph, with no graph attached."""
     for seed, case in _valid_cases(name, 12):
-        want, _ = _call(case, seed, "grad")
+        want, _, _ = _call(case, seed, "grad")
         for mode in ("no_grad", "inference"):
-            got, leaves = _call(case, seed, mode)
+            got, _, views = _call(case, seed, mode)
             assert not got.requires_grad, f"{name}, seed {seed}: the {mode} output records a graph"
-            # dropout with p = 0 returns its input itself, as torch's does
-            if mode == "inference" and not any(got is l for l in leaves):
+            # dropout with p = 0 returns its input itself, as torch's does (the tensor the op
+            # was given, made outside inference mode)
+            if mode == "inference" and not any(got is v for v in views):
                 assert got.is_inference(), f"{name}, seed {seed}: the inference-mode output is not an inference tensor"
             assert torch.equal(got, want.detach()), \
                 f"{name}, seed {seed} ({case.describe}): the {mode} output differs from the grad-mode one"
@@ -688,7 +690,7 @@ def test_saved_tensor_hooks_carry_what_the_backward_reads(name):
             # its own graph in a cycle that outlives a case that ends before its backward
             hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t) if hooked else contextlib.nullcontext()
             with hooks:
-                out, leaves = _call(case, seed, "grad")
+                out, leaves, _ = _call(case, seed, "grad")
             ws = [l for l in leaves if l is not None and l.requires_grad]
             if not ws or not out.requires_grad:
                 break
