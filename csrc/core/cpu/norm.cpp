@@ -146,21 +146,37 @@ void forward_chunk(const NormForwardParams& p, const Columns<math::acc_t<T>>& co
   const Acc* b = col.b.data();
   for (int64_t r = r0; r < r1; ++r) {
     const Acc* hr = load_row<T>(p, col, r, r0, bits, scale, h, keep);
-    // Row statistics: two passes (mean, then squared deviations).
-    const double mean =
-        p.kind == NormKind::kLayerNorm ? row_sum<Acc>(M, [&](int64_t j) { return hr[j]; }) / static_cast<double>(M) : 0.0;
-    const Acc mu = static_cast<Acc>(mean);
-    const double ss = row_sum<Acc>(M, [&](int64_t j) {
-      const Acc d = hr[j] - mu;
-      return d * d;
-    });
+    // Row statistics: two passes, the second corrected (Bjorck): the mean of the first pass errs
+    // by the rounding of its fp32 block sums, of the row's magnitude, which a row with a large
+    // offset against its spread would pass on to every xhat. The second pass sums the
+    // deviations from that mean, d = x - mu (exact where x is within a factor 2 of mu), and
+    // their squares; the mean corrected by mean(d), held as mu + mu_lo in the math type, then
+    // gives deviations (x - mu) - mu_lo that err by a rounding of the deviation itself.
+    double mean = 0.0, ss = 0.0;
+    Acc mu = 0, mu_lo = 0;
+    if (p.kind == NormKind::kLayerNorm) {
+      const Acc mu0 = static_cast<Acc>(row_sum<Acc>(M, [&](int64_t j) { return hr[j]; }) / static_cast<double>(M));
+      const auto [s1, s2] = row_sum2<Acc>(
+          M, [&](int64_t j) { return hr[j] - mu0; },
+          [&](int64_t j) {
+            const Acc d = hr[j] - mu0;
+            return d * d;
+          });
+      const double shift = s1 / static_cast<double>(M);
+      mean = static_cast<double>(mu0) + shift;
+      ss = std::max(0.0, s2 - s1 * shift);
+      mu = static_cast<Acc>(mean);
+      mu_lo = static_cast<Acc>(mean - static_cast<double>(mu));
+    } else {
+      ss = row_sum<Acc>(M, [&](int64_t j) { return hr[j] * hr[j]; });
+    }
     const Acc rstd = static_cast<Acc>(1.0 / std::sqrt(ss / static_cast<double>(M) + p.eps));
     rstd_out[r] = rstd;
     T* yr = y + r * M;
 #pragma omp simd
-    for (int64_t j = 0; j < M; ++j) math::store(yr + j, (hr[j] - mu) * rstd * w[j] + b[j]);
+    for (int64_t j = 0; j < M; ++j) math::store(yr + j, ((hr[j] - mu) - mu_lo) * rstd * w[j] + b[j]);
     Acc* xk = static_cast<Acc*>(p.kept_xhat) + r * p.kept;
-    for (int64_t i = 0; i < p.kept; ++i) xk[i] = (hr[col.kept[i]] - mu) * rstd;
+    for (int64_t i = 0; i < p.kept; ++i) xk[i] = ((hr[col.kept[i]] - mu) - mu_lo) * rstd;
   }
 }
 

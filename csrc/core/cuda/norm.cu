@@ -1,5 +1,6 @@
 // CUDA kernels of LayerNorm / RMSNorm and the fused bias-dropout-residual prologue.
-// Forward: one block per row (grid-stride over rows), block reductions in the math type.
+// Forward: one block per row (grid-stride over rows), block reductions in the math type, the
+// mean corrected by a second pass.
 // Backward: kNormBackwardGroups row groups, each block accumulating its columns' partial sums of
 // dgamma / dbeta / dbias (the prologue's) in the workspace, then one thread per column adds the groups.
 #include "tempo/norm.h"
@@ -36,22 +37,37 @@ __global__ void norm_forward_kernel(NormForwardParams p, uint64_t threshold, Dro
   T* y = static_cast<T*>(p.y);
   const int64_t M = p.cols;
   for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
-    Acc mean = 0;
+    // Two passes, the second corrected (as the CPU kernel): the deviations from the first
+    // mean and their squares; the mean's error (its rounding, of the row's magnitude) is then
+    // the shift mean(d), and deviations (x - mean) - shift err by a rounding of their own size.
+    Acc mean = 0, shift = 0, var = 0;
     if (p.kind == NormKind::kLayerNorm) {
       Acc s = 0;
       for (int64_t j = threadIdx.x; j < M; j += blockDim.x) s += load_h<T>(p, rng, r, j, threshold, scale);
       mean = cuda::block_reduce(s, shared) / static_cast<Acc>(M);
+      Acc s1 = 0, s2 = 0;
+      for (int64_t j = threadIdx.x; j < M; j += blockDim.x) {
+        const Acc d = load_h<T>(p, rng, r, j, threshold, scale) - mean;
+        s1 += d;
+        s2 += d * d;
+      }
+      s1 = cuda::block_reduce(s1, shared);
+      s2 = cuda::block_reduce(s2, shared);
+      shift = s1 / static_cast<Acc>(M);
+      const Acc v = (s2 - s1 * shift) / static_cast<Acc>(M);  // >= 0 but for rounding
+      var = v > Acc(0) ? v : Acc(0);
+    } else {
+      Acc ss = 0;
+      for (int64_t j = threadIdx.x; j < M; j += blockDim.x) {
+        const Acc h = load_h<T>(p, rng, r, j, threshold, scale);
+        ss += h * h;
+      }
+      var = cuda::block_reduce(ss, shared) / static_cast<Acc>(M);
     }
-    Acc ss = 0;
-    for (int64_t j = threadIdx.x; j < M; j += blockDim.x) {
-      const Acc d = load_h<T>(p, rng, r, j, threshold, scale) - mean;
-      ss += d * d;
-    }
-    const Acc var = cuda::block_reduce(ss, shared) / static_cast<Acc>(M);
     const Acc rstd = static_cast<Acc>(1) / sqrt(var + static_cast<Acc>(p.eps));
     if (threadIdx.x == 0) static_cast<Acc*>(p.rstd)[r] = rstd;
     for (int64_t j = threadIdx.x; j < M; j += blockDim.x) {
-      Acc v = (load_h<T>(p, rng, r, j, threshold, scale) - mean) * rstd;
+      Acc v = ((load_h<T>(p, rng, r, j, threshold, scale) - mean) - shift) * rstd;
       if (p.kept > 0 && p.kept_slot[j] >= 0) static_cast<Acc*>(p.kept_xhat)[r * p.kept + p.kept_slot[j]] = v;
       if (w) v *= math::to_float(w[j]);
       if (b) v += math::to_float(b[j]);
