@@ -253,16 +253,18 @@ def test_rows_with_a_large_offset_keep_the_precision_of_their_spread(fused):
     the mean), so y, dx and dgamma stay within 2e-6 of float64 relative to their largest value,
     where torch's fp32 layer_norm errs by up to about 1e-4 (printed). The reference is float64
     on the same fp32 h (the fused op's residual + (x + bias), each sum rounded to fp32)."""
-    gen = torch.Generator().manual_seed(11)
+    gen = torch.Generator().manual_seed(11)  # drawn on the CPU, then moved to the device under test
+    dev = torch.get_default_device()
     worst = {"tempo": 0.0, "torch": 0.0}
     for off, std, cols in ((10.0, 1.0, 1024), (1000.0, 1.0, 768), (100.0, 0.1, 1024), (30.0, 0.01, 64)):
         rows = 128
-        x = (std * torch.randn(rows, cols, generator=gen, dtype=torch.float64)).float()
-        res = (off + std * torch.randn(rows, cols, generator=gen, dtype=torch.float64)).float()
-        bias = (0.01 * torch.randn(cols, generator=gen, dtype=torch.float64)).float()
-        w = (1 + 0.3 * torch.randn(cols, generator=gen, dtype=torch.float64)).float()
-        beta = (0.1 * torch.randn(cols, generator=gen, dtype=torch.float64)).float()
-        g = torch.randn(rows, cols, generator=gen, dtype=torch.float64).float()
+
+        def draw(shape, scale, shift=0.0):
+            r = torch.randn(shape, generator=gen, dtype=torch.float64, device="cpu")
+            return (shift + scale * r).float().to(dev)
+        x, res = draw((rows, cols), std), draw((rows, cols), std, off)
+        bias, w, beta = draw(cols, 0.01), draw(cols, 0.3, 1.0), draw(cols, 0.1)
+        g = draw((rows, cols), 1.0)
         h = (res + (x + bias)) if fused else res  # fp32, rounded as the fused op rounds it
 
         def leaves(*ts):
