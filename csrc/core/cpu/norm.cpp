@@ -152,7 +152,7 @@ void forward_chunk(const NormForwardParams& p, const Columns<math::acc_t<T>>& co
     // deviations from that mean, d = x - mu (exact where x is within a factor 2 of mu), and
     // their squares; the mean corrected by mean(d), held as mu + mu_lo in the math type, then
     // gives deviations (x - mu) - mu_lo that err by a rounding of the deviation itself.
-    double mean = 0.0, ss = 0.0;
+    double ss = 0.0;
     Acc mu = 0, mu_lo = 0;
     if (p.kind == NormKind::kLayerNorm) {
       const Acc mu0 = static_cast<Acc>(row_sum<Acc>(M, [&](int64_t j) { return hr[j]; }) / static_cast<double>(M));
@@ -163,7 +163,7 @@ void forward_chunk(const NormForwardParams& p, const Columns<math::acc_t<T>>& co
             return d * d;
           });
       const double shift = s1 / static_cast<double>(M);
-      mean = static_cast<double>(mu0) + shift;
+      const double mean = static_cast<double>(mu0) + shift;
       ss = std::max(0.0, s2 - s1 * shift);
       mu = static_cast<Acc>(mean);
       mu_lo = static_cast<Acc>(mean - static_cast<double>(mu));
