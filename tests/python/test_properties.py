@@ -558,8 +558,25 @@ def gen_lce(rng):
     def ref(t):
         logits = F.linear(t[0], t[1], t[2]).float() if t[0].dtype != torch.float64 else F.linear(t[0], t[1], t[2])
         return F.cross_entropy(logits, labels, ignore_index=-100, label_smoothing=smoothing, reduction=reduction)
+    def scales(t, go):
+        """The size of the terms the gradients sum (|p - y| <= 1 per logit): dh_n adds V terms
+        of |w_v| per row, dW_v and db add one term per row, of |h_n| and 1, each row weighted
+        by its share of the output gradient. Classes whose weights agree (an expanded weight)
+        cancel in dW to that size times fp32's rounding."""
+        if go is None or t[0].numel() == 0 or t[1].numel() == 0:
+            return [None, None, None]
+        kept = (labels != -100).to(torch.float64)
+        if reduction == "none":
+            rw = go.abs().double() * kept
+        elif reduction == "sum":
+            rw = go.abs().double() * kept
+        else:
+            rw = go.abs().double() * kept / max(kept.sum().item(), 1.0)
+        dh = 2 * rw.max().item() * t[1].abs().max().item()
+        dw = (rw[:, None] * t[0].abs().double()).sum(0).max().item()
+        return [dh, dw, rw.sum().item()]
     lay = draw_layouts(rng, 2) + ["contiguous"]
-    return Case([hidden, weight, bias], dtype, run, ref, valid, [True, True, True], lay,
+    return Case([hidden, weight, bias], dtype, run, ref, valid, [True, True, True], lay, grad_scale=scales,
                 describe=f"linear_cross_entropy N{N} H{H} V{V} {dtype} {reduction} ls={smoothing} chunk={chunk} {lay[:2]}")
 
 
