@@ -566,12 +566,9 @@ def gen_lce(rng):
         if go is None or t[0].numel() == 0 or t[1].numel() == 0:
             return [None, None, None]
         kept = (labels != -100).to(torch.float64)
-        if reduction == "none":
-            rw = go.abs().double() * kept
-        elif reduction == "sum":
-            rw = go.abs().double() * kept
-        else:
-            rw = go.abs().double() * kept / max(kept.sum().item(), 1.0)
+        rw = go.abs().double() * kept
+        if reduction == "mean":
+            rw = rw / max(kept.sum().item(), 1.0)
         dh = 2 * rw.max().item() * t[1].abs().max().item()
         dw = (rw[:, None] * t[0].abs().double()).sum(0).max().item()
         return [dh, dw, rw.sum().item()]
