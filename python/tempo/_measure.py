@@ -42,7 +42,8 @@ def heap_frozen():
 @contextlib.contextmanager
 def budget_enforced(device, budget):
     """Inside: a real out-of-memory error past `budget` bytes (all tracked bytes on CPU; the
-    caching allocator's fraction of the device on CUDA)."""
+    caching allocator's fraction of the device on CUDA, the fraction from before given back
+    after)."""
     if budget is None:
         yield
         return
@@ -50,12 +51,21 @@ def budget_enforced(device, budget):
         with memory.cpu_limit(budget):
             yield
     else:
-        total = torch.cuda.get_device_properties(device).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total), device)
+        # The fraction's functions take a device with an index: a plain "cuda" (as
+        # `python -m tempo.bench --device cuda` gives) is the current device. Without this the
+        # first H200 run of tempo.bench stopped at "Expected a torch.device with a specified
+        # index" before any step.
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        total = torch.cuda.get_device_properties(index).total_memory
+        # (get_per_process_memory_fraction is newer than some torch releases we run on: 1.0,
+        # the allocator's default, where it is missing.)
+        getter = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+        before = getter(index) if getter is not None else 1.0
+        torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total), index)
         try:
             yield
         finally:
-            torch.cuda.set_per_process_memory_fraction(1.0, device)
+            torch.cuda.set_per_process_memory_fraction(before, index)
 
 
 def fits(step, batch, device, budget):

@@ -195,6 +195,8 @@ def run(args):
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("tempo.bench: --device cuda but no CUDA device is available")
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())  # what the model's tensors will name
     if device.type == "cpu":
         memory.track()  # before the model: weights and optimizer state are counted too
     torch.manual_seed(0)
@@ -272,26 +274,33 @@ def run(args):
 def print_table(rows, masks, budget):
     r0 = rows[0]
     print("%s, seq %d, batch %d, %s, %s" % (r0["model"], r0["seq"], r0["batch"], r0["dtype"], r0["device"]))
-    eager = next((r for r in rows if r["policy"] == "eager"), r0)
+    # Ratios are to eager's row; without one, "-" (as the C++ bench prints), not ratios to
+    # whichever policy came first under a "vs eager" heading.
+    eager = next((r for r in rows if r["policy"] == "eager"), None)
+
+    def ratio(num, den):
+        return "%8s" % "-" if num is None or not den else "%7.2fx" % (num / den)
+
+    def of(row, key):
+        return None if row is None else row[key]
+
     head = "%-12s %14s %8s %14s %10s %11s %8s" % ("policy", "activations", "vs eager", "fwd+bwd peak", "step ms",
                                                    "tokens/s", "vs eager")
     if budget is not None:
         head += " %9s %8s %14s %8s %7s" % ("max batch", "vs eager", "tokens/s @max", "vs eager", "spread")
     print(head)
+    base = eager if eager is not None and eager.get("max_batch") else None  # no ratio to a baseline that does not fit
     for r in rows:
-        line = "%-12s %10.1f MiB %7.2fx %10.1f MiB %10.1f %11.1f %7.2fx" % (
-            r["policy"], r["activation_bytes"] / 2**20, eager["activation_bytes"] / max(r["activation_bytes"], 1),
-            r["train_peak_bytes"] / 2**20, r["step_ms"], r["tokens_per_s"], r["tokens_per_s"] / eager["tokens_per_s"])
+        line = "%-12s %10.1f MiB %s %10.1f MiB %10.1f %11.1f %s" % (
+            r["policy"], r["activation_bytes"] / 2**20, ratio(of(eager, "activation_bytes"), max(r["activation_bytes"], 1)),
+            r["train_peak_bytes"] / 2**20, r["step_ms"], r["tokens_per_s"], ratio(r["tokens_per_s"], of(eager, "tokens_per_s")))
         if budget is not None:
             if not r["max_batch"]:
                 line += " %9s %8s %14s %8s %7s" % ("0", "-", "does not fit", "-", "-")
-            elif not eager["max_batch"]:  # the baseline does not fit: no ratio to it
-                line += " %9d %8s %14.1f %8s %6.1f%%" % (r["max_batch"], "-", r["max_batch_tokens_per_s"], "-",
-                                                         100 * r["max_batch_spread"])
             else:
-                line += " %9d %7.2fx %14.1f %7.2fx %6.1f%%" % (
-                    r["max_batch"], r["max_batch"] / eager["max_batch"], r["max_batch_tokens_per_s"],
-                    r["max_batch_tokens_per_s"] / eager["max_batch_tokens_per_s"], 100 * r["max_batch_spread"])
+                line += " %9d %s %14.1f %s %6.1f%%" % (
+                    r["max_batch"], ratio(r["max_batch"], of(base, "max_batch")), r["max_batch_tokens_per_s"],
+                    ratio(r["max_batch_tokens_per_s"], of(base, "max_batch_tokens_per_s")), 100 * r["max_batch_spread"])
         print(line)
     if masks is not None:
         bool_eager = eager["activation_bytes"] - masks * 3 // 4

@@ -113,6 +113,56 @@ def test_cpu_limit_blocks_nest_and_give_back_the_limit_from_before():
         tempo.memory.set_cpu_limit(0)
 
 
+# ---- the CUDA budget ---------------------------------------------------------------------------
+
+class _FakeCudaFractions:
+    """torch.cuda's memory-fraction functions for a machine without a GPU: the same index
+    check as torch's own (torch.cuda._utils._get_device_index, which refuses a device with no
+    index), a per-device fraction, and device 0 current."""
+
+    def __init__(self, monkeypatch, total):
+        from torch.cuda._utils import _get_device_index
+        self.fraction = {0: 1.0, 1: 1.0}
+        self.calls = []
+
+        def props(device=None):
+            return type("Props", (), {"total_memory": total})()
+
+        def set_fraction(fraction, device=None):
+            index = _get_device_index(device)
+            self.calls.append((fraction, index))
+            self.fraction[index] = fraction
+
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+        monkeypatch.setattr(torch.cuda, "get_device_properties", props)
+        monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", set_fraction)
+        monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction",
+                            lambda device=None: self.fraction[_get_device_index(device)])
+
+
+def test_cuda_budget_takes_a_device_without_an_index_and_gives_back_the_fraction_from_before(monkeypatch):
+    """`python -m tempo.bench --device cuda` passes torch.device("cuda"), which has no index:
+    torch's fraction functions refuse it ("Expected a torch.device with a specified index"),
+    which stopped every policy of the bench's first H200 run before its first step. The budget
+    now applies to the current device, and the fraction the user had set is back afterwards,
+    also when the block ends in an error."""
+    from tempo._measure import budget_enforced
+    fake = _FakeCudaFractions(monkeypatch, total=8 << 30)
+    fake.fraction[0] = 0.75  # set by the user before
+    with budget_enforced(torch.device("cuda"), 2 << 30):
+        assert fake.fraction[0] == 0.25 and fake.fraction[1] == 1.0
+    assert fake.fraction[0] == 0.75
+    with pytest.raises(torch.OutOfMemoryError):
+        with budget_enforced(torch.device("cuda", 1), 1 << 30):
+            assert fake.fraction[1] == 0.125 and fake.fraction[0] == 0.75
+            raise torch.OutOfMemoryError("the step ran out")
+    assert fake.fraction == {0: 0.75, 1: 1.0}
+    with budget_enforced(torch.device("cuda"), 64 << 30):  # a budget past the device: all of it
+        assert fake.fraction[0] == 1.0
+    assert fake.fraction[0] == 0.75
+    assert [c[1] for c in fake.calls] == [0, 0, 1, 1, 0, 0]
+
+
 # ---- tempo.optimize(modules=...) --------------------------------------------------------------
 
 def test_optimize_modules_limits_the_patch_and_restore_undoes_it():
@@ -346,6 +396,16 @@ def test_bench_module_on_a_local_folder(tmp_path, capsys):
                            "--steps", 1)
     assert code == 0, err
     assert "4-byte float masks" in out and "bool masks" in out
+    # Without eager among the policies, the "vs eager" columns have no figure (they once held
+    # ratios to the first policy, sdpa here, under that heading).
+    code, out, err = bench(capsys, "--model", folder, "--seq", S, "--batch", 2, "--policies", "sdpa,tempo",
+                           "--budget", "12MiB", "--steps", 1)
+    assert code == 0, err
+    table = out.splitlines()
+    assert "vs eager" in table[1]
+    for line in table[2:4]:
+        cells = line.split()
+        assert cells[0] in ("sdpa", "tempo") and cells.count("-") == 4 and not any(c.endswith("x") for c in cells), line
 
 
 def test_bench_module_on_folders_of_other_families(tmp_path, capsys):
