@@ -297,9 +297,10 @@ def norm_grad_scales(h, w, go, eps, centred, drop_scale=1.0):
     """The size of the terms an in-place norm's backward adds, per input: dx (and the
     residual's, the bias's) rstd |w dy|, dgamma sum_rows |dy xhat|, dbeta sum_rows |dy|. A
     result far below them cancels; recovering xhat from the rounded y errs by about u at
-    that scale (docs/accuracy.md)."""
+    that scale (docs/accuracy.md). Returns [dx, dgamma, dbeta]; dgamma's is at least dbeta's,
+    since the xhat it sums is recovered from y - beta."""
     if h.numel() == 0:
-        return [None, None]
+        return [None, None, None]
     hc = h - h.mean(-1, keepdim=True) if centred else h
     rstd = torch.rsqrt((hc * hc).mean(-1, keepdim=True) + eps)
     wa = w.abs().max().item() if w is not None and w.numel() else 1.0
@@ -307,7 +308,8 @@ def norm_grad_scales(h, w, go, eps, centred, drop_scale=1.0):
     dx = (rstd * g).max().item() * wa * drop_scale
     rows = g.numel() // max(g.shape[-1], 1)
     dw = (g * (hc * rstd).abs()).reshape(rows, -1).sum(0).max().item()
-    return [dx, max(dw, g.reshape(rows, -1).sum(0).max().item())]
+    db = g.reshape(rows, -1).sum(0).max().item()
+    return [dx, max(dw, db), db]
 
 
 def gen_norm(rng, kind):
@@ -333,7 +335,7 @@ def gen_norm(rng, kind):
         run = lambda t: tempo.rms_norm(t[0], [cols], t[1], eps)
         ref = torch_ref = lambda t: F.rms_norm(t[0], [cols], t[1], eps)
     lay = draw_layouts(rng, 1) + ["contiguous", "contiguous"]
-    scales = lambda t, go: norm_grad_scales(t[0], t[1], go, eps, kind == "layer") + [None]
+    scales = lambda t, go: norm_grad_scales(t[0], t[1], go, eps, kind == "layer")
     return Case([x, w, b], dtype, run, ref, valid, [True, True, True], lay, torch_ref=torch_ref, grad_scale=scales,
                 describe=f"{kind}_norm x{s} {dtype} weight={w is not None} bias={b is not None} eps={eps} {lay[0]}")
 
@@ -473,11 +475,11 @@ def gen_bdrln(rng):
         return F.layer_norm(h_of(t), [cols], t[3], t[4], eps)
 
     def scales(t, go):  # as the plain norms': the size of the terms the backward adds
-        dh, dwb = norm_grad_scales(h_of(t).detach(), t[3], go, eps, True)
+        dh, dw, db = norm_grad_scales(h_of(t).detach(), t[3], go, eps, True)
         if dh is None:
             return [None] * 5
         dx = dh * (1.0 / (1.0 - p) if p < 1 else 0.0)
-        return [dx, dx * (numel // max(cols, 1)), dh, dwb, None]  # x, bias (summed over rows), residual, w, beta
+        return [dx, dx * (numel // max(cols, 1)), dh, dw, db]  # x, bias (summed over rows), residual, w, beta
     lay = draw_layouts(rng, 3) + ["contiguous", "contiguous"]
     lay[1] = "contiguous"
     return Case([x, bias, res, w, beta], dtype, run, ref, True, [True] * 5, lay, grad_scale=scales,
