@@ -293,7 +293,7 @@ def layer_norm_ref(x, shape_, w, b, eps):
     return y + b if b is not None else y
 
 
-def norm_grad_scales(h, w, go, eps, centred, drop_scale=1.0):
+def norm_grad_scales(h, w, go, eps, centred):
     """The size of the terms an in-place norm's backward adds, per input: dx (and the
     residual's, the bias's) rstd |w dy|, dgamma sum_rows |dy xhat|, dbeta sum_rows |dy|. A
     result far below them cancels; recovering xhat from the rounded y errs by about u at
@@ -305,7 +305,7 @@ def norm_grad_scales(h, w, go, eps, centred, drop_scale=1.0):
     rstd = torch.rsqrt((hc * hc).mean(-1, keepdim=True) + eps)
     wa = w.abs().max().item() if w is not None and w.numel() else 1.0
     g = go.double().abs()
-    dx = (rstd * g).max().item() * wa * drop_scale
+    dx = (rstd * g).max().item() * wa
     rows = g.numel() // max(g.shape[-1], 1)
     dw = (g * (hc * rstd).abs()).reshape(rows, -1).sum(0).max().item()
     db = g.reshape(rows, -1).sum(0).max().item()
