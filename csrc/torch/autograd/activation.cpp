@@ -31,7 +31,7 @@ class GeluFunction : public torch::autograd::Function<GeluFunction> {
     return y;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return once_differentiable("tempo::gelu", [&]() -> variable_list {
+    return once_differentiable("tempo::gelu", grads, [&]() -> variable_list {
       const auto saved = ctx->get_saved_variables();
       const std::string approximate = ctx->saved_data["approximate"].toStringRef();
       const bool has_bias = ctx->saved_data["has_bias"].toBool();
@@ -51,7 +51,7 @@ class SiluFunction : public torch::autograd::Function<SiluFunction> {
     return y;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return once_differentiable("tempo::silu", [&]() -> variable_list {
+    return once_differentiable("tempo::silu", grads, [&]() -> variable_list {
       const auto saved = ctx->get_saved_variables();
       const bool has_bias = ctx->saved_data["has_bias"].toBool();
       auto [gx, gb] = silu_backward(grads[0], saved[0], saved[1], has_bias);

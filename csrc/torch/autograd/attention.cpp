@@ -29,7 +29,7 @@ class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
     return out;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return once_differentiable("tempo::attention", [&]() -> variable_list {
+    return once_differentiable("tempo::attention", grads, [&]() -> variable_list {
       const auto s = ctx->get_saved_variables();
       const c10::IValue& sc = ctx->saved_data["scale"];
       auto [dq, dk, dv] = attention_backward(grads[0], s[0], s[1], s[2], s[3], s[4], ctx->saved_data["p"].toDouble(),

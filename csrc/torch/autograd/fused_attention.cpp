@@ -30,7 +30,7 @@ class FusedAttentionFunction : public torch::autograd::Function<FusedAttentionFu
     return out;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return once_differentiable("tempo::fused_attention", [&]() -> variable_list {
+    return once_differentiable("tempo::fused_attention", grads, [&]() -> variable_list {
       const auto s = ctx->get_saved_variables();
       const c10::IValue& sc = ctx->saved_data["scale"];
       auto [dq, dk, dv] = fused_attention_backward(

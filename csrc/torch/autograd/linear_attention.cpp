@@ -27,7 +27,7 @@ class CausalLinearAttentionFunction : public torch::autograd::Function<CausalLin
     return {y, num_out, den_out};
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return once_differentiable("tempo::causal_linear_attention", [&]() -> variable_list {
+    return once_differentiable("tempo::causal_linear_attention", grads, [&]() -> variable_list {
       const auto s = ctx->get_saved_variables();
       const double eps = ctx->saved_data["eps"].toDouble();
       const at::Tensor gy = grads[0].defined() ? grads[0] : at::zeros_like(s[2]);

@@ -32,7 +32,7 @@ class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossE
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto s = ctx->get_saved_variables();
     const bool has_bias = ctx->saved_data["has_bias"].toBool();
-    return autograd_impl::once_differentiable("tempo::linear_cross_entropy", [&]() -> variable_list {
+    return autograd_impl::once_differentiable("tempo::linear_cross_entropy", grads, [&]() -> variable_list {
       auto [gh, gw, gb] = linear_cross_entropy_backward(
           grads[0], s[0], s[1], has_bias ? std::optional<at::Tensor>(s[2]) : std::nullopt, s[3], s[4],
           ctx->saved_data["ignore"].toInt(), ctx->saved_data["smoothing"].toDouble(),

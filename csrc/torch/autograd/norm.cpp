@@ -60,7 +60,7 @@ class LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
     return y;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return once_differentiable("tempo::layer_norm", [&]() -> variable_list {
+    return once_differentiable("tempo::layer_norm", grads, [&]() -> variable_list {
       const auto s = ctx->get_saved_variables();
       const auto shape = ctx->saved_data["shape"].toIntVector();
       auto [gx, gw, gb] = layer_norm_backward(grads[0], s[0], s[1], shape, opt(s[2]), opt(s[3]), opt(s[4]), opt(s[5]));
@@ -82,7 +82,7 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
     return y;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return once_differentiable("tempo::rms_norm", [&]() -> variable_list {
+    return once_differentiable("tempo::rms_norm", grads, [&]() -> variable_list {
       const auto s = ctx->get_saved_variables();
       const auto shape = ctx->saved_data["shape"].toIntVector();
       auto [gx, gw] = rms_norm_backward(grads[0], s[0], s[1], shape, opt(s[2]), opt(s[3]), opt(s[4]));
@@ -108,7 +108,7 @@ class BiasDropoutAddLayerNormFunction : public torch::autograd::Function<BiasDro
     return y;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return once_differentiable("tempo::bias_dropout_add_layer_norm", [&]() -> variable_list {
+    return once_differentiable("tempo::bias_dropout_add_layer_norm", grads, [&]() -> variable_list {
       const auto s = ctx->get_saved_variables();
       const bool has_bias = ctx->saved_data["has_bias"].toBool();
       auto [gx, gbias, gres, gw, gbeta] = bias_dropout_add_layer_norm_backward(

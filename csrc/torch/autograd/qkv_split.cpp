@@ -24,7 +24,7 @@ class QkvSplitFunction : public torch::autograd::Function<QkvSplitFunction> {
     return {q, k, v};
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return once_differentiable("tempo::qkv_split", [&]() -> variable_list {
+    return once_differentiable("tempo::qkv_split", grads, [&]() -> variable_list {
       const at::Tensor& like = grads[0].defined() ? grads[0] : grads[1].defined() ? grads[1] : grads[2];
       auto g = [&](int i) { return grads[i].defined() ? grads[i] : at::zeros_like(like); };
       const bool has_bias = ctx->saved_data["has_bias"].toBool();

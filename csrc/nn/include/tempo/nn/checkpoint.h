@@ -2,7 +2,9 @@
 // activations, and in backward run it again from its saved inputs, with the default CPU
 // generator's state (and each CUDA device's that an input lives on) replayed, so dropout
 // masks in the recompute equal the forward's. Gradients reach the inputs that require them
-// and every parameter `fn` uses.
+// and every parameter `fn` uses. Under create_graph=True the recompute keeps its graph, so
+// the result is twice differentiable wherever `fn` is (a gradient penalty through it equals
+// the non-checkpointed one); an op inside `fn` that refuses double backward raises its error.
 #pragma once
 
 #include <ATen/core/Tensor.h>
