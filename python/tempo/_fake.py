@@ -3,6 +3,18 @@ torch.compile and FakeTensor tracing. The other ops' meta kernels are in C++."""
 import torch
 
 
+def _kept_capacity(n):
+    """norm_kept_capacity in csrc/torch/ops/norm.cpp: the slots of the device's kept columns."""
+    return torch.sym_min(n, torch.sym_max(16, n // 64))
+
+
+@torch.library.register_fake("tempo::norm_kept_slots")
+def _norm_kept_slots(weight, bias, dtype=None):
+    ref = weight if weight is not None else bias
+    torch._check(ref is not None, lambda: "tempo::norm_kept_slots: needs a weight or a bias")
+    return ref.new_empty((_kept_capacity(ref.numel()),), dtype=torch.int64)
+
+
 @torch.library.register_fake("tempo::norm_kept_columns")
 def _norm_kept_columns(weight, bias, dtype=None):
     ref = weight if weight is not None else bias
@@ -13,5 +25,7 @@ def _norm_kept_columns(weight, bias, dtype=None):
         torch._check(weight.shape == bias.shape, lambda: "tempo::norm_kept_columns: argument 'bias' must have the "
                      "shape of weight %s, got %s" % (list(weight.shape), list(bias.shape)))
     n = ref.numel()
+    if ref.device.type != "cpu":  # -1-padded slots of a size fixed by the width (norm.cpp)
+        return ref.new_empty((_kept_capacity(n),), dtype=torch.int64)
     k = torch.library.get_ctx().new_dynamic_size(max=n) if isinstance(n, int) else torch.library.get_ctx().new_dynamic_size()
     return ref.new_empty((k,), dtype=torch.int64)

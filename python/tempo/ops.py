@@ -102,6 +102,14 @@ def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask
     return torch.ops.tempo.fused_attention(q, k, v, attn_mask, dropout_p, causal, scale, block_rows)
 
 
+def fused_attention_backend(q: torch.Tensor, k: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
+                            dropout_p: float = 0.0, causal: bool = False, block_rows: int = 0) -> str:
+    """Which kernel tempo.fused_attention runs for these arguments: "torch-sdpa" (torch's
+    flash or memory-efficient kernels, on CUDA without a mask or dropout, where the semantics
+    are the same) or "tempo" (its own blocked kernel; TEMPO_FUSED_ATTENTION=tempo forces it)."""
+    return torch.ops.tempo.fused_attention_backend(q, k, attn_mask, dropout_p, causal, block_rows)
+
+
 def qkv_split(z: torch.Tensor, bias: Optional[torch.Tensor], heads: int):
     """q, k, v ([B, heads, S, head_dim] each, contiguous) from z, the q/k/v projection without its
     bias ([B, S, 3 hidden], q's columns first), plus the bias ([3 hidden] or None), in one pass:

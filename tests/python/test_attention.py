@@ -290,3 +290,25 @@ def test_fused_attention_opcheck():
     out, state = torch.ops.tempo.fused_attention_forward(q.detach(), k.detach(), v.detach(), mask, 0.3, False, None, 4)
     torch.library.opcheck(torch.ops.tempo.fused_attention_backward,
                           (torch.randn_like(out), q.detach(), k.detach(), v.detach(), state, mask, 0.3, False, None, 4))
+
+
+def test_fused_attention_backend_names_the_kernel(on_device):
+    """On CUDA without a mask or dropout (the same semantics) fused_attention runs torch's
+    sdpa and says so; with a mask, dropout or block_rows, and on the CPU, tempo's own kernel.
+    Either way the result and gradients are tempo.attention's."""
+    q, k, v = (torch.randn(2, 3, 33, 16, requires_grad=True) for _ in range(3))
+    cuda = q.is_cuda
+    for causal in (False, True):
+        assert tempo.fused_attention_backend(q, k, causal=causal) == ("torch-sdpa" if cuda else "tempo")
+        out = tempo.fused_attention(q, k, v, causal=causal)
+        ref = tempo.attention(q, k, v, causal=causal)
+        torch.testing.assert_close(out, ref, rtol=2e-5, atol=2e-5)
+        g = torch.randn_like(out)
+        for a, b in zip(torch.autograd.grad(out, (q, k, v), g), torch.autograd.grad(ref, (q, k, v), g)):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    mask = torch.rand(33, 33) > 0.3
+    assert tempo.fused_attention_backend(q, k, mask) == "tempo"
+    assert tempo.fused_attention_backend(q, k, None, 0.1) == "tempo"
+    assert tempo.fused_attention_backend(q, k, block_rows=8) == "tempo"
+    assert tempo.fused_attention_backend(q.double(), k.double()) == "tempo"
+    assert tempo.fused_attention_backend(q[:, :, :5], k, causal=True) == "tempo"  # not square

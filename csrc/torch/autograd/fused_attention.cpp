@@ -1,5 +1,8 @@
 // Autograd kernel of tempo::fused_attention, which saves q, k, v (the projections keep them
-// anyway), the mask and the 16-byte Philox state: no S^2 tensor.
+// anyway), the mask and the 16-byte Philox state: no S^2 tensor. On CUDA, where the
+// semantics match (fused_attention_uses_sdpa), it is torch's scaled_dot_product_attention
+// (flash or memory-efficient kernels, which keep q, k, v, the output and a log-sum-exp
+// per row): our own CUDA kernel is a correct reference, not a fast one.
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
@@ -45,6 +48,8 @@ class FusedAttentionFunction : public torch::autograd::Function<FusedAttentionFu
 at::Tensor fused_attention_autograd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                     const std::optional<at::Tensor>& attn_mask, double dropout_p, bool causal,
                                     std::optional<double> scale, int64_t block_rows) {
+  if (fused_attention_uses_sdpa(q, k, attn_mask, dropout_p, causal, block_rows))
+    return at::scaled_dot_product_attention(q, k, v, std::nullopt, 0.0, causal, scale);
   return FusedAttentionFunction::apply(q, k, v, attn_mask, dropout_p, causal, scale, block_rows);
 }
 

@@ -8,6 +8,8 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 
 #include "attention.h"
 #include "common.h"
@@ -23,6 +25,8 @@ TORCH_LIBRARY_FRAGMENT(tempo, m) {
         {at::Tag::nondeterministic_seeded});
   m.def("fused_attention_backward(Tensor grad, Tensor q, Tensor k, Tensor v, Tensor keep, Tensor? attn_mask, "
         "float dropout_p, bool causal, float? scale, int block_rows) -> (Tensor, Tensor, Tensor)");
+  m.def("fused_attention_backend(Tensor q, Tensor k, Tensor? attn_mask=None, float dropout_p=0.0, "
+        "bool causal=False, int block_rows=0) -> str");
 }
 
 namespace tempo {
@@ -184,9 +188,30 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_attention_backward(
   return op.call(grad, q, k, v, state, attn_mask, dropout_p, causal, scale, block_rows);
 }
 
+bool fused_attention_uses_sdpa(const at::Tensor& q, const at::Tensor& k, const std::optional<at::Tensor>& attn_mask,
+                               double dropout_p, bool causal, int64_t block_rows) {
+  static const bool forced_ours = [] {
+    const char* e = std::getenv("TEMPO_FUSED_ATTENTION");
+    return e && std::string(e) == "tempo";
+  }();
+  if (forced_ours || !q.is_cuda() || attn_mask.has_value() || dropout_p != 0.0 || block_rows != 0) return false;
+  if (q.scalar_type() == at::kDouble || q.dim() != 4 || k.dim() != 4) return false;
+  // torch's is_causal aligns the mask top-left; tempo's agrees only for square scores
+  return !causal || q.size(2) == k.size(2);
+}
+
+namespace {
+std::string fused_attention_backend_kernel(const at::Tensor& q, const at::Tensor& k,
+                                           const std::optional<at::Tensor>& attn_mask, double dropout_p, bool causal,
+                                           int64_t block_rows) {
+  return fused_attention_uses_sdpa(q, k, attn_mask, dropout_p, causal, block_rows) ? "torch-sdpa" : "tempo";
+}
+}  // namespace
+
 }  // namespace tempo
 
 TORCH_LIBRARY_IMPL(tempo, CompositeExplicitAutograd, m) {
+  m.impl("fused_attention_backend", tempo::fused_attention_backend_kernel);
   m.impl("fused_attention", tempo::fused_attention_kernel);
   m.impl("fused_attention_forward", tempo::fused_attention_forward_kernel);
   m.impl("fused_attention_backward", tempo::fused_attention_backward_kernel);

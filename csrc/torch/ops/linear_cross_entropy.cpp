@@ -66,10 +66,10 @@ std::tuple<int64_t, int64_t, int64_t> check(const at::Tensor& h, const at::Tenso
 void check_labels(const at::Tensor& labels, int64_t V, int64_t ignore) {
   if (labels.is_meta() || labels.numel() == 0) return;
   const at::Tensor bad = labels.ne(ignore).logical_and(labels.lt(0).logical_or(labels.ge(V)));
-  if (capturing(labels)) {
-    // A CUDA graph capture cannot read the result on the host: a device-side assert, as
-    // torch's cross_entropy makes (the kernels clamp the labels, so nothing is read out of
-    // bounds before it fires).
+  if (!labels.is_cpu()) {
+    // On CUDA the result is not read on the host (no synchronisation, and a CUDA graph
+    // capture could not): a device-side assert, as torch's cross_entropy makes (the kernels
+    // clamp the labels, so nothing is read out of bounds before it fires).
     at::_assert_async(bad.any().logical_not(), "tempo::linear_cross_entropy: a label is outside [0, vocabulary) and "
                                                 "is not ignore_index");
     return;

@@ -6,7 +6,12 @@
 
 #include <ATen/ATen.h>
 #include <c10/core/DeviceGuard.h>
+#include <c10/core/Event.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/library.h>
+
+#include <deque>
+#include <mutex>
 
 #include "common.h"
 #include "dtype.h"
@@ -20,6 +25,7 @@ TORCH_LIBRARY_FRAGMENT(tempo, m) {
         "Tensor? kept_cols=None) -> Tensor");
   // dtype: the data's (x's), when the parameters are float32 under bfloat16/float16 data.
   m.def("norm_kept_columns(Tensor? weight, Tensor? bias, ScalarType? dtype=None) -> Tensor");
+  m.def("norm_kept_slots(Tensor? weight, Tensor? bias, ScalarType? dtype=None) -> Tensor");
   m.def("layer_norm_forward(Tensor x, int[] normalized_shape, Tensor? weight, Tensor? bias, float eps, "
         "Tensor? kept_cols=None) -> (Tensor, Tensor, Tensor)");
   m.def("layer_norm_backward(Tensor grad, Tensor y, Tensor rstd, int[] normalized_shape, Tensor? weight, Tensor? bias, "
@@ -117,13 +123,74 @@ at::ScalarType acc_type(const at::Tensor& x) { return x.scalar_type() == at::kDo
 
 // ---- kept columns ----------------------------------------------------------------------
 
-// The columns whose xhat the forward keeps (norm_column_recoverable decides), as int64 on the
-// parameters' device. Reads the parameters on the host: one small copy (a sync on CUDA).
-at::Tensor kept_columns_kernel(const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
-                               std::optional<at::ScalarType> dtype) {
-  const char* op = "tempo::norm_kept_columns";
-  const at::Tensor* w = get(weight);
-  const at::Tensor* b = get(bias);
+// ---- the kept columns on the device (no host synchronisation) ---------------------------
+//
+// On CUDA the rule is evaluated by device ops into a fixed number of slots,
+// norm_kept_capacity(cols), padded with -1: the size depends on the width alone, so nothing
+// is read back and CUDA-graph capture and torch.compile see a static shape. The slots hold
+// every kept column whenever at most that many need keeping (a real BERT's norms keep 0 to 6
+// of 384 columns; the capacity there is 16). Beyond it the rest are recovered from y, inexact
+// for those columns: the count of columns that needed keeping is copied to pinned host memory
+// without waiting, and a later call that finds the copy done warns once, naming the count.
+
+int64_t norm_kept_capacity(int64_t cols) { return std::min<int64_t>(cols, std::max<int64_t>(16, cols / 64)); }
+
+namespace {
+struct PendingCount {
+  at::Tensor host;  // pinned: the number of columns that needed keeping
+  c10::Event done;
+  int64_t capacity, cols;
+};
+std::mutex pending_mutex;
+std::deque<PendingCount> pending;
+
+// Warns for every finished count that overflowed its capacity; drops finished entries.
+void check_pending_counts() {
+  std::lock_guard<std::mutex> lock(pending_mutex);
+  while (!pending.empty() && pending.front().done.query()) {
+    const PendingCount& c = pending.front();
+    const int64_t need = c.host.const_data_ptr<int64_t>()[0];
+    if (need > c.capacity)
+      TORCH_WARN("tempo::norm_kept_columns: ", need, " of ", c.cols, " columns needed their xhat kept (gamma zero, ",
+                 "subnormal or tiny against beta) where a CUDA norm keeps at most ", c.capacity, ": the rest were ",
+                 "recovered from y in that step's backward, inexact for those columns");
+    pending.pop_front();
+  }
+}
+
+at::Tensor device_double(const at::Tensor* t, double absent, const at::Tensor& like, int64_t cols) {
+  return t ? t->reshape({-1}).to(at::kDouble) : at::full({cols}, absent, like.options().dtype(at::kDouble));
+}
+
+at::Tensor kept_columns_on_device(const at::Tensor* w, const at::Tensor* b, const at::Tensor& ref,
+                                  at::ScalarType data) {
+  const int64_t cols = ref.numel(), capacity = norm_kept_capacity(cols);
+  const DType dt = to_core_dtype(data);
+  const at::Tensor g = device_double(w, 1.0, ref, cols), bb = device_double(b, 0.0, ref, cols);
+  const at::Tensor ga = g.abs();
+  // norm_column_recoverable, in double as on the host
+  const at::Tensor ok = g.isfinite()
+                            .logical_and(bb.isfinite())
+                            .logical_and(ga.ge(norm_gamma_min(dt)))
+                            .logical_and(bb.abs().le(ga * norm_recovery_ratio(dt)));
+  const at::Tensor need = ok.logical_not();
+  at::Tensor idx = at::nonzero_static(need, capacity, -1).reshape({-1});
+  if (!ref.is_cpu() && !capturing(ref)) {
+    check_pending_counts();
+    PendingCount c{at::empty({1}, at::TensorOptions().dtype(at::kLong).pinned_memory(true)),
+                   c10::Event(ref.device().type()), capacity, cols};
+    c.host.copy_(need.sum().reshape({1}), /*non_blocking=*/true);
+    c.done.record(c10::impl::VirtualGuardImpl(ref.device().type()).getStream(ref.device()));
+    std::lock_guard<std::mutex> lock(pending_mutex);
+    pending.push_back(std::move(c));
+  }
+  return idx;
+}
+}  // namespace
+
+// Checks norm_kept_columns's / norm_kept_slots's arguments; returns the data's dtype.
+at::ScalarType check_kept_args(const at::Tensor* w, const at::Tensor* b, std::optional<at::ScalarType> dtype,
+                               const char* op) {
   TORCH_CHECK(w || b, op, ": needs a weight or a bias (without both every column is recovered)");
   const at::Tensor& ref = w ? *w : *b;
   check_floating(ref, op, w ? "weight" : "bias");
@@ -138,16 +205,30 @@ at::Tensor kept_columns_kernel(const std::optional<at::Tensor>& weight, const st
   }
   TORCH_CHECK(!ref.is_meta(), op, ": the kept columns depend on the parameters' values; on meta/fake tensors ",
               "use the Python fake kernel (import tempo)");
+  return data;
+}
+
+// The kept columns in norm_kept_capacity(cols) slots, padded with -1, by device ops on every
+// device: what norm_kept_columns gives on CUDA (exposed so that the CPU tests run it too).
+at::Tensor kept_slots_kernel(const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+                             std::optional<at::ScalarType> dtype) {
+  const at::Tensor* w = get(weight);
+  const at::Tensor* b = get(bias);
+  const at::ScalarType data = check_kept_args(w, b, dtype, "tempo::norm_kept_slots");
+  return kept_columns_on_device(w, b, w ? *w : *b, data);
+}
+
+// The columns whose xhat the forward keeps (norm_column_recoverable decides), as int64 on the
+// parameters' device: on the host, exactly those, ascending; on CUDA, in
+// norm_kept_capacity(cols) slots padded with -1 (above).
+at::Tensor kept_columns_kernel(const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+                               std::optional<at::ScalarType> dtype) {
+  const at::Tensor* w = get(weight);
+  const at::Tensor* b = get(bias);
+  const at::ScalarType data = check_kept_args(w, b, dtype, "tempo::norm_kept_columns");
+  const at::Tensor& ref = w ? *w : *b;
   const int64_t cols = ref.numel();
-  if (capturing(ref)) {
-    // A CUDA graph being captured cannot read the parameters on the host (nor give an output
-    // a size that depends on them), and the weights it will be replayed with are not yet
-    // known: every column is kept, which is exact for any weights, at the cost of the norm's
-    // saving (xhat in the math type beside y).
-    TORCH_WARN_ONCE(op, ": in a CUDA graph capture every column's xhat is kept (the parameters cannot be read ",
-                    "on the host there): exact for any weights, without the norm's memory saving");
-    return at::arange(cols, ref.options().dtype(at::kLong));
-  }
+  if (!ref.is_cpu()) return kept_columns_on_device(w, b, ref, data);
   const at::Tensor wc = w ? w->contiguous().cpu() : at::Tensor();
   const at::Tensor bc = b ? b->contiguous().cpu() : at::Tensor();
   at::Tensor idx = at::empty({cols}, at::TensorOptions().dtype(at::kLong));
@@ -170,14 +251,19 @@ at::Tensor kept_slot(const at::Tensor* kept_cols, int64_t cols, const at::Tensor
   if (kept_cols->is_cpu()) {  // on CUDA the values come from norm_kept_columns
     const at::Tensor kc = kept_cols->contiguous();
     const int64_t* c = kc.const_data_ptr<int64_t>();
-    for (int64_t i = 0; i < kc.numel(); ++i)
+    int64_t n = kc.numel();
+    while (n > 0 && c[n - 1] == -1) --n;  // unused slots (norm_kept_slots) at the end
+    for (int64_t i = 0; i < n; ++i)
       TORCH_CHECK(c[i] >= 0 && c[i] < cols && (i == 0 || c[i] > c[i - 1]), op,
-                  ": argument 'kept_cols' must hold ascending column indices in [0, ", cols, ")");
+                  ": argument 'kept_cols' must hold ascending column indices in [0, ", cols,
+                  "), then only -1 (unused slots)");
   }
   if (like.is_meta()) return at::Tensor();
-  at::Tensor slot = at::full({cols}, -1, like.options().dtype(at::kInt));
-  slot.index_put_({*kept_cols}, at::arange(kept_cols->numel(), slot.options()));
-  return slot;
+  // Entries of -1 (the device's unused slots) land in an extra last element, dropped.
+  at::Tensor slot = at::full({cols + 1}, -1, like.options().dtype(at::kInt));
+  const at::Tensor target = at::where(kept_cols->lt(0), at::full({}, cols, kept_cols->options()), *kept_cols);
+  slot.index_put_({target}, at::arange(kept_cols->numel(), slot.options()));
+  return slot.narrow(0, 0, cols);
 }
 
 // The kept columns' xhat a backward reads: rows x kept, math type; checks it.
@@ -299,7 +385,10 @@ BackwardOut norm_backward(NormKind kind, const at::Tensor& grad, const at::Tenso
                 "checked on the host; pass the forward's kept_cols and kept_xhat");
     const at::Tensor need = kept_columns_kernel(w ? std::optional<at::Tensor>(*w) : std::nullopt,
                                                 b ? std::optional<at::Tensor>(*b) : std::nullopt, y.scalar_type());
-    TORCH_CHECK(need.numel() == 0, op, ": column ", need.cpu()[0].item<int64_t>(),
+    // (A direct call: the one place a norm reads the parameters' verdict on the host, a
+    // synchronisation on CUDA; the autograd path never comes here.)
+    const at::Tensor first = need.numel() > 0 ? need.narrow(0, 0, 1).cpu() : need.cpu();
+    TORCH_CHECK(first.numel() == 0 || first[0].item<int64_t>() < 0, op, ": column ", first[0].item<int64_t>(),
                 " cannot be recovered from y (its gamma is zero, subnormal or tiny against beta); pass the "
                 "forward's kept_cols (norm_kept_columns) and kept_xhat");
   }
@@ -575,6 +664,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> bias_drop
 
 TORCH_LIBRARY_IMPL(tempo, CompositeExplicitAutograd, m) {
   m.impl("norm_kept_columns", tempo::kept_columns_kernel);
+  m.impl("norm_kept_slots", tempo::kept_slots_kernel);
   m.impl("layer_norm", tempo::layer_norm_kernel);
   m.impl("layer_norm_forward", tempo::layer_norm_forward_kernel);
   m.impl("layer_norm_backward", tempo::layer_norm_backward_kernel);
