@@ -38,6 +38,7 @@ CUDA_ARCHS ?= 90
 # headers, CMake files and copyright notice, copied from this machine's Debian package. A GPU
 # run carries this ignored folder (the device tool's carry: [".deps"]); gpu_check.sh builds with it.
 DEPS       ?= .deps
+LIGER      ?= 0.8.5
 
 .PHONY: run test build setup sysdeps venv bench accuracy clean cuda-build deps sanitize fuzz
 
@@ -165,6 +166,11 @@ deps: sysdeps
 	  cp -r /usr/include/nlohmann $(DEPS)/nlohmann/include/ && \
 	  cp -r /usr/share/cmake/nlohmann_json $(DEPS)/nlohmann/share/cmake/ && \
 	  cp /usr/share/doc/nlohmann-json3-dev/copyright $(DEPS)/nlohmann/; }
+	@# Liger-Kernel (pure Python over Triton), the GPU run's peer in op_bandwidth and the
+	@# frontier: its wheel, which the device installs with --no-deps (it cannot fetch).
+	@ls $(DEPS)/wheels/liger_kernel-$(LIGER)-*.whl >/dev/null 2>&1 || \
+	  $(PYTHON) -m pip download -q --no-deps --only-binary=:all: liger-kernel==$(LIGER) -d $(DEPS)/wheels || \
+	  echo "deps: the liger-kernel wheel could not be fetched; the GPU run skips Liger's rows"
 
 cuda-build: setup deps
 	@[ -x $(CUDA_VENV)/bin/python ] || python3 -m venv $(CUDA_VENV)
@@ -180,6 +186,10 @@ cuda-build: setup deps
 	grep -Eq "data parallel +NCCL \(cuda\); no Gloo" $(CUDA_BUILD)/env.txt
 	@# The activation kernels for 16/32-bit data: no fp64 instruction in their SASS.
 	$(CUDA_VENV)/bin/python scripts/check_fp64_sass.py $(CUDA_BUILD)/CMakeFiles/tempo_core.dir/csrc/core/cuda/activation.cu.o
+	@# Every kernel's registers, local memory / stack (spills) and 128-bit loads and stores at sm_90
+	@# (a report: the kernels it flags are the open part of issue 43; its CSV beside the build).
+	-$(CUDA_VENV)/bin/python scripts/check_kernel_resources.py --csv $(CUDA_BUILD)/kernel_resources.csv \
+	  $(CUDA_BUILD)/CMakeFiles/tempo_core.dir/csrc/core/cuda/*.cu.o
 	@# With no GPU, every --device cuda path must refuse cleanly (exit 2), not crash.
 	@if $(CUDA_VENV)/bin/python -c "import torch, sys; sys.exit(torch.cuda.is_available())"; then \
 	  for cmd in "bench --device cuda --model bert-base --layers 1 --steps 1" "train --device cuda --out $(CUDA_BUILD)/none" \

@@ -5,8 +5,12 @@ measured time, against a device-to-device copy of the same tensor (torch's clone
 backward separately; the median of --repeats timed runs after warm-up (CUDA events on a GPU,
 the wall clock on the CPU). Writes CSV and JSON; prints a table.
 
-    python benchmarks/op_bandwidth.py --device cuda --rows 16384 --cols 4096 --dtypes fp32,bf16 \\
-        --csv OUT.csv --json OUT.json
+Each op is timed beside torch's own op (or the unfused chain for a fused op) and Liger-Kernel's
+where it has one (installed: on the GPU run from the wheel `make deps` puts in .deps/wheels),
+in the same process; "vs tempo" is a row's time over tempo's (above 1: slower than tempo).
+
+    python benchmarks/op_bandwidth.py --device cuda --rows 16384 --cols 1024,4096,8192 \\
+        --dtypes fp32,bf16,fp16 --csv OUT.csv --json OUT.json
     python benchmarks/op_bandwidth.py --device cpu --rows 64 --cols 256    # a quick run anywhere
 """
 import argparse
@@ -17,6 +21,7 @@ import sys
 import time
 
 import torch
+import torch.nn.functional as F
 
 import tempo
 
@@ -45,15 +50,31 @@ def timer(device, repeats):
     return run
 
 
-def cases(rows, cols, dtype, device, seq):
-    """(name, forward closure, backward closure, forward bytes, backward bytes) per op."""
+def liger_functional():
+    """Liger-Kernel's functional ops when it is installed (and Triton runs here), else None."""
+    try:
+        from liger_kernel.transformers import functional as lf
+        return lf
+    except Exception as e:  # noqa: BLE001  (an ImportError, or Triton failing to load)
+        print("op_bandwidth: Liger-Kernel not available (%s: %s); its rows are skipped" % (type(e).__name__, e))
+        return None
+
+
+def cases(rows, cols, dtype, device, seq, liger, attention):
+    """(op, implementation, forward closure, backward setup, forward bytes, backward bytes)
+    per op and implementation: tempo's, torch's own op (or the unfused chain for a fused op),
+    and Liger-Kernel's where it has the op. The bytes are the op's minimum (tempo's saved
+    tensors: y and 1 bit, rstd); a peer that keeps x moves the same or more, so each row's
+    share of a copy is against those same bytes and the times compare directly."""
     e = torch.empty((), dtype=dtype).element_size()
     n = rows * cols
     bits = (n + 7) // 8
     x = torch.randn(rows, cols, dtype=dtype, device=device)
     dy = torch.randn_like(x)
-    w = torch.randn(cols, dtype=dtype, device=device)
-    b = torch.randn(cols, dtype=dtype, device=device)
+    w = torch.rand(cols, dtype=dtype, device=device) + 0.5
+    b = torch.randn(cols, dtype=dtype, device=device) * 0.1
+    r = torch.randn_like(x)
+    up = torch.randn_like(x)
     out = []
 
     def with_grad(f, *inputs):
@@ -69,45 +90,63 @@ def cases(rows, cols, dtype, device, seq):
             return lambda: torch.autograd.grad(y, leaves, dy, retain_graph=True)
         return fwd, bwd_setup
 
+    def add(op, impls, fbytes, bbytes, *inputs):
+        for impl, f in impls:
+            if f is None:
+                continue
+            fwd, bwd = with_grad(f, *inputs)
+            out.append((op, impl, fwd, bwd, fbytes, bbytes))
+
     # activation: read x, write y and 1 bit/element; backward reads y, dy and the bits, writes dx
-    for name, f in (("gelu", lambda t: tempo.gelu(t)), ("silu", lambda t: tempo.silu(t))):
-        fwd, bwd = with_grad(f, x)
-        out.append((name, fwd, bwd, 2 * n * e + bits, 3 * n * e + bits))
+    add("gelu", [("tempo", tempo.gelu), ("torch", F.gelu)], 2 * n * e + bits, 3 * n * e + bits, x)
+    add("silu", [("tempo", tempo.silu), ("torch", F.silu)], 2 * n * e + bits, 3 * n * e + bits, x)
+    # SwiGLU silu(a) * b: reads a, b, writes the product (tempo keeps silu(a) and a bit, and b);
+    # backward reads dy, the kept tensors, writes da, db
+    add("swiglu", [("tempo", lambda a_, b_: tempo.silu(a_) * b_), ("torch", lambda a_, b_: F.silu(a_) * b_),
+                   ("liger", liger and liger.liger_swiglu)], 3 * n * e, 5 * n * e, x, up)
     # norms: forward reads x and the parameters, writes y and one rstd per row; backward reads
     # y, dy, the parameters and rstd, writes dx and the parameter gradients
-    fwd, bwd = with_grad(lambda t, g, bb: tempo.layer_norm(t, (cols,), g, bb), x, w, b)
-    out.append(("layer_norm", fwd, bwd, 2 * n * e + 2 * cols * e + rows * 4,
-                3 * n * e + 4 * cols * e + rows * 4))
-    fwd, bwd = with_grad(lambda t, g: tempo.rms_norm(t, (cols,), g), x, w)
-    out.append(("rms_norm", fwd, bwd, 2 * n * e + cols * e + rows * 4, 3 * n * e + 2 * cols * e + rows * 4))
+    add("layer_norm", [("tempo", lambda t, g, bb: tempo.layer_norm(t, (cols,), g, bb)),
+                       ("torch", lambda t, g, bb: F.layer_norm(t, (cols,), g, bb)),
+                       ("liger", liger and (lambda t, g, bb: liger.liger_layer_norm(t, g, bb, 1e-5)))],
+        2 * n * e + 2 * cols * e + rows * 4, 3 * n * e + 4 * cols * e + rows * 4, x, w, b)
+    add("rms_norm", [("tempo", lambda t, g: tempo.rms_norm(t, (cols,), g, 1e-6)),
+                     ("torch", lambda t, g: F.rms_norm(t, (cols,), g, 1e-6)),
+                     ("liger", liger and (lambda t, g: liger.liger_rms_norm(t, g, 1e-6, in_place=False)))],
+        2 * n * e + cols * e + rows * 4, 3 * n * e + 2 * cols * e + rows * 4, x, w)
     # dropout: read x, write y and the bits; backward reads dy and the bits, writes dx
-    fwd, bwd = with_grad(lambda t: tempo.dropout(t, 0.1), x)
-    out.append(("dropout", fwd, bwd, 2 * n * e + bits, 2 * n * e + bits))
+    add("dropout", [("tempo", lambda t: tempo.dropout(t, 0.1)), ("torch", lambda t: F.dropout(t, 0.1))],
+        2 * n * e + bits, 2 * n * e + bits, x)
     # bias + dropout + residual + LayerNorm in one pass: reads x, the residual and 3 vectors,
     # writes y, the bits and rstd; backward reads y, dy, the bits, gamma, beta and rstd, writes
-    # dx, dresidual (the same tensor as dx when possible: counted once) and 3 vector gradients
-    r = torch.randn_like(x)
-    fwd, bwd = with_grad(lambda t, bb, rr, g, be: tempo.bias_dropout_add_layer_norm(t, bb, rr, 0.1, g, be),
-                         x, b, r, w, b)
-    out.append(("bias_dropout_add_layer_norm", fwd, bwd, 3 * n * e + 3 * cols * e + bits + rows * 4,
-                3 * n * e + 5 * cols * e + bits + rows * 4))
-    # attention over [batch, heads, seq, 64]: q, k, v read and the output written (the scores
-    # stay on chip in the fused kernel); backward reads q, k, v, o, do, the row statistics, writes dq, dk, dv
-    d = 64
-    heads = max(1, n // (seq * d))
-    q, k, v = (torch.randn(1, heads, seq, d, dtype=dtype, device=device) for _ in range(3))
-    na = heads * seq * d
-    do = torch.randn_like(q)
-    leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+    # dx, dresidual (counted once: the same values) and 3 vector gradients
+    add("bias_dropout_add_layer_norm",
+        [("tempo", lambda t, bb, rr, g, be: tempo.bias_dropout_add_layer_norm(t, bb, rr, 0.1, g, be)),
+         ("torch", lambda t, bb, rr, g, be: F.layer_norm(rr + F.dropout(t + bb, 0.1), (cols,), g, be))],
+        3 * n * e + 3 * cols * e + bits + rows * 4, 3 * n * e + 5 * cols * e + bits + rows * 4, x, b, r, w, b)
+    # attention over [2, 16, seq, 64] (once per dtype, at the first width): q, k, v read and the output written (the scores
+    # stay on chip); backward reads q, k, v, o, do, the row statistics, writes dq, dk, dv
+    if not attention:
+        return out, n * e
+    d, heads = 64, 16
+    q, k, v = (torch.randn(2, heads, seq, d, dtype=dtype, device=device) for _ in range(3))
+    na = 2 * heads * seq * d
+    backend = tempo.fused_attention_backend(q, k, causal=True)
+    for impl, f in (("tempo (%s)" % backend, lambda a_, b_, c_: tempo.fused_attention(a_, b_, c_, causal=True)),
+                    ("tempo (own, masked)", lambda a_, b_, c_: tempo.fused_attention(a_, b_, c_, mask)),
+                    ("torch", lambda a_, b_, c_: F.scaled_dot_product_attention(a_, b_, c_, is_causal=True))):
+        mask = torch.ones(seq, seq, dtype=torch.bool, device=device).tril()
+        leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+        do = torch.randn_like(q)
 
-    def att_fwd():
-        with torch.no_grad():
-            tempo.fused_attention(q, k, v)
+        def att_fwd(f=f):
+            with torch.no_grad():
+                f(q, k, v)
 
-    def att_bwd():
-        y = tempo.fused_attention(*leaves)
-        return lambda: torch.autograd.grad(y, leaves, do, retain_graph=True)
-    out.append(("fused_attention", att_fwd, att_bwd, 4 * na * e, 8 * na * e + heads * seq * 8))
+        def att_bwd(f=f, leaves=leaves, do=do):
+            y = f(*leaves)
+            return lambda: torch.autograd.grad(y, leaves, do, retain_graph=True)
+        out.append(("fused_attention", impl, att_fwd, att_bwd, 4 * na * e, 8 * na * e + 2 * heads * seq * 8))
     return out, n * e
 
 
@@ -115,42 +154,77 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--rows", type=int, default=16384)
-    p.add_argument("--cols", type=int, default=4096)
+    p.add_argument("--cols", default="1024,4096,8192", help="widths, comma-separated")
     p.add_argument("--seq", type=int, default=512, help="attention's sequence length")
-    p.add_argument("--dtypes", default="fp32,bf16")
+    p.add_argument("--dtypes", default="fp32,bf16,fp16")
     p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--ops", default="", help="only these ops (comma-separated; default all)")
+    p.add_argument("--no-liger", action="store_true")
     p.add_argument("--csv")
     p.add_argument("--json")
     a = p.parse_args()
     device = torch.device(a.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         sys.exit("op_bandwidth: --device cuda but no CUDA device is available")
+    liger = None if a.no_liger or device.type != "cuda" else liger_functional()
+    only = set(filter(None, a.ops.split(",")))
     run = timer(device, a.repeats)
     rows = []
-    print("%-28s %-5s %-8s %10s %10s %8s" % ("op", "dtype", "pass", "GB/s", "copy GB/s", "% copy"))
-    for name in a.dtypes.split(","):
-        if name not in DTYPES:
-            sys.exit("op_bandwidth: unknown dtype %r (one of %s)" % (name, ", ".join(DTYPES)))
-        dtype = DTYPES[name]
-        ops, tensor_bytes = cases(a.rows, a.cols, dtype, device, a.seq)
-        src = torch.randn(a.rows, a.cols, device=device).to(dtype)
-        copy_s = run(lambda: src.clone())
-        copy_gbs = 2 * tensor_bytes / copy_s / 1e9
-        for op, fwd, bwd_setup, fbytes, bbytes in ops:
-            bwd = bwd_setup()
-            for phase, fn, nbytes in (("forward", fwd, fbytes), ("backward", bwd, bbytes)):
-                s = run(fn)
-                gbs = nbytes / s / 1e9
-                row = {"op": op, "dtype": name, "pass": phase, "device": device.type, "rows": a.rows, "cols": a.cols,
-                       "bytes": nbytes, "seconds": s, "gb_per_s": gbs, "copy_gb_per_s": copy_gbs,
-                       "share_of_copy": gbs / copy_gbs}
-                rows.append(row)
-                print("%-28s %-5s %-8s %10.1f %10.1f %7.0f%%" % (op, name, phase, gbs, copy_gbs, 100 * gbs / copy_gbs))
-    if a.csv:
-        with open(a.csv, "w", newline="") as f:
-            wr = csv.DictWriter(f, fieldnames=list(rows[0]))
-            wr.writeheader()
-            wr.writerows(rows)
+    sink = {"csv": None}
+
+    def emit(row):
+        """Keeps the row and appends it to the CSV at once (a time-out leaves the rows done)."""
+        rows.append(row)
+        if a.csv:
+            if sink["csv"] is None:
+                f = open(a.csv, "w", newline="")
+                sink["csv"] = (f, csv.DictWriter(f, fieldnames=list(row)))
+                sink["csv"][1].writeheader()
+            sink["csv"][1].writerow(row)
+            sink["csv"][0].flush()
+    print("%-28s %-22s %-5s %5s %-8s %9s %8s %7s %9s" % ("op", "impl", "dtype", "cols", "pass", "us", "GB/s",
+                                                          "% copy", "vs tempo"))
+    for wi, cols in enumerate(int(c) for c in a.cols.split(",")):
+        for name in a.dtypes.split(","):
+            if name not in DTYPES:
+                sys.exit("op_bandwidth: unknown dtype %r (one of %s)" % (name, ", ".join(DTYPES)))
+            dtype = DTYPES[name]
+            ops, tensor_bytes = cases(a.rows, cols, dtype, device, a.seq, liger, attention=wi == 0)
+            src = torch.randn(a.rows, cols, device=device).to(dtype)
+            copy_s = run(lambda: src.clone())
+            copy_gbs = 2 * tensor_bytes / copy_s / 1e9
+            tempo_s = {}
+            for op, impl, fwd, bwd_setup, fbytes, bbytes in ops:
+                if only and op not in only:
+                    continue
+                try:
+                    bwd = bwd_setup()
+                    phases = (("forward", fwd, fbytes), ("backward", bwd, bbytes))
+                    for phase, fn, nbytes in phases:
+                        s = run(fn)
+                        if impl.startswith("tempo") and (op, phase) not in tempo_s:
+                            tempo_s[(op, phase)] = s
+                        gbs = nbytes / s / 1e9
+                        rel = s / tempo_s[(op, phase)] if (op, phase) in tempo_s else float("nan")
+                        row = {"op": op, "impl": impl, "dtype": name, "pass": phase, "device": device.type,
+                               "rows": a.rows, "cols": cols, "bytes": nbytes, "seconds": s, "gb_per_s": gbs,
+                               "copy_gb_per_s": copy_gbs, "share_of_copy": gbs / copy_gbs,
+                               "time_vs_tempo": rel, "error": ""}
+                        emit(row)
+                        print("%-28s %-22s %-5s %5d %-8s %9.1f %8.1f %6.0f%% %9.2f" % (
+                            op, impl, name, cols, phase, s * 1e6, gbs, 100 * gbs / copy_gbs, rel), flush=True)
+                except Exception as ex:  # noqa: BLE001  (a peer failing on a shape is a row, not a crash)
+                    msg = "%s: %s" % (type(ex).__name__, str(ex).splitlines()[0][:200] if str(ex) else "")
+                    emit({"op": op, "impl": impl, "dtype": name, "pass": "", "device": device.type,
+                                 "rows": a.rows, "cols": cols, "bytes": 0, "seconds": float("nan"),
+                                 "gb_per_s": float("nan"), "copy_gb_per_s": copy_gbs, "share_of_copy": float("nan"),
+                                 "time_vs_tempo": float("nan"), "error": msg})
+                    print("%-28s %-22s %-5s %5d failed: %s" % (op, impl, name, cols, msg), flush=True)
+            del ops, src
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    if sink["csv"] is not None:
+        sink["csv"][0].close()
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -10,16 +10,21 @@
 #              ccache off; nlohmann-json from .deps, which the run carries: make deps, then the
 #              device tool's carry: [".deps"]); the dry run builds (or reuses) the CPU build in
 #              $BUILD (default build)
-#   2. tests   the C++ tests and the Python tests' CUDA cases (CUDA vs CPU and fp64 references;
+#   2. bandwidth  each op's forward and backward beside torch's and Liger-Kernel's op, as time
+#              and a share of a device-to-device copy (benchmarks/op_bandwidth.py; 3 widths,
+#              bf16/fp32/fp16); layer: one bert-large encoder layer in bf16 per policy
+#   3. sanitize  compute-sanitizer memcheck and racecheck over one case of each op
+#              (scripts/sanitize_ops.py); sync: ops and a patched training step under
+#              torch.cuda.set_sync_debug_mode("error") (tests/python/test_cuda_sync.py)
+#   4. tests   the C++ tests and the Python tests' CUDA cases (CUDA vs CPU and fp64 references;
 #              fp32, bf16, fp16; dropout masks the same on CPU and CUDA); graphs: the ops in
 #              CUDA graphs (a new dropout mask each replay, exact norms as the weights change);
 #              train: `tempo train` on the GPU (policies, NCCL, bf16, budget, held bytes) and
 #              tempo.optimize under bf16/fp16 autocast and pure bf16
-#   3. bandwidth  each kernel's forward and backward as a share of a device-to-device copy
-#   4. bench   `python -m tempo.bench` (Hugging Face, torch.compile) first, then `tempo bench` on
+#   5. bench   `python -m tempo.bench` (Hugging Face, torch.compile) first, then `tempo bench` on
 #              bert-large S=128 and S=512 and gpt2-medium S=1024 under 11 GiB and 16 GiB for
 #              every policy
-#   5. summary OUT_DIR/summary.md and summary.json (every step's status, time and output files)
+#   6. summary OUT_DIR/summary.md and summary.json (every step's status, time and output files)
 # Environment: PYTHON (default python3; the dry run defaults to .venv/bin/python), BUILD, JOBS,
 # TOTAL_S (default 530: stops itself before 9 minutes, writing what it has).
 # On the device tool, which returns at most 8 files: make deps here, then run with carry
@@ -164,12 +169,43 @@ graphs() {
 }
 
 # ---- 3. bandwidth --------------------------------------------------------------------------
+# Each op beside torch's and Liger-Kernel's (its wheel from .deps/wheels, installed --no-deps
+# into a folder of its own: the image has Triton), rows written as they are measured.
 bandwidth() {
-  local size=(--rows 16384 --cols 4096 --seq 1024 --dtypes fp32,bf16,fp16 --repeats 20)
-  [ $DRY = 1 ] && size=(--rows 64 --cols 256 --seq 64 --dtypes fp32,bf16 --repeats 2)
-  TEMPO_LIBRARY="$BUILD/lib/libtempo_torch.so" PYTHONPATH="$PWD/python" \
+  local size=(--rows 16384 --cols 1024,4096,8192 --seq 1024 --dtypes bf16,fp32,fp16 --repeats 10)
+  [ $DRY = 1 ] && size=(--rows 64 --cols 256,100 --seq 64 --dtypes fp32,bf16 --repeats 2)
+  local site=""
+  if [ $DRY = 0 ] && ls .deps/wheels/liger_kernel-*.whl >/dev/null 2>&1; then
+    site=/tmp/liger-site
+    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --target $site .deps/wheels/liger_kernel-*.whl ||
+      { echo "liger-kernel did not install: its rows are skipped"; site=""; }
+  fi
+  TEMPO_LIBRARY="$BUILD/lib/libtempo_torch.so" PYTHONPATH="$PWD/python${site:+:$site}" \
     "$PYTHON" benchmarks/op_bandwidth.py --device $DEVICE "${size[@]}" \
     --csv "$OUT/bandwidth.csv" --json "$OUT/bandwidth.json"
+}
+
+# compute-sanitizer memcheck and racecheck over one small case of each op (tempo's kernels only).
+sanitize() {
+  local env=(TEMPO_LIBRARY="$BUILD/lib/libtempo_torch.so" PYTHONPATH="$PWD/python")
+  if [ $DRY = 1 ]; then
+    echo "dry run: no compute-sanitizer; the ops' script once on the CPU would need CUDA (skipped)"
+    return 0
+  fi
+  local rc=0
+  for tool in memcheck racecheck; do
+    echo "== $tool"
+    env "${env[@]}" compute-sanitizer --tool $tool --kernel-name kns=tempo --error-exitcode 3 \
+      "$PYTHON" scripts/sanitize_ops.py || rc=1
+  done
+  return $rc
+}
+
+# No host synchronisation: every op and a patched training step under sync_debug_mode "error",
+# and the norms' kept-column overflow warning; the CUDA-only file (the dry run: its skips).
+sync() {
+  TEMPO_LIBRARY="$BUILD/lib/libtempo_torch.so" PYTHONPATH="$PWD/python" \
+    "$PYTHON" -m pytest -q -rs tests/python/test_cuda_sync.py --junitxml="$OUT/pytest_sync.xml"
 }
 
 # ---- 4. bench ------------------------------------------------------------------------------
@@ -186,7 +222,7 @@ bench_cpp() {  # NAME MODEL SEQ BUDGET
 # One encoder layer fwd+bwd, each policy alternated with eager (the Data Movement paper's
 # target: tempo-fused >= 1.3x eager on a GPU).
 layer() {
-  local size=(--model bert-large --seq 128,512 --batch 8 --reps 20)
+  local size=(--model bert-large --seq 128,512 --batch 8 --reps 20 --dtype bfloat16)
   [ $DRY = 1 ] && size=(--model bert-base --seq 16 --batch 1 --reps 2)
   "$BUILD/bench_layer" --device $DEVICE "${size[@]}" --policies eager,tempo,tempo-fused,tempo-sdpa \
     --csv "$OUT/layer.csv" --json "$OUT/layer.json"
@@ -214,7 +250,7 @@ bench_hf() {
 }
 
 export DRY OUT PYTHON BUILD DEVICE JOBS
-export -f build tests graphs train bandwidth layer bench_cpp bench_hf
+export -f build tests graphs train bandwidth sanitize sync layer bench_cpp bench_hf
 
 if [ $DRY = 1 ]; then
   B1=6MiB; B2=8MiB; M1=bert-base; M2=gpt2
@@ -229,11 +265,14 @@ S1=128; S2=512; S3=1024
 
 step build 240 build
 if [ -x "$BUILD/tempo" ]; then
+  # The kernels' speed first (issue 43), then their correctness under the sanitizer, then the rest.
+  step bandwidth 150 bandwidth
+  step layer 60 layer
+  step sanitize 90 sanitize
+  step sync 60 sync
   step tests 150 tests
   step graphs 90 graphs
   step train 180 train
-  step bandwidth 60 bandwidth
-  step layer 60 layer
   # The Hugging Face bench before the C++ benches: it has not yet finished on a GPU (run 3 of
   # docs/results/gpu-h200.md left it 19 s; run 4 found a fault), and the C++ benches have.
   if [ $DRY = 1 ]; then

@@ -213,3 +213,22 @@ def test_empty_and_non_finite_like_torch(name):
     assert same.all()
     finite = torch.isfinite(y2)
     torch.testing.assert_close(y1[finite], y2[finite])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_16bit_forward_on_every_input(name, dtype, on_device):
+    """Every finite bf16/fp16 input, against float64: within half an ulp on the CPU (double,
+    rounded once) and within kF16PathForwardUlps on CUDA (plain fp32 with the device's expf /
+    erfcf, rounded to 16 bits), in ulps of the 16-bit result."""
+    bits = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16)
+    x = bits.view(dtype)
+    x = x[torch.isfinite(x)]
+    y = VARIANTS[name][1](x).double()
+    ref, _, _ = exact(name, x.double())
+    fi = torch.finfo(dtype)
+    ok = ref.abs() <= fi.max
+    ulp = (2 * half_ulp(ref, dtype)).clamp_min(fi.smallest_normal * fi.eps)
+    err = ((y - ref).abs() / ulp)[ok]
+    bound = forward_ulps(name, x)
+    assert err.max().item() <= bound, (err.max().item(), x[ok][err.argmax()].item())

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <string>
+#include <type_traits>
 
 #include "tempo/activation.h"
 #include "../math/activation_f32.h"
@@ -59,13 +60,16 @@ __device__ __forceinline__ void store8(T* base, int64_t i0, int64_t n, bool vec,
   }
 }
 
-// The forward value: fp32 arithmetic for 16/32-bit data (activation_f32.h: bandwidth-bound on
-// GPUs with a low fp64 rate, within kF32ForwardUlps), the C library's double for fp64.
-template <Activation A>
+// The forward value (activation_f32.h): for fp32 data the float-float fp32 forward (within
+// kF32ForwardUlps, which the fp32 backward's bound needs); for bf16/fp16 the plain fp32 one
+// (within kF16PathForwardUlps of the 16-bit rounding, a quarter of the instructions); the C
+// library's double for fp64.
+template <Activation A, typename T>
 __device__ __forceinline__ float forward_value(float z) {
-  return math::act_forward_f32<A>(z);
+  if constexpr (std::is_same_v<T, float>) return math::act_forward_f32<A>(z);
+  else return math::act_forward_plain<A>(z);
 }
-template <Activation A>
+template <Activation A, typename T>
 __device__ __forceinline__ double forward_value(double z) {
   return math::act_forward<A>(z);
 }
@@ -83,11 +87,16 @@ __global__ void forward_kernel(ActivationForwardParams p, bool vec) {
     Pack8<T> in, out;
     load8(x, i0, p.numel, vec, in);
     unsigned bits = 0;
+    // the bias column of element i0, then stepped (one 64-bit remainder per 8 elements)
+    int64_t col = bias ? i0 % p.bias_size : 0;
 #pragma unroll
     for (int q = 0; q < 8; ++q) {
       Acc z = math::to_float(in.v[q]);
-      if (bias) z += math::to_float(bias[(i0 + q) % p.bias_size]);
-      math::store(&out.v[q], forward_value<A>(z));
+      if (bias) {
+        z += math::to_float(bias[col]);
+        col = col + 1 == p.bias_size ? 0 : col + 1;
+      }
+      math::store(&out.v[q], forward_value<A, T>(z));
       bits |= (i0 + q < p.numel && math::act_branch<A>(z)) ? (1u << q) : 0u;
     }
     store8(y, i0, p.numel, vec, out);

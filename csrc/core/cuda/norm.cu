@@ -2,7 +2,9 @@
 // Forward: one block per row (grid-stride over rows), block reductions in the math type, the
 // mean corrected by a second pass.
 // Backward: kNormBackwardGroups row groups, each block accumulating its columns' partial sums of
-// dgamma / dbeta / dbias (the prologue's) in the workspace, then one thread per column adds the groups.
+// dgamma / dbeta / dbias (the prologue's) in registers (rows up to 8192 wide; in the workspace
+// beyond) and storing them once in the workspace, then one thread per column adds the groups
+// (no atomics: deterministic).
 #include "tempo/norm.h"
 #include "../math/philox.h"
 #include "common.cuh"
@@ -85,7 +87,10 @@ __device__ math::acc_t<T> xhat_at(const NormBackwardParams& p, int64_t r, int64_
   return (math::to_float(static_cast<const T*>(p.y)[r * p.cols + j]) - (b ? math::to_float(b[j]) : Acc(0))) / gamma;
 }
 
-template <typename T, typename P>
+// K > 0: each thread owns the columns threadIdx.x + k blockDim.x (k < K; K blockDim.x >= M) and
+// keeps their dgamma / dbeta / dbias partial sums in registers over the block's rows, storing
+// them once; K = 0 (rows wider than that): the partial sums are added in the workspace.
+template <typename T, typename P, int K>
 __global__ void norm_backward_kernel(NormBackwardParams p, uint64_t threshold, DropoutScale scale) {
   using Acc = math::acc_t<T>;
   __shared__ Acc shared[32];
@@ -97,7 +102,12 @@ __global__ void norm_backward_kernel(NormBackwardParams p, uint64_t threshold, D
   Acc* part = static_cast<Acc*>(p.workspace) + static_cast<int64_t>(blockIdx.x) * 3 * M;
   const bool prologue = p.grad_residual != nullptr;
   const bool dropout = prologue && p.prologue.p > 0.0;
-  for (int64_t j = threadIdx.x; j < 3 * M; j += blockDim.x) part[j] = 0;
+  constexpr int KR = K > 0 ? K : 1;
+  Acc rw[KR], rb[KR], rpb[KR];
+#pragma unroll
+  for (int k = 0; k < KR; ++k) rw[k] = rb[k] = rpb[k] = 0;
+  if (K == 0)
+    for (int64_t j = threadIdx.x; j < 3 * M; j += blockDim.x) part[j] = 0;
   for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
     Acc c1 = 0, c2 = 0;
     for (int64_t j = threadIdx.x; j < M; j += blockDim.x) {
@@ -115,25 +125,61 @@ __global__ void norm_backward_kernel(NormBackwardParams p, uint64_t threshold, D
     const Acc m1 = cuda::block_reduce(c1, shared) / static_cast<Acc>(M);
     const Acc m2 = p.kind == NormKind::kLayerNorm ? cuda::block_reduce(c2, shared) / static_cast<Acc>(M) : Acc(0);
     const Acc rs = rstd[r];
-    for (int64_t j = threadIdx.x; j < M; j += blockDim.x) {
+    auto column = [&](int64_t j, Acc& aw, Acc& ab, Acc& apb) {
       const int64_t e = r * M + j;
       const Acc g = math::to_float(dy[e]);
       const Acc gamma = w ? math::to_float(w[j]) : Acc(1);
       const Acc xhat = xhat_at<T, P>(p, r, j, gamma);
       const Acc dh = rs * (g * gamma - xhat * m1 - m2);
-      part[j] += g * xhat;
-      part[M + j] += g;
+      aw += g * xhat;
+      ab += g;
       if (prologue) {
         math::store(static_cast<T*>(p.grad_residual) + e, dh);
         Acc d = math::round_to_acc<T>(dh);
         if (dropout) d = scale.apply(d, cuda::keep_bit(p.mask, rng, threshold, e));
         math::store(static_cast<T*>(p.grad_x) + e, d);
-        part[2 * M + j] += math::round_to_acc<T>(d);
+        apb += math::round_to_acc<T>(d);
       } else {
         math::store(static_cast<T*>(p.grad_x) + e, dh);
       }
+    };
+    if constexpr (K > 0) {
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        const int64_t j = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+        if (j < M) column(j, rw[k], rb[k], rpb[k]);
+      }
+    } else {
+      for (int64_t j = threadIdx.x; j < M; j += blockDim.x) column(j, part[j], part[M + j], part[2 * M + j]);
     }
   }
+  if constexpr (K > 0) {
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int64_t j = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+      if (j < M) {
+        part[j] = rw[k];
+        part[M + j] = rb[k];
+        part[2 * M + j] = rpb[k];
+      }
+    }
+  }
+}
+
+// The backward's launch: K columns per thread in registers for rows up to 16 x 512 wide
+// (256 threads up to 4096 columns, 512 above), the workspace path beyond.
+template <typename T, typename P>
+void launch_norm_backward(const NormBackwardParams& q, int groups, uint64_t threshold, cudaStream_t st) {
+  const DropoutScale scale(q.prologue.p);
+  const int64_t M = q.cols;
+  const int threads = M > 16 * cuda::kThreads ? 2 * cuda::kThreads : cuda::kThreads;
+  const int64_t per = (M + threads - 1) / threads;
+  if (per <= 1) norm_backward_kernel<T, P, 1><<<groups, threads, 0, st>>>(q, threshold, scale);
+  else if (per <= 2) norm_backward_kernel<T, P, 2><<<groups, threads, 0, st>>>(q, threshold, scale);
+  else if (per <= 4) norm_backward_kernel<T, P, 4><<<groups, threads, 0, st>>>(q, threshold, scale);
+  else if (per <= 8) norm_backward_kernel<T, P, 8><<<groups, threads, 0, st>>>(q, threshold, scale);
+  else if (per <= 16) norm_backward_kernel<T, P, 16><<<groups, threads, 0, st>>>(q, threshold, scale);
+  else norm_backward_kernel<T, P, 0><<<groups, cuda::kThreads, 0, st>>>(q, threshold, scale);
 }
 
 template <typename T, typename P>
@@ -141,15 +187,18 @@ __global__ void column_sum_kernel(NormBackwardParams p, int groups) {
   using Acc = math::acc_t<T>;
   const int64_t M = p.cols;
   const Acc* ws = static_cast<const Acc*>(p.workspace);
-  P* params[2] = {p.weight ? static_cast<P*>(p.grad_weight) : nullptr, p.beta ? static_cast<P*>(p.grad_beta) : nullptr};
+  // (two pointers, not an array indexed by a runtime value: that would live on the stack)
+  P* const gw = p.weight ? static_cast<P*>(p.grad_weight) : nullptr;
+  P* const gb = p.beta ? static_cast<P*>(p.grad_beta) : nullptr;
   T* bias = static_cast<T*>(p.grad_bias);
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < 3 * M; j += stride) {
     const int64_t which = j / M;
-    if (which < 2 ? !params[which] : !bias) continue;
+    P* const param = which == 0 ? gw : gb;
+    if (which < 2 ? !param : !bias) continue;
     Acc s = 0;
     for (int g = 0; g < groups; ++g) s += ws[static_cast<int64_t>(g) * 3 * M + j];
-    if (which < 2) math::store(params[which] + j % M, s);
+    if (which < 2) math::store(param + j % M, s);
     else math::store(bias + j % M, s);
   }
 }
@@ -196,12 +245,12 @@ Status norm_backward_cuda(const NormBackwardParams& p, void* stream) {
     using T = decltype(t);
     if constexpr (sizeof(T) == 2) {  // float_params: 16-bit data only (validated)
       if (p.float_params) {
-        norm_backward_kernel<T, float><<<groups, cuda::kThreads, 0, st>>>(q, threshold, DropoutScale(p.prologue.p));
+        launch_norm_backward<T, float>(q, groups, threshold, st);
         column_sum_kernel<T, float><<<cuda::grid_for(3 * p.cols), cuda::kThreads, 0, st>>>(q, groups);
         return;
       }
     }
-    norm_backward_kernel<T, T><<<groups, cuda::kThreads, 0, st>>>(q, threshold, DropoutScale(p.prologue.p));
+    launch_norm_backward<T, T>(q, groups, threshold, st);
     column_sum_kernel<T, T><<<cuda::grid_for(3 * p.cols), cuda::kThreads, 0, st>>>(q, groups);
   });
   return cuda::launch_status("norm backward");

@@ -431,3 +431,57 @@ TEST(ActivationCore, Fp32ArithmeticForwardWithinItsStatedUlps) {
 }
 
 }  // namespace
+
+// The CUDA forward of bf16/fp16 data (act_forward_plain: plain fp32 arithmetic), over every
+// finite 16-bit input: within kF16PathForwardUlps of the exact value, in ulps of the 16-bit
+// result (subnormal results: of the smallest subnormal). Here with the host's expf / erfcf;
+// the CUDA cases of tests/python/test_activation.py run the same sweep with the device's.
+TEST(ActivationCore, SixteenBitForwardWithinItsStatedUlpsOnEveryInput) {
+  using tempo::math::bf16_t;
+  using tempo::math::fp16_t;
+  for (Activation a : {Activation::kGeluErf, Activation::kGeluTanh, Activation::kSilu}) {
+    for (int fp16 = 0; fp16 < 2; ++fp16) {
+      const int mant = fp16 ? 11 : 8;
+      const double sub = fp16 ? std::ldexp(1.0, -24) : std::ldexp(1.0, -133);
+      const double max_finite = fp16 ? 65504.0 : 3.3895313892515355e38;
+      double worst = 0, worst_x = 0;
+      int64_t inexact = 0, n = 0;
+      for (uint32_t b = 0; b < 65536; ++b) {
+        float x, y16;
+        if (fp16) {
+          const fp16_t h{static_cast<uint16_t>(b)};
+          x = tempo::math::to_float(h);
+        } else {
+          x = tempo::math::to_float(bf16_t{static_cast<uint16_t>(b)});
+        }
+        if (!std::isfinite(x)) continue;
+        float y = 0;
+        tempo::math::by_activation(a, [&](auto tag) { y = tempo::math::act_forward_plain<decltype(tag)::value>(x); });
+        if (fp16) {
+          fp16_t o;
+          tempo::math::store(&o, y);
+          y16 = tempo::math::to_float(o);
+        } else {
+          bf16_t o;
+          tempo::math::store(&o, y);
+          y16 = tempo::math::to_float(o);
+        }
+        const double ref = ref_f(a, static_cast<double>(x));
+        if (std::fabs(ref) > max_finite) continue;
+        int e = 0;
+        std::frexp(ref, &e);
+        const double ulp = std::max(std::ldexp(1.0, e - mant), sub);
+        const double err = std::fabs(static_cast<double>(y16) - ref) / ulp;
+        ++n;
+        inexact += err > 0.5;
+        if (err > worst) worst = err, worst_x = x;
+      }
+      EXPECT_LE(worst, tempo::math::kF16PathForwardUlps)
+          << tempo::activation_name(a) << (fp16 ? " fp16" : " bf16") << " at x = " << worst_x;
+      EXPECT_GT(n, 60000);
+      std::printf("%-26s %s forward (plain fp32): worst %.6f ulp at x = %g; %lld of %lld past half an ulp\n",
+                  tempo::activation_name(a), fp16 ? "fp16" : "bf16", worst, worst_x, static_cast<long long>(inexact),
+                  static_cast<long long>(n));
+    }
+  }
+}
