@@ -22,7 +22,7 @@ from check_fp64_sass import INSTRUCTION, demangle, find_cuobjdump  # noqa: E402
 RES = re.compile(r"Function (\S+):\s*REG:(\d+)\s+STACK:(\d+)\s+SHARED:(\d+)\s+LOCAL:(\d+)")
 # Kernels that must move 16-byte words: (object file stem, kernel name substring)
 VECTORISED = [("activation.cu", "forward_kernel"), ("activation.cu", "backward_kernel<"),
-              ("dropout.cu", "")]
+              ("dropout.cu", "dropout_")]
 
 
 def sass_counts(tool, obj):

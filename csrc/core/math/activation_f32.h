@@ -233,17 +233,27 @@ TEMPO_HD float act_forward_f32<Activation::kGeluErf>(float x) {
 // moves the 16-bit result only where the exact value lies within ~2^-13 of its ulp of a
 // rounding tie. The float-float forward above costs 110-140 instructions per element, about
 // 4x what an H200 can issue per element at a copy's bandwidth; this one costs 15-35: the C
-// library's expf / erfcf (CUDA's: within 2 and 4 ulp), one division, and the same
+// library's expf / erfcf (CUDA's: within 2 and 4 ulp), one fast division (2 ulp), and the same
 // cancellation-free forms (x sigma(s) as x / (1 + e^-s) or x e^s / (1 + e^s); erf GELU as
 // x erfc(-x / sqrt 2) / 2). Error bound, in ulps of the 16-bit result: kF16PathForwardUlps,
 // measured over every bf16 and fp16 input on the host (tests/cpp/core/test_activation.cpp)
 // and on the GPU (tests/python/test_activation.py, CUDA).
 inline constexpr float kF16PathForwardUlps = 0.5f + 1.0f / 128.0f;
 
+// a / d for d in [1, 2]: on the device the fast division (within 2 ulp there, no slow path:
+// the IEEE division's range checks and subroutine call were a third of the forward's SASS).
+TEMPO_HD float div_1_2(float a, float d) {
+#if defined(__CUDA_ARCH__)
+  return __fdividef(a, d);
+#else
+  return a / d;
+#endif
+}
+
 TEMPO_HD float sigmoid_times(float x, float s) {  // x sigma(s), no overflow, no cancellation
-  if (s >= 0.0f) return x / (1.0f + expf(-s));
-  const float e = expf(s);
-  return x * e / (1.0f + e);
+  if (s >= 0.0f) return div_1_2(x, 1.0f + expf(-s));  // e^-s in (0, 1]
+  const float e = expf(s);                             // in [0, 1)
+  return div_1_2(x * e, 1.0f + e);
 }
 
 template <Activation A>
