@@ -335,10 +335,13 @@ TEST(SimtCuda, DropoutMatchesTheCpuKernelsBitForBit) {
   for (DType t : kDTypes)
     for (int64_t n : {int64_t{1}, int64_t{9}, int64_t{1000}, int64_t{8191}})
       for (double p : {0.0, 1e-3, 0.5, 1.0})
-        for (auto mode : {tempo::DropoutMode::kBits, tempo::DropoutMode::kPhilox}) {
-          const std::string what = tag(t, n) + " p " + std::to_string(p) + (mode == tempo::DropoutMode::kBits ? " bits" : " philox");
-          Buf x = randn(t, n, gen);
-          Buf y_cpu = zeros(t, n), y_gpu = zeros(t, n);
+        for (auto mode : {tempo::DropoutMode::kBits, tempo::DropoutMode::kPhilox})
+          for (int shift : {0, 1}) {  // 1: unaligned, the scalar path
+          if (shift && p != 0.5) continue;
+          const std::string what = tag(t, n) + " p " + std::to_string(p) + (mode == tempo::DropoutMode::kBits ? " bits" : " philox") +
+                                   (shift ? " unaligned" : "");
+          Buf x = randn(t, n, gen, 1.0, shift);
+          Buf y_cpu = zeros(t, n), y_gpu = zeros(t, n, shift);
           std::vector<uint8_t> m_cpu(tempo::bit_mask_bytes(n)), m_gpu(m_cpu.size(), 0xcd);
           tempo::DropoutForwardParams f;
           f.dtype = t;
@@ -357,7 +360,7 @@ TEST(SimtCuda, DropoutMatchesTheCpuKernelsBitForBit) {
           expect_close(y_cpu, y_gpu, kExact, what + " forward");
           if (mode == tempo::DropoutMode::kBits && p > 0) expect_same_bytes(m_cpu, m_gpu, what + " bits");
 
-          Buf g = randn(t, n, gen), gx_cpu = zeros(t, n), gx_gpu = zeros(t, n);
+          Buf g = randn(t, n, gen, 1.0, shift), gx_cpu = zeros(t, n), gx_gpu = zeros(t, n, shift);
           tempo::DropoutBackwardParams b;
           b.dtype = t;
           b.grad_y = g.data();

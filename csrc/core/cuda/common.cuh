@@ -36,6 +36,42 @@ inline int row_grid(int64_t rows) { return static_cast<int>(std::max<int64_t>(1,
 
 inline bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
+// 8 consecutive elements of T, moved as 16-byte words when `vec` holds: 16-byte aligned, as
+// the uint4 accesses need (T's own alignment would let a copy spilled to local memory fault).
+template <typename T>
+struct alignas(16) Pack8 {
+  T v[8];
+};
+
+template <typename T>
+__device__ __forceinline__ void load8(const T* base, int64_t i0, int64_t n, bool vec, Pack8<T>& out) {
+  if (vec && i0 + 8 <= n) {
+    constexpr int kWords = sizeof(T) * 8 / 16;
+    const uint4* src = reinterpret_cast<const uint4*>(base + i0);
+    uint4* dst = reinterpret_cast<uint4*>(out.v);
+#pragma unroll
+    for (int w = 0; w < kWords; ++w) dst[w] = src[w];
+  } else {
+#pragma unroll
+    for (int q = 0; q < 8; ++q) out.v[q] = i0 + q < n ? base[i0 + q] : T{};
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void store8(T* base, int64_t i0, int64_t n, bool vec, const Pack8<T>& in) {
+  if (vec && i0 + 8 <= n) {
+    constexpr int kWords = sizeof(T) * 8 / 16;
+    uint4* dst = reinterpret_cast<uint4*>(base + i0);
+    const uint4* src = reinterpret_cast<const uint4*>(in.v);
+#pragma unroll
+    for (int w = 0; w < kWords; ++w) dst[w] = src[w];
+  } else {
+#pragma unroll
+    for (int q = 0; q < 8; ++q)
+      if (i0 + q < n) base[i0 + q] = in.v[q];
+  }
+}
+
 // The Philox state with (seed, offset) loaded from device memory when it lives there: a
 // generator's, in a captured graph (read at each replay), or a forward's stored state.
 __device__ inline PhiloxState resolve(PhiloxState s) {

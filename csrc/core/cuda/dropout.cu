@@ -1,5 +1,5 @@
-// CUDA kernels of dropout: one thread per mask byte (8 elements), grid-stride, 64-bit
-// indexing. The keep bits are the same Philox draws as on the CPU (math/philox.h).
+// CUDA kernels of dropout: one thread per mask byte (8 elements, moved as 16-byte words when
+// aligned, a scalar tail), grid-stride, 64-bit indexing. The keep bits are the same Philox draws as on the CPU (math/philox.h).
 #include "tempo/dropout.h"
 #include "../math/philox.h"
 #include "common.cuh"
@@ -7,8 +7,9 @@
 namespace tempo {
 namespace {
 
+// vec: x and y (dy and dx) 16-byte aligned, so that whole groups of 8 move as 16-byte words.
 template <typename T>
-__global__ void dropout_forward_kernel(DropoutForwardParams p, uint64_t threshold, DropoutScale scale) {
+__global__ void dropout_forward_kernel(DropoutForwardParams p, uint64_t threshold, DropoutScale scale, bool vec) {
   const T* x = static_cast<const T*>(p.x);
   T* y = static_cast<T*>(p.y);
   const PhiloxState rng = cuda::resolve(p.rng);
@@ -17,21 +18,19 @@ __global__ void dropout_forward_kernel(DropoutForwardParams p, uint64_t threshol
   for (int64_t b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; b < bytes; b += stride) {
     uint32_t bits = math::keep_byte(rng.seed, rng.offset, b, threshold);
     const int64_t i0 = b * 8;
+    const int64_t valid = p.numel - i0;
+    if (valid < 8) bits &= (1u << valid) - 1u;
+    cuda::Pack8<T> in, out;
+    cuda::load8(x, i0, p.numel, vec, in);
 #pragma unroll
-    for (int q = 0; q < 8; ++q) {
-      const int64_t i = i0 + q;
-      if (i >= p.numel) {
-        bits &= ~(1u << q);
-        continue;
-      }
-      math::store(y + i, scale.apply(math::to_float(x[i]), ((bits >> q) & 1u) != 0));
-    }
+    for (int q = 0; q < 8; ++q) math::store(&out.v[q], scale.apply(math::to_float(in.v[q]), ((bits >> q) & 1u) != 0));
+    cuda::store8(y, i0, p.numel, vec, out);
     if (p.mask) p.mask[b] = static_cast<uint8_t>(bits);
   }
 }
 
 template <typename T>
-__global__ void dropout_backward_kernel(DropoutBackwardParams p, uint64_t threshold, DropoutScale scale) {
+__global__ void dropout_backward_kernel(DropoutBackwardParams p, uint64_t threshold, DropoutScale scale, bool vec) {
   const T* dy = static_cast<const T*>(p.grad_y);
   T* dx = static_cast<T*>(p.grad_x);
   const PhiloxState rng = cuda::resolve(p.rng);
@@ -40,12 +39,11 @@ __global__ void dropout_backward_kernel(DropoutBackwardParams p, uint64_t thresh
   for (int64_t b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; b < bytes; b += stride) {
     const uint32_t bits = p.mask ? p.mask[b] : math::keep_byte(rng.seed, rng.offset, b, threshold);
     const int64_t i0 = b * 8;
+    cuda::Pack8<T> in, out;
+    cuda::load8(dy, i0, p.numel, vec, in);
 #pragma unroll
-    for (int q = 0; q < 8; ++q) {
-      const int64_t i = i0 + q;
-      if (i >= p.numel) break;
-      math::store(dx + i, scale.apply(math::to_float(dy[i]), ((bits >> q) & 1u) != 0));
-    }
+    for (int q = 0; q < 8; ++q) math::store(&out.v[q], scale.apply(math::to_float(in.v[q]), ((bits >> q) & 1u) != 0));
+    cuda::store8(dx, i0, p.numel, vec, out);
   }
 }
 
@@ -77,9 +75,10 @@ Status dropout_forward_cuda(const DropoutForwardParams& p, void* stream) {
   if (!s.ok() || p.numel == 0) return s;
   auto st = static_cast<cudaStream_t>(stream);
   const int grid = cuda::grid_for(bit_mask_bytes(p.numel));
+  const bool vec = cuda::aligned16(p.x) && cuda::aligned16(p.y);
   math::by_dtype(p.dtype, [&](auto t) {
     dropout_forward_kernel<decltype(t)><<<grid, cuda::kThreads, 0, st>>>(p, math::keep_threshold(p.p),
-                                                                        DropoutScale(p.p));
+                                                                        DropoutScale(p.p), vec);
   });
   return cuda::launch_status("dropout forward");
 }
@@ -89,9 +88,10 @@ Status dropout_backward_cuda(const DropoutBackwardParams& p, void* stream) {
   if (!s.ok() || p.numel == 0) return s;
   auto st = static_cast<cudaStream_t>(stream);
   const int grid = cuda::grid_for(bit_mask_bytes(p.numel));
+  const bool vec = cuda::aligned16(p.grad_y) && cuda::aligned16(p.grad_x);
   math::by_dtype(p.dtype, [&](auto t) {
     dropout_backward_kernel<decltype(t)><<<grid, cuda::kThreads, 0, st>>>(p, math::keep_threshold(p.p),
-                                                                         DropoutScale(p.p));
+                                                                         DropoutScale(p.p), vec);
   });
   return cuda::launch_status("dropout backward");
 }
