@@ -12,6 +12,11 @@ def _kept_capacity(n):
 def _norm_kept_slots(weight, bias, dtype=None):
     ref = weight if weight is not None else bias
     torch._check(ref is not None, lambda: "tempo::norm_kept_slots: needs a weight or a bias")
+    if weight is not None and bias is not None:
+        torch._check(weight.device == bias.device, lambda: "tempo::norm_kept_slots: argument 'bias' must be on the "
+                     "device of weight (%s), got %s" % (weight.device, bias.device))
+        torch._check(weight.shape == bias.shape, lambda: "tempo::norm_kept_slots: argument 'bias' must have the "
+                     "shape of weight %s, got %s" % (list(weight.shape), list(bias.shape)))
     return ref.new_empty((_kept_capacity(ref.numel()),), dtype=torch.int64)
 
 

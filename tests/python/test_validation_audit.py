@@ -42,6 +42,7 @@ def _valid_calls():
     calls["rms_norm_forward"] = ((x, [8], w, 1e-6), {"weight": "shape"})
     calls["rms_norm_backward"] = ((r(4, 8), yr, rr, [8], w), {"grad": "shape", "rstd": "shape", "weight": "shape"})
     calls["norm_kept_columns"] = ((w, beta), {"bias": "shape"})
+    calls["norm_kept_slots"] = ((w, beta), {"bias": "shape"})
     res = r(4, 8)
     yb, rb, kb, _ = torch.ops.tempo.bias_dropout_add_layer_norm_forward(x, b8, res, 0.1, w, beta, 1e-5, "bits")
     bdrln = {"bias": "shape", "residual": "shape", "weight": "shape", "beta": "shape"}
@@ -60,6 +61,7 @@ def _valid_calls():
                                    {"grad": "shape", "k": "shape", "v": -2, "probs": "shape", "keep": "shape"})
     fout, state = torch.ops.tempo.fused_attention_forward(q, k, v, mask, 0.1, False, None, 2)
     calls["fused_attention"] = ((q, k, v, mask, 0.1, False, None, 2), att)
+    calls["fused_attention_backend"] = ((q, k, mask, 0.1, False, 2), {})
     calls["fused_attention_forward"] = ((q, k, v, mask, 0.1, False, None, 2), att)
     calls["fused_attention_backward"] = ((r(2, 2, 5, 4), q, k, v, state, mask, 0.1, False, None, 2),
                                          {"grad": "shape", "k": "shape", "v": -2, "keep": "shape",

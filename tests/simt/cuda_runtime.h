@@ -28,6 +28,7 @@
 // ---- the language: qualifiers and built-in variables ----------------------------------------
 #define __global__
 #define __device__
+#define __launch_bounds__(...)
 #define __host__
 #define __constant__
 #define __forceinline__ inline

@@ -546,8 +546,11 @@ TEST(SimtCuda, NormsMatchTheCpuKernels) {
       // 600 blocks of 256 emulated threads per launch).
       // 4 x 4100 and 2 x 8300: the backward's 512-thread register path (16 columns a thread) and
       // its workspace path (wider than 16 x 512), fp32 and bf16 only (emulated threads are slow).
+      // Widths that are a multiple of 8 take the rows-in-registers kernels (16-byte accesses):
+      // 24 and 64 (a partly idle warp), 1024 (1 pack a thread), 8192 (2 packs; the backward's
+      // widest), 12288 (the forward's 4 packs; the backward's workspace path).
       for (auto [R, M] : {std::pair<int64_t, int64_t>{1, 1}, {3, 31}, {5, 300}, {9, 1031}, {600, 24}, {4, 4100},
-                          {2, 8300}}) {
+                          {2, 8300}, {7, 64}, {5, 1024}, {2, 8192}, {2, 12288}}) {
         if (R == 600 && (fp || t == DType::kFloat64 || t == DType::kFloat16)) continue;
         if (M > 4000 && (fp || t == DType::kFloat64 || t == DType::kFloat16)) continue;
         run_norm({K::kLayerNorm, t, fp, R, M, true, true, false, false, false, 0.0, tempo::DropoutMode::kBits}, gen);

@@ -102,14 +102,17 @@ __global__ void qkv_split_forward_kernel(QkvSplitForwardParams p) {
   const int64_t S = p.seq, A = p.heads, D = p.head_dim, M = p.cols(), n = p.numel();
   const T* z = static_cast<const T*>(p.z);
   const T* bias = static_cast<const T*>(p.bias);
-  T* out[3] = {static_cast<T*>(p.q), static_cast<T*>(p.k), static_cast<T*>(p.v)};
+  // (three pointers chosen by value, not an array indexed at run time: that lived on the stack)
+  T* const q = static_cast<T*>(p.q);
+  T* const k = static_cast<T*>(p.k);
+  T* const vv = static_cast<T*>(p.v);
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     const int64_t t = i / M, c = i % M, w = c / (A * D), a = (c / D) % A, j = c % D;
     const int64_t b = t / S, s = t % S;
     T v = z[i];
     if (bias) math::store(&v, math::to_float(v) + math::to_float(bias[c]));
-    out[w][((b * A + a) * S + s) * D + j] = v;
+    (w == 0 ? q : w == 1 ? k : vv)[((b * A + a) * S + s) * D + j] = v;
   }
 }
 

@@ -9,6 +9,8 @@
 #include "../math/philox.h"
 #include "common.cuh"
 
+#include <type_traits>
+
 namespace tempo {
 namespace {
 
@@ -91,7 +93,7 @@ __device__ math::acc_t<T> xhat_at(const NormBackwardParams& p, int64_t r, int64_
 // keeps their dgamma / dbeta / dbias partial sums in registers over the block's rows, storing
 // them once; K = 0 (rows wider than that): the partial sums are added in the workspace.
 template <typename T, typename P, int K>
-__global__ void norm_backward_kernel(NormBackwardParams p, uint64_t threshold, DropoutScale scale) {
+__global__ void __launch_bounds__(512) norm_backward_kernel(NormBackwardParams p, uint64_t threshold, DropoutScale scale) {
   using Acc = math::acc_t<T>;
   __shared__ Acc shared[32];
   const PhiloxState rng = cuda::resolve(p.prologue.rng);
@@ -166,6 +168,17 @@ __global__ void norm_backward_kernel(NormBackwardParams p, uint64_t threshold, D
   }
 }
 
+// K = 16, for 16/32-bit data only; false (nothing launched) for fp64.
+template <typename T, typename P>
+bool wide16(const NormBackwardParams& q, int groups, int threads, uint64_t threshold, cudaStream_t st) {
+  if constexpr (sizeof(T) <= 4) {
+    norm_backward_kernel<T, P, 16><<<groups, threads, 0, st>>>(q, threshold, DropoutScale(q.prologue.p));
+    return true;
+  } else {
+    return false;
+  }
+}
+
 // The backward's launch: K columns per thread in registers for rows up to 16 x 512 wide
 // (256 threads up to 4096 columns, 512 above), the workspace path beyond.
 template <typename T, typename P>
@@ -178,7 +191,7 @@ void launch_norm_backward(const NormBackwardParams& q, int groups, uint64_t thre
   else if (per <= 2) norm_backward_kernel<T, P, 2><<<groups, threads, 0, st>>>(q, threshold, scale);
   else if (per <= 4) norm_backward_kernel<T, P, 4><<<groups, threads, 0, st>>>(q, threshold, scale);
   else if (per <= 8) norm_backward_kernel<T, P, 8><<<groups, threads, 0, st>>>(q, threshold, scale);
-  else if (per <= 16) norm_backward_kernel<T, P, 16><<<groups, threads, 0, st>>>(q, threshold, scale);
+  else if (per <= 16 && wide16<T, P>(q, groups, threads, threshold, st)) return;  // fp64: the workspace path (K=16 spills)
   else norm_backward_kernel<T, P, 0><<<groups, cuda::kThreads, 0, st>>>(q, threshold, scale);
 }
 
@@ -203,6 +216,226 @@ __global__ void column_sum_kernel(NormBackwardParams p, int groups) {
   }
 }
 
+
+// ---- rows in registers, 16-byte accesses (the fast path) ------------------------------------
+// (__launch_bounds__(512): these kernels launch up to 512 threads, which leaves 128 registers
+// a thread; without the bound ptxas gave the backward 154 and the launch would fail.)
+// For 16/32-bit data whose rows are a multiple of 8 wide (so that a row starts on a mask byte)
+// and whose tensors are 16-byte aligned: one block per row, each thread holding V packs of 8
+// elements (pack k*blockDim.x + threadIdx.x) in registers, read and written as 16-byte words.
+// The forward reads x (and the prologue's residual, bias) once and draws the dropout bits
+// itself (writing the mask in bits mode); the backward reads dy and y once per row and keeps
+// its dgamma / dbeta / dbias partial sums in registers. Same formulas, in the same order per
+// element, as the kernels above; the sums are reduced in another order (within the tolerance
+// the emulator tests hold).
+constexpr int64_t kRowPack = 8;
+
+template <typename T>
+using Pack = cuda::Pack8<T>;
+
+template <typename T, typename P, int V>
+__global__ void __launch_bounds__(512) norm_forward_rows_kernel(NormForwardParams p, uint64_t threshold, DropoutScale scale) {
+  using Acc = float;
+  __shared__ Acc shared[32];
+  const PhiloxState rng = cuda::resolve(p.prologue.rng);
+  const int64_t M = p.cols, packs = M / kRowPack;
+  const bool prologue = p.prologue.residual != nullptr;
+  const bool dropout = prologue && p.prologue.p > 0.0;
+  const P* w = static_cast<const P*>(p.weight);
+  const P* b = static_cast<const P*>(p.beta);
+  const T* pb = static_cast<const T*>(p.prologue.bias);
+  Acc h[V][8];
+  for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
+    const T* xr = static_cast<const T*>(p.x) + r * M;
+    Acc sum = 0;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const int64_t pk = static_cast<int64_t>(k) * blockDim.x + threadIdx.x;
+#pragma unroll
+      for (int q = 0; q < 8; ++q) h[k][q] = 0;
+      if (pk >= packs) continue;
+      Pack<T> xv;
+      cuda::load8(xr, pk * kRowPack, M, true, xv);
+      if (!prologue) {
+#pragma unroll
+        for (int q = 0; q < 8; ++q) h[k][q] = math::to_float(xv.v[q]);
+      } else {
+        Pack<T> rv, bv;
+        cuda::load8(static_cast<const T*>(p.prologue.residual) + r * M, pk * kRowPack, M, true, rv);
+        if (pb) cuda::load8(pb, pk * kRowPack, M, true, bv);
+        const int64_t byte = (r * M) / kRowPack + pk;
+        uint32_t bits = 0xffu;
+        if (dropout) {
+          bits = math::keep_byte(rng.seed, rng.offset, byte, threshold);
+          if (p.mask) p.mask[byte] = static_cast<uint8_t>(bits);
+        }
+#pragma unroll
+        for (int q = 0; q < 8; ++q) {
+          Acc v = math::round_to_acc<T>(math::to_float(xv.v[q]) + (pb ? math::to_float(bv.v[q]) : Acc(0)));
+          if (dropout) v = math::round_to_acc<T>(scale.apply(v, ((bits >> q) & 1u) != 0));
+          h[k][q] = math::round_to_acc<T>(math::to_float(rv.v[q]) + v);
+        }
+      }
+#pragma unroll
+      for (int q = 0; q < 8; ++q) sum += p.kind == NormKind::kLayerNorm ? h[k][q] : h[k][q] * h[k][q];
+    }
+    Acc mean = 0, shift = 0, var = 0;
+    if (p.kind == NormKind::kLayerNorm) {
+      mean = cuda::block_reduce(sum, shared) / static_cast<Acc>(M);
+      Acc s1 = 0, s2 = 0;
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        if (static_cast<int64_t>(k) * blockDim.x + threadIdx.x >= packs) continue;
+#pragma unroll
+        for (int q = 0; q < 8; ++q) {
+          const Acc d = h[k][q] - mean;
+          s1 += d;
+          s2 += d * d;
+        }
+      }
+      s1 = cuda::block_reduce(s1, shared);
+      s2 = cuda::block_reduce(s2, shared);
+      shift = s1 / static_cast<Acc>(M);
+      const Acc v = (s2 - s1 * shift) / static_cast<Acc>(M);
+      var = v > Acc(0) ? v : Acc(0);
+    } else {
+      var = cuda::block_reduce(sum, shared) / static_cast<Acc>(M);
+    }
+    const Acc rstd = static_cast<Acc>(1) / sqrt(var + static_cast<Acc>(p.eps));
+    if (threadIdx.x == 0) static_cast<Acc*>(p.rstd)[r] = rstd;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const int64_t pk = static_cast<int64_t>(k) * blockDim.x + threadIdx.x;
+      if (pk >= packs) continue;
+      Pack<P> wv, bv;
+      if (w) cuda::load8(w, pk * kRowPack, M, true, wv);
+      if (b) cuda::load8(b, pk * kRowPack, M, true, bv);
+      Pack<T> out;
+#pragma unroll
+      for (int q = 0; q < 8; ++q) {
+        Acc v = ((h[k][q] - mean) - shift) * rstd;
+        if (p.kept > 0) {
+          const int32_t slot = p.kept_slot[pk * kRowPack + q];
+          if (slot >= 0) static_cast<Acc*>(p.kept_xhat)[r * p.kept + slot] = v;
+        }
+        if (w) v *= math::to_float(wv.v[q]);
+        if (b) v += math::to_float(bv.v[q]);
+        math::store(&out.v[q], v);
+      }
+      cuda::store8(static_cast<T*>(p.y) + r * M, pk * kRowPack, M, true, out);
+    }
+  }
+}
+
+template <typename T, typename P, int V>
+__global__ void __launch_bounds__(512) norm_backward_rows_kernel(NormBackwardParams p, uint64_t threshold, DropoutScale scale) {
+  using Acc = float;
+  __shared__ Acc shared[32];
+  const PhiloxState rng = cuda::resolve(p.prologue.rng);
+  const int64_t M = p.cols, packs = M / kRowPack;
+  const P* w = static_cast<const P*>(p.weight);
+  const P* b = static_cast<const P*>(p.beta);
+  const Acc* rstd = static_cast<const Acc*>(p.rstd);
+  const bool prologue = p.grad_residual != nullptr;
+  const bool dropout = prologue && p.prologue.p > 0.0;
+  Acc aw[V][8], ab[V][8], apb[V][8], g[V][8], xh[V][8];
+#pragma unroll
+  for (int k = 0; k < V; ++k)
+#pragma unroll
+    for (int q = 0; q < 8; ++q) aw[k][q] = ab[k][q] = apb[k][q] = 0;
+  for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
+    Acc c1 = 0, c2 = 0;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const int64_t pk = static_cast<int64_t>(k) * blockDim.x + threadIdx.x;
+      if (pk >= packs) continue;
+      Pack<T> dv, yv;
+      Pack<P> wv, bv;
+      cuda::load8(static_cast<const T*>(p.grad_y) + r * M, pk * kRowPack, M, true, dv);
+      cuda::load8(static_cast<const T*>(p.y) + r * M, pk * kRowPack, M, true, yv);
+      if (w) cuda::load8(w, pk * kRowPack, M, true, wv);
+      if (b) cuda::load8(b, pk * kRowPack, M, true, bv);
+#pragma unroll
+      for (int q = 0; q < 8; ++q) {
+        const Acc gq = math::to_float(dv.v[q]);
+        const Acc gamma = w ? math::to_float(wv.v[q]) : Acc(1);
+        const int32_t slot = p.kept > 0 ? p.kept_slot[pk * kRowPack + q] : -1;
+        const Acc centred = math::to_float(yv.v[q]) - (b ? math::to_float(bv.v[q]) : Acc(0));
+        if (slot >= 0) {
+          xh[k][q] = static_cast<const Acc*>(p.kept_xhat)[r * p.kept + slot];
+          c1 += gq * gamma * xh[k][q];
+        } else {
+          xh[k][q] = centred / gamma;
+          c1 += gq * centred;
+        }
+        c2 += gq * gamma;
+        g[k][q] = gq;
+      }
+    }
+    const Acc m1 = cuda::block_reduce(c1, shared) / static_cast<Acc>(M);
+    const Acc m2 = p.kind == NormKind::kLayerNorm ? cuda::block_reduce(c2, shared) / static_cast<Acc>(M) : Acc(0);
+    const Acc rs = rstd[r];
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const int64_t pk = static_cast<int64_t>(k) * blockDim.x + threadIdx.x;
+      if (pk >= packs) continue;
+      Pack<P> wv;
+      if (w) cuda::load8(w, pk * kRowPack, M, true, wv);
+      const int64_t byte = (r * M) / kRowPack + pk;
+      uint32_t bits = 0xffu;
+      if (dropout) bits = p.mask ? p.mask[byte] : math::keep_byte(rng.seed, rng.offset, byte, threshold);
+      Pack<T> dxv, drv;
+#pragma unroll
+      for (int q = 0; q < 8; ++q) {
+        const Acc gamma = w ? math::to_float(wv.v[q]) : Acc(1);
+        const Acc dh = rs * (g[k][q] * gamma - xh[k][q] * m1 - m2);
+        aw[k][q] += g[k][q] * xh[k][q];
+        ab[k][q] += g[k][q];
+        if (prologue) {
+          math::store(&drv.v[q], dh);
+          Acc d = math::round_to_acc<T>(dh);
+          if (dropout) d = scale.apply(d, ((bits >> q) & 1u) != 0);
+          math::store(&dxv.v[q], d);
+          apb[k][q] += math::round_to_acc<T>(d);
+        } else {
+          math::store(&dxv.v[q], dh);
+        }
+      }
+      cuda::store8(static_cast<T*>(p.grad_x) + r * M, pk * kRowPack, M, true, dxv);
+      if (prologue) cuda::store8(static_cast<T*>(p.grad_residual) + r * M, pk * kRowPack, M, true, drv);
+    }
+  }
+  Acc* part = static_cast<Acc*>(p.workspace) + static_cast<int64_t>(blockIdx.x) * 3 * M;
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    const int64_t pk = static_cast<int64_t>(k) * blockDim.x + threadIdx.x;
+    if (pk >= packs) continue;
+#pragma unroll
+    for (int q = 0; q < 8; ++q) {
+      const int64_t j = pk * kRowPack + q;
+      part[j] = aw[k][q];
+      part[M + j] = ab[k][q];
+      part[2 * M + j] = apb[k][q];
+    }
+  }
+}
+
+// Threads and packs per thread of the fast path for rows of `cols`: V (1, 2 or 4, at most
+// max_v) packs of 8 elements a thread, at most 512 threads (a multiple of 32). 0: no fast path.
+inline int rows_threads(int64_t cols, int v) {
+  const int64_t packs = cols / kRowPack;
+  const int64_t t = (packs + v - 1) / v;
+  return static_cast<int>((t + 31) / 32 * 32);
+}
+
+inline bool rows_fit(int64_t cols, int max_v) { return cols % kRowPack == 0 && cols / kRowPack <= 512 * max_v; }
+
+inline int rows_v(int64_t cols) {
+  for (int v : {1, 2, 4})
+    if (rows_threads(cols, v) <= 512) return v;
+  return 0;
+}
+
 }  // namespace
 
 Status norm_forward_cuda(const NormForwardParams& p, void* stream) {
@@ -213,6 +446,28 @@ Status norm_forward_cuda(const NormForwardParams& p, void* stream) {
   const bool dropout = p.prologue.residual && p.prologue.p > 0.0;
   NormForwardParams q = p;
   if (!dropout || p.prologue.mode != DropoutMode::kBits) q.mask = nullptr;  // philox: draw in place
+  const bool fast = p.dtype != DType::kFloat64 && rows_fit(p.cols, 4) && cuda::aligned16(p.x) &&
+                    cuda::aligned16(p.y) && cuda::aligned16(p.weight) && cuda::aligned16(p.beta) &&
+                    cuda::aligned16(p.prologue.residual) && cuda::aligned16(p.prologue.bias);
+  if (fast) {
+    const int v = rows_v(p.cols), threads = rows_threads(p.cols, v);
+    const int grid = cuda::row_grid(p.rows);
+    const DropoutScale scale(p.prologue.p);
+    math::by_dtype(p.dtype, [&](auto t) {
+      using T = decltype(t);
+      if constexpr (!std::is_same_v<T, double>) {
+        auto go = [&](auto param_tag) {
+          using P = decltype(param_tag);
+          if (v == 1) norm_forward_rows_kernel<T, P, 1><<<grid, threads, 0, st>>>(q, threshold, scale);
+          else if (v == 2) norm_forward_rows_kernel<T, P, 2><<<grid, threads, 0, st>>>(q, threshold, scale);
+          else norm_forward_rows_kernel<T, P, 4><<<grid, threads, 0, st>>>(q, threshold, scale);
+        };
+        if (sizeof(T) == 2 && p.float_params) go(float{});
+        else go(T{});
+      }
+    });
+    return cuda::launch_status("norm forward");
+  }
   if (q.mask) {
     cuda::keep_bits_kernel<<<cuda::grid_for(bit_mask_bytes(p.rows * p.cols)), cuda::kThreads, 0, st>>>(
         p.prologue.rng, q.mask, p.rows * p.cols, threshold);
@@ -241,6 +496,28 @@ Status norm_backward_cuda(const NormBackwardParams& p, void* stream) {
   NormBackwardParams q = p;
   if (!(p.grad_residual && p.prologue.p > 0.0 && p.prologue.mode == DropoutMode::kBits)) q.mask = nullptr;
   const int groups = static_cast<int>(std::max<int64_t>(1, std::min(p.rows, kNormBackwardGroups)));
+  // Rows up to 4096 wide (one pack a thread): with two, ptxas spills under the 128 registers
+  // that 512 threads leave; wider rows take the K-column kernel below (no spill).
+  const bool fast = p.dtype != DType::kFloat64 && rows_fit(p.cols, 1) && cuda::aligned16(p.grad_y) &&
+                    cuda::aligned16(p.y) && cuda::aligned16(p.grad_x) && cuda::aligned16(p.grad_residual) &&
+                    cuda::aligned16(p.weight) && cuda::aligned16(p.beta);
+  if (fast) {
+    const int v = rows_v(p.cols), threads = rows_threads(p.cols, v);
+    const DropoutScale scale(p.prologue.p);
+    math::by_dtype(p.dtype, [&](auto t) {
+      using T = decltype(t);
+      if constexpr (!std::is_same_v<T, double>) {
+        auto go = [&](auto param_tag) {
+          using P = decltype(param_tag);
+          norm_backward_rows_kernel<T, P, 1><<<groups, threads, 0, st>>>(q, threshold, scale);
+          column_sum_kernel<T, P><<<cuda::grid_for(3 * p.cols), cuda::kThreads, 0, st>>>(q, groups);
+        };
+        if (sizeof(T) == 2 && p.float_params) go(float{});
+        else go(T{});
+      }
+    });
+    return cuda::launch_status("norm backward");
+  }
   math::by_dtype(p.dtype, [&](auto t) {
     using T = decltype(t);
     if constexpr (sizeof(T) == 2) {  // float_params: 16-bit data only (validated)

@@ -204,6 +204,21 @@ namespace {
 std::string fused_attention_backend_kernel(const at::Tensor& q, const at::Tensor& k,
                                            const std::optional<at::Tensor>& attn_mask, double dropout_p, bool causal,
                                            int64_t block_rows) {
+  const char* op = "tempo::fused_attention_backend";
+  for (const auto& [t, name] : {std::pair<const at::Tensor*, const char*>{&q, "q"}, {&k, "k"}}) {
+    TORCH_CHECK(at::isFloatingType(t->scalar_type()), op, ": argument '", name, "' must be a floating tensor, got ",
+                t->scalar_type());
+    TORCH_CHECK(t->device() == q.device(), op, ": argument '", name, "' must be on the device of q (", q.device(),
+                "), got ", t->device());
+  }
+  TORCH_CHECK(k.scalar_type() == q.scalar_type(), op, ": argument 'k' must have the dtype of q (", q.scalar_type(),
+              "), got ", k.scalar_type());
+  if (attn_mask.has_value()) {
+    TORCH_CHECK(attn_mask->scalar_type() == at::kBool || at::isFloatingType(attn_mask->scalar_type()), op,
+                ": argument 'attn_mask' must be a bool or floating tensor, got ", attn_mask->scalar_type());
+    TORCH_CHECK(attn_mask->device() == q.device(), op, ": argument 'attn_mask' must be on the device of q (",
+                q.device(), "), got ", attn_mask->device());
+  }
   return fused_attention_uses_sdpa(q, k, attn_mask, dropout_p, causal, block_rows) ? "torch-sdpa" : "tempo";
 }
 }  // namespace

@@ -200,6 +200,8 @@ at::ScalarType check_kept_args(const at::Tensor* w, const at::Tensor* b, std::op
               ref.scalar_type() == at::kFloat ? ", bfloat16 or float16" : "", ", got ", data);
   if (w && b) {
     check_like(*b, *w, op, "bias");
+    TORCH_CHECK(b->device() == w->device(), op, ": argument 'bias' must be on the device of weight (", w->device(),
+                "), got ", b->device());
     TORCH_CHECK(b->sizes() == w->sizes(), op, ": argument 'bias' must have the shape of weight ", w->sizes(), ", got ",
                 b->sizes());
   }
