@@ -16,10 +16,11 @@ import torch
 import torch.nn.functional as F
 from torch.nn.modules import module as _nn_module
 
+from . import lm_head as _lm_head
 from . import nn as tnn
 from . import ops
 
-TECHNIQUES = ("gelu", "silu", "layer_norm", "rms_norm", "dropout", "bdrln")
+TECHNIQUES = ("gelu", "silu", "layer_norm", "rms_norm", "dropout", "bdrln", "lm_head")
 # The Data Movement paper's bias fusions, added by fused=True (or named in techniques):
 # "qkv_split" (BERT/RoBERTa self-attention: one GEMM for q, k, v without the bias add, then
 # tempo.qkv_split adds the bias and writes the head layout in one pass), "bias_gelu"
@@ -604,7 +605,10 @@ def optimize(model: torch.nn.Module, techniques="all", attention: str = "keep", 
     """Patches `model` in place with tempo's layers and returns it.
 
     techniques: "all", or one or a list of "gelu", "silu", "layer_norm", "rms_norm", "dropout",
-    "bdrln" (dense + dropout + residual + LayerNorm in one pass, BERT/RoBERTa's output blocks).
+    "bdrln" (dense + dropout + residual + LayerNorm in one pass, BERT/RoBERTa's output blocks),
+    "lm_head" (a causal LM's training loss from the hidden states by tempo.linear_cross_entropy:
+    the logits never exist, and `logits` is None in the output of a training call with labels;
+    tempo/lm_head.py says which families and what it keeps).
     attention: "keep" (the model's own), "tempo" (output-only softmax, dropout recomputed from
     1-bit masks), "fused" (tempo.fused_attention: no S^2 tensor), "sdpa" (torch's), or "auto"
     (tempo); set through transformers' attention-function registry on a transformers model, or
@@ -681,6 +685,27 @@ def optimize(model: torch.nn.Module, techniques="all", attention: str = "keep", 
         hf.__dict__["_tempo_attention_marker"] = _AttentionRegistered()
         rows.append((path, type(hf).__name__, "attention", "patched: %s" % ATTENTION[attention]))
     done = set()
+    if "lm_head" in chosen:
+        for path, m in model.named_modules():
+            if type(m).__module__.startswith("tempo.") or not _lm_head.is_causal_lm(m):
+                continue
+            if inside is not None and not inside(path):
+                rows.append((path or "(model)", type(m).__name__, "lm_head", "skipped: outside modules"))
+                continue
+            try:
+                _lm_head.check(m)
+            except _lm_head.Refused as e:
+                rows.append((path or "(model)", type(m).__name__, "lm_head", "skipped: %s" % e))
+                continue
+            head = m.get_output_embeddings()
+            undo.append(("class", m, type(m)))
+            undo.append(("class", head, type(head)))
+            _subclass(m, "Tempo", _lm_head.causal_lm_forward)
+            _subclass(head, "Tempo", _lm_head._head_forward)
+            done.add(id(head))
+            rows.append((path or "(model)", type(m)._tempo_patch[0].__name__, "lm_head",
+                         "patched: training loss by tempo.linear_cross_entropy (logits None when labels are given "
+                         "in training)"))
 
     def visit(parent, prefix):
         for name, child in list(parent.named_children()):

@@ -1,0 +1,122 @@
+"""tempo.optimize's "lm_head" technique: a causal LM's training loss from the last hidden state
+and the head's weight by tempo.linear_cross_entropy, so the logits (the largest activation of a
+causal LM: batch x sequence x vocabulary) never exist.
+
+It uses transformers' own extension points rather than a forward per model: the model's
+`loss_function` (the attribute transformers' causal LMs call with the logits, labels and the
+loss kwargs) and its output embedding (`get_output_embeddings()`, the head). A patched model's
+forward, when it is training, needs gradients and is given labels, runs the model's own forward
+with the head passing the hidden states through and the loss function replaced by one that
+applies the head inside tempo.linear_cross_entropy: the model's own label shift (or the
+caller's shift_labels), ignore_index, num_items_in_batch (the gradient-accumulation
+normalisation the HF Trainer passes) and logits_to_keep (the model slices the hidden states
+before the head) are kept. The output is the model's usual type with `loss` set and `logits`
+None. Eval, generation, calls without labels and return_dict=False run the model unchanged.
+
+Families in the table (FAMILIES) are the ones whose forward applies the head and then only
+the loss: a model that transforms the logits between the two (Gemma 2/3's
+final_logit_softcapping, Cohere's logit_scale, Granite's logits_scaling) is refused by name,
+as is any causal LM not in the table (its forward may do the same) and one whose loss function
+a user replaced.
+"""
+import inspect
+
+import torch
+import torch.nn.functional as F
+
+from . import ops
+
+# Causal-LM classes whose forward is head -> loss_function, checked by tests/python/test_lm_head.py.
+FAMILIES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "GemmaForCausalLM",
+            "Phi3ForCausalLM", "GPT2LMHeadModel", "GPTNeoXForCausalLM", "OPTForCausalLM", "FalconForCausalLM")
+# Config fields that transform the logits between the head and the loss: (name, the value that
+# does nothing).
+_LOGIT_TRANSFORMS = (("final_logit_softcapping", None), ("logit_scale", 1.0), ("logits_scaling", 1.0))
+
+
+class Refused(ValueError):
+    """The model is a causal LM that the technique cannot compute; the message says why."""
+
+
+def is_causal_lm(m):
+    """Whether `m` looks like a transformers causal LM (a head and a loss function)."""
+    name = type(m).__name__
+    return ((name.endswith("ForCausalLM") or name.endswith("LMHeadModel")) and hasattr(m, "get_output_embeddings")
+            and hasattr(type(m), "loss_function"))
+
+
+def check(m):
+    """Raises Refused with the reason when the technique cannot apply to the causal LM `m`."""
+    name = type(m).__name__
+    cfg = getattr(m, "config", None)
+    for field, neutral in _LOGIT_TRANSFORMS:
+        value = getattr(cfg, field, neutral)
+        if value is not None and value != neutral:
+            raise Refused("%s has %s=%r, which tempo.linear_cross_entropy does not compute" % (name, field, value))
+    if name not in FAMILIES:
+        raise Refused("%s is not in the lm_head table (tempo/lm_head.py FAMILIES): its forward may transform the "
+                      "logits before the loss" % name)
+    head = m.get_output_embeddings()
+    if not isinstance(head, torch.nn.Linear):
+        raise Refused("%s's output embedding is %s, not a Linear" % (name, type(head).__name__))
+    if "_loss_function" in m.__dict__:
+        raise Refused("%s has a loss function of its own (loss_function was set)" % name)
+    loss_type = getattr(m, "loss_type", None) or getattr(getattr(m, "config", None), "loss_type", None)
+    if loss_type not in (None, "ForCausalLM"):
+        raise Refused("%s's loss_type is %r, not ForCausalLM" % (name, loss_type))
+
+
+def _head_forward(self, x):
+    """The head (output embedding), patched: passes the hidden states through during a
+    tempo-loss forward (the loss function applies the head), else the Linear as it was."""
+    if self.__dict__.get("_tempo_pass_hidden"):
+        return x
+    return torch.nn.Linear.forward(self, x)
+
+
+def _loss(head, logits, labels, vocab_size=None, num_items_in_batch=None, ignore_index=-100, shift_labels=None,
+          **kwargs):
+    """transformers' ForCausalLMLoss with `logits` the hidden states before the head."""
+    hidden = logits
+    if shift_labels is None:
+        shift_labels = F.pad(labels, (0, 1), value=ignore_index)[..., 1:]
+    h = hidden.reshape(-1, hidden.shape[-1])
+    lab = shift_labels.reshape(-1).to(h.device)
+    w, b = head.weight, head.bias
+    autocast = h.device.type in ("cpu", "cuda") and torch.is_autocast_enabled(h.device.type)
+    if not autocast and h.dtype != w.dtype:  # a model that upcast the "logits" (its hidden states)
+        h = h.to(w.dtype)
+    reduction = "sum" if num_items_in_batch is not None else "mean"
+    loss = ops.linear_cross_entropy(h, w, b, lab, ignore_index=ignore_index, reduction=reduction)
+    if num_items_in_batch is not None:
+        if torch.is_tensor(num_items_in_batch):
+            num_items_in_batch = num_items_in_batch.to(loss.device)
+        loss = loss / num_items_in_batch
+    return loss
+
+
+def causal_lm_forward(self, *args, **kwargs):
+    """A patched causal LM's forward (see the module's docstring)."""
+    original = type(self)._tempo_patch[0].forward
+    if not (self.training and torch.is_grad_enabled()):
+        return original(self, *args, **kwargs)
+    bound = inspect.signature(original).bind_partial(self, *args, **kwargs).arguments
+    if bound.get("labels") is None or bound.get("return_dict", True) is False:
+        return original(self, *args, **kwargs)
+    head = self.get_output_embeddings()
+    saved = self.__dict__.get("_loss_function", _MISSING)
+    head.__dict__["_tempo_pass_hidden"] = True
+    self.__dict__["_loss_function"] = lambda *a, **k: _loss(head, *a, **k)
+    try:
+        out = original(self, *args, **kwargs)
+    finally:
+        head.__dict__.pop("_tempo_pass_hidden", None)
+        if saved is _MISSING:
+            self.__dict__.pop("_loss_function", None)
+        else:
+            self.__dict__["_loss_function"] = saved
+    out["logits"] = None  # the hidden states stood in for them
+    return out
+
+
+_MISSING = object()
