@@ -6,9 +6,10 @@
 // parameters (the saved output stays 2 bytes), and an fp32 residual stream's in fp32. The
 // fused op's bias (the previous Linear's) takes that dtype, as the Linear's output has it.
 // Attention in the autocast dtype, as scaled_dot_product_attention; the activations' x and
-// bias promoted to the wider of the two. linear_cross_entropy in float32: autocast's
-// cross_entropy returns an fp32 loss, which the op (returning hidden's dtype) gives only from
-// fp32 inputs; its logits are then fp32 too, never kept, at the cost of an fp32 head GEMM;
+// bias promoted to the wider of the two. linear_cross_entropy's head GEMM in the autocast dtype
+// (as autocast runs the LM head's linear) and its loss in float32 (as autocast's cross_entropy
+// returns it): hidden, weight and bias cast (float64 left as it is, as autocast leaves it), the
+// op's dtype argument float32 unless the caller set it; the logits are reduced in fp32 either way;
 // qkv_split's bias cast to z's dtype, as linear's bias is. Each kernel casts the floating
 // tensor arguments and calls the op again with autocast off.
 #include <ATen/autocast_mode.h>
@@ -68,6 +69,28 @@ void autocast_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   op.callBoxed(stack);
 }
 
+// linear_cross_entropy under autocast (see the top of the file).
+template <c10::DeviceType device>
+void linear_cross_entropy_autocast(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const c10::FunctionSchema& schema = op.schema();
+  const size_t n = schema.arguments().size();
+  const size_t begin = stack->size() - n;
+  const c10::ScalarType target = at::autocast::get_autocast_dtype(device);
+  for (size_t i = begin; i < stack->size(); ++i) {
+    auto& a = (*stack)[i];
+    const std::string& name = schema.arguments()[i - begin].name();
+    if (a.isTensor() && (name == "hidden" || name == "weight" || name == "bias")) {
+      const at::Tensor& t = a.toTensor();
+      if (t.defined() && t.is_floating_point() && t.scalar_type() != at::kDouble && t.scalar_type() != target)
+        a = t.to(target);
+    } else if (name == "dtype" && a.isNone()) {
+      a = c10::IValue(static_cast<int64_t>(at::kFloat));
+    }
+  }
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(at::autocast::get_autocast_dispatch_key_from_device_type(device));
+  op.callBoxed(stack);
+}
+
 template <c10::DeviceType device>
 void register_autocast(torch::Library& m) {
   constexpr Cast norms = device == c10::DeviceType::CUDA ? Cast::kFloat32 : Cast::kNormOnCpu;
@@ -77,7 +100,7 @@ void register_autocast(torch::Library& m) {
     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&autocast_kernel<Cast::kLowerPrecision, device>>());
   for (const char* name : {"gelu", "silu"})
     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&autocast_kernel<Cast::kPromote, device>>());
-  m.impl("linear_cross_entropy", torch::CppFunction::makeFromBoxedFunction<&autocast_kernel<Cast::kFloat32, device>>());
+  m.impl("linear_cross_entropy", torch::CppFunction::makeFromBoxedFunction<&linear_cross_entropy_autocast<device>>());
   m.impl("qkv_split", torch::CppFunction::makeFromBoxedFunction<&autocast_kernel<Cast::kLikeX, device>>());
 }
 

@@ -101,14 +101,15 @@ def _attention_refusal(model, make_batch):
 
 def _candidates(model, method, transformers_model):
     """(name, techniques, attention, module filter) per candidate, baseline first."""
-    attention = "tempo" if transformers_model else "keep"
+    # "auto": tempo's attention only where it keeps less than the model's own (sdpa without dropout keeps no S x S)
+    attention = "auto" if transformers_model else "keep"
     out = [("baseline (as given)", None, None, None), ("tempo: all", "all", attention, None)]
     if method == "fast":
         return out
     for t in TECHNIQUES:
         out.append(("tempo: %s only" % t, [t], "keep", None))
     if transformers_model:
-        out.append(("tempo: attention only", [], "tempo", None))
+        out.append(("tempo: attention only", [], "auto", None))
     blocks = max((m for m in model.modules() if isinstance(m, torch.nn.ModuleList)), key=len, default=None)
     if blocks is not None and len(blocks) >= 2:
         prefix = next(n for n, m in model.named_modules() if m is blocks)

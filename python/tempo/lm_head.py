@@ -1,6 +1,6 @@
-"""tempo.optimize's "lm_head" technique: a causal LM's training loss from the last hidden state
-and the head's weight by tempo.linear_cross_entropy, so the logits (the largest activation of a
-causal LM: batch x sequence x vocabulary) never exist.
+"""tempo.optimize's "lm_head" technique: a causal or masked LM's training loss from the last
+hidden state and the head's weight by tempo.linear_cross_entropy, so the logits (the largest
+activation of a language model: batch x sequence x vocabulary) never exist.
 
 It uses transformers' own extension points rather than a forward per model: the model's
 `loss_function` (the attribute transformers' causal LMs call with the logits, labels and the
@@ -13,12 +13,20 @@ normalisation the HF Trainer passes) and logits_to_keep (the model slices the hi
 before the head) are kept. The output is the model's usual type with `loss` set and `logits`
 None. Eval, generation, calls without labels and return_dict=False run the model unchanged.
 
-Families in the table (FAMILIES) are the ones whose forward applies the head and then only
-the loss: a model that transforms the logits between the two (Gemma 2/3's
-final_logit_softcapping, Cohere's logit_scale, Granite's logits_scaling) is refused by name,
-as is any causal LM not in the table (its forward may do the same) and one whose loss function
-a user replaced.
+Masked LMs (BERT, RoBERTa, XLM-R, DistilBERT, ELECTRA, ALBERT: MASKED_FAMILIES) compute their
+loss in the forward with a CrossEntropyLoss of their own, not through a loss function: the
+patched forward runs the model's own forward without the labels, the head passing through the
+states its prediction transform made (BERT's dense, GELU and LayerNorm run as before), and then
+takes the loss by tempo.linear_cross_entropy with the head's weight and bias, as the model's
+CrossEntropyLoss() would (mean over the labels not -100, no shift).
+
+Families in the tables are the ones whose forward applies the head and then only the loss: a
+model that transforms the logits between the two (Gemma 2/3's final_logit_softcapping,
+Cohere's logit_scale, Granite's logits_scaling) is refused by name, as is any language model
+not in a table (its forward may do the same) and a causal LM whose loss function a user
+replaced.
 """
+import dataclasses
 import inspect
 
 import torch
@@ -29,6 +37,9 @@ from . import ops
 # Causal-LM classes whose forward is head -> loss_function, checked by tests/python/test_lm_head.py.
 FAMILIES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "GemmaForCausalLM",
             "Phi3ForCausalLM", "GPT2LMHeadModel", "GPTNeoXForCausalLM", "OPTForCausalLM", "FalconForCausalLM")
+# Masked-LM classes whose forward is transform -> head -> CrossEntropyLoss()(logits.view(-1, V), labels.view(-1)).
+MASKED_FAMILIES = ("BertForMaskedLM", "RobertaForMaskedLM", "XLMRobertaForMaskedLM", "DistilBertForMaskedLM",
+                   "ElectraForMaskedLM", "AlbertForMaskedLM")
 # Config fields that transform the logits between the head and the loss: (name, the value that
 # does nothing).
 _LOGIT_TRANSFORMS = (("final_logit_softcapping", None), ("logit_scale", 1.0), ("logits_scaling", 1.0))
@@ -38,27 +49,36 @@ class Refused(ValueError):
     """The model is a causal LM that the technique cannot compute; the message says why."""
 
 
-def is_causal_lm(m):
-    """Whether `m` looks like a transformers causal LM (a head and a loss function)."""
+def kind(m):
+    """"causal" for what looks like a transformers causal LM (a head and a loss function),
+    "masked" for a masked LM (a head), else None."""
     name = type(m).__name__
-    return ((name.endswith("ForCausalLM") or name.endswith("LMHeadModel")) and hasattr(m, "get_output_embeddings")
-            and hasattr(type(m), "loss_function"))
+    if not hasattr(m, "get_output_embeddings") or getattr(m, "config", None) is None:
+        return None
+    if name.endswith("ForMaskedLM"):
+        return "masked"
+    if (name.endswith("ForCausalLM") or name.endswith("LMHeadModel")) and hasattr(type(m), "loss_function"):
+        return "causal"
+    return None
 
 
 def check(m):
-    """Raises Refused with the reason when the technique cannot apply to the causal LM `m`."""
+    """Raises Refused with the reason when the technique cannot apply to the language model `m`."""
     name = type(m).__name__
     cfg = getattr(m, "config", None)
     for field, neutral in _LOGIT_TRANSFORMS:
         value = getattr(cfg, field, neutral)
         if value is not None and value != neutral:
             raise Refused("%s has %s=%r, which tempo.linear_cross_entropy does not compute" % (name, field, value))
-    if name not in FAMILIES:
-        raise Refused("%s is not in the lm_head table (tempo/lm_head.py FAMILIES): its forward may transform the "
-                      "logits before the loss" % name)
+    masked = kind(m) == "masked"
+    if name not in (MASKED_FAMILIES if masked else FAMILIES):
+        raise Refused("%s is not in the lm_head table (tempo/lm_head.py %s): its forward may transform the logits "
+                      "before the loss" % (name, "MASKED_FAMILIES" if masked else "FAMILIES"))
     head = m.get_output_embeddings()
     if not isinstance(head, torch.nn.Linear):
         raise Refused("%s's output embedding is %s, not a Linear" % (name, type(head).__name__))
+    if masked:
+        return
     if "_loss_function" in m.__dict__:
         raise Refused("%s has a loss function of its own (loss_function was set)" % name)
     loss_type = getattr(m, "loss_type", None) or getattr(getattr(m, "config", None), "loss_type", None)
@@ -95,13 +115,52 @@ def _loss(head, logits, labels, vocab_size=None, num_items_in_batch=None, ignore
     return loss
 
 
+def _bound(self, args, kwargs):
+    """The call's arguments bound to the model's own forward, or None where the patch does not
+    apply (eval, no grad, no labels, return_dict=False: the model's own forward runs)."""
+    original = type(self)._tempo_patch[0].forward
+    if not (self.training and torch.is_grad_enabled()):
+        return None
+    bound = inspect.signature(original).bind_partial(self, *args, **kwargs)
+    extra = next((bound.arguments[p.name] for p in inspect.signature(original).parameters.values()
+                  if p.kind is inspect.Parameter.VAR_KEYWORD and p.name in bound.arguments), {})
+    if bound.arguments.get("labels") is None or bound.arguments.get("return_dict", extra.get("return_dict")) is False:
+        return None
+    return bound
+
+
+def _without_logits(out, loss):
+    """The model's output type with `loss` and logits None (the hidden states stood in for
+    them), its fields in the type's order (out[0] is the loss, as in the model's output)."""
+    new = type(out)(loss=loss)
+    for f in dataclasses.fields(out):
+        value = None if f.name == "logits" else getattr(out, f.name)
+        if f.name != "loss" and (value is not None or f.name == "logits"):
+            new[f.name] = value
+    return new
+
+
+def masked_lm_forward(self, *args, **kwargs):
+    """A patched masked LM's forward (see the module's docstring)."""
+    original = type(self)._tempo_patch[0].forward
+    bound = _bound(self, args, kwargs)
+    if bound is None:
+        return original(self, *args, **kwargs)
+    labels = bound.arguments["labels"]
+    bound.arguments["labels"] = None
+    head = self.get_output_embeddings()
+    head.__dict__["_tempo_pass_hidden"] = True
+    try:
+        out = original(*bound.args, **bound.kwargs)
+    finally:
+        head.__dict__.pop("_tempo_pass_hidden", None)
+    return _without_logits(out, _loss(head, out["logits"], None, shift_labels=labels))
+
+
 def causal_lm_forward(self, *args, **kwargs):
     """A patched causal LM's forward (see the module's docstring)."""
     original = type(self)._tempo_patch[0].forward
-    if not (self.training and torch.is_grad_enabled()):
-        return original(self, *args, **kwargs)
-    bound = inspect.signature(original).bind_partial(self, *args, **kwargs).arguments
-    if bound.get("labels") is None or bound.get("return_dict", True) is False:
+    if _bound(self, args, kwargs) is None:
         return original(self, *args, **kwargs)
     head = self.get_output_embeddings()
     saved = self.__dict__.get("_loss_function", _MISSING)
@@ -115,8 +174,12 @@ def causal_lm_forward(self, *args, **kwargs):
             self.__dict__.pop("_loss_function", None)
         else:
             self.__dict__["_loss_function"] = saved
-    out["logits"] = None  # the hidden states stood in for them
-    return out
+    return _without_logits(out, out["loss"])
 
 
 _MISSING = object()
+
+
+# Both forwards take the model's own arguments: its patched class shows the model's signature
+# (tempo.optimize's _subclass_of), as the HF Trainer reads it.
+masked_lm_forward.keeps_signature = causal_lm_forward.keeps_signature = True

@@ -139,13 +139,16 @@ def causal_linear_attention(qf: torch.Tensor, kf: torch.Tensor, v: torch.Tensor,
 
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
                          labels: Optional[torch.Tensor] = None, ignore_index: int = -100,
-                         label_smoothing: float = 0.0, reduction: str = "mean", chunk: int = 0) -> torch.Tensor:
+                         label_smoothing: float = 0.0, reduction: str = "mean", chunk: int = 0,
+                         dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     """F.cross_entropy(F.linear(hidden, weight, bias), labels) over chunks of rows, keeping no
     logits for backward (it keeps one float32 log-sum-exp per row and recomputes each chunk's
     logits). hidden [..., H], weight [V, H], labels [...] (int64, ignore_index skipped).
     reduction "mean" returns 0, not NaN, when every label is ignored. chunk: rows per chunk
-    (0: about 32 MiB of logits)."""
+    (0: about 32 MiB of logits). dtype: the loss's (default hidden's; torch.float32 from 16-bit
+    data returns the fp32 reduction unrounded). Under torch.autocast the head's matmul runs in
+    the autocast dtype and the loss is float32, as autocast's linear and cross_entropy."""
     if labels is None:
         raise TypeError("tempo.linear_cross_entropy: labels are required")
     return torch.ops.tempo.linear_cross_entropy(hidden, weight, bias, labels, ignore_index, label_smoothing,
-                                                reduction, chunk)
+                                                reduction, chunk, dtype)

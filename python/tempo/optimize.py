@@ -9,6 +9,7 @@ type: which modules it matches, which technique it belongs to, and how it is pat
 """
 import contextlib
 import copy
+import functools
 import sys
 import warnings
 
@@ -39,8 +40,15 @@ def _subclass(module, prefix, forward):
 def _subclass_of(cls, prefix, forward):
     key = (cls, prefix, forward)
     if key not in _SUBCLASSES:
+        method = forward
+        if getattr(forward, "keeps_signature", False):
+            # a forward taking (*args, **kwargs) for the model's own: it shows the model's signature, which the
+            # HF Trainer reads (the dataset columns it passes, whether the forward takes num_items_in_batch)
+            def method(self, *args, **kwargs):
+                return forward(self, *args, **kwargs)
+            functools.update_wrapper(method, cls.forward)
         _SUBCLASSES[key] = type(prefix + cls.__name__, (cls,), {
-            "forward": forward, "__module__": __name__, "_tempo_patch": (cls, prefix, forward),
+            "forward": method, "__module__": __name__, "_tempo_patch": (cls, prefix, forward),
             "__reduce_ex__": _reduce_patched})
     return _SUBCLASSES[key]
 
@@ -366,7 +374,86 @@ RULES = [
 
 # ---- attention, through transformers' attention-function registry --------------------------
 
-ATTENTION = {"tempo": "tempo", "fused": "tempo_fused", "sdpa": "sdpa", "auto": "tempo"}
+ATTENTION = {"tempo": "tempo", "fused": "tempo_fused", "sdpa": "sdpa", "auto": None}  # auto: _auto_attention
+
+# attention="auto" measures, for each of these and the model's own, the bytes a training forward
+# keeps for backward, and takes the least (the model's own on a tie). tempo_fused is not among
+# them: it keeps least, but its own CUDA kernel (used with a mask or dropout) is not fast yet.
+AUTO_CANDIDATES = ("tempo", "sdpa")
+AUTO_PROBE_TOKENS = 128  # the probe's sequence length (at most the model's max_position_embeddings)
+
+
+def _kept_by_forward(model, implementation, tokens):
+    """Bytes one training forward of `model` (batch 1, `tokens` random ids) saves for backward
+    with attention `implementation`, parameters (and views of them) not counted; each storage once."""
+    p = next(model.parameters())
+    own = {q.untyped_storage().data_ptr() for q in model.parameters()}
+    seen = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in own:
+            seen[(storage.data_ptr(), t.device)] = storage.nbytes()
+        return t
+
+    vocab = getattr(model.config, "vocab_size", None) or 2
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, vocab, (1, tokens), generator=g).to(p.device)
+    kwargs = {"input_ids": ids}
+    if getattr(model.config, "is_encoder_decoder", False):
+        kwargs["decoder_input_ids"] = ids
+    devices = [p.device] if p.device.type == "cuda" else []
+    training = [(m, m.training) for m in model.modules()]
+    model.train()
+    try:
+        with torch.random.fork_rng(devices=devices), _hooks_suspended(model), torch.enable_grad(), \
+                torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            model(**kwargs)
+    finally:
+        for m, mode in training:
+            m.training = mode
+    return sum(seen.values())
+
+
+def _auto_attention(model):
+    """attention="auto" for one transformers model: (implementation, why). Measured on the model
+    itself (_kept_by_forward per candidate), since what an attention keeps depends on the device
+    and the model: torch's sdpa keeps no S x S tensor on CUDA, or on the CPU without dropout,
+    but falls back to the math path (probabilities and mask kept) on the CPU with dropout."""
+    current = model.config._attn_implementation
+    p = next(model.parameters(), None)
+    if p is None or p.device.type == "meta" or getattr(model, "main_input_name", "input_ids") != "input_ids":
+        return current, "not measured (%s), so the model's own is kept" % (
+            "no storage" if p is not None and p.device.type == "meta" else "no token ids to probe with")
+    tokens = min(AUTO_PROBE_TOKENS, getattr(model.config, "max_position_embeddings", None) or AUTO_PROBE_TOKENS)
+    kept, skipped = {}, []
+    try:
+        for candidate in (current,) + tuple(c for c in AUTO_CANDIDATES if c != current):
+            try:
+                if not _set_attention(model, candidate):
+                    skipped.append(candidate)
+                    continue
+            except (ValueError, ImportError) as e:  # a model without sdpa support, say
+                skipped.append("%s (%s)" % (candidate, str(e).split("\n")[0][:80]))
+                continue
+            try:
+                kept[candidate] = _kept_by_forward(model, candidate, tokens)
+            except AttentionNotComputed as e:
+                skipped.append("%s (%s)" % (candidate, e.reason))
+            except Exception as e:  # a model whose forward needs more than token ids
+                _set_attention(model, current)
+                return current, "not measured (a forward from token ids failed: %s: %s), so the model's own is " \
+                    "kept" % (type(e).__name__, str(e).split("\n")[0][:120])
+    finally:
+        _set_attention(model, current)
+    best = min(kept, key=lambda c: (kept[c], c != current))
+    if current in kept and kept[best] >= kept[current]:
+        best = current
+    why = "kept for backward by a training forward at batch 1, %d tokens: %s" % (
+        tokens, ", ".join("%s %.2f MiB" % (c, kept[c] / 2**20) for c in kept))
+    if skipped:
+        why += "; not a candidate: " + ", ".join(skipped)
+    return best, why
 
 
 def _repeat_kv(module, key, value):
@@ -611,7 +698,9 @@ def optimize(model: torch.nn.Module, techniques="all", attention: str = "keep", 
     tempo/lm_head.py says which families and what it keeps).
     attention: "keep" (the model's own), "tempo" (output-only softmax, dropout recomputed from
     1-bit masks), "fused" (tempo.fused_attention: no S^2 tensor), "sdpa" (torch's), or "auto"
-    (tempo); set through transformers' attention-function registry on a transformers model, or
+    (of the model's own, tempo's and sdpa, the one whose training forward keeps the fewest bytes
+    for backward, measured on the model at patch time; the model's own on a tie; tempo.report
+    gives the bytes); set through transformers' attention-function registry on a transformers model, or
     on each one inside `model` (a user's module around a BertModel, a SentenceTransformer).
     fused: also the Data Movement paper's bias fusions, "qkv_split" and "bias_gelu" (BERT and
     RoBERTa; see FUSED_TECHNIQUES), which may also be named in techniques.
@@ -675,19 +764,26 @@ def optimize(model: torch.nn.Module, techniques="all", attention: str = "keep", 
             continue
         _register_attention()
         before = _attention_configs(hf)
-        if not _set_attention(hf, ATTENTION[attention]):
-            why = ("kept: transformers did not let %s set its attention to %r" % (type(hf).__name__,
-                                                                                  ATTENTION[attention]))
+        implementation, decided = ATTENTION[attention], ""
+        if attention == "auto":
+            implementation, decided = _auto_attention(hf)
+            decided = " (auto: %s)" % decided
+            if implementation == hf.config._attn_implementation:
+                rows.append((path, type(hf).__name__, "attention", "kept: %s%s" % (implementation, decided)))
+                continue
+        if not _set_attention(hf, implementation):
+            why = ("kept: transformers did not let %s set its attention to %r" % (type(hf).__name__, implementation))
             warnings.warn("tempo.optimize: " + why[len("kept: "):], stacklevel=2)
             rows.append((path, type(hf).__name__, "attention", why))
             continue
         undo.append(("attention", hf, before))
         hf.__dict__["_tempo_attention_marker"] = _AttentionRegistered()
-        rows.append((path, type(hf).__name__, "attention", "patched: %s" % ATTENTION[attention]))
+        rows.append((path, type(hf).__name__, "attention", "patched: %s%s" % (implementation, decided)))
     done = set()
     if "lm_head" in chosen:
         for path, m in model.named_modules():
-            if type(m).__module__.startswith("tempo.") or not _lm_head.is_causal_lm(m):
+            lm = None if type(m).__module__.startswith("tempo.") else _lm_head.kind(m)
+            if lm is None:
                 continue
             if inside is not None and not inside(path):
                 rows.append((path or "(model)", type(m).__name__, "lm_head", "skipped: outside modules"))
@@ -700,7 +796,7 @@ def optimize(model: torch.nn.Module, techniques="all", attention: str = "keep", 
             head = m.get_output_embeddings()
             undo.append(("class", m, type(m)))
             undo.append(("class", head, type(head)))
-            _subclass(m, "Tempo", _lm_head.causal_lm_forward)
+            _subclass(m, "Tempo", _lm_head.causal_lm_forward if lm == "causal" else _lm_head.masked_lm_forward)
             _subclass(head, "Tempo", _lm_head._head_forward)
             done.add(id(head))
             rows.append((path or "(model)", type(m)._tempo_patch[0].__name__, "lm_head",

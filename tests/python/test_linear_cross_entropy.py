@@ -78,6 +78,56 @@ def test_bf16_within_twice_plain_pytorch_error():
         assert err(a, e) <= 2 * err(p, e), (err(a, e), err(p, e))
 
 
+def test_dtype_float32_returns_the_fp32_reduction_of_16_bit_data():
+    """dtype=torch.float32 from bf16 data: the loss unrounded (the logits formed in bf16 as
+    F.linear forms them, reduced in fp32), equal to F.cross_entropy of the bf16 logits in fp32;
+    the default still returns bf16."""
+    h, w, b, y = inputs(N=64, H=48, V=500, dtype=torch.bfloat16)
+    for reduction in ("mean", "sum", "none"):
+        got = tempo.linear_cross_entropy(h, w, b, y, reduction=reduction, chunk=7, dtype=torch.float32)
+        want = F.cross_entropy(F.linear(h, w, b).float(), y, reduction=reduction)
+        assert got.dtype == torch.float32
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    assert tempo.linear_cross_entropy(h, w, b, y).dtype == torch.bfloat16
+    with pytest.raises(RuntimeError, match="dtype must be a floating type"):
+        tempo.linear_cross_entropy(h, w, b, y, dtype=torch.int32)
+    torch.library.opcheck(torch.ops.tempo.linear_cross_entropy.default,
+                          (h.float().requires_grad_(), w.float().requires_grad_(), None, y, -100, 0.0, "mean", 5,
+                           torch.float64))
+
+
+def test_under_autocast_the_head_matmul_is_16_bit_and_the_loss_fp32():
+    """Under torch.autocast (CPU, bf16) with fp32 weights: the op's forward runs on bf16 hidden
+    and weight (seen by a dispatch mode), returns a float32 loss and float32 gradients of the
+    fp32 leaves, equal to what autocast gives for F.cross_entropy(F.linear(h, w, b)) (the same
+    bf16 logits reduced in fp32): loss to 1e-5, gradients to 2^-7 of their largest (bf16 rounding
+    of the logits' gradient, which the two round at different points)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Seen(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.calls = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.calls.append((str(func), [a.dtype for a in args if isinstance(a, torch.Tensor)]))
+            return func(*args, **(kwargs or {}))
+
+    h, w, b, y = inputs(N=64, H=48, V=500)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with Seen() as seen:
+            tempo.linear_cross_entropy(h, w, b, y)
+        got_l, got_g = grads(lambda *a: tempo.linear_cross_entropy(*a, chunk=9), h, w, b, y)
+        want_l, want_g = grads(lambda hh, ww, bb, yy: F.cross_entropy(F.linear(hh, ww, bb), yy), h, w, b, y)
+    forward = [dt for name, dt in seen.calls if name.startswith("tempo.linear_cross_entropy_forward")]
+    assert forward and forward[0][:3] == [torch.bfloat16] * 3, seen.calls
+    assert got_l.dtype == torch.float32 and want_l.dtype == torch.float32
+    torch.testing.assert_close(got_l, want_l, rtol=1e-5, atol=1e-5)
+    for a, e in zip(got_g, want_g):
+        assert a.dtype == torch.float32
+        assert (a - e).abs().max() <= 2**-7 * e.abs().max()
+
+
 def test_keeps_no_logits_for_backward():
     N, H, V = 512, 64, 4000
     h = torch.randn(N, H, requires_grad=True)

@@ -17,9 +17,11 @@ class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossE
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& weight,
                             const std::optional<at::Tensor>& bias, const at::Tensor& labels, int64_t ignore,
-                            double smoothing, c10::string_view reduction, int64_t chunk) {
+                            double smoothing, c10::string_view reduction, int64_t chunk,
+                            std::optional<at::ScalarType> dtype) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    auto [loss, lse] = linear_cross_entropy_forward(hidden, weight, bias, labels, ignore, smoothing, reduction, chunk);
+    auto [loss, lse] =
+        linear_cross_entropy_forward(hidden, weight, bias, labels, ignore, smoothing, reduction, chunk, dtype);
     const bool has_bias = bias.has_value() && bias->defined();
     ctx->save_for_backward({hidden, weight, has_bias ? *bias : at::Tensor(), labels, lse});
     ctx->saved_data["has_bias"] = has_bias;
@@ -38,15 +40,16 @@ class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossE
           ctx->saved_data["ignore"].toInt(), ctx->saved_data["smoothing"].toDouble(),
           ctx->saved_data["reduction"].toStringRef(), ctx->saved_data["chunk"].toInt());
       return {gh, gw, has_bias ? gb : at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
-              at::Tensor()};
+              at::Tensor(), at::Tensor()};
     });
   }
 };
 
 at::Tensor linear_cross_entropy_autograd(const at::Tensor& hidden, const at::Tensor& weight,
                                          const std::optional<at::Tensor>& bias, const at::Tensor& labels,
-                                         int64_t ignore, double smoothing, c10::string_view reduction, int64_t chunk) {
-  return LinearCrossEntropyFunction::apply(hidden, weight, bias, labels, ignore, smoothing, reduction, chunk);
+                                         int64_t ignore, double smoothing, c10::string_view reduction, int64_t chunk,
+                                         std::optional<at::ScalarType> dtype) {
+  return LinearCrossEntropyFunction::apply(hidden, weight, bias, labels, ignore, smoothing, reduction, chunk, dtype);
 }
 
 }  // namespace

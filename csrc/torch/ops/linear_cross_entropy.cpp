@@ -14,9 +14,9 @@
 
 TORCH_LIBRARY_FRAGMENT(tempo, m) {
   m.def("linear_cross_entropy(Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, int ignore_index=-100, "
-        "float label_smoothing=0.0, str reduction='mean', int chunk=0) -> Tensor");
+        "float label_smoothing=0.0, str reduction='mean', int chunk=0, ScalarType? dtype=None) -> Tensor");
   m.def("linear_cross_entropy_forward(Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, int ignore_index, "
-        "float label_smoothing, str reduction, int chunk) -> (Tensor, Tensor)");
+        "float label_smoothing, str reduction, int chunk, ScalarType? dtype=None) -> (Tensor, Tensor)");
   m.def("linear_cross_entropy_backward(Tensor grad, Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, "
         "Tensor lse, int ignore_index, float label_smoothing, str reduction, int chunk) -> (Tensor, Tensor, Tensor)");
 }
@@ -89,17 +89,20 @@ int64_t rows_per_chunk(int64_t chunk, int64_t V, int64_t N) {
 std::tuple<at::Tensor, at::Tensor> forward_kernel(const at::Tensor& hidden, const at::Tensor& weight,
                                                   const std::optional<at::Tensor>& bias, const at::Tensor& labels,
                                                   int64_t ignore, double smoothing, c10::string_view reduction,
-                                                  int64_t chunk) {
+                                                  int64_t chunk, std::optional<at::ScalarType> dtype) {
   const Reduction red = reduction_of(reduction);
   TORCH_CHECK(chunk >= 0, kOp, ": chunk must be >= 0 (0: automatic), got ", chunk);
+  // The loss's dtype: hidden's unless asked (autocast asks for float32 from 16-bit data).
+  const auto out_t = dtype.value_or(hidden.scalar_type());
+  TORCH_CHECK(at::isFloatingType(out_t), kOp, ": dtype must be a floating type, got ", out_t);
   // The math type: float64 for float64 data, float32 otherwise (16-bit logits reduced in fp32).
   const auto math_t = hidden.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   const auto math_opts = hidden.options().dtype(math_t);
   if (hidden.is_meta()) {  // shapes only, symbolic where they are (torch.compile)
     TORCH_CHECK(hidden.dim() >= 1 && weight.dim() == 2 && labels.scalar_type() == at::kLong, kOp,
                 ": hidden [..., H], weight [V, H] and int64 labels");
-    at::Tensor loss = red == Reduction::kNone ? at::empty_symint(labels.sym_sizes(), hidden.options())
-                                              : at::empty({}, hidden.options());
+    at::Tensor loss = red == Reduction::kNone ? at::empty_symint(labels.sym_sizes(), hidden.options().dtype(out_t))
+                                              : at::empty({}, hidden.options().dtype(out_t));
     return {loss, at::empty_symint({labels.sym_numel()}, math_opts)};
   }
   auto [N, H, V] = check(hidden, weight, bias, labels, smoothing);
@@ -133,11 +136,11 @@ std::tuple<at::Tensor, at::Tensor> forward_kernel(const at::Tensor& hidden, cons
   }
   at::Tensor loss;
   if (red == Reduction::kNone) {
-    loss = rows.reshape(labels.sizes()).to(hidden.scalar_type());
+    loss = rows.reshape(labels.sizes()).to(out_t);
   } else {
     at::Tensor total = rows.sum();
     if (red == Reduction::kMean) total = total / labels.ne(ignore).sum().clamp_min(1).to(math_t);
-    loss = total.to(hidden.scalar_type());
+    loss = total.to(out_t);
   }
   return {loss, lse};
 }
@@ -212,8 +215,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_kernel(
 
 at::Tensor composite(const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                      const at::Tensor& labels, int64_t ignore, double smoothing, c10::string_view reduction,
-                     int64_t chunk) {
-  return std::get<0>(linear_cross_entropy_forward(hidden, weight, bias, labels, ignore, smoothing, reduction, chunk));
+                     int64_t chunk, std::optional<at::ScalarType> dtype) {
+  return std::get<0>(
+      linear_cross_entropy_forward(hidden, weight, bias, labels, ignore, smoothing, reduction, chunk, dtype));
 }
 
 }  // namespace
@@ -222,13 +226,13 @@ std::tuple<at::Tensor, at::Tensor> linear_cross_entropy_forward(const at::Tensor
                                                                 const std::optional<at::Tensor>& bias,
                                                                 const at::Tensor& labels, int64_t ignore_index,
                                                                 double label_smoothing, c10::string_view reduction,
-                                                                int64_t chunk) {
+                                                                int64_t chunk, std::optional<at::ScalarType> dtype) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("tempo::linear_cross_entropy_forward", "")
-                       .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
-                                                                 const std::optional<at::Tensor>&, const at::Tensor&,
-                                                                 int64_t, double, c10::string_view, int64_t)>();
-  return op.call(hidden, weight, bias, labels, ignore_index, label_smoothing, reduction, chunk);
+                       .typed<std::tuple<at::Tensor, at::Tensor>(
+                           const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, const at::Tensor&,
+                           int64_t, double, c10::string_view, int64_t, std::optional<at::ScalarType>)>();
+  return op.call(hidden, weight, bias, labels, ignore_index, label_smoothing, reduction, chunk, dtype);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_backward(
@@ -246,12 +250,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_backward(
 
 at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                                 const at::Tensor& labels, int64_t ignore_index, double label_smoothing,
-                                c10::string_view reduction, int64_t chunk) {
+                                c10::string_view reduction, int64_t chunk, std::optional<at::ScalarType> dtype) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("tempo::linear_cross_entropy", "")
                        .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
-                                         const at::Tensor&, int64_t, double, c10::string_view, int64_t)>();
-  return op.call(hidden, weight, bias, labels, ignore_index, label_smoothing, reduction, chunk);
+                                         const at::Tensor&, int64_t, double, c10::string_view, int64_t,
+                                         std::optional<at::ScalarType>)>();
+  return op.call(hidden, weight, bias, labels, ignore_index, label_smoothing, reduction, chunk, dtype);
 }
 
 }  // namespace tempo

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/ScalarType.h>
 #include <c10/util/string_view.h>
 
 #include <optional>
@@ -17,9 +18,12 @@ namespace tempo {
 // ignored), "sum" or "none" (the per-row losses, shape of labels, 0 where ignored).
 // label_smoothing as torch's cross_entropy. chunk: rows per chunk (0: about 32 MiB of fp32
 // logits per chunk). A label outside [0, V) that is not ignore_index: an error naming it.
+// dtype: the loss's (default hidden's; float32 from 16-bit data gives the loss unrounded, as
+// autocast's cross_entropy does: the logits are formed in the data's dtype and reduced in fp32).
 at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                                 const at::Tensor& labels, int64_t ignore_index = -100, double label_smoothing = 0.0,
-                                c10::string_view reduction = "mean", int64_t chunk = 0);
+                                c10::string_view reduction = "mean", int64_t chunk = 0,
+                                std::optional<at::ScalarType> dtype = std::nullopt);
 
 // The ops behind it: forward -> (loss, lse [N] float32, float64 for float64 data), backward -> (grad_hidden,
 // grad_weight, grad_bias (undefined without a bias)). The backward's softmax is exp(logits - lse) on
@@ -29,7 +33,8 @@ std::tuple<at::Tensor, at::Tensor> linear_cross_entropy_forward(const at::Tensor
                                                                 const std::optional<at::Tensor>& bias,
                                                                 const at::Tensor& labels, int64_t ignore_index,
                                                                 double label_smoothing, c10::string_view reduction,
-                                                                int64_t chunk);
+                                                                int64_t chunk,
+                                                                std::optional<at::ScalarType> dtype = std::nullopt);
 std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_backward(
     const at::Tensor& grad, const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
     const at::Tensor& labels, const at::Tensor& lse, int64_t ignore_index, double label_smoothing,
