@@ -9,6 +9,11 @@ and only one copy of the weights and the optimizer state is held:
   eager       transformers' eager attention        sdpa        torch's fused attention
   checkpoint  eager + gradient_checkpointing       compile     torch.compile of the eager model
   tempo       tempo.optimize(attention="tempo")    tempo-sdpa  tempo.optimize(attention="fused")
+  tempo-auto  tempo.optimize(attention="auto")     liger       Liger-Kernel's apply_liger_kernel_to_<family>
+
+Every tempo policy applies all of tempo's techniques, the LM head's included (a training
+forward with labels never forms the logits). liger needs Liger-Kernel and CUDA (its kernels are
+Triton); elsewhere it is a row that says why it did not run.
 
 Memory is counted exactly: on CPU by tempo's counting allocator (tempo.memory), which with
 --budget also enforces the budget (an allocation past it raises torch.OutOfMemoryError, as
@@ -29,21 +34,30 @@ from . import memory
 from ._measure import free, sync, fits, format_bytes, heap_frozen, largest_batch, parse_bytes
 from .optimize import AttentionNotComputed, optimize, restore
 
-POLICIES = ("eager", "sdpa", "checkpoint", "compile", "tempo", "tempo-sdpa")
+POLICIES = ("eager", "sdpa", "checkpoint", "compile", "tempo", "tempo-sdpa", "tempo-auto", "liger")
 SIZES = {  # (hidden, layers, heads, intermediate, positions, vocab): the C++ presets' sizes
     "bert": {"base": (768, 12, 12, 3072, 512, 30522), "large": (1024, 24, 16, 4096, 512, 30522)},
     "roberta": {"base": (768, 12, 12, 3072, 514, 50265), "large": (1024, 24, 16, 4096, 514, 50265)},
     "gpt2": {"base": (768, 12, 12, 3072, 1024, 50257), "medium": (1024, 24, 16, 4096, 1024, 50257),
              "large": (1280, 36, 20, 5120, 1024, 50257)},
-    "llama": {"small": (512, 8, 8, 1376, 2048, 32000)},
+    "llama": {"small": (512, 8, 8, 1376, 2048, 32000), "tiny": (256, 2, 4, 688, 4096, 32000)},
+    "qwen2": {"tiny": (256, 2, 4, 688, 4096, 151936)},
+    "gemma": {"tiny": (256, 2, 4, 688, 4096, 256000)},
 }
+CAUSAL = ("gpt2", "llama", "qwen2", "gemma")
+# LLaMA-style families: config class, model class, and what Liger-Kernel's patch for them is called
+LLAMA_STYLE = {"llama": ("LlamaConfig", "LlamaForCausalLM", "apply_liger_kernel_to_llama"),
+               "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", "apply_liger_kernel_to_qwen2"),
+               "gemma": ("GemmaConfig", "GemmaForCausalLM", "apply_liger_kernel_to_gemma")}
 FIELDS = ("model", "seq", "dtype", "device", "policy", "batch", "activation_bytes", "peak_bytes", "train_peak_bytes",
-          "optimizer_peak_bytes", "step_ms", "tokens_per_s", "max_batch", "max_batch_tokens_per_s", "max_batch_spread")
+          "optimizer_peak_bytes", "step_ms", "tokens_per_s", "max_batch", "max_batch_tokens_per_s", "max_batch_spread",
+          "skipped")
 
 
-def build_model(family, size="base", path=None):
-    """A Hugging Face LM (masked for bert/roberta, causal for gpt2/llama) in train mode: from
-    `path` (a local folder, offline) or from the preset sizes with random weights."""
+def build_model(family, size="base", path=None, vocab=None):
+    """A Hugging Face LM (masked for bert/roberta, causal for gpt2 and the LLaMA-style ones) in
+    train mode: from `path` (a local folder, offline) or from the preset sizes with random
+    weights (vocab: the vocabulary, instead of the preset's)."""
     import transformers as tf
 
     if path is not None:
@@ -63,6 +77,7 @@ def build_model(family, size="base", path=None):
     if size not in SIZES[family]:
         raise ValueError("tempo.bench: %s has sizes %s, not %r" % (family, ", ".join(SIZES[family]), size))
     h, n, a, i, p, v = SIZES[family][size]
+    v = vocab or v
     if family in ("bert", "roberta"):
         cls = tf.BertConfig if family == "bert" else tf.RobertaConfig
         extra = {"pad_token_id": 1} if family == "roberta" else {}
@@ -73,11 +88,17 @@ def build_model(family, size="base", path=None):
         config = tf.GPT2Config(n_embd=h, n_layer=n, n_head=a, n_inner=i, n_positions=p, vocab_size=v)
         model = tf.GPT2LMHeadModel(config)
     else:
-        config = tf.LlamaConfig(hidden_size=h, num_hidden_layers=n, num_attention_heads=a, intermediate_size=i,
-                                max_position_embeddings=p, vocab_size=v, rms_norm_eps=1e-6)
-        model = tf.LlamaForCausalLM(config)
+        config_class, model_class, _ = LLAMA_STYLE[family]
+        kv = {"num_key_value_heads": max(1, a // 2)} if size == "tiny" else {}
+        if family == "gemma":
+            kv["head_dim"] = h // a
+        config = getattr(tf, config_class)(hidden_size=h, num_hidden_layers=n, num_attention_heads=a,
+                                           intermediate_size=i, max_position_embeddings=p, vocab_size=v,
+                                           rms_norm_eps=1e-6, **kv)
+        model = getattr(tf, model_class)(config)
     model.set_attn_implementation("eager")
-    return model.train(), "%s-%s" % (family, size), family in ("gpt2", "llama")
+    name = "%s-%s" % (family, size) + ("-v%d" % v if vocab else "")
+    return model.train(), name, family in CAUSAL
 
 
 def synthetic_batch(model, batch, seq, causal, seed, device):
@@ -99,6 +120,7 @@ class Policies:
     def __init__(self, model):
         self.model = model
         self.compiled = None
+        self.liger_applied = False
 
     @contextlib.contextmanager
     def use(self, name):
@@ -114,8 +136,10 @@ class Policies:
                 m.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
             else:
                 m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        elif name in ("tempo", "tempo-sdpa"):
-            optimize(m, attention="tempo" if name == "tempo" else "fused")
+        elif name in ("tempo", "tempo-sdpa", "tempo-auto"):
+            optimize(m, attention={"tempo": "tempo", "tempo-sdpa": "fused", "tempo-auto": "auto"}[name])
+        elif name == "liger":
+            self.liger()
         try:
             if name == "compile":
                 if self.compiled is None:
@@ -128,8 +152,30 @@ class Policies:
                 m.set_attn_implementation("eager")
             elif name == "checkpoint":
                 (getattr(m, "activation_checkpointing_disable", None) or m.gradient_checkpointing_disable)()
-            elif name in ("tempo", "tempo-sdpa"):
+            elif name in ("tempo", "tempo-sdpa", "tempo-auto"):
                 restore(m)
+
+    def liger(self, apply=True):
+        """Liger-Kernel's patch of the model's family (applied to this instance; it cannot be
+        undone, so liger runs as a policy of its own: --policies liger, or last). Raises
+        Unavailable, naming why, where it cannot run."""
+        m = self.model
+        family = next((f for f, row in LLAMA_STYLE.items() if type(m).__name__ == row[1]), None)
+        if family is None:
+            raise Unavailable("liger: Liger-Kernel has no patch for %s in tempo.bench" % type(m).__name__)
+        try:
+            import liger_kernel.transformers as liger
+        except ImportError as e:
+            raise Unavailable("liger: Liger-Kernel is not installed (%s)" % e) from None
+        if next(m.parameters()).device.type != "cuda":
+            raise Unavailable("liger: Liger-Kernel's kernels are Triton, which needs CUDA")
+        if apply and not self.liger_applied:
+            getattr(liger, LLAMA_STYLE[family][2])(model=m)
+            self.liger_applied = True
+
+
+class Unavailable(Exception):
+    """A policy that cannot run here (Liger-Kernel without CUDA): its row says why."""
 
 
 def train_step(run, opt, batch, device):
@@ -200,7 +246,8 @@ def run(args):
     if device.type == "cpu":
         memory.track()  # before the model: weights and optimizer state are counted too
     torch.manual_seed(0)
-    model, name, causal = build_model(args.model, args.size, args.model if os.path.isdir(args.model) else None)
+    model, name, causal = build_model(args.model, args.size, args.model if os.path.isdir(args.model) else None,
+                                      args.vocab)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
     model.to(device=device, dtype=dtype)
     positions = getattr(model.config, "max_position_embeddings", None)  # None: not bounded by a table
@@ -225,44 +272,62 @@ def run(args):
 
     results = {p: {"model": name, "seq": args.seq, "dtype": args.dtype, "device": device.type, "policy": p,
                    "batch": args.batch} for p in args.policies}
+    skipped = {}
+    for p in [p for p in args.policies if p == "liger"]:
+        try:
+            switch.liger(apply=False)
+        except Unavailable as e:
+            skipped[p] = str(e)
+    policies = [p for p in args.policies if p not in skipped]
+    if not policies:
+        raise ValueError("tempo.bench: no policy can run: %s" % "; ".join(skipped.values()))
     say = (lambda s: print("\r\033[K" + s, end="", file=sys.stderr, flush=True)) if sys.stderr.isatty() else (lambda s: None)
-    # Equal batch: a warm-up step per policy (compile compiles here), then rounds of one step
-    # per policy; memory from the first round, time the median over the rounds.
-    times = {p: [] for p in args.policies}
-    for p in args.policies:
-        say("warm-up: %s" % p)
-        step_of(p)(args.batch)
-    for r in range(args.steps):
-        for p in args.policies:
-            say("step %d/%d: %s" % (r + 1, args.steps, p))
-            m = step_of(p)(args.batch)
-            if r == 0:
-                results[p].update({k: m[k] for k in ("activation_bytes", "peak_bytes", "train_peak_bytes",
-                                                      "optimizer_peak_bytes")})
-            times[p].append(m["step_ms"])
-    for p in args.policies:
-        results[p]["step_ms"] = statistics.median(times[p])
-        results[p]["tokens_per_s"] = args.batch * args.seq / (results[p]["step_ms"] / 1e3)
-    if args.budget is not None:
-        for p in args.policies:
-            say("largest batch: %s" % p)
-            step = step_of(p)
-            mb, _ = largest_batch(lambda b: fits(step, b, device, args.budget), args.budget)
-            results[p]["max_batch"] = mb or 0  # 0: not even batch 1 fits under this policy
-        if not any(results[p]["max_batch"] for p in args.policies):
-            raise SystemExit("tempo.bench: the budget (%s) is too small for batch 1 under every policy"
-                             % format_bytes(args.budget))
-        fitting = [p for p in args.policies if results[p]["max_batch"]]
-        at_max = {p: [] for p in fitting}
-        for r in range(max(args.steps, 3)):  # the verifying steps were the warm-up
-            for p in fitting:
-                say("throughput at batch %d, step %d: %s" % (results[p]["max_batch"], r + 1, p))
-                at_max[p].append(step_of(p)(results[p]["max_batch"])["step_ms"])
-        for p in args.policies:
-            ms = sorted(at_max.get(p, []))
-            results[p]["max_batch_tokens_per_s"] = results[p]["max_batch"] * args.seq / (statistics.median(ms) / 1e3) if ms else 0.0
-            results[p]["max_batch_spread"] = ms[-1] / ms[0] - 1.0 if ms else None
+
+    def measure(group):
+        # Equal batch: a warm-up step per policy (compile compiles here), then rounds of one step
+        # per policy; memory from the first round, time the median over the rounds.
+        times = {p: [] for p in group}
+        for p in group:
+            say("warm-up: %s" % p)
+            step_of(p)(args.batch)
+        for r in range(args.steps):
+            for p in group:
+                say("step %d/%d: %s" % (r + 1, args.steps, p))
+                m = step_of(p)(args.batch)
+                if r == 0:
+                    results[p].update({k: m[k] for k in ("activation_bytes", "peak_bytes", "train_peak_bytes",
+                                                          "optimizer_peak_bytes")})
+                times[p].append(m["step_ms"])
+        for p in group:
+            results[p]["step_ms"] = statistics.median(times[p])
+            results[p]["tokens_per_s"] = args.batch * args.seq / (results[p]["step_ms"] / 1e3)
+        if args.budget is not None:
+            for p in group:
+                say("largest batch: %s" % p)
+                step = step_of(p)
+                mb, _ = largest_batch(lambda b: fits(step, b, device, args.budget), args.budget)
+                results[p]["max_batch"] = mb or 0  # 0: not even batch 1 fits under this policy
+            fitting = [p for p in group if results[p]["max_batch"]]
+            at_max = {p: [] for p in fitting}
+            for r in range(max(args.steps, 3)):  # the verifying steps were the warm-up
+                for p in fitting:
+                    say("throughput at batch %d, step %d: %s" % (results[p]["max_batch"], r + 1, p))
+                    at_max[p].append(step_of(p)(results[p]["max_batch"])["step_ms"])
+            for p in group:
+                ms = sorted(at_max.get(p, []))
+                results[p]["max_batch_tokens_per_s"] = results[p]["max_batch"] * args.seq / (statistics.median(ms) / 1e3) if ms else 0.0
+                results[p]["max_batch_spread"] = ms[-1] / ms[0] - 1.0 if ms else None
+
+    # Liger's patch cannot be undone: it is measured after the others, on its own
+    measure([p for p in policies if p != "liger"])
+    if "liger" in policies:
+        measure(["liger"])
+    if args.budget is not None and not any(results[p]["max_batch"] for p in policies):
+        raise SystemExit("tempo.bench: the budget (%s) is too small for batch 1 under every policy"
+                         % format_bytes(args.budget))
     say("")
+    for p, why in skipped.items():
+        results[p]["skipped"] = why
     rows = [results[p] for p in args.policies]
     masks = None
     if device.type == "cpu" and "eager" in args.policies:
@@ -276,7 +341,7 @@ def print_table(rows, masks, budget):
     print("%s, seq %d, batch %d, %s, %s" % (r0["model"], r0["seq"], r0["batch"], r0["dtype"], r0["device"]))
     # Ratios are to eager's row; without one, "-" (as the C++ bench prints), not ratios to
     # whichever policy came first under a "vs eager" heading.
-    eager = next((r for r in rows if r["policy"] == "eager"), None)
+    eager = next((r for r in rows if r["policy"] == "eager" and not r.get("skipped")), None)
 
     def ratio(num, den):
         return "%8s" % "-" if num is None or not den else "%7.2fx" % (num / den)
@@ -291,6 +356,9 @@ def print_table(rows, masks, budget):
     print(head)
     base = eager if eager is not None and eager.get("max_batch") else None  # no ratio to a baseline that does not fit
     for r in rows:
+        if r.get("skipped"):
+            print("%-12s did not run: %s" % (r["policy"], r["skipped"]))
+            continue
         line = "%-12s %10.1f MiB %s %10.1f MiB %10.1f %11.1f %s" % (
             r["policy"], r["activation_bytes"] / 2**20, ratio(of(eager, "activation_bytes"), max(r["activation_bytes"], 1)),
             r["train_peak_bytes"] / 2**20, r["step_ms"], r["tokens_per_s"], ratio(r["tokens_per_s"], of(eager, "tokens_per_s")))
@@ -302,12 +370,12 @@ def print_table(rows, masks, budget):
                     r["max_batch"], ratio(r["max_batch"], of(base, "max_batch")), r["max_batch_tokens_per_s"],
                     ratio(r["max_batch_tokens_per_s"], of(base, "max_batch_tokens_per_s")), 100 * r["max_batch_spread"])
         print(line)
-    if masks is not None:
+    if masks:  # a model without dropout (LLaMA) keeps none
         bool_eager = eager["activation_bytes"] - masks * 3 // 4
         print("dropout masks: the CPU eager baseline keeps 4-byte float masks (%s of its activations); with 1-byte "
               "bool masks, as CUDA's dropout keeps, eager would hold %s:" % (format_bytes(masks), format_bytes(bool_eager)))
         for r in rows:
-            if r["policy"] != "eager":
+            if r["policy"] != "eager" and not r.get("skipped"):
                 print("  %-12s holds %7.2fx less than that" % (r["policy"], bool_eager / max(r["activation_bytes"], 1)))
 
 
@@ -339,7 +407,9 @@ def write_outputs(args, rows, masks):
 
 
 def write_svg(path, rows):
-    """Two bar charts: activation MiB per policy; tokens/s (at the largest batch if known)."""
+    """Two bar charts: activation MiB per policy; tokens/s (at the largest batch if known).
+    Policies that did not run are left out."""
+    rows = [r for r in rows if not r.get("skipped")]
     W, bar, gap, left = 760, 22, 8, 130
     charts = [("activation memory after forward (MiB, lower is better)", [r["activation_bytes"] / 2**20 for r in rows]),
               ("tokens/s%s (higher is better)" % (" at the largest batch" if "max_batch" in rows[0] else ""),
@@ -369,8 +439,10 @@ def write_svg(path, rows):
 
 def parser():
     p = argparse.ArgumentParser(prog="python -m tempo.bench", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="bert", help="bert | roberta | gpt2 | llama, or a local model folder")
-    p.add_argument("--size", default=None, help="base | large | medium | small (per family)")
+    p.add_argument("--model", default="bert", help="bert | roberta | gpt2 | llama | qwen2 | gemma, or a local "
+                   "model folder")
+    p.add_argument("--size", default=None, help="base | large | medium | small | tiny (per family)")
+    p.add_argument("--vocab", type=int, default=None, help="the vocabulary, instead of the preset's")
     p.add_argument("--seq", type=int, default=128)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--policies", default="eager,sdpa,checkpoint,tempo,tempo-sdpa",
@@ -391,6 +463,8 @@ def main(argv=None):
     bad = [s for s in args.policies if s not in POLICIES]
     if bad or not args.policies:
         parser().error("unknown policy %s; known: %s" % (bad, ", ".join(POLICIES)))
+    if args.vocab is not None and (args.vocab < 2 or os.path.isdir(args.model)):
+        parser().error("--vocab must be at least 2, and applies to a preset, not a folder")
     if args.seq < 2 or args.batch < 1 or args.steps < 1:
         parser().error("--seq must be at least 2, --batch and --steps at least 1")
     if args.plot and not args.plot.endswith(".svg"):

@@ -394,7 +394,13 @@ def _kept_by_forward(model, implementation, tokens):
         storage = t.untyped_storage()
         if storage.data_ptr() not in own:
             seen[(storage.data_ptr(), t.device)] = storage.nbytes()
-        return t
+        # a detached alias: the storage stays alive with the graph (no address reused while counting), and no
+        # saved output holds its own grad_fn, a cycle through C++ the collector cannot free (tempo.bench's
+        # dropout_mask_bytes says the same)
+        return t.detach()
+
+    def unpack(_):
+        raise RuntimeError("tempo.optimize: the attention probe's forward has no backward")
 
     vocab = getattr(model.config, "vocab_size", None) or 2
     g = torch.Generator().manual_seed(0)
@@ -407,7 +413,7 @@ def _kept_by_forward(model, implementation, tokens):
     model.train()
     try:
         with torch.random.fork_rng(devices=devices), _hooks_suspended(model), torch.enable_grad(), \
-                torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                torch.autograd.graph.saved_tensors_hooks(pack, unpack):
             model(**kwargs)
     finally:
         for m, mode in training:

@@ -93,8 +93,8 @@ std::tuple<at::Tensor, at::Tensor> forward_kernel(const at::Tensor& hidden, cons
   const Reduction red = reduction_of(reduction);
   TORCH_CHECK(chunk >= 0, kOp, ": chunk must be >= 0 (0: automatic), got ", chunk);
   // The loss's dtype: hidden's unless asked (autocast asks for float32 from 16-bit data).
+  TORCH_CHECK(!dtype.has_value() || at::isFloatingType(*dtype), kOp, ": dtype must be a floating type, got ", *dtype);
   const auto out_t = dtype.value_or(hidden.scalar_type());
-  TORCH_CHECK(at::isFloatingType(out_t), kOp, ": dtype must be a floating type, got ", out_t);
   // The math type: float64 for float64 data, float32 otherwise (16-bit logits reduced in fp32).
   const auto math_t = hidden.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   const auto math_opts = hidden.options().dtype(math_t);
