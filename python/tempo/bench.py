@@ -32,7 +32,7 @@ import torch
 
 from . import memory
 from ._measure import free, sync, fits, format_bytes, heap_frozen, largest_batch, parse_bytes
-from .optimize import AttentionNotComputed, optimize, restore
+from .optimize import ATTENTION, AttentionNotComputed, optimize, restore
 
 POLICIES = ("eager", "sdpa", "checkpoint", "compile", "tempo", "tempo-sdpa", "tempo-auto", "liger")
 SIZES = {  # (hidden, layers, heads, intermediate, positions, vocab): the C++ presets' sizes
@@ -121,6 +121,7 @@ class Policies:
         self.model = model
         self.compiled = None
         self.liger_applied = False
+        self.auto_attention = None  # tempo-auto's attention, once decided
 
     @contextlib.contextmanager
     def use(self, name):
@@ -136,8 +137,13 @@ class Policies:
                 m.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
             else:
                 m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        elif name in ("tempo", "tempo-sdpa", "tempo-auto"):
-            optimize(m, attention={"tempo": "tempo", "tempo-sdpa": "fused", "tempo-auto": "auto"}[name])
+        elif name in ("tempo", "tempo-sdpa"):
+            optimize(m, attention="tempo" if name == "tempo" else "fused")
+        elif name == "tempo-auto":  # decided (measured) once, then applied as that choice at every step
+            optimize(m, attention=self.auto_attention or "auto")
+            if self.auto_attention is None:
+                chosen = m.config._attn_implementation
+                self.auto_attention = next((k for k, v in ATTENTION.items() if v == chosen), "keep")
         elif name == "liger":
             self.liger()
         try:
@@ -273,11 +279,11 @@ def run(args):
     results = {p: {"model": name, "seq": args.seq, "dtype": args.dtype, "device": device.type, "policy": p,
                    "batch": args.batch} for p in args.policies}
     skipped = {}
-    for p in [p for p in args.policies if p == "liger"]:
+    if "liger" in args.policies:
         try:
             switch.liger(apply=False)
         except Unavailable as e:
-            skipped[p] = str(e)
+            skipped["liger"] = str(e)
     policies = [p for p in args.policies if p not in skipped]
     if not policies:
         raise ValueError("tempo.bench: no policy can run: %s" % "; ".join(skipped.values()))

@@ -26,6 +26,7 @@ Cohere's logit_scale, Granite's logits_scaling) is refused by name, as is any la
 not in a table (its forward may do the same) and a causal LM whose loss function a user
 replaced.
 """
+import contextlib
 import dataclasses
 import inspect
 
@@ -46,7 +47,7 @@ _LOGIT_TRANSFORMS = (("final_logit_softcapping", None), ("logit_scale", 1.0), ("
 
 
 class Refused(ValueError):
-    """The model is a causal LM that the technique cannot compute; the message says why."""
+    """The model is a language model that the technique cannot compute; the message says why."""
 
 
 def kind(m):
@@ -88,15 +89,26 @@ def check(m):
 
 def _head_forward(self, x):
     """The head (output embedding), patched: passes the hidden states through during a
-    tempo-loss forward (the loss function applies the head), else the Linear as it was."""
+    tempo-loss forward (the loss applies the head), else the Linear as it was."""
     if self.__dict__.get("_tempo_pass_hidden"):
         return x
     return torch.nn.Linear.forward(self, x)
 
 
+@contextlib.contextmanager
+def _passing_hidden(head):
+    """The head passes the hidden states through for the duration (_head_forward)."""
+    head.__dict__["_tempo_pass_hidden"] = True
+    try:
+        yield
+    finally:
+        head.__dict__.pop("_tempo_pass_hidden", None)
+
+
 def _loss(head, logits, labels, vocab_size=None, num_items_in_batch=None, ignore_index=-100, shift_labels=None,
           **kwargs):
-    """transformers' ForCausalLMLoss with `logits` the hidden states before the head."""
+    """transformers' ForCausalLMLoss with `logits` the hidden states before the head (a masked
+    LM passes its labels as shift_labels: no shift)."""
     hidden = logits
     if shift_labels is None:
         shift_labels = F.pad(labels, (0, 1), value=ignore_index)[..., 1:]
@@ -118,11 +130,11 @@ def _loss(head, logits, labels, vocab_size=None, num_items_in_batch=None, ignore
 def _bound(self, args, kwargs):
     """The call's arguments bound to the model's own forward, or None where the patch does not
     apply (eval, no grad, no labels, return_dict=False: the model's own forward runs)."""
-    original = type(self)._tempo_patch[0].forward
     if not (self.training and torch.is_grad_enabled()):
         return None
-    bound = inspect.signature(original).bind_partial(self, *args, **kwargs)
-    extra = next((bound.arguments[p.name] for p in inspect.signature(original).parameters.values()
+    signature = inspect.signature(type(self)._tempo_patch[0].forward)
+    bound = signature.bind_partial(self, *args, **kwargs)
+    extra = next((bound.arguments[p.name] for p in signature.parameters.values()
                   if p.kind is inspect.Parameter.VAR_KEYWORD and p.name in bound.arguments), {})
     if bound.arguments.get("labels") is None or bound.arguments.get("return_dict", extra.get("return_dict")) is False:
         return None
@@ -149,11 +161,8 @@ def masked_lm_forward(self, *args, **kwargs):
     labels = bound.arguments["labels"]
     bound.arguments["labels"] = None
     head = self.get_output_embeddings()
-    head.__dict__["_tempo_pass_hidden"] = True
-    try:
+    with _passing_hidden(head):
         out = original(*bound.args, **bound.kwargs)
-    finally:
-        head.__dict__.pop("_tempo_pass_hidden", None)
     return _without_logits(out, _loss(head, out["logits"], None, shift_labels=labels))
 
 
@@ -164,12 +173,11 @@ def causal_lm_forward(self, *args, **kwargs):
         return original(self, *args, **kwargs)
     head = self.get_output_embeddings()
     saved = self.__dict__.get("_loss_function", _MISSING)
-    head.__dict__["_tempo_pass_hidden"] = True
     self.__dict__["_loss_function"] = lambda *a, **k: _loss(head, *a, **k)
     try:
-        out = original(self, *args, **kwargs)
+        with _passing_hidden(head):
+            out = original(self, *args, **kwargs)
     finally:
-        head.__dict__.pop("_tempo_pass_hidden", None)
         if saved is _MISSING:
             self.__dict__.pop("_loss_function", None)
         else:

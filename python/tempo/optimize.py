@@ -383,9 +383,9 @@ AUTO_CANDIDATES = ("tempo", "sdpa")
 AUTO_PROBE_TOKENS = 128  # the probe's sequence length (at most the model's max_position_embeddings)
 
 
-def _kept_by_forward(model, implementation, tokens):
+def _kept_by_forward(model, tokens):
     """Bytes one training forward of `model` (batch 1, `tokens` random ids) saves for backward
-    with attention `implementation`, parameters (and views of them) not counted; each storage once."""
+    with the attention it has set, parameters (and views of them) not counted; each storage once."""
     p = next(model.parameters())
     own = {q.untyped_storage().data_ptr() for q in model.parameters()}
     seen = {}
@@ -443,11 +443,10 @@ def _auto_attention(model):
                 skipped.append("%s (%s)" % (candidate, str(e).split("\n")[0][:80]))
                 continue
             try:
-                kept[candidate] = _kept_by_forward(model, candidate, tokens)
+                kept[candidate] = _kept_by_forward(model, tokens)
             except AttentionNotComputed as e:
                 skipped.append("%s (%s)" % (candidate, e.reason))
-            except Exception as e:  # a model whose forward needs more than token ids
-                _set_attention(model, current)
+            except Exception as e:  # a model whose forward needs more than token ids (the finally sets it back)
                 return current, "not measured (a forward from token ids failed: %s: %s), so the model's own is " \
                     "kept" % (type(e).__name__, str(e).split("\n")[0][:120])
     finally:
@@ -699,7 +698,7 @@ def optimize(model: torch.nn.Module, techniques="all", attention: str = "keep", 
 
     techniques: "all", or one or a list of "gelu", "silu", "layer_norm", "rms_norm", "dropout",
     "bdrln" (dense + dropout + residual + LayerNorm in one pass, BERT/RoBERTa's output blocks),
-    "lm_head" (a causal LM's training loss from the hidden states by tempo.linear_cross_entropy:
+    "lm_head" (a causal or masked LM's training loss from the hidden states by tempo.linear_cross_entropy:
     the logits never exist, and `logits` is None in the output of a training call with labels;
     tempo/lm_head.py says which families and what it keeps).
     attention: "keep" (the model's own), "tempo" (output-only softmax, dropout recomputed from

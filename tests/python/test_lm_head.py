@@ -152,6 +152,15 @@ def test_logit_transforming_and_unknown_families_are_refused_by_name():
         tempo.optimize(cp, techniques="lm_head")
 
 
+def _held(model, ids, labels):
+    with tempo.memory.Scope() as scope:
+        loss = model(input_ids=ids, labels=labels).loss
+    kept = scope.held
+    loss.backward()
+    model.zero_grad(set_to_none=True)
+    return kept, loss.detach()
+
+
 def test_the_logits_are_never_held():
     """Issue 44's case: LLaMA hidden 256, 2 layers, 4 heads, 2 KV heads, vocab 32000, batch 2,
     S=512, train mode: bytes held after the forward with labels, unpatched vs tempo.optimize
@@ -162,30 +171,12 @@ def test_the_logits_are_never_held():
     ref = transformers.LlamaForCausalLM(cfg).train()
     ours = tempo.optimize(copy.deepcopy(ref))
     ids = torch.randint(0, 32000, (2, 512), generator=torch.Generator().manual_seed(2))
-
-    def held(model):
-        with tempo.memory.Scope() as scope:
-            loss = model(input_ids=ids, labels=ids).loss
-        kept = scope.held
-        loss.backward()
-        model.zero_grad(set_to_none=True)
-        return kept, loss.detach()
-
-    before, loss_ref = held(ref)
-    after, loss = held(ours)
+    before, loss_ref = _held(ref, ids, ids)
+    after, loss = _held(ours, ids, ids)
     print("held after the forward: unpatched %.1f MiB, tempo %.1f MiB (%.3fx)" % (
         before / 2**20, after / 2**20, after / before))
     assert after <= 0.25 * before, (before, after)
     torch.testing.assert_close(loss, loss_ref, rtol=1e-5, atol=1e-5)
-
-
-def _held(model, ids, labels):
-    with tempo.memory.Scope() as scope:
-        loss = model(input_ids=ids, labels=labels).loss
-    kept = scope.held
-    loss.backward()
-    model.zero_grad(set_to_none=True)
-    return kept, loss.detach()
 
 
 @pytest.mark.parametrize("name", ["gpt2", "bert"])
