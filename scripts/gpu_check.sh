@@ -12,7 +12,10 @@
 #              $BUILD (default build)
 #   2. bandwidth  each op's forward and backward beside torch's and Liger-Kernel's op, as time
 #              and a share of a device-to-device copy (benchmarks/op_bandwidth.py; 3 widths,
-#              bf16/fp32/fp16); layer: one bert-large encoder layer in bf16 per policy
+#              bf16/fp32/fp16); layer: one bert-large encoder layer in bf16 per policy;
+#              frontier: python -m tempo.frontier, LLaMA-1B and gpt2-medium in bf16 autocast, each
+#              method's largest batch and tokens/s per budget beside sdpa, checkpointing,
+#              torch.compile (with its memory budget) and Liger-Kernel
 #   3. sanitize  compute-sanitizer memcheck and racecheck over one case of each op
 #              (scripts/sanitize_ops.py); sync: ops and a patched training step under
 #              torch.cuda.set_sync_debug_mode("error") (tests/python/test_cuda_sync.py)
@@ -26,7 +29,9 @@
 #              every policy
 #   6. summary OUT_DIR/summary.md and summary.json (every step's status, time and output files)
 # Environment: PYTHON (default python3; the dry run defaults to .venv/bin/python), BUILD, JOBS,
-# TOTAL_S (default 530: stops itself before 9 minutes, writing what it has).
+# TOTAL_S (default 530: stops itself before 9 minutes, writing what it has), ONLY (a comma-separated
+# list of the steps to run after the build, e.g. ONLY=frontier: the others are "not selected"),
+# FRONTIER_LLAMA_S and FRONTIER_GPT2_S (the frontier's time limit per model, default 150 and 60).
 # On the device tool, which returns at most 8 files: make deps here, then run with carry
 # [".deps"] and timeout_s 560:
 #   scripts/gpu_check.sh /tmp/gpu; rc=$?; tar czf $OUT/gpu.tgz -C /tmp gpu; exit $rc
@@ -68,7 +73,11 @@ step() {
   [ "$limit" -gt "$l" ] && limit=$l
   local t0 rc status
   t0=$(date +%s)
-  if [ "$limit" -le 5 ]; then
+  if [ -n "${ONLY:-}" ] && [ "$name" != build ] && [[ ",$ONLY," != *",$name,"* ]]; then
+    status="not selected"
+    rc=0
+    echo "not selected: ONLY=$ONLY" > "$OUT/$name.log"
+  elif [ "$limit" -le 5 ]; then
     status="skipped (out of time)"
     rc=124
     echo "skipped: out of time" > "$OUT/$name.log"
@@ -171,18 +180,51 @@ graphs() {
 # ---- 3. bandwidth --------------------------------------------------------------------------
 # Each op beside torch's and Liger-Kernel's (its wheel from .deps/wheels, installed --no-deps
 # into a folder of its own: the image has Triton), rows written as they are measured.
+# liger_site: prints the folder Liger-Kernel's wheel (from .deps/wheels) is installed in, once
+# per run, or nothing (the dry run, or no wheel: Liger's rows say why they did not run).
+liger_site() {
+  local site=/tmp/liger-site
+  [ $DRY = 0 ] && ls .deps/wheels/liger_kernel-*.whl >/dev/null 2>&1 || return 0
+  [ -d $site/liger_kernel ] ||
+    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --target $site .deps/wheels/liger_kernel-*.whl >&2 ||
+    { echo "liger-kernel did not install: its rows are skipped" >&2; return 0; }
+  echo $site
+}
+
 bandwidth() {
   local size=(--rows 16384 --cols 1024,4096,8192 --seq 1024 --dtypes bf16,fp32,fp16 --repeats 10)
   [ $DRY = 1 ] && size=(--rows 64 --cols 256,100 --seq 64 --dtypes fp32,bf16 --repeats 2)
-  local site=""
-  if [ $DRY = 0 ] && ls .deps/wheels/liger_kernel-*.whl >/dev/null 2>&1; then
-    site=/tmp/liger-site
-    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --target $site .deps/wheels/liger_kernel-*.whl ||
-      { echo "liger-kernel did not install: its rows are skipped"; site=""; }
-  fi
+  local site
+  site=$(liger_site)
   TEMPO_LIBRARY="$BUILD/lib/libtempo_torch.so" PYTHONPATH="$PWD/python${site:+:$site}" \
     "$PYTHON" benchmarks/op_bandwidth.py --device $DEVICE "${size[@]}" \
     --csv "$OUT/bandwidth.csv" --json "$OUT/bandwidth.json"
+}
+
+# The memory-vs-throughput frontier (python -m tempo.frontier, issue 45) in bf16 autocast: the
+# LLaMA-style 1B at S=2048, then gpt2-medium at S=1024, methods in the order of what a user would
+# pick first; each model's call stops starting (method, budget) pairs at its time limit, and
+# every row is in frontier_*.jsonl the moment it is measured. The dry run: a tiny LLaMA, MiB
+# budgets, the compile methods on the aot_eager backend (the same partitioner, no code generation).
+frontier() {
+  local site rc=0
+  site=$(liger_site)
+  local env=(HF_HUB_OFFLINE=1 TEMPO_LIBRARY="$BUILD/lib/libtempo_torch.so" PYTHONPATH="$PWD/python${site:+:$site}")
+  local methods=sdpa,tempo-sdpa,liger,sdpa+ckpt,tempo,tempo+liger,compile-mem0.5,compile,tempo+compile,compile-mem0.2,eager,tempo-auto
+  if [ $DRY = 1 ]; then
+    env "${env[@]}" "$PYTHON" -m tempo.frontier --device cpu --model llama --size tiny --vocab 512 --seq 32 \
+      --budgets 64MiB --methods sdpa,tempo-sdpa,liger,tempo+compile --precision fp32 \
+      --steps 1 --compile-backend aot_eager --time-limit 60 --jsonl "$OUT/frontier_llama.jsonl" \
+      --csv "$OUT/frontier.csv" --plot "$OUT/frontier_llama.svg" || rc=1
+    return $rc
+  fi
+  env "${env[@]}" "$PYTHON" -m tempo.frontier --device cuda --model llama --size 1b --seq 2048 \
+    --budgets 32GiB,64GiB,all --methods $methods --precision autocast-bf16 --steps 3 --time-limit "${FRONTIER_LLAMA_S:-150}" \
+    --jsonl "$OUT/frontier_llama.jsonl" --csv "$OUT/frontier.csv" --plot "$OUT/frontier_llama.svg" || rc=1
+  env "${env[@]}" "$PYTHON" -m tempo.frontier --device cuda --model gpt2 --size medium --seq 1024 \
+    --budgets 16GiB,32GiB,64GiB --methods $methods --precision autocast-bf16 --steps 3 --time-limit "${FRONTIER_GPT2_S:-60}" \
+    --jsonl "$OUT/frontier_gpt2m.jsonl" --csv "$OUT/frontier.csv" --plot "$OUT/frontier_gpt2m.svg" || rc=1
+  return $rc
 }
 
 # compute-sanitizer memcheck and racecheck over one small case of each op (tempo's kernels only).
@@ -250,7 +292,7 @@ bench_hf() {
 }
 
 export DRY OUT PYTHON BUILD DEVICE JOBS
-export -f build tests graphs train bandwidth sanitize sync layer bench_cpp bench_hf
+export -f build tests graphs train liger_site bandwidth frontier sanitize sync layer bench_cpp bench_hf
 
 if [ $DRY = 1 ]; then
   B1=6MiB; B2=8MiB; M1=bert-base; M2=gpt2
@@ -268,6 +310,7 @@ if [ -x "$BUILD/tempo" ]; then
   # The kernels' speed first (issue 43), then their correctness under the sanitizer, then the rest.
   step bandwidth 150 bandwidth
   step layer 60 layer
+  step frontier 240 frontier
   step sanitize 90 sanitize
   step sync 60 sync
   step tests 150 tests
@@ -308,6 +351,6 @@ cat "$OUT/summary.md"
 # The exit status: 0 when every step passed.
 grep -q '"status": "passed"' "$OUT/summary.json" || exit 1
 for s in "${STEPS_JSON[@]}"; do
-  case "$s" in *'"status": "passed"'*) ;; *) exit 1 ;; esac
+  case "$s" in *'"status": "passed"'*|*'"status": "not selected"'*) ;; *) exit 1 ;; esac
 done
 exit 0

@@ -79,19 +79,26 @@ def fits(step, batch, device, budget):
         return None
 
 
-def largest_batch(probe, budget):
+def largest_batch(probe, budget, fitted=()):
     """The largest batch for which `probe(batch)` (a step's measurements with "peak_bytes",
     or None when it ran out of memory) fits the budget, as the C++ bench finds it: each
     candidate predicted from a linear model of the step's peak in the batch (its slope from
     the steps measured so far) and verified by running it. Once a batch has failed, no
     candidate lies beyond the middle of what is still open (a bisection when the prediction
     overshoots), and at least one more than the largest seen to fit is tried, so the search
-    ends on a batch that fits next to one that does not. Returns (batch, its measurements),
-    or (None, None) if batch 1 does not fit."""
-    p1 = probe(1)
-    if p1 is None:
-        return None, None
-    lo, at_lo, hi, slope = 1, p1, None, None
+    ends on a batch that fits next to one that does not. fitted: (batch, measurements) pairs
+    already seen to fit under a budget no larger than this one (a smaller budget's search):
+    the search starts from them, with their slope, instead of from batch 1. Returns (batch,
+    its measurements), or (None, None) if batch 1 does not fit."""
+    points = sorted(fitted, key=lambda p: p[0])
+    if not points:
+        p1 = probe(1)
+        if p1 is None:
+            return None, None
+        points = [(1, p1)]
+    (b0, first), (lo, at_lo) = points[0], points[-1]
+    hi = None
+    slope = max((at_lo["peak_bytes"] - first["peak_bytes"]) / (lo - b0), 1.0) if lo > b0 else None
     for _ in range(40):
         if hi is not None and hi - lo <= 1:
             break
@@ -102,7 +109,7 @@ def largest_batch(probe, budget):
         if at is None:
             hi = cand
         else:
-            slope = max((at["peak_bytes"] - p1["peak_bytes"]) / (cand - 1), 1.0)
+            slope = max((at["peak_bytes"] - first["peak_bytes"]) / (cand - b0), 1.0)
             lo, at_lo = cand, at
     return lo, at_lo
 

@@ -40,10 +40,16 @@ SIZES = {  # (hidden, layers, heads, intermediate, positions, vocab): the C++ pr
     "roberta": {"base": (768, 12, 12, 3072, 514, 50265), "large": (1024, 24, 16, 4096, 514, 50265)},
     "gpt2": {"base": (768, 12, 12, 3072, 1024, 50257), "medium": (1024, 24, 16, 4096, 1024, 50257),
              "large": (1280, 36, 20, 5120, 1024, 50257)},
-    "llama": {"small": (512, 8, 8, 1376, 2048, 32000), "tiny": (256, 2, 4, 688, 4096, 32000)},
-    "qwen2": {"tiny": (256, 2, 4, 688, 4096, 151936)},
+    "llama": {"small": (512, 8, 8, 1376, 2048, 32000), "tiny": (256, 2, 4, 688, 4096, 32000),
+              "1b": (2048, 16, 32, 8192, 8192, 128256)},
+    "qwen2": {"tiny": (256, 2, 4, 688, 4096, 151936), "0.5b": (896, 24, 14, 4864, 32768, 151936)},
     "gemma": {"tiny": (256, 2, 4, 688, 4096, 256000)},
 }
+# The published shapes' key-value heads and tied embeddings (Llama-3.2-1B, Qwen2.5-0.5B); the
+# tiny presets have half the heads as KV heads, the others as many as heads; the configs'
+# default tying otherwise
+KV_HEADS = {("llama", "1b"): 8, ("qwen2", "0.5b"): 2}
+TIED = {("llama", "1b"), ("qwen2", "0.5b")}
 CAUSAL = ("gpt2", "llama", "qwen2", "gemma")
 # LLaMA-style families: config class, model class, and what Liger-Kernel's patch for them is called
 LLAMA_STYLE = {"llama": ("LlamaConfig", "LlamaForCausalLM", "apply_liger_kernel_to_llama"),
@@ -89,9 +95,11 @@ def build_model(family, size="base", path=None, vocab=None):
         model = tf.GPT2LMHeadModel(config)
     else:
         config_class, model_class, _ = LLAMA_STYLE[family]
-        kv = {"num_key_value_heads": max(1, a // 2)} if size == "tiny" else {}
+        kv = {"num_key_value_heads": KV_HEADS.get((family, size), max(1, a // 2) if size == "tiny" else a)}
         if family == "gemma":
             kv["head_dim"] = h // a
+        if (family, size) in TIED:
+            kv["tie_word_embeddings"] = True
         config = getattr(tf, config_class)(hidden_size=h, num_hidden_layers=n, num_attention_heads=a,
                                            intermediate_size=i, max_position_embeddings=p, vocab_size=v,
                                            rms_norm_eps=1e-6, **kv)

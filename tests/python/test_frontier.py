@@ -1,0 +1,134 @@
+"""python -m tempo.frontier on the CPU with a tiny LLaMA and MiB budgets: one JSON line per
+(method, budget) written as measured, each largest batch checked independently (a plain
+transformers model and AdamW under tempo.memory.cpu_limit: it fits, one more does not), the
+loss curves against sdpa's, a failing or unavailable method as a row, the time limit, the
+table, CSV, SVG and summary."""
+import csv
+import json
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+transformers = pytest.importorskip("transformers")
+
+import tempo  # noqa: E402
+from tempo import frontier  # noqa: E402
+
+pytestmark = pytest.mark.cpu_only
+TINY = ["--model", "llama", "--size", "tiny", "--vocab", "512", "--seq", "32", "--precision", "fp32"]
+
+
+def run_main(capsys, *args):
+    capsys.readouterr()
+    try:
+        code = frontier.main(list(args))
+    except SystemExit as e:
+        code = e.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def independent_step(batch, budget):
+    """The frontier's sdpa method rebuilt by hand: the same preset model (seed 0), AdamW, one
+    unbudgeted step (the optimizer's state), then one step at `batch` under the budget on
+    every tracked byte. True if it fits."""
+    from tempo.bench import build_model, synthetic_batch
+
+    torch.manual_seed(0)
+    model, _, _ = build_model("llama", "tiny", vocab=512)
+    model.set_attn_implementation("sdpa")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+
+    def step(b):
+        opt.zero_grad(set_to_none=True)
+        model(**synthetic_batch(model, b, 32, True, 7, torch.device("cpu"))).loss.backward()
+        opt.step()
+
+    step(1)
+    opt.zero_grad(set_to_none=True)
+    try:
+        with tempo.memory.cpu_limit(budget):
+            step(batch)
+        return True
+    except torch.OutOfMemoryError:
+        return False
+
+
+def test_frontier_rows_batches_losses_and_outputs(tmp_path, capsys):
+    tempo.memory.track()
+    jsonl, csv_path, svg = tmp_path / "f.jsonl", tmp_path / "f.csv", tmp_path / "f.svg"
+    methods = ["sdpa", "sdpa+ckpt", "compile-mem0.2", "liger", "tempo-sdpa", "tempo"]
+    code, out, err = run_main(capsys, *TINY, "--budgets", "96MiB,64MiB", "--methods", ",".join(methods),
+                              "--steps", "1", "--loss-steps", "3", "--compile-backend", "aot_eager",
+                              "--jsonl", str(jsonl), "--csv", str(csv_path), "--plot", str(svg))
+    assert code == 0, err
+    rows = [json.loads(line) for line in jsonl.read_text().splitlines()]
+    # every (method, budget), budgets ascending, in the order the methods were given
+    assert [(r["method"], r["budget"]) for r in rows] == [(m, b) for m in methods for b in ("64MiB", "96MiB")]
+    for r in rows:
+        assert set(frontier.FIELDS) <= set(r)
+        if r["method"] == "liger":  # Triton needs CUDA; not installed here either
+            assert r["error"].startswith("did not run: Liger-Kernel") and r["max_batch"] is None
+            continue
+        assert r["error"] is None, r
+        assert r["max_batch"] >= 1 and r["peak_bytes"] <= r["budget_bytes"], r
+        assert r["tokens_per_s"] > 0 and r["spread"] == 0.0  # one timed step
+        assert r["optimizer"].startswith("AdamW")
+    by = {(r["method"], r["budget"]): r for r in rows}
+    # a larger budget never holds a smaller batch
+    for m in methods:
+        if m != "liger":
+            assert by[(m, "96MiB")]["max_batch"] >= by[(m, "64MiB")]["max_batch"]
+    # independent check of sdpa's largest batch under 64 MiB: it fits, one more does not
+    mb = by[("sdpa", "64MiB")]["max_batch"]
+    assert independent_step(mb, 64 * 2**20)
+    assert not independent_step(mb + 1, 64 * 2**20)
+    # tempo keeps fewer activation bytes at batch 1 and fits a larger batch than sdpa
+    assert by[("tempo-sdpa", "64MiB")]["activations_b1"] < by[("sdpa", "64MiB")]["activations_b1"]
+    assert by[("tempo-sdpa", "64MiB")]["max_batch"] > mb
+    # LLaMA has no dropout: the loss curves of sdpa, checkpointing and tempo agree (fp32 rounding)
+    for m in ("sdpa+ckpt", "tempo-sdpa", "tempo"):
+        assert abs(by[(m, "64MiB")]["loss_mean"] / by[("sdpa", "64MiB")]["loss_mean"] - 1) < 1e-5, m
+    # the table, the summary, CSV and SVG
+    assert "llama-tiny-v512, seq 32, fp32, cpu" in out
+    assert "budget 64MiB: tempo's best" in out and "vs best peer" in out
+    assert "activations at batch 1: tempo's fewest" in out and "loss over 3 steps" in out
+    with open(csv_path) as f:
+        table = list(csv.DictReader(f))
+    assert len(table) == len(rows) and table[0]["method"] == "sdpa"
+    text = svg.read_text()
+    assert text.startswith("<svg") and text.count("<polyline") == len(methods) - 1  # liger did not run
+
+
+def test_a_failing_method_is_a_row_and_the_time_limit_is_kept(tmp_path, capsys, monkeypatch):
+    tempo.memory.track()
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("patch refused for the test")
+
+    monkeypatch.setattr(frontier, "optimize", broken)
+    jsonl = tmp_path / "f.jsonl"
+    code, out, err = run_main(capsys, *TINY, "--budgets", "64MiB", "--methods", "tempo-sdpa,sdpa", "--steps", "1",
+                              "--jsonl", str(jsonl))
+    assert code == 0, err
+    rows = [json.loads(line) for line in jsonl.read_text().splitlines()]
+    assert rows[0]["method"] == "tempo-sdpa" and rows[0]["error"] == "failed: RuntimeError: patch refused for the test"
+    assert rows[1]["method"] == "sdpa" and rows[1]["error"] is None and rows[1]["max_batch"] >= 1
+    assert "budget 64MiB: tempo fits no batch; best peer sdpa" in out
+    monkeypatch.undo()
+    code, out, err = run_main(capsys, *TINY, "--budgets", "64MiB", "--methods", "sdpa", "--time-limit", "0")
+    assert code == 0, err
+    assert "not measured: the time limit (0 s) was reached" in out
+
+
+def test_bad_arguments_are_refused_by_name(capsys):
+    code, _, err = run_main(capsys, *TINY, "--methods", "sdpa,flash")
+    assert code == 2 and "unknown method ['flash']" in err
+    code, out, err = run_main(capsys, *TINY, "--budgets", "all", "--methods", "sdpa")
+    assert code == "tempo.frontier: the budget 'all' (the whole device) is for CUDA; on cpu give sizes"
+    code, _, err = run_main(capsys, *TINY, "--budgets", "lots", "--methods", "sdpa")
+    assert "cannot read a size from 'lots'" in str(code)
+    code, _, err = run_main(capsys, "--model", "llama", "--size", "7b")
+    assert code == 2 and "llama has sizes" in err
