@@ -13,7 +13,7 @@ from . import _fake, memory, nn  # noqa: E402,F401
 from .ops import (attention, bias_dropout_add_layer_norm, causal_linear_attention, dropout, fused_attention,  # noqa: E402
                   fused_attention_backend,
                   gelu, layer_norm, linear_cross_entropy, qkv_split, rms_norm, silu)
-from .optimize import optimize, report, restore  # noqa: E402
+from .hf import optimize, report, restore  # noqa: E402
 from .auto import AutoReport, auto  # noqa: E402
 
 __version__ = torch.ops.tempo.build_info()[0]  # CMake's project version, compiled into the library

@@ -22,7 +22,8 @@ import torch
 
 from . import memory
 from ._measure import free, sync, budget_enforced, heap_frozen, largest_batch, parse_bytes
-from .optimize import TECHNIQUES, AttentionNotComputed, _transformers_models, _uses_attention_registry, optimize, restore
+from .hf import TECHNIQUES, AttentionNotComputed, optimize, restore
+from .hf.attention import transformers_models, uses_attention_registry
 
 
 class AutoReport:
@@ -161,7 +162,7 @@ def auto(model, make_batch, budget=None, method="fast", loss_fn=None, steps=3, m
         raise ValueError("tempo.auto: the model is already patched by tempo.optimize; tempo.restore it first")
     loss_of = loss_fn or _loss
     # attention is a candidate only where it can be switched (a transformers model using the registry)
-    transformers_model = any(_uses_attention_registry(m) for _, m in _transformers_models(model))
+    transformers_model = any(uses_attention_registry(m) for _, m in transformers_models(model))
     was_training = model.training
     model.train()
     notes = []

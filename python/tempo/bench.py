@@ -32,7 +32,7 @@ import torch
 
 from . import memory
 from ._measure import free, sync, fits, format_bytes, heap_frozen, largest_batch, parse_bytes
-from .optimize import ATTENTION, AttentionNotComputed, optimize, restore
+from .hf import ATTENTION, AttentionNotComputed, optimize, restore
 
 POLICIES = ("eager", "sdpa", "checkpoint", "compile", "tempo", "tempo-sdpa", "tempo-auto", "liger")
 SIZES = {  # (hidden, layers, heads, intermediate, positions, vocab): the C++ presets' sizes

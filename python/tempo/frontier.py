@@ -51,7 +51,7 @@ import torch
 from . import memory
 from ._measure import budget_enforced, format_bytes, free, heap_frozen, largest_batch, parse_bytes, sync
 from .bench import SIZES, build_model, synthetic_batch
-from .optimize import optimize, restore
+from .hf import optimize, restore
 
 METHODS = ("eager", "sdpa", "sdpa+ckpt", "compile", "compile-mem0.5", "compile-mem0.2", "liger",
            "tempo-sdpa", "tempo", "tempo+compile", "tempo+liger", "tempo-auto")

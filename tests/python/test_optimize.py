@@ -328,7 +328,7 @@ def test_rms_norms_of_other_forms_are_recognised_by_probing(family):
     norms = [r for r in tempo.report(ours).rows if r[2] == "rms_norm"]
     assert norms and all(r[3] == "patched" for r in norms), norms
     forward = ours.model.norm.forward.__func__.__name__
-    assert forward == ("_hf_rms_norm_offset_forward" if family == "gemma" else "_hf_rms_norm_forward")
+    assert forward == ("hf_rms_norm_offset_forward" if family == "gemma" else "hf_rms_norm_forward")
 
 
 @pytest.mark.parametrize("family", ["bert", "llama", "gemma"])
@@ -807,7 +807,7 @@ def test_patched_bert_keeps_what_the_cpp_policies_keep_per_layer():
 def test_an_older_transformers_than_tested_is_named_once(monkeypatch):
     """transformers older than the oldest release the tests pass with (5.17) gets one warning
     naming both versions; the installed (tested) one gets none."""
-    module = sys.modules["tempo.optimize"]
+    module = sys.modules["tempo.hf.optimize"]
     monkeypatch.setattr(module, "_warned_transformers", [])
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -230,7 +230,7 @@ def test_every_gradient_matches(family):
         kinds = sorted({type(m).__name__ for m in ours.modules() if type(m).__module__.startswith("tempo.")})
         # the lm_head technique (tests/python/test_lm_head.py) re-classes the causal LM and its head
         head_rows = [r for r in tempo.report(ours).rows if r[2] == "lm_head"]
-        if type(ref).__name__ in tempo.lm_head.FAMILIES + tempo.lm_head.MASKED_FAMILIES:
+        if type(ref).__name__ in tempo.hf.lm_head.FAMILIES + tempo.hf.lm_head.MASKED_FAMILIES:
             assert head_rows and head_rows[0][3].startswith("patched"), head_rows
             kinds.remove("Tempo" + type(ref).__name__)
             kinds.remove("TempoLinear")

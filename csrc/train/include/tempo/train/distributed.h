@@ -15,9 +15,32 @@
 #include <string>
 #include <vector>
 
-#include "tempo/train/trainer.h"
-
 namespace tempo::train {
+
+// Sums tensors across the processes of a data-parallel run, in place. The default is one
+// process, where a sum over ranks is the tensor itself.
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const { return 0; }
+  virtual int world() const { return 1; }
+  // A process group (Gloo, NCCL), even of one process: the trainer then sums gradients through
+  // it, as torch's DDP does under torchrun with one process.
+  virtual bool distributed() const { return false; }
+  // Starts summing one tensor and returns at once; calling the result waits for the sum.
+  // Every rank must start the same sums in the same order.
+  virtual std::function<void()> allreduce_sum_start(at::Tensor tensor) {
+    (void)tensor;
+    return [] {};
+  }
+  // Sums every tensor (all in flight at once) and waits for all.
+  void allreduce_sum(std::vector<at::Tensor>& tensors) {
+    std::vector<std::function<void()>> waits;
+    for (auto& t : tensors) waits.push_back(allreduce_sum_start(t));
+    for (auto& w : waits) w();
+  }
+  virtual void barrier() {}
+};
 
 bool gloo_available();
 // Joins the group `world` processes form at addr:port (rank 0 serves the store).

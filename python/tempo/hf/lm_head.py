@@ -33,7 +33,7 @@ import inspect
 import torch
 import torch.nn.functional as F
 
-from . import ops
+from .. import ops
 
 # Causal-LM classes whose forward is head -> loss_function, checked by tests/python/test_lm_head.py.
 FAMILIES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "GemmaForCausalLM",
@@ -73,7 +73,7 @@ def check(m):
             raise Refused("%s has %s=%r, which tempo.linear_cross_entropy does not compute" % (name, field, value))
     masked = kind(m) == "masked"
     if name not in (MASKED_FAMILIES if masked else FAMILIES):
-        raise Refused("%s is not in the lm_head table (tempo/lm_head.py %s): its forward may transform the logits "
+        raise Refused("%s is not in the lm_head table (tempo/hf/lm_head.py %s): its forward may transform the logits "
                       "before the loss" % (name, "MASKED_FAMILIES" if masked else "FAMILIES"))
     head = m.get_output_embeddings()
     if not isinstance(head, torch.nn.Linear):
@@ -189,5 +189,5 @@ _MISSING = object()
 
 
 # Both forwards take the model's own arguments: its patched class shows the model's signature
-# (tempo.optimize's _subclass_of), as the HF Trainer reads it.
+# (tempo.optimize's subclass_of), as the HF Trainer reads it.
 masked_lm_forward.keeps_signature = causal_lm_forward.keeps_signature = True

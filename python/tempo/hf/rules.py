@@ -1,0 +1,118 @@
+"""The table of what tempo.optimize patches: one row per layer type, (technique, match,
+replace). A new layer type is a row here, and where tempo has no forward for it yet, one
+function in forwards.py; docs/architecture.md walks through adding one."""
+import torch
+import torch.nn.functional as F
+
+from .. import nn as tnn
+from .forwards import (bdrln_forward, bias_gelu_forward, gelu_approximate, hf_gelu_forward, hf_gelu_tanh_forward,
+                       hf_layer_norm_forward, hf_rms_norm_forward, hf_rms_norm_offset_forward, hf_silu_forward,
+                       norm_bias, norm_eps, qkv_split_forward)
+from .patching import retype, subclass
+from .probes import Differs, probe, probed
+
+TECHNIQUES = ("gelu", "silu", "layer_norm", "rms_norm", "dropout", "bdrln", "lm_head")
+# The Data Movement paper's bias fusions, added by fused=True (or named in techniques):
+# "qkv_split" (BERT/RoBERTa self-attention: one GEMM for q, k, v without the bias add, then
+# tempo.qkv_split adds the bias and writes the head layout in one pass), "bias_gelu"
+# (BERT/RoBERTa intermediate blocks: the dense layer without its bias add, the bias added
+# inside tempo.gelu's pass, its gradient summed in the backward's pass).
+FUSED_TECHNIQUES = ("qkv_split", "bias_gelu")
+
+
+def _rms_norm(m):
+    if type(m) is torch.nn.RMSNorm:
+        return retype(tnn.RMSNorm)(m)
+    shape = (2, 3, m.weight.shape[0])
+    try:
+        probe(m, hf_rms_norm_forward, shape)
+        return subclass(m, "Tempo", hf_rms_norm_forward)
+    except Differs:
+        pass
+    try:
+        probe(m, hf_rms_norm_offset_forward, shape)
+    except Differs as e:
+        raise Differs(str(e) + "; neither x-hat * w nor x-hat * (1 + w)") from None
+    return subclass(m, "Tempo", hf_rms_norm_offset_forward)
+
+
+def _is_named_norm(m, suffix):
+    """A norm class of a model's own (transformers' or a user's), found by its name and its
+    state: a vector of weights and an eps. What its forward computes is probed at patch time."""
+    w = getattr(m, "weight", None)
+    return (type(m).__name__.endswith(suffix) and isinstance(w, torch.nn.Parameter) and w.dim() == 1
+            and isinstance(norm_eps(m), float))
+
+
+def _is_bdrln(m):
+    return (type(m).__name__.endswith("Output") and isinstance(getattr(m, "dense", None), torch.nn.Linear)
+            and isinstance(getattr(m, "dropout", None), torch.nn.Dropout)
+            and isinstance(getattr(m, "LayerNorm", None), torch.nn.LayerNorm)
+            and len(m.LayerNorm.normalized_shape) == 1)
+
+
+def _is_bias_gelu(m):
+    # BertIntermediate / RobertaIntermediate: dense then a GELU
+    return (type(m).__name__.endswith("Intermediate") and isinstance(getattr(m, "dense", None), torch.nn.Linear)
+            and m.dense.bias is not None and gelu_approximate(getattr(m, "intermediate_act_fn", None)) is not None)
+
+
+def _is_qkv_split(m):
+    # BertSelfAttention / RobertaSelfAttention: query, key, value Linears with biases
+    lin = [getattr(m, n, None) for n in ("query", "key", "value")]
+    return (type(m).__name__ in ("BertSelfAttention", "RobertaSelfAttention")
+            and type(m).__module__.startswith("transformers.")
+            and all(isinstance(x, torch.nn.Linear) and x.bias is not None for x in lin)
+            and hasattr(m, "num_attention_heads") and hasattr(m, "scaling"))
+
+
+def _is_functional_gelu_layer(m):
+    # torch's own TransformerEncoderLayer / TransformerDecoderLayer with activation="gelu":
+    # its activation is the function F.gelu, an attribute rather than a child module
+    return (type(m) in (torch.nn.TransformerEncoderLayer, torch.nn.TransformerDecoderLayer)
+            and getattr(m, "activation", None) is F.gelu)
+
+
+def _functional_gelu(m):
+    m.activation = tnn.GELU("none")  # a child module now; restore puts the function back
+    m.__dict__["_tempo_replaced_attribute"] = ("activation", F.gelu)
+    return m
+
+
+def _act_class(*names):
+    def match(m):
+        return type(m).__name__ in names and type(m).__module__.startswith("transformers.")
+    return match
+
+
+# (technique, match, replace); the first matching row whose replace does not refuse (a probe
+# that finds another computation) applies. `replace` patches the module in place (its class,
+# or for a function held as an attribute, a child module in its place) and returns it.
+RULES = [
+    ("qkv_split", _is_qkv_split, lambda m: subclass(m, "Tempo", qkv_split_forward)),  # transformers' classes only
+    ("bias_gelu", _is_bias_gelu, probed(bias_gelu_forward, lambda m: [(1, 3, m.dense.in_features)])),
+    ("bdrln", _is_bdrln,
+     probed(bdrln_forward, lambda m: [(1, 3, m.dense.in_features), (1, 3, m.dense.out_features)])),
+    ("layer_norm", lambda m: type(m) is torch.nn.LayerNorm, retype(tnn.LayerNorm)),
+    ("rms_norm", lambda m: type(m) is torch.nn.RMSNorm or _is_named_norm(m, "RMSNorm"), _rms_norm),
+    # classes named LayerNorm that are not torch's: T5's (and MT5's, UMT5's, LongT5's, ...) is an
+    # RMSNorm; Cohere's, DeBERTa's and torch.nn.LayerNorm subclasses subtract the mean. Each row
+    # probes its form; a module whose forward is neither is left, and the report says why.
+    ("rms_norm", lambda m: _is_named_norm(m, "LayerNorm") and norm_bias(m) is None, _rms_norm),
+    ("layer_norm", lambda m: _is_named_norm(m, "LayerNorm"),
+     probed(hf_layer_norm_forward, lambda m: [(2, 3, m.weight.shape[0])])),
+    ("gelu", lambda m: type(m) is torch.nn.GELU and m.approximate in ("none", "tanh"), retype(tnn.GELU)),
+    ("gelu", _is_functional_gelu_layer, _functional_gelu),
+    ("gelu", _act_class("GELUActivation"), lambda m: subclass(m, "Tempo", hf_gelu_forward)),
+    ("gelu", _act_class("NewGELUActivation", "GELUTanh", "PytorchGELUTanh"),
+     lambda m: subclass(m, "Tempo", hf_gelu_tanh_forward)),
+    ("silu", lambda m: type(m) is torch.nn.SiLU, retype(tnn.SiLU)),
+    ("silu", _act_class("SiLUActivation"), lambda m: subclass(m, "Tempo", hf_silu_forward)),
+    ("dropout", lambda m: type(m) is torch.nn.Dropout, retype(tnn.Dropout)),
+]
+
+LOOKS_PATCHABLE = ("norm", "gelu", "silu", "swish", "act", "dropout")
+
+
+def rules_for(module, chosen):
+    return [r for r in RULES if r[0] in chosen and r[1](module)]
