@@ -2,9 +2,11 @@
 """Per CUDA kernel of the core's object files: registers, local memory (spills land there) and
 stack from `cuobjdump -res-usage`, and from the SASS the instruction count and the 128-bit
 global loads and stores (LDG.E.128 / STG.E.128). Checks, at sm_90: no kernel uses local memory
-or stack (0 spill bytes), and the vectorised kernels (the activations' and dropout's
-elementwise kernels, 16/32-bit data) hold 128-bit loads and stores. The norm and attention
-kernels are listed with their load width and not held to it yet (issue 43: their rewrite).
+or stack (0 spill bytes), and the vectorised kernels (16/32-bit data: the activations' and
+dropout's elementwise kernels, the norms' and the attention softmax's row-in-registers kernels,
+linear_cross_entropy's backward) hold 128-bit loads and stores. The general kernels (fp64,
+widths the fast ones do not take) and linear_cross_entropy's forward (it stores one value a
+row) are listed with their load width.
 Prints a table; writes it as CSV with --csv; exit 1 on a violation.
 
     scripts/check_kernel_resources.py build-cuda/CMakeFiles/tempo_core.dir/csrc/core/cuda/*.cu.o
@@ -22,7 +24,8 @@ from check_fp64_sass import INSTRUCTION, demangle, find_cuobjdump  # noqa: E402
 RES = re.compile(r"Function (\S+):\s*REG:(\d+)\s+STACK:(\d+)\s+SHARED:(\d+)\s+LOCAL:(\d+)")
 # Kernels that must move 16-byte words: (object file stem, kernel name substring)
 VECTORISED = [("activation.cu", "forward_kernel"), ("activation.cu", "backward_kernel<"),
-              ("dropout.cu", "dropout_")]
+              ("dropout.cu", "dropout_"), ("norm.cu", "_rows_kernel<"), ("attention.cu", "_rows_kernel<"),
+              ("linear_cross_entropy.cu", "backward_kernel<")]
 
 
 def sass_counts(tool, obj):

@@ -385,7 +385,7 @@ def summary(rows, losses):
         for m, curve in losses.items():
             if m != "sdpa":
                 mean = statistics.fmean(curve[-10:])
-                lines.append("loss over %d steps, mean of the last %d: %s %.5f vs sdpa %.5f (%+.3f%%)"
+                lines.append("loss over %d steps, mean of the last %d: %s %.6f vs sdpa %.6f (%+.4f%%)"
                              % (len(curve), min(10, len(curve)), m, mean, ref, 100 * (mean / ref - 1)))
     return lines
 

@@ -6,6 +6,7 @@
 #include "tempo/attention.h"
 #include "tempo/dropout.h"
 #include "tempo/linear_attention.h"
+#include "tempo/linear_cross_entropy.h"
 #include "tempo/norm.h"
 
 namespace simt_api {
@@ -29,6 +30,8 @@ SIMT_API_ENTRY(attention_softmax_forward, AttentionSoftmaxForwardParams)
 SIMT_API_ENTRY(attention_softmax_backward, AttentionSoftmaxBackwardParams)
 SIMT_API_ENTRY(linear_attention_forward, LinearAttentionForwardParams)
 SIMT_API_ENTRY(linear_attention_backward, LinearAttentionBackwardParams)
+SIMT_API_ENTRY(linear_cross_entropy_forward, LinearCrossEntropyForwardParams)
+SIMT_API_ENTRY(linear_cross_entropy_backward, LinearCrossEntropyBackwardParams)
 #undef SIMT_API_ENTRY
 
 std::string philox_state_store(const void* state, uint64_t* out) {

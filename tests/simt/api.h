@@ -23,6 +23,8 @@ SIMT_API_ENTRY(attention_softmax_forward)
 SIMT_API_ENTRY(attention_softmax_backward)
 SIMT_API_ENTRY(linear_attention_forward)
 SIMT_API_ENTRY(linear_attention_backward)
+SIMT_API_ENTRY(linear_cross_entropy_forward)
+SIMT_API_ENTRY(linear_cross_entropy_backward)
 #undef SIMT_API_ENTRY
 
 // philox_state_store_cuda: (seed, offset) of a PhiloxState into out[0], out[1].

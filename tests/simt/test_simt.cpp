@@ -32,6 +32,7 @@
 #include "tempo/attention.h"
 #include "tempo/dropout.h"
 #include "tempo/linear_attention.h"
+#include "tempo/linear_cross_entropy.h"
 #include "tempo/norm.h"
 
 namespace {
@@ -638,7 +639,8 @@ struct SoftmaxShape {
 };
 
 // One softmax case (forward and backward) against the CPU kernel. mask_kind: 0 none, 1 a
-// key-padding mask [batch, 1, 1, cols] with one batch's every key masked, 2 a full additive mask.
+// key-padding mask [batch, 1, 1, cols] with one batch's every key masked, 2 a full additive mask, 3 a
+// key-padding mask read with a stride of 2.
 void run_softmax(DType t, SoftmaxShape sh, bool causal, int mask_kind, double p, tempo::DropoutMode mode,
                  std::mt19937& gen) {
   tempo::AttentionSoftmaxForwardParams f;
@@ -671,6 +673,12 @@ void run_softmax(DType t, SoftmaxShape sh, bool causal, int mask_kind, double p,
     f.attn_mask = mask.data();
     f.mask_stride[0] = sh.cols;
     f.mask_stride[3] = 1;
+  } else if (mask_kind == 3) {  // a key-padding mask read with a stride (every other float): scalar mask loads
+    mask.assign(sh.batch * 2 * sh.cols, 0.0f);
+    for (int64_t j = 0; j < 2 * sh.cols; j += 2) mask[j] = j % 6 == 0 ? -1e4f : 0.5f;
+    f.attn_mask = mask.data();
+    f.mask_stride[0] = 2 * sh.cols;
+    f.mask_stride[3] = 2;
   } else if (mask_kind == 2) {
     mask.resize(sh.batch * sh.heads * seq * sh.cols);
     std::normal_distribution<float> nd;
@@ -717,6 +725,28 @@ bool softmax_case_valid(SoftmaxShape sh, double p, tempo::DropoutMode mode) {
   return block ? mode == tempo::DropoutMode::kPhilox : !(p == 0.0 && mode == tempo::DropoutMode::kPhilox);
 }
 
+// The fast kernels (rows in registers, 16-byte accesses: widths a multiple of 8 up to 8192):
+// a warp a row with 1, 2 and 4 packs a lane (up to 1024 columns, 8 rows a block, a partial last
+// block), the block a row with 1, 2 and 4 packs a thread, the lanes past the row's packs idle,
+// strided (scalar) mask loads, blocks of query rows.
+TEST(SimtCuda, AttentionSoftmaxRowKernelsMatchTheCpuKernels) {
+  std::mt19937 gen(17);
+  using Shape = SoftmaxShape;
+  for (DType t : {DType::kFloat32, DType::kBFloat16, DType::kFloat16})
+    for (Shape sh : {Shape{1, 3, 3, 64, 0, 0}, Shape{2, 1, 5, 256, 0, 0}, Shape{1, 1, 3, 520, 0, 0},
+                     Shape{1, 2, 2, 1024, 0, 0}, Shape{1, 1, 2, 2048, 0, 0}, Shape{1, 1, 1, 4104, 0, 0},
+                     Shape{1, 1, 1, 8192, 0, 0}, Shape{1, 2, 3, 72, 5, 16}})
+      for (bool causal : {false, true})
+        for (int mask_kind : {0, 1, 2, 3})
+          for (double p : {0.0, 0.2})
+            for (auto mode : {tempo::DropoutMode::kBits, tempo::DropoutMode::kPhilox}) {
+              if (!softmax_case_valid(sh, p, mode)) continue;
+              if (sh.cols >= 2048 && (mask_kind == 2 || causal != (mask_kind == 1))) continue;  // emulator time
+              run_softmax(t, sh, causal, mask_kind, p, mode, gen);
+              if (HasFailure()) return;
+            }
+}
+
 TEST(SimtCuda, AttentionSoftmaxMatchesTheCpuKernels) {
   std::mt19937 gen(16);
   using Shape = SoftmaxShape;
@@ -731,6 +761,71 @@ TEST(SimtCuda, AttentionSoftmaxMatchesTheCpuKernels) {
               run_softmax(t, sh, causal, mask_kind, p, mode, gen);
               if (HasFailure()) return;
             }
+}
+
+// ---- linear_cross_entropy's row passes ---------------------------------------------------------
+
+// One case (forward, then the backward from the CPU forward's lse) against the CPU kernels: rows
+// with ignored, out-of-range (clamped) and ordinary labels, a row holding a NaN, a row of -inf,
+// label smoothing; shift 1 misaligns the logits (the scalar path).
+void run_lce(DType t, int64_t rows, int64_t V, double smoothing, int shift, std::mt19937& gen) {
+  const DType acc = t == DType::kFloat64 ? DType::kFloat64 : DType::kFloat32;
+  const std::string what = tag(t, rows * V) + " V " + std::to_string(V) + " smoothing " + std::to_string(smoothing) +
+                           (shift ? " unaligned" : "");
+  Buf z = randn(t, rows * V, gen, 3.0, shift);
+  std::vector<int64_t> labels(rows);
+  std::uniform_int_distribution<int64_t> pick(0, V - 1);
+  for (int64_t r = 0; r < rows; ++r) labels[r] = r % 5 == 1 ? -100 : r % 7 == 3 ? V + 5 : pick(gen);
+  if (rows > 2) z.set(2 * V + V / 2, NAN);                               // row 2: NaN loss and lse
+  if (rows > 3)
+    for (int64_t j = 0; j < V; ++j) z.set(3 * V + j, -INFINITY);         // row 3: every logit -inf
+  tempo::LinearCrossEntropyForwardParams f;
+  f.dtype = t;
+  f.rows = rows;
+  f.vocab = V;
+  f.labels = labels.data();
+  f.smoothing = smoothing;
+  f.logits = z.data();
+  Buf lc = zeros(acc, rows), lg = zeros(acc, rows), oc = zeros(acc, rows), og = zeros(acc, rows);
+  f.lse = lc.data();
+  f.loss = oc.data();
+  tempo::Status s = tempo::linear_cross_entropy_forward_cpu(f);
+  ASSERT_TRUE(s.ok()) << what << ": " << s.message();
+  f.lse = lg.data();
+  f.loss = og.data();
+  ASSERT_EQ(simt_api::linear_cross_entropy_forward(&f), "") << what;
+  // fp64: the CPU adds V terms in one running sum, the CUDA kernel in 512 partial ones
+  const Tol sums = t == DType::kFloat64 ? reduction(static_cast<double>(V)) : reduction();
+  expect_close(lc, lg, sums, what + " lse");
+  expect_close(oc, og, sums, what + " loss");
+
+  tempo::LinearCrossEntropyBackwardParams b;
+  static_cast<tempo::LinearCrossEntropyParams&>(b) = f;
+  Buf scale = randn(acc, rows, gen);
+  for (int64_t r = 0; r < rows; ++r)
+    if (labels[r] == -100) scale.set(r, 0.0);
+  Buf gc = z, gg = z;
+  b.lse = lc.data();
+  b.scale = scale.data();
+  b.logits = gc.data();
+  s = tempo::linear_cross_entropy_backward_cpu(b);
+  ASSERT_TRUE(s.ok()) << what << ": " << s.message();
+  b.logits = gg.data();
+  ASSERT_EQ(simt_api::linear_cross_entropy_backward(&b), "") << what;
+  expect_close(gc, gg, elementwise(4), what + " grad logits");
+}
+
+TEST(SimtCuda, LinearCrossEntropyMatchesTheCpuKernels) {
+  std::mt19937 gen(23);
+  const int64_t shapes[][2] = {{1, 1}, {3, 7}, {4, 64}, {6, 1000}, {3, 50257}, {2, 8200}, {9, 24}};
+  for (DType t : kDTypes)
+    for (const auto& sh : shapes)
+      for (double smoothing : {0.0, 0.1})
+        for (int shift : {0, 1}) {
+          if (shift && sh[1] % 8 != 0) continue;  // already the scalar path
+          run_lce(t, sh[0], sh[1], smoothing, shift, gen);
+          if (HasFailure()) return;
+        }
 }
 
 // ---- causal linear attention (SLiM) ----------------------------------------------------------

@@ -1,8 +1,11 @@
-// CUDA kernels of the attention softmax: one block per row (grid-stride over rows), block
-// reductions, the same per-element math and Philox draws as the CPU kernels.
+// CUDA kernels of the attention softmax: rows kept in registers with 16-byte accesses where the
+// width and alignment allow (forward_rows_kernel, backward_rows_kernel), else one block per row
+// reading the row from memory in each pass (the general kernels: fp64, widths not a multiple of
+// 8 or above 8192); the same per-element math and Philox draws as the CPU kernels.
 #include <cfloat>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "tempo/attention.h"
 #include "../math/philox.h"
@@ -94,6 +97,190 @@ __global__ void backward_kernel(AttentionSoftmaxBackwardParams p, uint64_t thres
   }
 }
 
+// ---- rows in registers, 16-byte accesses (the fast path) ------------------------------------
+// For 16/32-bit data whose rows are a multiple of 8 wide (a row then starts on a mask byte) and
+// whose scores (and dropped probabilities) are 16-byte aligned: TPR threads a row (a warp, with
+// 8 rows a block, up to 1024 columns; the whole block beyond, up to 8192), each thread holding
+// V packs of 8 elements (pack k TPR + lane) in registers. The forward reads the scores once,
+// takes the row's maximum and sum from registers, writes P and the dropped probabilities as
+// 16-byte words, and draws the dropout bits itself, 8 at a time (keep_byte: the same Philox
+// draws as the general kernels), writing each mask byte once in bits mode (no separate bits
+// pass). The backward reads the gradient and P once and the mask byte per 8 elements. The
+// per-element formulas are the general kernels'; the row sums are added in another order.
+constexpr int64_t kPack = 8;
+
+template <int TPR, bool Max = false>
+__device__ __forceinline__ float row_reduce(float v, float* shared) {
+  if constexpr (TPR == 32) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float u = __shfl_xor_sync(0xffffffffu, v, o);
+      v = Max ? (u > v ? u : v) : v + u;
+    }
+    return v;
+  } else {
+    return cuda::block_reduce<Max>(v, shared);
+  }
+}
+
+// vec_mask: the additive mask's rows are contiguous and 16-byte aligned (read 8 floats at once).
+template <typename T, int TPR, int V>
+__global__ void __launch_bounds__(cuda::kThreads) forward_rows_kernel(AttentionSoftmaxForwardParams p,
+                                                                      uint64_t threshold, DropoutScale dscale,
+                                                                      bool vec_mask) {
+  __shared__ float shared[32];
+  constexpr int kRowsPerBlock = cuda::kThreads / TPR;
+  const int lane = static_cast<int>(threadIdx.x) % TPR;
+  const int64_t slot = static_cast<int64_t>(threadIdx.x) / TPR;
+  const PhiloxState rng = cuda::resolve(p.rng);
+  const int64_t C = p.cols, packs = C / kPack, rows_total = p.rows_total(), seq_q = p.seq();
+  const bool dropout = p.p > 0.0;
+  const float scale = static_cast<float>(p.scale);
+  const float neg_inf = -INFINITY;
+  float x[V][8];
+  for (int64_t r0 = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock; r0 < rows_total;
+       r0 += static_cast<int64_t>(gridDim.x) * kRowsPerBlock) {
+    const int64_t r = r0 + slot;
+    if (r >= rows_total) continue;  // the same for every thread of the row (a warp, or the block)
+    const int64_t i = p.row_offset + r % p.rows, bh = r / p.rows, b = bh / p.heads, h = bh % p.heads;
+    const float* m = p.attn_mask ? p.attn_mask + b * p.mask_stride[0] + h * p.mask_stride[1] + i * p.mask_stride[2]
+                                 : nullptr;
+    T* s = static_cast<T*>(p.scores) + r * C;
+    float mx = neg_inf;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const int64_t pk = static_cast<int64_t>(k) * TPR + lane;
+#pragma unroll
+      for (int q = 0; q < 8; ++q) x[k][q] = neg_inf;
+      if (pk >= packs) continue;
+      cuda::Pack8<T> sv;
+      cuda::load8v(s, pk * kPack, sv);
+      cuda::Pack8<float> mv;
+      if (m) {
+        if (vec_mask) {
+          cuda::load8v(m, pk * kPack, mv);
+        } else {
+#pragma unroll
+          for (int q = 0; q < 8; ++q) mv.v[q] = m[(pk * kPack + q) * p.mask_stride[3]];
+        }
+      }
+#pragma unroll
+      for (int q = 0; q < 8; ++q) {
+        const int64_t j = pk * kPack + q;
+        float v = math::to_float(sv.v[q]) * scale;
+        if (m) v += mv.v[q];
+        if (p.causal && j > i) v = neg_inf;
+        x[k][q] = v;
+        mx = v > mx ? v : mx;
+      }
+    }
+    mx = row_reduce<TPR, true>(mx, shared);
+    const bool empty = !(mx > neg_inf);
+    float sum = 0;
+#pragma unroll
+    for (int k = 0; k < V; ++k)
+#pragma unroll
+      for (int q = 0; q < 8; ++q) {
+        x[k][q] = empty ? 0.0f : math::exp_nonpositive(x[k][q] - mx);  // the padding's -inf gives 0
+        sum += x[k][q];
+      }
+    sum = row_reduce<TPR>(sum, shared);
+    const float inv = empty ? 0.0f : 1.0f / sum;
+    const int64_t row_byte = (bh * seq_q + i) * C / kPack;  // the row's first mask byte
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const int64_t pk = static_cast<int64_t>(k) * TPR + lane;
+      if (pk >= packs) continue;
+      cuda::Pack8<T> out, dout;
+#pragma unroll
+      for (int q = 0; q < 8; ++q) math::store(&out.v[q], x[k][q] * inv);
+      cuda::store8v(s, pk * kPack, out);
+      if (dropout) {
+        const uint32_t bits = math::keep_byte(rng.seed, rng.offset, row_byte + pk, threshold);
+        if (p.mask_bits) p.mask_bits[row_byte + pk] = static_cast<uint8_t>(bits);
+#pragma unroll
+        for (int q = 0; q < 8; ++q)
+          math::store(&dout.v[q], dscale.apply(math::to_float(out.v[q]), ((bits >> q) & 1u) != 0));
+        cuda::store8v(static_cast<T*>(p.dropped) + r * C, pk * kPack, dout);
+      }
+    }
+  }
+}
+
+template <typename T, int TPR, int V>
+__global__ void __launch_bounds__(cuda::kThreads) backward_rows_kernel(AttentionSoftmaxBackwardParams p,
+                                                                       uint64_t threshold, DropoutScale dscale) {
+  __shared__ float shared[32];
+  constexpr int kRowsPerBlock = cuda::kThreads / TPR;
+  const int lane = static_cast<int>(threadIdx.x) % TPR;
+  const int64_t slot = static_cast<int64_t>(threadIdx.x) / TPR;
+  const PhiloxState rng = cuda::resolve(p.rng);
+  const int64_t C = p.cols, packs = C / kPack, rows_total = p.rows_total(), seq_q = p.seq();
+  const bool dropout = p.p > 0.0;
+  const float scale = static_cast<float>(p.scale);
+  // The row's gradient and P stay in registers as they were read (16-bit: half the registers
+  // of floats), with their mask bytes; dP is formed from them in both passes.
+  cuda::Pack8<T> gp[V], pp[V];
+  uint32_t bits[V];
+  auto dp = [&](int k, int q) {
+    const float v = math::to_float(gp[k].v[q]);
+    return dropout ? dscale.apply(v, ((bits[k] >> q) & 1u) != 0) : v;
+  };
+  for (int64_t r0 = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock; r0 < rows_total;
+       r0 += static_cast<int64_t>(gridDim.x) * kRowsPerBlock) {
+    const int64_t r = r0 + slot;
+    if (r >= rows_total) continue;
+    const int64_t row_byte = ((r / p.rows) * seq_q + p.row_offset + r % p.rows) * C / kPack;
+    T* g = static_cast<T*>(p.grad) + r * C;
+    const T* prow = static_cast<const T*>(p.probs) + r * C;
+    float dot = 0;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const int64_t pk = static_cast<int64_t>(k) * TPR + lane;
+      bits[k] = 0xffu;
+      if (pk >= packs) continue;
+      cuda::load8v(g, pk * kPack, gp[k]);
+      cuda::load8v(prow, pk * kPack, pp[k]);
+      if (dropout)
+        bits[k] = p.mask_bits ? p.mask_bits[row_byte + pk] : math::keep_byte(rng.seed, rng.offset, row_byte + pk, threshold);
+#pragma unroll
+      for (int q = 0; q < 8; ++q) dot += dp(k, q) * math::to_float(pp[k].v[q]);
+    }
+    dot = row_reduce<TPR>(dot, shared);
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const int64_t pk = static_cast<int64_t>(k) * TPR + lane;
+      if (pk >= packs) continue;
+      cuda::Pack8<T> out;
+#pragma unroll
+      for (int q = 0; q < 8; ++q) math::store(&out.v[q], scale * math::to_float(pp[k].v[q]) * (dp(k, q) - dot));
+      cuda::store8v(g, pk * kPack, out);
+    }
+  }
+}
+
+// Launches the fast kernels where they apply (see above); false where the general ones run.
+template <typename T, typename Launch>
+bool launch_rows(int64_t cols, int64_t rows_total, Launch launch) {
+  if constexpr (sizeof(T) > 4) {
+    return false;
+  } else {
+    if (cols % kPack != 0 || cols > 8192) return false;
+    auto grid = [&](int rows_per_block) {
+      return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((rows_total + rows_per_block - 1) / rows_per_block,
+                                                                     cuda::kMaxRowBlocks)));
+    };
+    constexpr int W = 32, B = cuda::kThreads, RW = cuda::kThreads / 32;
+    if (cols <= 8 * W) launch(std::integral_constant<int, W>{}, std::integral_constant<int, 1>{}, grid(RW));
+    else if (cols <= 16 * W) launch(std::integral_constant<int, W>{}, std::integral_constant<int, 2>{}, grid(RW));
+    else if (cols <= 32 * W) launch(std::integral_constant<int, W>{}, std::integral_constant<int, 4>{}, grid(RW));
+    else if (cols <= 8 * B) launch(std::integral_constant<int, B>{}, std::integral_constant<int, 1>{}, grid(1));
+    else if (cols <= 16 * B) launch(std::integral_constant<int, B>{}, std::integral_constant<int, 2>{}, grid(1));
+    else launch(std::integral_constant<int, B>{}, std::integral_constant<int, 4>{}, grid(1));
+    return true;
+  }
+}
+
 // ---- the q/k/v split (aib) ----------------------------------------------------------------
 
 // Element (t, c) of z [tokens, 3 A D]: c = (w A + a) D + j goes to out[w] at ((b A + a) S + s) D + j.
@@ -181,11 +368,20 @@ Status attention_softmax_forward_cuda(const AttentionSoftmaxForwardParams& p, vo
   if (!s.ok() || rows_total * p.cols == 0) return s;
   auto st = static_cast<cudaStream_t>(stream);
   const uint64_t threshold = math::keep_threshold(p.p);
-  if (p.p > 0.0 && p.mask_bits)
-    cuda::keep_bits_kernel<<<cuda::grid_for(bit_mask_bytes(rows_total * p.cols)), cuda::kThreads, 0, st>>>(
-        p.rng, p.mask_bits, rows_total * p.cols, threshold);
+  const DropoutScale dscale(p.p);
+  const bool aligned = cuda::aligned16(p.scores) && (p.p == 0.0 || cuda::aligned16(p.dropped));
+  const bool vec_mask = p.attn_mask && p.mask_stride[3] == 1 && cuda::aligned16(p.attn_mask) &&
+                        p.mask_stride[0] % 4 == 0 && p.mask_stride[1] % 4 == 0 && p.mask_stride[2] % 4 == 0;
   math::by_dtype(p.dtype, [&](auto t) {
-    forward_kernel<decltype(t)><<<cuda::row_grid(rows_total), cuda::kThreads, 0, st>>>(p, threshold, DropoutScale(p.p));
+    using T = decltype(t);
+    if (aligned && launch_rows<T>(p.cols, rows_total, [&](auto tpr, auto v, int grid) {
+          forward_rows_kernel<T, decltype(tpr)::value, decltype(v)::value><<<grid, cuda::kThreads, 0, st>>>(p, threshold, dscale, vec_mask);
+        }))
+      return;
+    if (p.p > 0.0 && p.mask_bits)
+      cuda::keep_bits_kernel<<<cuda::grid_for(bit_mask_bytes(rows_total * p.cols)), cuda::kThreads, 0, st>>>(
+          p.rng, p.mask_bits, rows_total * p.cols, threshold);
+    forward_kernel<T><<<cuda::row_grid(rows_total), cuda::kThreads, 0, st>>>(p, threshold, dscale);
   });
   return cuda::launch_status("attention softmax forward");
 }
@@ -194,9 +390,16 @@ Status attention_softmax_backward_cuda(const AttentionSoftmaxBackwardParams& p, 
   Status s = detail::validate(p);
   if (!s.ok() || p.rows_total() * p.cols == 0) return s;
   auto st = static_cast<cudaStream_t>(stream);
+  const uint64_t threshold = math::keep_threshold(p.p);
+  const DropoutScale dscale(p.p);
+  const bool aligned = cuda::aligned16(p.grad) && cuda::aligned16(p.probs);
   math::by_dtype(p.dtype, [&](auto t) {
-    backward_kernel<decltype(t)><<<cuda::row_grid(p.rows_total()), cuda::kThreads, 0, st>>>(p, math::keep_threshold(p.p),
-                                                                                    DropoutScale(p.p));
+    using T = decltype(t);
+    if (aligned && launch_rows<T>(p.cols, p.rows_total(), [&](auto tpr, auto v, int grid) {
+          backward_rows_kernel<T, decltype(tpr)::value, decltype(v)::value><<<grid, cuda::kThreads, 0, st>>>(p, threshold, dscale);
+        }))
+      return;
+    backward_kernel<T><<<cuda::row_grid(p.rows_total()), cuda::kThreads, 0, st>>>(p, threshold, dscale);
   });
   return cuda::launch_status("attention softmax backward");
 }

@@ -72,6 +72,26 @@ __device__ __forceinline__ void store8(T* base, int64_t i0, int64_t n, bool vec,
   }
 }
 
+// The same, for callers that know the 8 elements are inside the tensor and 16-byte aligned (the
+// row-in-registers kernels): the 16-byte words alone, with no scalar fallback beside them.
+template <typename T>
+__device__ __forceinline__ void load8v(const T* base, int64_t i0, Pack8<T>& out) {
+  constexpr int kWords = sizeof(T) * 8 / 16;
+  const uint4* src = reinterpret_cast<const uint4*>(base + i0);
+  uint4* dst = reinterpret_cast<uint4*>(out.v);
+#pragma unroll
+  for (int w = 0; w < kWords; ++w) dst[w] = src[w];
+}
+
+template <typename T>
+__device__ __forceinline__ void store8v(T* base, int64_t i0, const Pack8<T>& in) {
+  constexpr int kWords = sizeof(T) * 8 / 16;
+  uint4* dst = reinterpret_cast<uint4*>(base + i0);
+  const uint4* src = reinterpret_cast<const uint4*>(in.v);
+#pragma unroll
+  for (int w = 0; w < kWords; ++w) dst[w] = src[w];
+}
+
 // The Philox state with (seed, offset) loaded from device memory when it lives there: a
 // generator's, in a captured graph (read at each replay), or a forward's stored state.
 __device__ inline PhiloxState resolve(PhiloxState s) {
@@ -102,10 +122,13 @@ __device__ Acc block_reduce(Acc v, Acc* shared) {
 
 // Element e's dropout keep bit: read from the packed bits, or drawn by Philox (the same draw
 // as keep_byte) when `bits` is null. `rng` is resolved by the caller.
-__device__ inline bool keep_bit(const uint8_t* bits, const PhiloxState& rng, uint64_t threshold, int64_t e) {
+__device__ __forceinline__ bool keep_bit(const uint8_t* bits, PhiloxState rng, uint64_t threshold, int64_t e) {
   if (bits) return ((bits[e >> 3] >> (e & 7)) & 1u) != 0;
   const math::Philox4 r = math::philox_group(rng.seed, rng.offset, static_cast<uint64_t>(e >> 2));
-  return static_cast<uint64_t>(r.v[e & 3]) < threshold;
+  // (the word chosen by selects, not r.v[e & 3]: an array indexed at run time lives on the stack)
+  const int q = static_cast<int>(e & 3);
+  const uint32_t w = q == 0 ? r.v[0] : q == 1 ? r.v[1] : q == 2 ? r.v[2] : r.v[3];
+  return static_cast<uint64_t>(w) < threshold;
 }
 
 namespace {

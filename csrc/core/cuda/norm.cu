@@ -255,14 +255,14 @@ __global__ void __launch_bounds__(512) norm_forward_rows_kernel(NormForwardParam
       for (int q = 0; q < 8; ++q) h[k][q] = 0;
       if (pk >= packs) continue;
       Pack<T> xv;
-      cuda::load8(xr, pk * kRowPack, M, true, xv);
+      cuda::load8v(xr, pk * kRowPack, xv);
       if (!prologue) {
 #pragma unroll
         for (int q = 0; q < 8; ++q) h[k][q] = math::to_float(xv.v[q]);
       } else {
         Pack<T> rv, bv;
-        cuda::load8(static_cast<const T*>(p.prologue.residual) + r * M, pk * kRowPack, M, true, rv);
-        if (pb) cuda::load8(pb, pk * kRowPack, M, true, bv);
+        cuda::load8v(static_cast<const T*>(p.prologue.residual) + r * M, pk * kRowPack, rv);
+        if (pb) cuda::load8v(pb, pk * kRowPack, bv);
         const int64_t byte = (r * M) / kRowPack + pk;
         uint32_t bits = 0xffu;
         if (dropout) {
@@ -308,21 +308,20 @@ __global__ void __launch_bounds__(512) norm_forward_rows_kernel(NormForwardParam
       const int64_t pk = static_cast<int64_t>(k) * blockDim.x + threadIdx.x;
       if (pk >= packs) continue;
       Pack<P> wv, bv;
-      if (w) cuda::load8(w, pk * kRowPack, M, true, wv);
-      if (b) cuda::load8(b, pk * kRowPack, M, true, bv);
+      if (w) cuda::load8v(w, pk * kRowPack, wv);
+      if (b) cuda::load8v(b, pk * kRowPack, bv);
       Pack<T> out;
+      Pack<int32_t> slots;  // the kept columns' slots, 8 at a time (32 bytes, from the cache)
+      if (p.kept > 0) cuda::load8v(p.kept_slot, pk * kRowPack, slots);
 #pragma unroll
       for (int q = 0; q < 8; ++q) {
         Acc v = ((h[k][q] - mean) - shift) * rstd;
-        if (p.kept > 0) {
-          const int32_t slot = p.kept_slot[pk * kRowPack + q];
-          if (slot >= 0) static_cast<Acc*>(p.kept_xhat)[r * p.kept + slot] = v;
-        }
+        if (p.kept > 0 && slots.v[q] >= 0) static_cast<Acc*>(p.kept_xhat)[r * p.kept + slots.v[q]] = v;
         if (w) v *= math::to_float(wv.v[q]);
         if (b) v += math::to_float(bv.v[q]);
         math::store(&out.v[q], v);
       }
-      cuda::store8(static_cast<T*>(p.y) + r * M, pk * kRowPack, M, true, out);
+      cuda::store8v(static_cast<T*>(p.y) + r * M, pk * kRowPack, out);
     }
   }
 }
@@ -351,15 +350,17 @@ __global__ void __launch_bounds__(512) norm_backward_rows_kernel(NormBackwardPar
       if (pk >= packs) continue;
       Pack<T> dv, yv;
       Pack<P> wv, bv;
-      cuda::load8(static_cast<const T*>(p.grad_y) + r * M, pk * kRowPack, M, true, dv);
-      cuda::load8(static_cast<const T*>(p.y) + r * M, pk * kRowPack, M, true, yv);
-      if (w) cuda::load8(w, pk * kRowPack, M, true, wv);
-      if (b) cuda::load8(b, pk * kRowPack, M, true, bv);
+      cuda::load8v(static_cast<const T*>(p.grad_y) + r * M, pk * kRowPack, dv);
+      cuda::load8v(static_cast<const T*>(p.y) + r * M, pk * kRowPack, yv);
+      if (w) cuda::load8v(w, pk * kRowPack, wv);
+      if (b) cuda::load8v(b, pk * kRowPack, bv);
+      Pack<int32_t> slots;
+      if (p.kept > 0) cuda::load8v(p.kept_slot, pk * kRowPack, slots);
 #pragma unroll
       for (int q = 0; q < 8; ++q) {
         const Acc gq = math::to_float(dv.v[q]);
         const Acc gamma = w ? math::to_float(wv.v[q]) : Acc(1);
-        const int32_t slot = p.kept > 0 ? p.kept_slot[pk * kRowPack + q] : -1;
+        const int32_t slot = p.kept > 0 ? slots.v[q] : -1;
         const Acc centred = math::to_float(yv.v[q]) - (b ? math::to_float(bv.v[q]) : Acc(0));
         if (slot >= 0) {
           xh[k][q] = static_cast<const Acc*>(p.kept_xhat)[r * p.kept + slot];
@@ -380,7 +381,7 @@ __global__ void __launch_bounds__(512) norm_backward_rows_kernel(NormBackwardPar
       const int64_t pk = static_cast<int64_t>(k) * blockDim.x + threadIdx.x;
       if (pk >= packs) continue;
       Pack<P> wv;
-      if (w) cuda::load8(w, pk * kRowPack, M, true, wv);
+      if (w) cuda::load8v(w, pk * kRowPack, wv);
       const int64_t byte = (r * M) / kRowPack + pk;
       uint32_t bits = 0xffu;
       if (dropout) bits = p.mask ? p.mask[byte] : math::keep_byte(rng.seed, rng.offset, byte, threshold);
@@ -401,8 +402,8 @@ __global__ void __launch_bounds__(512) norm_backward_rows_kernel(NormBackwardPar
           math::store(&dxv.v[q], dh);
         }
       }
-      cuda::store8(static_cast<T*>(p.grad_x) + r * M, pk * kRowPack, M, true, dxv);
-      if (prologue) cuda::store8(static_cast<T*>(p.grad_residual) + r * M, pk * kRowPack, M, true, drv);
+      cuda::store8v(static_cast<T*>(p.grad_x) + r * M, pk * kRowPack, dxv);
+      if (prologue) cuda::store8v(static_cast<T*>(p.grad_residual) + r * M, pk * kRowPack, drv);
     }
   }
   Acc* part = static_cast<Acc*>(p.workspace) + static_cast<int64_t>(blockIdx.x) * 3 * M;
@@ -448,7 +449,8 @@ Status norm_forward_cuda(const NormForwardParams& p, void* stream) {
   if (!dropout || p.prologue.mode != DropoutMode::kBits) q.mask = nullptr;  // philox: draw in place
   const bool fast = p.dtype != DType::kFloat64 && rows_fit(p.cols, 4) && cuda::aligned16(p.x) &&
                     cuda::aligned16(p.y) && cuda::aligned16(p.weight) && cuda::aligned16(p.beta) &&
-                    cuda::aligned16(p.prologue.residual) && cuda::aligned16(p.prologue.bias);
+                    cuda::aligned16(p.prologue.residual) && cuda::aligned16(p.prologue.bias) &&
+                    cuda::aligned16(p.kept_slot);
   if (fast) {
     const int v = rows_v(p.cols), threads = rows_threads(p.cols, v);
     const int grid = cuda::row_grid(p.rows);
@@ -500,7 +502,7 @@ Status norm_backward_cuda(const NormBackwardParams& p, void* stream) {
   // that 512 threads leave; wider rows take the K-column kernel below (no spill).
   const bool fast = p.dtype != DType::kFloat64 && rows_fit(p.cols, 1) && cuda::aligned16(p.grad_y) &&
                     cuda::aligned16(p.y) && cuda::aligned16(p.grad_x) && cuda::aligned16(p.grad_residual) &&
-                    cuda::aligned16(p.weight) && cuda::aligned16(p.beta);
+                    cuda::aligned16(p.weight) && cuda::aligned16(p.beta) && cuda::aligned16(p.kept_slot);
   if (fast) {
     const int v = rows_v(p.cols), threads = rows_threads(p.cols, v);
     const DropoutScale scale(p.prologue.p);

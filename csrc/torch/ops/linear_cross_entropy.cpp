@@ -1,16 +1,23 @@
-// Schemas, kernels and C++ API of tempo::linear_cross_entropy. The kernels are ATen
-// compositions over chunks of rows (device-generic, CompositeExplicitAutograd): per chunk the
-// logits are formed in the data's dtype (as F.linear would), reduced in the math type (float64
-// for float64 data, float32 otherwise) to a log-sum-exp per row, and dropped; the backward
-// forms them again and turns them into the chunk's share of every gradient.
+// Schemas, kernels and C++ API of tempo::linear_cross_entropy. The kernels walk chunks of rows
+// (device-generic, CompositeExplicitAutograd): per chunk the logits are formed in the data's
+// dtype by the framework's GEMM (as F.linear would), then one pass of the core's row kernel
+// (tempo/linear_cross_entropy.h) reduces each row in the math type (float64 for float64 data,
+// float32 otherwise) to its log-sum-exp and loss, reading 16-bit logits as they are; the
+// backward forms them again, the row kernel turns them into the logits' gradient in place, and
+// GEMMs make the chunk's share of every gradient from it.
 #include "tempo/ops/linear_cross_entropy.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
+#include <torch/version.h>
+
+#include <atomic>
 
 #include "common.h"
+#include "dtype.h"
+#include "tempo/linear_cross_entropy.h"
 
 TORCH_LIBRARY_FRAGMENT(tempo, m) {
   m.def("linear_cross_entropy(Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, int ignore_index=-100, "
@@ -81,9 +88,50 @@ void check_labels(const at::Tensor& labels, int64_t V, int64_t ignore) {
   }
 }
 
-int64_t rows_per_chunk(int64_t chunk, int64_t V, int64_t N) {
+// Rows per chunk: `chunk`, or automatic: the chunk's logits take about 32 MiB, and on CUDA as
+// much as the hidden states themselves if that is more (Liger-Kernel's rule), at least 64 MiB:
+// each chunk reads the whole weight again, so a GEMM of a few dozen rows would be bound by that
+// read (at V = 128256, H = 2048 in bf16: 262 rows a chunk rather than 65).
+int64_t rows_per_chunk(int64_t chunk, int64_t V, int64_t N, const at::Tensor& hidden) {
   if (chunk > 0) return chunk;
-  return std::max<int64_t>(1, std::min<int64_t>(N, (32ll << 20) / (4 * V)));
+  const int64_t elem = static_cast<int64_t>(hidden.element_size());
+  int64_t bytes = 32ll << 20;
+  if (hidden.is_cuda()) bytes = std::max<int64_t>(64ll << 20, N * hidden.size(-1) * elem);
+  return std::max<int64_t>(1, std::min<int64_t>(N, bytes / (elem * V)));
+}
+
+// The core's parameters every pass shares, for `n` rows from r0.
+template <typename P>
+void fill_rows(P& prm, const at::Tensor& z, const at::Tensor& y, int64_t r0, int64_t n, int64_t V, int64_t ignore,
+               double smoothing) {
+  prm.dtype = to_core_dtype(z.scalar_type());
+  prm.rows = n;
+  prm.vocab = V;
+  prm.labels = y.const_data_ptr<int64_t>() + r0;
+  prm.ignore_index = ignore;
+  prm.smoothing = smoothing;
+}
+
+// gw += dz^T h for a chunk. 16-bit data on CUDA: one 16-bit GEMM (tensor cores) with its float32
+// accumulation written into the float32 sum (addmm's out_dtype, torch >= 2.9), rather than a
+// float32 GEMM of float32 copies; where that is refused, float32 as on the CPU.
+void add_weight_grad(at::Tensor& gw, const at::Tensor& dz, const at::Tensor& hc, bool low) {
+  if (!low) {
+    gw.addmm_(dz.t(), hc);
+    return;
+  }
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 9)
+  static std::atomic<bool> refused{false};
+  if (dz.is_cuda() && !refused.load()) {
+    try {
+      at::addmm_out(gw, gw, dz.t(), hc, at::kFloat);
+      return;
+    } catch (const c10::Error&) {
+      refused.store(true);  // this torch's CUDA addmm does not take out_dtype here: float32 from now on
+    }
+  }
+#endif
+  gw.addmm_(dz.t().to(at::kFloat), hc.to(at::kFloat));
 }
 
 std::tuple<at::Tensor, at::Tensor> forward_kernel(const at::Tensor& hidden, const at::Tensor& weight,
@@ -111,25 +159,18 @@ std::tuple<at::Tensor, at::Tensor> forward_kernel(const at::Tensor& hidden, cons
   if (N > 0) {
     check_labels(labels, V, ignore);
     c10::OptionalDeviceGuard guard(hidden.device());
-    const at::Tensor h = hidden.reshape({N, H}), y = labels.reshape({N});
+    const at::Tensor h = hidden.reshape({N, H}), y = labels.reshape({N}).contiguous();
     const std::optional<at::Tensor> b = bias.has_value() && bias->defined() ? bias : std::nullopt;
-    const int64_t C = rows_per_chunk(chunk, V, N);
+    const int64_t C = rows_per_chunk(chunk, V, N, hidden);
     for (int64_t r0 = 0; r0 < N; r0 += C) {
       const int64_t n = std::min(C, N - r0);
-      const at::Tensor z = at::linear(h.narrow(0, r0, n), weight, b).to(math_t);  // [n, V]
-      // Through ATen's log_softmax kernel rather than at::exp / at::logsumexp: on the CPU, ATen
-      // hands a float exp to MKL's VML, and on an AVX-512 machine at::exp of one tensor gave
-      // other last bits from call to call (2 of 24 runs of tempo train), so the loss of identical
-      // runs differed.
-      const at::Tensor ls = at::log_softmax(z, 1);  // z - lse
-      const at::Tensor l = z.select(1, 0) - ls.select(1, 0);
-      const at::Tensor yc = y.narrow(0, r0, n);
-      const at::Tensor keep = yc.ne(ignore);
-      const at::Tensor lsy = ls.gather(1, yc.clamp(0, V - 1).unsqueeze(1)).squeeze(1);
-      at::Tensor loss = -(1.0 - smoothing) * lsy;
-      if (smoothing > 0) loss = loss - smoothing * ls.mean(1);
-      lse.narrow(0, r0, n).copy_(l);
-      rows.narrow(0, r0, n).copy_(at::where(keep, loss, at::zeros({}, math_opts)));
+      const at::Tensor z = at::linear(h.narrow(0, r0, n), weight, b).contiguous();  // [n, V], hidden's dtype
+      LinearCrossEntropyForwardParams prm;
+      fill_rows(prm, z, y, r0, n, V, ignore, smoothing);
+      prm.logits = z.const_data_ptr();
+      prm.lse = lse.narrow(0, r0, n).mutable_data_ptr();
+      prm.loss = rows.narrow(0, r0, n).mutable_data_ptr();
+      run_core(z, prm, linear_cross_entropy_forward_cpu, linear_cross_entropy_forward_cuda, kOp);
     }
   } else {
     lse.zero_(), rows.zero_();
@@ -178,7 +219,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_kernel(
     return {gh, gw.to(weight.scalar_type()), has_bias ? gb.to(weight.scalar_type()) : gb};
   }
   c10::OptionalDeviceGuard guard(hidden.device());
-  const at::Tensor h = hidden.reshape({N, H}), y = labels.reshape({N});
+  const at::Tensor h = hidden.reshape({N, H}), y = labels.reshape({N}).contiguous();
   at::Tensor ghf = gh.view({N, H});
   // d loss_i / d z_i = softmax(z_i) - (1 - eps) onehot(y_i) - eps / V, times the row's weight:
   // grad (reduction none: per row; mean: over the rows not ignored), 0 where ignored.
@@ -190,25 +231,23 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_kernel(
     if (red == Reduction::kMean) g = g / y.ne(ignore).sum().clamp_min(1).to(math_t);
     scale = g.expand({N});
   }
-  scale = at::where(y.ne(ignore), scale, at::zeros({}, scale.options()));
+  scale = at::where(y.ne(ignore), scale, at::zeros({}, scale.options())).contiguous();
+  const at::Tensor lse_c = lse.contiguous();
   const std::optional<at::Tensor> b = has_bias ? bias : std::nullopt;
-  const int64_t C = rows_per_chunk(chunk, V, N);
+  const int64_t C = rows_per_chunk(chunk, V, N, hidden);
   for (int64_t r0 = 0; r0 < N; r0 += C) {
     const int64_t n = std::min(C, N - r0);
     const at::Tensor hc = h.narrow(0, r0, n);
-    at::Tensor dz = at::linear(hc, weight, b).to(math_t);  // the logits again; their softmax, in place:
-    if (dz.is_cpu())  // ATen's softmax kernel (at::exp goes to MKL's VML there: see the forward)
-      at::_softmax_out(dz, dz, 1, false);
-    else
-      dz.sub_(lse.narrow(0, r0, n).unsqueeze(1)).exp_();
-    const at::Tensor yc = y.narrow(0, r0, n).clamp(0, V - 1).unsqueeze(1);
-    dz.scatter_add_(1, yc, at::full({n, 1}, -(1.0 - smoothing), dz.options()));
-    if (smoothing > 0) dz.sub_(smoothing / static_cast<double>(V));
-    dz.mul_(scale.narrow(0, r0, n).unsqueeze(1));
-    const at::Tensor dzc = dz.to(hidden.scalar_type());
-    ghf.narrow(0, r0, n).copy_(at::matmul(dzc, weight));
-    gw.addmm_(dz.t(), low ? hc.to(at::kFloat) : hc);
-    if (has_bias) gb.add_(dz.sum(0));
+    at::Tensor dz = at::linear(hc, weight, b).contiguous();  // the logits again, made their gradient in place
+    LinearCrossEntropyBackwardParams prm;
+    fill_rows(prm, dz, y, r0, n, V, ignore, smoothing);
+    prm.logits = dz.mutable_data_ptr();
+    prm.lse = lse_c.narrow(0, r0, n).const_data_ptr();
+    prm.scale = scale.narrow(0, r0, n).const_data_ptr();
+    run_core(dz, prm, linear_cross_entropy_backward_cpu, linear_cross_entropy_backward_cuda, bop);
+    ghf.narrow(0, r0, n).copy_(at::matmul(dz, weight));
+    add_weight_grad(gw, dz, hc, low);
+    if (has_bias) gb.add_(dz.sum(0, false, acc));
   }
   return {gh, gw.to(weight.scalar_type()), has_bias ? gb.to(weight.scalar_type()) : gb};
 }
