@@ -128,6 +128,57 @@ def cases(rows, cols, dtype, device, seq, liger, attention):
     # stay on chip); backward reads q, k, v, o, do, the row statistics, writes dq, dk, dv
     if not attention:
         return out, n * e
+    # tempo's (non-fused) attention with dropout 0.1 and a causal mask beside the eager chain torch
+    # users run (matmul, softmax, dropout, matmul): both write the S x S probabilities; tempo keeps P
+    # and 1 bit, the chain P, the byte mask and the dropped P. Bytes: q, k, v, o and P written once
+    # (forward); the backward reads them and writes dq, dk, dv (its GEMMs are most of the time)
+    dh, nh = 64, 16
+    qa, ka, va = (torch.randn(2, nh, seq, dh, dtype=dtype, device=device) for _ in range(3))
+    causal = torch.ones(seq, seq, dtype=torch.bool, device=device).tril()
+
+    def eager_attention(a_, b_, c_):
+        scores = (a_ @ b_.transpose(-1, -2)) * dh ** -0.5
+        probs = torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1)
+        return F.dropout(probs, 0.1) @ c_
+    nq, np_ = 2 * nh * seq * dh, 2 * nh * seq * seq
+    dao = torch.randn_like(qa)
+    for impl, f in (("tempo", lambda a_, b_, c_: tempo.attention(a_, b_, c_, dropout_p=0.1, causal=True)),
+                    ("torch eager", eager_attention)):
+        leaves = [t.detach().requires_grad_(True) for t in (qa, ka, va)]
+
+        def att_fwd(f=f):
+            with torch.no_grad():
+                f(qa, ka, va)
+
+        def att_bwd(f=f, leaves=leaves):
+            y = f(*leaves)
+            return lambda: torch.autograd.grad(y, leaves, dao, retain_graph=True)
+        out.append(("attention", impl, att_fwd, att_bwd, 4 * nq * e + np_ * e + np_ // 8,
+                    7 * nq * e + np_ * e + np_ // 8))
+    # the LM head's loss, hidden [rows / 4, width] against a 32000-word head: GEMM-bound (the bytes
+    # are hidden and the weight read once; the share of a copy says little), timed beside
+    # F.cross_entropy of F.linear's logits and Liger-Kernel's fused linear cross entropy
+    vocab, nt = 32000, max(1, rows // 4)
+    hl = torch.randn(nt, cols, dtype=dtype, device=device)
+    wl = torch.randn(vocab, cols, dtype=dtype, device=device) * cols ** -0.5
+    yl = torch.randint(0, vocab, (nt,), device=device)
+    lce_bytes = (nt + vocab) * cols * e + nt * 8
+    out_lce = [("tempo", lambda h_, w_: tempo.linear_cross_entropy(h_, w_, labels=yl)),
+               ("torch", lambda h_, w_: F.cross_entropy(F.linear(h_, w_).float(), yl)),
+               ("liger", liger and (lambda h_, w_: liger.liger_fused_linear_cross_entropy(h_, w_, yl)))]
+    for impl, f in out_lce:
+        if f is None:
+            continue
+        leaves = [t.detach().requires_grad_(True) for t in (hl, wl)]
+
+        def lce_fwd(f=f):
+            with torch.no_grad():
+                f(hl, wl)
+
+        def lce_bwd(f=f, leaves=leaves):
+            y = f(*leaves)
+            return lambda: torch.autograd.grad(y, leaves, retain_graph=True)
+        out.append(("linear_cross_entropy", impl, lce_fwd, lce_bwd, lce_bytes, 2 * lce_bytes))
     d, heads = 64, 16
     q, k, v = (torch.randn(2, heads, seq, d, dtype=dtype, device=device) for _ in range(3))
     na = 2 * heads * seq * d
