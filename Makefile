@@ -61,8 +61,8 @@ bench: build
 	$(BUILD)/bench_optimizer --model bert-base --csv $(BUILD)/results/optimizer_speed.csv --json $(BUILD)/results/optimizer_speed.json
 
 # The edit-test loop: every C++ (ctest) and Python (pytest) test of the CPU build, without the
-# CUDA wheel, the sanitizers, the fuzzers and the GPU dry run (7.6 minutes on 2 cores after a
-# build, 2026-12-05: ctest 68 s, pytest 385 s).
+# CUDA wheel, the sanitizers, the fuzzers and the GPU dry run (8 min 51 s on 2 cores after a
+# build, 2026-12-05: ctest 68 s, pytest 406 s, the rest the setup checks).
 check: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 	$(PYTHON) -m pytest -q tests/python

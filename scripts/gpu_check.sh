@@ -31,7 +31,7 @@
 # Environment: PYTHON (default python3; the dry run defaults to .venv/bin/python), BUILD, JOBS,
 # TOTAL_S (default 530: stops itself before 9 minutes, writing what it has), ONLY (a comma-separated
 # list of the steps to run after the build, e.g. ONLY=frontier: the others are "not selected"),
-# FRONTIER_LLAMA_S and FRONTIER_GPT2_S (the frontier's time limit per model, default 150 and 60).
+# FRONTIER_LLAMA_S and FRONTIER_GPT2_S (the frontier's time limit per model, default 110 and 45).
 # On the device tool, which returns at most 8 files: make deps here, then run with carry
 # [".deps"] and timeout_s 560:
 #   scripts/gpu_check.sh /tmp/gpu; rc=$?; tar czf $OUT/gpu.tgz -C /tmp gpu; exit $rc
@@ -219,10 +219,10 @@ frontier() {
     return $rc
   fi
   env "${env[@]}" "$PYTHON" -m tempo.frontier --device cuda --model llama --size 1b --seq 2048 \
-    --budgets 32GiB,64GiB,all --methods $methods --precision autocast-bf16 --steps 3 --time-limit "${FRONTIER_LLAMA_S:-150}" \
+    --budgets 32GiB,64GiB,all --methods $methods --precision autocast-bf16 --steps 3 --time-limit "${FRONTIER_LLAMA_S:-110}" \
     --jsonl "$OUT/frontier_llama.jsonl" --csv "$OUT/frontier.csv" --plot "$OUT/frontier_llama.svg" || rc=1
   env "${env[@]}" "$PYTHON" -m tempo.frontier --device cuda --model gpt2 --size medium --seq 1024 \
-    --budgets 16GiB,32GiB,64GiB --methods $methods --precision autocast-bf16 --steps 3 --time-limit "${FRONTIER_GPT2_S:-60}" \
+    --budgets 16GiB,32GiB,64GiB --methods $methods --precision autocast-bf16 --steps 3 --time-limit "${FRONTIER_GPT2_S:-45}" \
     --jsonl "$OUT/frontier_gpt2m.jsonl" --csv "$OUT/frontier.csv" --plot "$OUT/frontier_gpt2m.svg" || rc=1
   return $rc
 }
@@ -310,7 +310,7 @@ if [ -x "$BUILD/tempo" ]; then
   # The kernels' speed first (issue 43), then their correctness under the sanitizer, then the rest.
   step bandwidth 150 bandwidth
   step layer 60 layer
-  step frontier 240 frontier
+  step frontier 200 frontier
   step sanitize 90 sanitize
   step sync 60 sync
   step tests 150 tests

@@ -3,6 +3,7 @@ out-of-memory error, the largest-batch search, byte sizes in and out."""
 import argparse
 import contextlib
 import gc
+import os
 
 import torch
 
@@ -133,3 +134,15 @@ def parse_bytes(text):
     if not v > 0 or v == float("inf"):  # NaN compares false
         raise argparse.ArgumentTypeError("a size must be positive and finite, got %r" % text)
     return int(v)
+
+
+def check_outputs(parser, plot, outputs):
+    """Before any measurement (not after it): `plot` (--plot) names an .svg file, and each
+    (flag, path) of `outputs` with a path can be written, its folder existing; else a parser
+    error naming the flag."""
+    if plot and not plot.endswith(".svg"):
+        parser.error("--plot writes SVG; give a file name ending in .svg")
+    for flag, path in list(outputs) + [("--plot", plot)]:
+        folder = os.path.dirname(os.path.abspath(path)) if path else None
+        if folder and not os.path.isdir(folder):
+            parser.error("cannot write %s %s: %s is not a folder" % (flag, path, folder))

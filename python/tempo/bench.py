@@ -31,7 +31,7 @@ import time
 import torch
 
 from . import memory
-from ._measure import free, sync, fits, format_bytes, heap_frozen, largest_batch, parse_bytes
+from ._measure import check_outputs, free, sync, fits, format_bytes, heap_frozen, largest_batch, parse_bytes
 from .hf import ATTENTION, AttentionNotComputed, optimize, restore
 
 POLICIES = ("eager", "sdpa", "checkpoint", "compile", "tempo", "tempo-sdpa", "tempo-auto", "liger")
@@ -481,12 +481,7 @@ def main(argv=None):
         parser().error("--vocab must be at least 2, and applies to a preset, not a folder")
     if args.seq < 2 or args.batch < 1 or args.steps < 1:
         parser().error("--seq must be at least 2, --batch and --steps at least 1")
-    if args.plot and not args.plot.endswith(".svg"):
-        parser().error("--plot writes SVG; give a file name ending in .svg")
-    for flag, path in (("--csv", args.csv), ("--plot", args.plot)):  # before the measurements, not after
-        folder = os.path.dirname(os.path.abspath(path)) if path else None
-        if folder and not os.path.isdir(folder):
-            parser().error("cannot write %s %s: %s is not a folder" % (flag, path, folder))
+    check_outputs(parser(), args.plot, [("--csv", args.csv)])
     if not os.path.isdir(args.model):
         args.size = args.size or next(iter(SIZES.get(args.model, {"base": 0})))
     try:

@@ -49,7 +49,7 @@ import time
 import torch
 
 from . import memory
-from ._measure import budget_enforced, format_bytes, free, heap_frozen, largest_batch, parse_bytes, sync
+from ._measure import check_outputs, fits, format_bytes, free, heap_frozen, largest_batch, parse_bytes, sync
 from .bench import SIZES, build_model, synthetic_batch
 from .hf import optimize, restore
 
@@ -184,15 +184,6 @@ def train_step(run, opt, batch, device, autocast):
     return {"peak_bytes": peak, "activation_bytes": activations, "step_ms": ms, "loss": value}
 
 
-def _fits(step, batch, device, budget):
-    try:
-        with budget_enforced(device, budget):
-            return step(batch)
-    except torch.OutOfMemoryError:
-        free(device)
-        return None
-
-
 def budgets_of(text, device):
     """'8GiB,16GiB,all' -> [(label, bytes)] in ascending order; 'all' is the whole CUDA device."""
     out = []
@@ -255,8 +246,10 @@ class Run:
     def _method(self, method, budgets):
         args, device = self.args, self.device
         torch.manual_seed(0)
-        model, name, causal = build_model(args.model, args.size, args.model if os.path.isdir(args.model) else None,
-                                          args.vocab)
+        # made on the device (a 1B model's random initialisation takes seconds on the host per method)
+        with torch.device(device):
+            model, name, causal = build_model(args.model, args.size,
+                                              args.model if os.path.isdir(args.model) else None, args.vocab)
         rows = [self.base_row(name, method, b) for b in budgets]
         if self.out_of_time():
             for r in rows:
@@ -310,7 +303,7 @@ class Run:
         def probe(batch):
             if batch > args.max_batch:
                 return None
-            m = _fits(step, batch, device, budget)
+            m = fits(step, batch, device, budget)
             if m is not None:
                 seen[batch] = m
             return m
@@ -322,7 +315,7 @@ class Run:
             return
         times = []
         for i in range(args.steps + 1):  # the first: a warm-up (a compiled model may recompile for the shape)
-            m = _fits(step, mb, device, budget)
+            m = fits(step, mb, device, budget)
             if m is None:
                 row.update(max_batch=mb, error="batch %d fitted once, then ran out of memory" % mb)
                 return
@@ -493,12 +486,7 @@ def main(argv=None):
         parser().error("unknown method %s; known: %s" % (bad, ", ".join(METHODS)))
     if args.seq < 2 or args.steps < 1 or args.loss_steps < 0 or args.loss_batch < 1 or args.max_batch < 1:
         parser().error("--seq must be at least 2, --steps, --loss-batch and --max-batch at least 1, --loss-steps >= 0")
-    if args.plot and not args.plot.endswith(".svg"):
-        parser().error("--plot writes SVG; give a file name ending in .svg")
-    for flag, path in (("--jsonl", args.jsonl), ("--csv", args.csv), ("--plot", args.plot)):
-        folder = os.path.dirname(os.path.abspath(path)) if path else None
-        if folder and not os.path.isdir(folder):
-            parser().error("cannot write %s %s: %s is not a folder" % (flag, path, folder))
+    check_outputs(parser(), args.plot, [("--jsonl", args.jsonl), ("--csv", args.csv)])
     if not os.path.isdir(args.model):
         if args.model not in SIZES:
             parser().error("unknown model %r; known: %s, or a folder" % (args.model, ", ".join(SIZES)))

@@ -18,15 +18,6 @@ namespace {
 using math::bf16_t;
 using math::fp16_t;
 
-template <typename Acc>
-Acc exp_nonpositive(Acc x) {
-  if constexpr (std::is_same_v<Acc, double>) {
-    return std::exp(x);
-  } else {
-    return math::exp_nonpositive(x);
-  }
-}
-
 template <typename T>
 void forward_chunk(const AttentionSoftmaxForwardParams& p, int64_t r0, int64_t r1, std::vector<math::acc_t<T>>& x,
                    std::vector<uint8_t>& keep, std::vector<uint8_t>& local) {
@@ -73,7 +64,7 @@ void forward_chunk(const AttentionSoftmaxForwardParams& p, int64_t r0, int64_t r
     Acc sum = 0;
 #pragma omp simd reduction(+ : sum)
     for (int64_t j = 0; j < C; ++j) {
-      xr[j] = exp_nonpositive<Acc>(xr[j] - mx);
+      xr[j] = math::exp_shifted<Acc>(xr[j] - mx);
       sum += xr[j];
     }
     const Acc inv = Acc(1) / sum;

@@ -16,15 +16,6 @@
 namespace tempo {
 namespace {
 
-template <typename Acc>
-Acc exp_shifted(Acc x) {  // e^x for x = z - (the row's maximum or lse): x <= 0 but for rounding
-  if constexpr (std::is_same_v<Acc, double>) {
-    return std::exp(x);
-  } else {
-    return math::exp_nonpositive(x);
-  }
-}
-
 template <typename T>
 void forward(const LinearCrossEntropyForwardParams& p) {
   using Acc = math::acc_t<T>;
@@ -43,7 +34,7 @@ void forward(const LinearCrossEntropyForwardParams& p) {
 #pragma omp simd reduction(+ : s, zs)
       for (int64_t j = 0; j < V; ++j) {
         const Acc v = math::to_float(zr[j]);
-        s += static_cast<double>(exp_shifted<Acc>(v - mx));
+        s += static_cast<double>(math::exp_shifted<Acc>(v - mx));
         zs += static_cast<double>(v);
       }
     } else {  // every logit -inf: torch's log_softmax gives NaN
@@ -79,7 +70,7 @@ void backward(const LinearCrossEntropyBackwardParams& p) {
     const int64_t y = std::min<int64_t>(std::max<int64_t>(p.labels[r], 0), V - 1);  // ignored rows: s = 0
 #pragma omp simd
     for (int64_t j = 0; j < V; ++j) {
-      const Acc g = exp_shifted<Acc>(math::to_float(zr[j]) - l) - spread - (j == y ? hit : Acc(0));
+      const Acc g = math::exp_shifted<Acc>(math::to_float(zr[j]) - l) - spread - (j == y ? hit : Acc(0));
       math::store(zr + j, s * g);
     }
   }

@@ -15,15 +15,6 @@
 namespace tempo {
 namespace {
 
-template <typename Acc>
-__device__ Acc exp_np(Acc x) {
-  if constexpr (sizeof(Acc) == 8) {
-    return exp(x);
-  } else {
-    return math::exp_nonpositive(x);
-  }
-}
-
 template <typename T>
 __global__ void forward_kernel(AttentionSoftmaxForwardParams p, uint64_t threshold, DropoutScale dscale) {
   using Acc = math::acc_t<T>;
@@ -55,12 +46,12 @@ __global__ void forward_kernel(AttentionSoftmaxForwardParams p, uint64_t thresho
     const bool empty = !(mx > neg_inf);
     Acc sum = 0;
     if (!empty)
-      for (int64_t j = threadIdx.x; j < C; j += blockDim.x) sum += exp_np<Acc>(logit(j) - mx);
+      for (int64_t j = threadIdx.x; j < C; j += blockDim.x) sum += math::exp_shifted<Acc>(logit(j) - mx);
     sum = cuda::block_reduce(sum, shared);
     const Acc inv = empty ? Acc(0) : Acc(1) / sum;
     // Each thread reads and then overwrites only its own elements of the row.
     for (int64_t j = threadIdx.x; j < C; j += blockDim.x) {
-      const Acc pj = empty ? Acc(0) : exp_np<Acc>(logit(j) - mx) * inv;
+      const Acc pj = empty ? Acc(0) : math::exp_shifted<Acc>(logit(j) - mx) * inv;
       math::store(s + j, pj);
       if (p.p > 0.0) {
         const Acc stored = math::round_to_acc<T>(pj);

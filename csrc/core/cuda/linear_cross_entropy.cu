@@ -14,15 +14,6 @@
 namespace tempo {
 namespace {
 
-template <typename Acc>
-__device__ Acc exp_shifted(Acc x) {
-  if constexpr (sizeof(Acc) == 8) {
-    return exp(x);
-  } else {
-    return math::exp_nonpositive(x);
-  }
-}
-
 // A running log-sum-exp: the maximum m seen and sum s of e^(z - m) over what was seen (s = 0
 // while nothing finite was), and the plain sum of the logits (the smoothing's mean).
 template <typename Acc>
@@ -30,18 +21,18 @@ struct RowSums {
   Acc m, s, zs;
   __device__ void add_max_shifted(Acc pm, const Acc* v, int n) {  // pm: the max of v[0 .. n)
     if (pm > m) {
-      s = m > -static_cast<Acc>(INFINITY) ? s * exp_shifted<Acc>(m - pm) : Acc(0);
+      s = m > -static_cast<Acc>(INFINITY) ? s * math::exp_shifted<Acc>(m - pm) : Acc(0);
       m = pm;
     }
     if (m > -static_cast<Acc>(INFINITY))
-      for (int q = 0; q < n; ++q) s += exp_shifted<Acc>(v[q] - m);
+      for (int q = 0; q < n; ++q) s += math::exp_shifted<Acc>(v[q] - m);
     for (int q = 0; q < n; ++q) zs += v[q];
   }
   __device__ void merge(Acc m2, Acc s2, Acc zs2) {
     const Acc neg_inf = -static_cast<Acc>(INFINITY);
     const Acc mm = m2 > m ? m2 : m;
     if (mm > neg_inf)
-      s = (m > neg_inf ? s * exp_shifted<Acc>(m - mm) : Acc(0)) + (m2 > neg_inf ? s2 * exp_shifted<Acc>(m2 - mm) : Acc(0));
+      s = (m > neg_inf ? s * math::exp_shifted<Acc>(m - mm) : Acc(0)) + (m2 > neg_inf ? s2 * math::exp_shifted<Acc>(m2 - mm) : Acc(0));
     m = mm;
     zs += zs2;
   }
@@ -118,7 +109,7 @@ __global__ void backward_kernel(LinearCrossEntropyBackwardParams p, bool vec) {
     const Acc l = static_cast<const Acc*>(p.lse)[r], s = static_cast<const Acc*>(p.scale)[r];
     const int64_t y0 = p.labels[r], y = y0 < 0 ? 0 : y0 >= V ? V - 1 : y0;  // ignored rows: s = 0
     auto grad = [&](Acc v, int64_t j) {
-      return s * (exp_shifted<Acc>(v - l) - spread - (j == y ? hit : Acc(0)));
+      return s * (math::exp_shifted<Acc>(v - l) - spread - (j == y ? hit : Acc(0)));
     };
     if (vec) {
       for (int64_t pk = threadIdx.x; pk < V / 8; pk += blockDim.x) {

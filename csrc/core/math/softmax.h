@@ -1,6 +1,7 @@
 // Scalar math of the attention softmax shared by the CPU and CUDA kernels.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "numeric.h"
@@ -21,6 +22,18 @@ TEMPO_HD float exp_nonpositive(float x) {
   q = fmaf(q, r, 1.0f);
   const float two_n = bits_float(static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23);
   return x < -87.3f ? 0.0f : q * two_n;
+}
+
+// e^x for a softmax's x = z - (the row's maximum, or its log-sum-exp) <= 0 (but for rounding), in
+// the math type: exp_nonpositive for float, the library's exp for double. One definition for the
+// attention softmax's and linear_cross_entropy's kernels, CPU and CUDA alike.
+template <typename Acc>
+TEMPO_HD Acc exp_shifted(Acc x) {
+  if constexpr (sizeof(Acc) == 8) {
+    return ::exp(x);
+  } else {
+    return exp_nonpositive(x);
+  }
 }
 
 }  // namespace tempo::math
