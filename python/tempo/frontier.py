@@ -245,17 +245,19 @@ class Run:
 
     def _method(self, method, budgets):
         args, device = self.args, self.device
-        torch.manual_seed(0)
-        # made on the device (a 1B model's random initialisation takes seconds on the host per method)
-        with torch.device(device):
-            model, name, causal = build_model(args.model, args.size,
-                                              args.model if os.path.isdir(args.model) else None, args.vocab)
+        name = os.path.basename(os.path.normpath(args.model)) if os.path.isdir(args.model) else \
+            "%s-%s" % (args.model, args.size) + ("-v%d" % args.vocab if args.vocab else "")
         rows = [self.base_row(name, method, b) for b in budgets]
         if self.out_of_time():
             for r in rows:
                 self.emit(dict(r, error="not measured: the time limit (%g s) was reached" % args.time_limit))
             return
         try:
+            torch.manual_seed(0)
+            # made on the device (a 1B model's random initialisation takes seconds on the host per method)
+            with torch.device(device):
+                model, _, causal = build_model(args.model, args.size,
+                                               args.model if os.path.isdir(args.model) else None, args.vocab)
             model.to(device=device, dtype=self.param_dtype)
             opt, opt_name = _optimizer(model)
             seeds = itertools.count(1)
