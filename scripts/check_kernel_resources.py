@@ -25,6 +25,7 @@ RES = re.compile(r"Function (\S+):\s*REG:(\d+)\s+STACK:(\d+)\s+SHARED:(\d+)\s+LO
 # Kernels that must move 16-byte words: (object file stem, kernel name substring)
 VECTORISED = [("activation.cu", "forward_kernel"), ("activation.cu", "backward_kernel<"),
               ("dropout.cu", "dropout_"), ("norm.cu", "_rows_kernel<"), ("attention.cu", "_rows_kernel<"),
+              ("attention.cu", "_packs_kernel<"),
               ("linear_cross_entropy.cu", "backward_kernel<")]
 
 

@@ -585,7 +585,8 @@ TEST(SimtCuda, NormsMatchTheCpuKernels) {
 TEST(SimtCuda, QkvSplitMatchesTheCpuKernels) {
   std::mt19937 gen(15);
   for (DType t : kDTypes)
-    for (auto shape : {std::vector<int64_t>{1, 1, 1, 1}, {2, 5, 3, 7}, {3, 17, 4, 16}})
+    // (head_dim 16 and 64: 8 elements a thread, 16-byte accesses; 1 and 7: one an element)
+    for (auto shape : {std::vector<int64_t>{1, 1, 1, 1}, {2, 5, 3, 7}, {3, 17, 4, 16}, {2, 9, 2, 64}})
       for (bool bias : {false, true}) {
         tempo::QkvSplitForwardParams f;
         f.dtype = t;
