@@ -77,8 +77,9 @@ def cases(rows, cols, dtype, device, seq, liger, attention):
     up = torch.randn_like(x)
     out = []
 
-    def with_grad(f, *inputs):
-        """The forward, and a backward from a fresh graph's output each time (the forward untimed)."""
+    def with_grad(f, inputs, grad):
+        """The forward, and a backward from a fresh graph's output each time (the forward untimed);
+        grad: the output's gradient (None for a scalar loss)."""
         leaves = [t.detach().requires_grad_(True) for t in inputs]
 
         def fwd():
@@ -87,14 +88,14 @@ def cases(rows, cols, dtype, device, seq, liger, attention):
 
         def bwd_setup():
             y = f(*leaves)
-            return lambda: torch.autograd.grad(y, leaves, dy, retain_graph=True)
+            return lambda: torch.autograd.grad(y, leaves, grad, retain_graph=True)
         return fwd, bwd_setup
 
-    def add(op, impls, fbytes, bbytes, *inputs):
+    def add(op, impls, fbytes, bbytes, *inputs, grad=dy):
         for impl, f in impls:
             if f is None:
                 continue
-            fwd, bwd = with_grad(f, *inputs)
+            fwd, bwd = with_grad(f, inputs, grad)
             out.append((op, impl, fwd, bwd, fbytes, bbytes))
 
     # activation: read x, write y and 1 bit/element; backward reads y, dy and the bits, writes dx
@@ -124,8 +125,7 @@ def cases(rows, cols, dtype, device, seq, liger, attention):
         [("tempo", lambda t, bb, rr, g, be: tempo.bias_dropout_add_layer_norm(t, bb, rr, 0.1, g, be)),
          ("torch", lambda t, bb, rr, g, be: F.layer_norm(rr + F.dropout(t + bb, 0.1), (cols,), g, be))],
         3 * n * e + 3 * cols * e + bits + rows * 4, 3 * n * e + 5 * cols * e + bits + rows * 4, x, b, r, w, b)
-    # attention over [2, 16, seq, 64] (once per dtype, at the first width): q, k, v read and the output written (the scores
-    # stay on chip); backward reads q, k, v, o, do, the row statistics, writes dq, dk, dv
+    # attention over [2, 16, seq, 64] and the LM head: once per dtype, at the first width
     if not attention:
         return out, n * e
     # tempo's (non-fused) attention with dropout 0.1 and a causal mask beside the eager chain torch
@@ -142,19 +142,9 @@ def cases(rows, cols, dtype, device, seq, liger, attention):
         return F.dropout(probs, 0.1) @ c_
     nq, np_ = 2 * nh * seq * dh, 2 * nh * seq * seq
     dao = torch.randn_like(qa)
-    for impl, f in (("tempo", lambda a_, b_, c_: tempo.attention(a_, b_, c_, dropout_p=0.1, causal=True)),
-                    ("torch eager", eager_attention)):
-        leaves = [t.detach().requires_grad_(True) for t in (qa, ka, va)]
-
-        def att_fwd(f=f):
-            with torch.no_grad():
-                f(qa, ka, va)
-
-        def att_bwd(f=f, leaves=leaves):
-            y = f(*leaves)
-            return lambda: torch.autograd.grad(y, leaves, dao, retain_graph=True)
-        out.append(("attention", impl, att_fwd, att_bwd, 4 * nq * e + np_ * e + np_ // 8,
-                    7 * nq * e + np_ * e + np_ // 8))
+    add("attention", [("tempo", lambda a_, b_, c_: tempo.attention(a_, b_, c_, dropout_p=0.1, causal=True)),
+                      ("torch eager", eager_attention)],
+        4 * nq * e + np_ * e + np_ // 8, 7 * nq * e + np_ * e + np_ // 8, qa, ka, va, grad=dao)
     # the LM head's loss, hidden [rows / 4, width] against a 32000-word head: GEMM-bound (the bytes
     # are hidden and the weight read once; the share of a copy says little), timed beside
     # F.cross_entropy of F.linear's logits and Liger-Kernel's fused linear cross entropy
@@ -163,41 +153,18 @@ def cases(rows, cols, dtype, device, seq, liger, attention):
     wl = torch.randn(vocab, cols, dtype=dtype, device=device) * cols ** -0.5
     yl = torch.randint(0, vocab, (nt,), device=device)
     lce_bytes = (nt + vocab) * cols * e + nt * 8
-    out_lce = [("tempo", lambda h_, w_: tempo.linear_cross_entropy(h_, w_, labels=yl)),
-               ("torch", lambda h_, w_: F.cross_entropy(F.linear(h_, w_).float(), yl)),
-               ("liger", liger and (lambda h_, w_: liger.liger_fused_linear_cross_entropy(h_, w_, yl)))]
-    for impl, f in out_lce:
-        if f is None:
-            continue
-        leaves = [t.detach().requires_grad_(True) for t in (hl, wl)]
-
-        def lce_fwd(f=f):
-            with torch.no_grad():
-                f(hl, wl)
-
-        def lce_bwd(f=f, leaves=leaves):
-            y = f(*leaves)
-            return lambda: torch.autograd.grad(y, leaves, retain_graph=True)
-        out.append(("linear_cross_entropy", impl, lce_fwd, lce_bwd, lce_bytes, 2 * lce_bytes))
-    d, heads = 64, 16
-    q, k, v = (torch.randn(2, heads, seq, d, dtype=dtype, device=device) for _ in range(3))
-    na = 2 * heads * seq * d
-    backend = tempo.fused_attention_backend(q, k, causal=True)
-    for impl, f in (("tempo (%s)" % backend, lambda a_, b_, c_: tempo.fused_attention(a_, b_, c_, causal=True)),
-                    ("tempo (own, masked)", lambda a_, b_, c_: tempo.fused_attention(a_, b_, c_, mask)),
-                    ("torch", lambda a_, b_, c_: F.scaled_dot_product_attention(a_, b_, c_, is_causal=True))):
-        mask = torch.ones(seq, seq, dtype=torch.bool, device=device).tril()
-        leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
-        do = torch.randn_like(q)
-
-        def att_fwd(f=f):
-            with torch.no_grad():
-                f(q, k, v)
-
-        def att_bwd(f=f, leaves=leaves, do=do):
-            y = f(*leaves)
-            return lambda: torch.autograd.grad(y, leaves, do, retain_graph=True)
-        out.append(("fused_attention", impl, att_fwd, att_bwd, 4 * na * e, 8 * na * e + 2 * heads * seq * 8))
+    add("linear_cross_entropy", [("tempo", lambda h_, w_: tempo.linear_cross_entropy(h_, w_, labels=yl)),
+                                 ("torch", lambda h_, w_: F.cross_entropy(F.linear(h_, w_).float(), yl)),
+                                 ("liger", liger and (lambda h_, w_: liger.liger_fused_linear_cross_entropy(h_, w_,
+                                                                                                            yl)))],
+        lce_bytes, 2 * lce_bytes, hl, wl, grad=None)
+    # fused attention over the same q, k, v: q, k, v read and the output written (the scores stay
+    # on chip); backward reads q, k, v, o, do, the row statistics, writes dq, dk, dv
+    backend = tempo.fused_attention_backend(qa, ka, causal=True)
+    add("fused_attention", [("tempo (%s)" % backend, lambda a_, b_, c_: tempo.fused_attention(a_, b_, c_, causal=True)),
+                            ("tempo (own, masked)", lambda a_, b_, c_: tempo.fused_attention(a_, b_, c_, causal)),
+                            ("torch", lambda a_, b_, c_: F.scaled_dot_product_attention(a_, b_, c_, is_causal=True))],
+        4 * nq * e, 8 * nq * e + 2 * nh * seq * 8, qa, ka, va, grad=dao)
     return out, n * e
 
 

@@ -178,10 +178,9 @@ graphs() {
 }
 
 # ---- 3. bandwidth --------------------------------------------------------------------------
-# Each op beside torch's and Liger-Kernel's (its wheel from .deps/wheels, installed --no-deps
-# into a folder of its own: the image has Triton), rows written as they are measured.
-# liger_site: prints the folder Liger-Kernel's wheel (from .deps/wheels) is installed in, once
-# per run, or nothing (the dry run, or no wheel: Liger's rows say why they did not run).
+# liger_site: prints the folder Liger-Kernel's wheel (from .deps/wheels, installed --no-deps into
+# a folder of its own: the image has Triton) is installed in, once per run, or nothing (the dry
+# run, or no wheel: Liger's rows say why they did not run).
 liger_site() {
   local site=/tmp/liger-site
   [ $DRY = 0 ] && ls .deps/wheels/liger_kernel-*.whl >/dev/null 2>&1 || return 0
@@ -191,6 +190,7 @@ liger_site() {
   echo $site
 }
 
+# Each op beside torch's and Liger-Kernel's, rows written as they are measured.
 bandwidth() {
   local size=(--rows 16384 --cols 1024,4096,8192 --seq 1024 --dtypes bf16,fp32,fp16 --repeats 10)
   [ $DRY = 1 ] && size=(--rows 64 --cols 256,100 --seq 64 --dtypes fp32,bf16 --repeats 2)

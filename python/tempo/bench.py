@@ -23,6 +23,7 @@ import argparse
 import contextlib
 import csv
 import json
+import math
 import os
 import statistics
 import sys
@@ -51,10 +52,9 @@ SIZES = {  # (hidden, layers, heads, intermediate, positions, vocab): the C++ pr
 KV_HEADS = {("llama", "1b"): 8, ("qwen2", "0.5b"): 2}
 TIED = {("llama", "1b"), ("qwen2", "0.5b")}
 CAUSAL = ("gpt2", "llama", "qwen2", "gemma")
-# LLaMA-style families: config class, model class, and what Liger-Kernel's patch for them is called
-LLAMA_STYLE = {"llama": ("LlamaConfig", "LlamaForCausalLM", "apply_liger_kernel_to_llama"),
-               "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", "apply_liger_kernel_to_qwen2"),
-               "gemma": ("GemmaConfig", "GemmaForCausalLM", "apply_liger_kernel_to_gemma")}
+# LLaMA-style families: config class, model class
+LLAMA_STYLE = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+               "gemma": ("GemmaConfig", "GemmaForCausalLM")}
 FIELDS = ("model", "seq", "dtype", "device", "policy", "batch", "activation_bytes", "peak_bytes", "train_peak_bytes",
           "optimizer_peak_bytes", "step_ms", "tokens_per_s", "max_batch", "max_batch_tokens_per_s", "max_batch_spread",
           "skipped")
@@ -94,7 +94,7 @@ def build_model(family, size="base", path=None, vocab=None):
         config = tf.GPT2Config(n_embd=h, n_layer=n, n_head=a, n_inner=i, n_positions=p, vocab_size=v)
         model = tf.GPT2LMHeadModel(config)
     else:
-        config_class, model_class, _ = LLAMA_STYLE[family]
+        config_class, model_class = LLAMA_STYLE[family]
         kv = {"num_key_value_heads": KV_HEADS.get((family, size), max(1, a // 2) if size == "tiny" else a)}
         if family == "gemma":
             kv["head_dim"] = h // a
@@ -121,6 +121,45 @@ def synthetic_batch(model, batch, seq, causal, seed, device):
     return {"input_ids": ids.to(device), "labels": labels.to(device)}
 
 
+class Unavailable(Exception):
+    """A policy or method that cannot run here (Liger-Kernel without CUDA, a family Liger has no
+    patch for, a model without gradient checkpointing): its row says why."""
+
+
+def liger_function(model):
+    """Liger-Kernel's apply function for the model's family (MODEL_TYPE_TO_APPLY_LIGER_FN, or
+    apply_liger_kernel_to_<model type>), or Unavailable naming why there is none here."""
+    try:
+        import liger_kernel.transformers as liger
+    except ImportError as e:
+        raise Unavailable("Liger-Kernel is not installed (%s)" % e) from None
+    if next(model.parameters()).device.type != "cuda":
+        raise Unavailable("Liger-Kernel's kernels are Triton, which needs CUDA")
+    try:
+        from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN as table
+    except ImportError:
+        table = {}
+    fn = table.get(model.config.model_type) or getattr(liger, "apply_liger_kernel_to_%s" % model.config.model_type,
+                                                        None)
+    if fn is None:
+        raise Unavailable("Liger-Kernel has no patch for %s (model type %r)" % (type(model).__name__,
+                                                                                  model.config.model_type))
+    return fn
+
+
+def enable_checkpointing(model):
+    """Activation checkpointing of every layer (use_reentrant=False); False, changing nothing,
+    where the model does not support it."""
+    if not model.supports_gradient_checkpointing:
+        return False
+    enable = getattr(model, "activation_checkpointing_enable", None)  # transformers >= 5.2x's name
+    if enable is not None:
+        enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return True
+
+
 class Policies:
     """Switches one model between the policies; `use(name)` is a context manager giving the
     callable to run (the compiled module for `compile`)."""
@@ -139,12 +178,8 @@ class Policies:
         if name == "sdpa":
             m.set_attn_implementation("sdpa")
         elif name == "checkpoint":
-            if not m.supports_gradient_checkpointing:
+            if not enable_checkpointing(m):
                 raise ValueError("tempo.bench: %s does not support gradient checkpointing" % type(m).__name__)
-            if hasattr(m, "activation_checkpointing_enable"):  # transformers >= 5.2x's name
-                m.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-            else:
-                m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         elif name in ("tempo", "tempo-sdpa"):
             optimize(m, attention="tempo" if name == "tempo" else "fused")
         elif name == "tempo-auto":  # decided (measured) once, then applied as that choice at every step
@@ -173,36 +208,28 @@ class Policies:
         """Liger-Kernel's patch of the model's family (applied to this instance; it cannot be
         undone, so liger runs as a policy of its own: --policies liger, or last). Raises
         Unavailable, naming why, where it cannot run."""
-        m = self.model
-        family = next((f for f, row in LLAMA_STYLE.items() if type(m).__name__ == row[1]), None)
-        if family is None:
-            raise Unavailable("liger: Liger-Kernel has no patch for %s in tempo.bench" % type(m).__name__)
         try:
-            import liger_kernel.transformers as liger
-        except ImportError as e:
-            raise Unavailable("liger: Liger-Kernel is not installed (%s)" % e) from None
-        if next(m.parameters()).device.type != "cuda":
-            raise Unavailable("liger: Liger-Kernel's kernels are Triton, which needs CUDA")
+            fn = liger_function(self.model)
+        except Unavailable as e:
+            raise Unavailable("liger: %s" % e) from None
         if apply and not self.liger_applied:
-            getattr(liger, LLAMA_STYLE[family][2])(model=m)
+            fn(model=self.model)
             self.liger_applied = True
 
 
-class Unavailable(Exception):
-    """A policy that cannot run here (Liger-Kernel without CUDA): its row says why."""
-
-
-def train_step(run, opt, batch, device):
-    """One full step (forward, backward, AdamW) with its memory and time: activation bytes
-    held after the forward and the peaks beyond what was held before the step (forward +
-    backward; the optimizer step), the absolute peak, and milliseconds."""
+def train_step(run, opt, batch, device, autocast=contextlib.nullcontext):
+    """One full step (forward under `autocast()`, backward, the optimizer's step) with its
+    memory and time: activation bytes held after the forward and the peaks beyond what was
+    held before the step (forward + backward; the optimizer step), the absolute peak,
+    milliseconds and the loss."""
     opt.zero_grad(set_to_none=True)
     free(device)
     sync(device)
     base = memory.stats(device)[0]
     memory.reset_peak(device)
     t0 = time.perf_counter()
-    loss = run(**batch).loss
+    with autocast():
+        loss = run(**batch).loss
     sync(device)
     activation = memory.stats(device)[0] - base
     loss.backward()
@@ -213,10 +240,12 @@ def train_step(run, opt, batch, device):
     sync(device)
     ms = (time.perf_counter() - t0) * 1e3
     opt_abs = memory.stats(device)[1]
-    if not torch.isfinite(loss.detach()).item():
-        raise RuntimeError("tempo.bench: the loss is not finite")
+    value = loss.detach().float().item()
+    if not math.isfinite(value):
+        raise RuntimeError("tempo.bench: the loss is not finite (%r)" % value)
     return {"activation_bytes": activation, "train_peak_bytes": train_abs - base,
-            "optimizer_peak_bytes": opt_abs - base, "peak_bytes": max(train_abs, opt_abs), "step_ms": ms}
+            "optimizer_peak_bytes": opt_abs - base, "peak_bytes": max(train_abs, opt_abs), "step_ms": ms,
+            "loss": value}
 
 
 def dropout_mask_bytes(model, batch):

@@ -49,8 +49,8 @@ import time
 import torch
 
 from . import memory
-from ._measure import check_outputs, fits, format_bytes, free, heap_frozen, largest_batch, parse_bytes, sync
-from .bench import SIZES, build_model, synthetic_batch
+from ._measure import check_outputs, fits, format_bytes, free, heap_frozen, largest_batch, parse_bytes
+from .bench import SIZES, Unavailable, build_model, enable_checkpointing, liger_function, synthetic_batch, train_step
 from .hf import optimize, restore
 
 METHODS = ("eager", "sdpa", "sdpa+ckpt", "compile", "compile-mem0.5", "compile-mem0.2", "liger",
@@ -64,30 +64,6 @@ FIELDS = ("model", "seq", "precision", "device", "method", "budget", "budget_byt
 
 def is_tempo(method):
     return method.startswith("tempo")
-
-
-class Unavailable(Exception):
-    """A method that cannot run here (Liger without CUDA, a family Liger has no patch for)."""
-
-
-def _liger_function(model):
-    """Liger-Kernel's apply function for the model's family, or Unavailable naming why."""
-    try:
-        import liger_kernel.transformers as liger
-    except ImportError as e:
-        raise Unavailable("Liger-Kernel is not installed (%s)" % e) from None
-    if next(model.parameters()).device.type != "cuda":
-        raise Unavailable("Liger-Kernel's kernels are Triton, which needs CUDA")
-    try:
-        from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN as table
-    except ImportError:
-        table = {}
-    fn = table.get(model.config.model_type) or getattr(liger, "apply_liger_kernel_to_%s" % model.config.model_type,
-                                                        None)
-    if fn is None:
-        raise Unavailable("Liger-Kernel has no patch for %s (model type %r)" % (type(model).__name__,
-                                                                                  model.config.model_type))
-    return fn
 
 
 @contextlib.contextmanager
@@ -112,8 +88,7 @@ def _modeling_namespace_restored(model):
                 cls.forward = fwd
 
 
-def _apply_liger(model, with_tempo):
-    fn = _liger_function(model)
+def _apply_liger(fn, model, with_tempo):
     params = inspect.signature(fn).parameters
     kwargs = {"model": model}
     if with_tempo:  # only what tempo does not patch: RoPE and the gated MLP
@@ -129,17 +104,11 @@ def method_applied(name, model, compile_backend):
     with contextlib.ExitStack() as stack:
         model.set_attn_implementation("eager" if name == "eager" else "sdpa")
         if "liger" in name:
-            _liger_function(model)  # Unavailable before anything is patched
+            fn = liger_function(model)  # Unavailable before anything is patched
             stack.enter_context(_modeling_namespace_restored(model))
-            _apply_liger(model, with_tempo=is_tempo(name))
-        if name == "sdpa+ckpt":
-            if not model.supports_gradient_checkpointing:
-                raise Unavailable("%s does not support gradient checkpointing" % type(model).__name__)
-            enable = getattr(model, "activation_checkpointing_enable", None)  # transformers >= 5.2x's name
-            if enable is not None:
-                enable(activation_checkpointing_kwargs={"use_reentrant": False})
-            else:
-                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            _apply_liger(fn, model, with_tempo=is_tempo(name))
+        if name == "sdpa+ckpt" and not enable_checkpointing(model):
+            raise Unavailable("%s does not support gradient checkpointing" % type(model).__name__)
         if is_tempo(name) and name != "tempo-auto":  # tempo-auto decides under each budget
             optimize(model, attention="sdpa" if name in ("tempo-sdpa", "tempo+compile") else "auto")
         if name in COMPILE_BUDGET:
@@ -158,30 +127,6 @@ def _optimizer(model):
         return opt, "AdamW (fused)"
     except (RuntimeError, TypeError, ValueError):
         return torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True), "AdamW (foreach)"
-
-
-def train_step(run, opt, batch, device, autocast):
-    """Forward, backward and the optimizer step: activation bytes held after the forward, the
-    absolute peak (what the budget sees), milliseconds and the loss."""
-    opt.zero_grad(set_to_none=True)
-    free(device)
-    sync(device)
-    base = memory.stats(device)[0]
-    memory.reset_peak(device)
-    t0 = time.perf_counter()
-    with autocast():
-        loss = run(**batch).loss
-    sync(device)
-    activations = memory.stats(device)[0] - base
-    loss.backward()
-    opt.step()
-    sync(device)
-    ms = (time.perf_counter() - t0) * 1e3
-    peak = memory.stats(device)[1]
-    value = loss.detach().float().item()
-    if not math.isfinite(value):
-        raise RuntimeError("the loss is not finite (%r)" % value)
-    return {"peak_bytes": peak, "activation_bytes": activations, "step_ms": ms, "loss": value}
 
 
 def budgets_of(text, device):
@@ -228,8 +173,8 @@ class Run:
             self.jsonl.flush()
         say(row)
 
-    def base_row(self, name, method, budget=None):
-        label, nbytes = budget if budget is not None else ("-", None)
+    def base_row(self, name, method, budget):
+        label, nbytes = budget
         return {"model": name, "seq": self.args.seq, "precision": self.args.precision, "device": self.device.type,
                 "method": method, "budget": label, "budget_bytes": nbytes, "max_batch": None, "tokens_per_s": None,
                 "step_ms": None, "spread": None, "peak_bytes": None, "activations_b1": None, "loss_mean": None,
@@ -385,22 +330,21 @@ def summary(rows, losses):
     return lines
 
 
-def print_table(rows, out=None):
-    out = out or sys.stdout
+def print_table(rows):
     r0 = rows[0]
-    print("%s, seq %d, %s, %s" % (r0["model"], r0["seq"], r0["precision"], r0["device"]), file=out)
+    print("%s, seq %d, %s, %s" % (r0["model"], r0["seq"], r0["precision"], r0["device"]))
     print("%-15s %-9s %9s %12s %8s %14s %14s" % ("method", "budget", "max batch", "tokens/s", "spread", "peak",
-                                                 "acts @ b1"), file=out)
+                                                 "acts @ b1"))
     for r in rows:
         if r["error"] and not r["max_batch"]:
-            print("%-15s %-9s %s" % (r["method"], r["budget"], r["error"]), file=out)
+            print("%-15s %-9s %s" % (r["method"], r["budget"], r["error"]))
             continue
         print("%-15s %-9s %9s %12s %8s %14s %14s%s" % (
             r["method"], r["budget"], r["max_batch"], "%.1f" % r["tokens_per_s"] if r["tokens_per_s"] else "-",
             "%.1f%%" % (100 * r["spread"]) if r["spread"] is not None else "-",
             format_bytes(r["peak_bytes"]) if r["peak_bytes"] else "-",
             format_bytes(r["activations_b1"]) if r["activations_b1"] else "-",
-            ("  (" + r["choice"] + ")") if r["choice"] else ""), file=out)
+            ("  (" + r["choice"] + ")") if r["choice"] else ""))
 
 
 def write_svg(path, rows):

@@ -47,7 +47,7 @@ void forward(const LinearCrossEntropyForwardParams& p) {
       loss[r] = Acc(0);
       continue;
     }
-    const Acc zy = math::to_float(zr[std::min<int64_t>(std::max<int64_t>(y, 0), V - 1)]);
+    const Acc zy = math::to_float(zr[linear_cross_entropy_label_column(y, V)]);
     const Acc eps = static_cast<Acc>(p.smoothing);
     const Acc mean = static_cast<Acc>(zs / static_cast<double>(V));
     loss[r] = -(Acc(1) - eps) * (zy - l) - eps * (mean - l);
@@ -67,7 +67,7 @@ void backward(const LinearCrossEntropyBackwardParams& p) {
   for (int64_t r = 0; r < p.rows; ++r) {
     T* zr = z + r * V;
     const Acc l = lse[r], s = scale[r];
-    const int64_t y = std::min<int64_t>(std::max<int64_t>(p.labels[r], 0), V - 1);  // ignored rows: s = 0
+    const int64_t y = linear_cross_entropy_label_column(p.labels[r], V);  // ignored rows: s = 0
 #pragma omp simd
     for (int64_t j = 0; j < V; ++j) {
       const Acc g = math::exp_shifted<Acc>(math::to_float(zr[j]) - l) - spread - (j == y ? hit : Acc(0));

@@ -102,16 +102,8 @@ constexpr int64_t kPack = 8;
 
 template <int TPR, bool Max = false>
 __device__ __forceinline__ float row_reduce(float v, float* shared) {
-  if constexpr (TPR == 32) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float u = __shfl_xor_sync(0xffffffffu, v, o);
-      v = Max ? (u > v ? u : v) : v + u;
-    }
-    return v;
-  } else {
-    return cuda::block_reduce<Max>(v, shared);
-  }
+  if constexpr (TPR == 32) return cuda::warp_reduce<Max>(v);
+  else return cuda::block_reduce<Max>(v, shared);
 }
 
 // vec_mask: the additive mask's rows are contiguous and 16-byte aligned (read 8 floats at once).
@@ -172,7 +164,7 @@ __global__ void __launch_bounds__(cuda::kThreads) forward_rows_kernel(AttentionS
     for (int k = 0; k < V; ++k)
 #pragma unroll
       for (int q = 0; q < 8; ++q) {
-        x[k][q] = empty ? 0.0f : math::exp_nonpositive(x[k][q] - mx);  // the padding's -inf gives 0
+        x[k][q] = empty ? 0.0f : math::exp_shifted<float>(x[k][q] - mx);  // the padding's -inf gives 0
         sum += x[k][q];
       }
     sum = row_reduce<TPR>(sum, shared);
@@ -213,9 +205,9 @@ __global__ void __launch_bounds__(cuda::kThreads) backward_rows_kernel(Attention
   // of floats), with their mask bytes; dP is formed from them in both passes.
   cuda::Pack8<T> gp[V], pp[V];
   uint32_t bits[V];
-  auto dp = [&](int k, int q) {
-    const float v = math::to_float(gp[k].v[q]);
-    return dropout ? dscale.apply(v, ((bits[k] >> q) & 1u) != 0) : v;
+  auto dp = [dropout, dscale](const cuda::Pack8<T>& g, uint32_t b, int q) {
+    const float v = math::to_float(g.v[q]);
+    return dropout ? dscale.apply(v, ((b >> q) & 1u) != 0) : v;
   };
   for (int64_t r0 = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock; r0 < rows_total;
        r0 += static_cast<int64_t>(gridDim.x) * kRowsPerBlock) {
@@ -235,7 +227,7 @@ __global__ void __launch_bounds__(cuda::kThreads) backward_rows_kernel(Attention
       if (dropout)
         bits[k] = p.mask_bits ? p.mask_bits[row_byte + pk] : math::keep_byte(rng.seed, rng.offset, row_byte + pk, threshold);
 #pragma unroll
-      for (int q = 0; q < 8; ++q) dot += dp(k, q) * math::to_float(pp[k].v[q]);
+      for (int q = 0; q < 8; ++q) dot += dp(gp[k], bits[k], q) * math::to_float(pp[k].v[q]);
     }
     dot = row_reduce<TPR>(dot, shared);
 #pragma unroll
@@ -244,7 +236,7 @@ __global__ void __launch_bounds__(cuda::kThreads) backward_rows_kernel(Attention
       if (pk >= packs) continue;
       cuda::Pack8<T> out;
 #pragma unroll
-      for (int q = 0; q < 8; ++q) math::store(&out.v[q], scale * math::to_float(pp[k].v[q]) * (dp(k, q) - dot));
+      for (int q = 0; q < 8; ++q) math::store(&out.v[q], scale * math::to_float(pp[k].v[q]) * (dp(gp[k], bits[k], q) - dot));
       cuda::store8v(g, pk * kPack, out);
     }
   }
@@ -257,10 +249,7 @@ bool launch_rows(int64_t cols, int64_t rows_total, Launch launch) {
     return false;
   } else {
     if (cols % kPack != 0 || cols > 8192) return false;
-    auto grid = [&](int rows_per_block) {
-      return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((rows_total + rows_per_block - 1) / rows_per_block,
-                                                                     cuda::kMaxRowBlocks)));
-    };
+    auto grid = [&](int rows_per_block) { return cuda::row_grid((rows_total + rows_per_block - 1) / rows_per_block); };
     constexpr int W = 32, B = cuda::kThreads, RW = cuda::kThreads / 32;
     if (cols <= 8 * W) launch(std::integral_constant<int, W>{}, std::integral_constant<int, 1>{}, grid(RW));
     else if (cols <= 16 * W) launch(std::integral_constant<int, W>{}, std::integral_constant<int, 2>{}, grid(RW));

@@ -43,37 +43,8 @@ struct alignas(16) Pack8 {
   T v[8];
 };
 
-template <typename T>
-__device__ __forceinline__ void load8(const T* base, int64_t i0, int64_t n, bool vec, Pack8<T>& out) {
-  if (vec && i0 + 8 <= n) {
-    constexpr int kWords = sizeof(T) * 8 / 16;
-    const uint4* src = reinterpret_cast<const uint4*>(base + i0);
-    uint4* dst = reinterpret_cast<uint4*>(out.v);
-#pragma unroll
-    for (int w = 0; w < kWords; ++w) dst[w] = src[w];
-  } else {
-#pragma unroll
-    for (int q = 0; q < 8; ++q) out.v[q] = i0 + q < n ? base[i0 + q] : T{};
-  }
-}
-
-template <typename T>
-__device__ __forceinline__ void store8(T* base, int64_t i0, int64_t n, bool vec, const Pack8<T>& in) {
-  if (vec && i0 + 8 <= n) {
-    constexpr int kWords = sizeof(T) * 8 / 16;
-    uint4* dst = reinterpret_cast<uint4*>(base + i0);
-    const uint4* src = reinterpret_cast<const uint4*>(in.v);
-#pragma unroll
-    for (int w = 0; w < kWords; ++w) dst[w] = src[w];
-  } else {
-#pragma unroll
-    for (int q = 0; q < 8; ++q)
-      if (i0 + q < n) base[i0 + q] = in.v[q];
-  }
-}
-
-// The same, for callers that know the 8 elements are inside the tensor and 16-byte aligned (the
-// row-in-registers kernels): the 16-byte words alone, with no scalar fallback beside them.
+// 8 elements at base + i0 as 16-byte words, for callers that know they are inside the tensor
+// and 16-byte aligned (the row-in-registers kernels): no scalar fallback beside them.
 template <typename T>
 __device__ __forceinline__ void load8v(const T* base, int64_t i0, Pack8<T>& out) {
   constexpr int kWords = sizeof(T) * 8 / 16;
@@ -92,6 +63,29 @@ __device__ __forceinline__ void store8v(T* base, int64_t i0, const Pack8<T>& in)
   for (int w = 0; w < kWords; ++w) dst[w] = src[w];
 }
 
+// The same where `vec` (16-byte aligned) may not hold or the 8 may run past n elements: one
+// element at a time there (zeros past the end on load).
+template <typename T>
+__device__ __forceinline__ void load8(const T* base, int64_t i0, int64_t n, bool vec, Pack8<T>& out) {
+  if (vec && i0 + 8 <= n) {
+    load8v(base, i0, out);
+  } else {
+#pragma unroll
+    for (int q = 0; q < 8; ++q) out.v[q] = i0 + q < n ? base[i0 + q] : T{};
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void store8(T* base, int64_t i0, int64_t n, bool vec, const Pack8<T>& in) {
+  if (vec && i0 + 8 <= n) {
+    store8v(base, i0, in);
+  } else {
+#pragma unroll
+    for (int q = 0; q < 8; ++q)
+      if (i0 + q < n) base[i0 + q] = in.v[q];
+  }
+}
+
 // The Philox state with (seed, offset) loaded from device memory when it lives there: a
 // generator's, in a captured graph (read at each replay), or a forward's stored state.
 __device__ inline PhiloxState resolve(PhiloxState s) {
@@ -105,12 +99,23 @@ __device__ inline PhiloxState resolve(PhiloxState s) {
   return s;
 }
 
+// The sum (or the maximum) of v over the warp, returned to every lane.
+template <bool Max = false, typename Acc>
+__device__ __forceinline__ Acc warp_reduce(Acc v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const Acc u = __shfl_xor_sync(0xffffffffu, v, o);
+    v = Max ? (u > v ? u : v) : v + u;
+  }
+  return v;
+}
+
 // The sum (or the maximum) of v over the block, returned to every thread; `shared` holds one
 // value per warp (32) and is reused between calls. blockDim.x is a multiple of 32.
 template <bool Max = false, typename Acc>
 __device__ Acc block_reduce(Acc v, Acc* shared) {
   auto op = [](Acc a, Acc b) { return Max ? (b > a ? b : a) : a + b; };
-  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  v = warp_reduce<Max>(v);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   __syncthreads();  // shared is reused between calls
   if (lane == 0) shared[warp] = v;
@@ -122,7 +127,7 @@ __device__ Acc block_reduce(Acc v, Acc* shared) {
 
 // Element e's dropout keep bit: read from the packed bits, or drawn by Philox (the same draw
 // as keep_byte) when `bits` is null. `rng` is resolved by the caller.
-__device__ __forceinline__ bool keep_bit(const uint8_t* bits, PhiloxState rng, uint64_t threshold, int64_t e) {
+__device__ inline bool keep_bit(const uint8_t* bits, const PhiloxState& rng, uint64_t threshold, int64_t e) {
   if (bits) return ((bits[e >> 3] >> (e & 7)) & 1u) != 0;
   const math::Philox4 r = math::philox_group(rng.seed, rng.offset, static_cast<uint64_t>(e >> 2));
   // (the word chosen by selects, not r.v[e & 3]: an array indexed at run time lives on the stack)

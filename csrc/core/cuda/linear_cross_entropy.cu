@@ -3,8 +3,8 @@
 // else one element at a time) with a running maximum and sum (the sum rescaled when the maximum
 // grows, once a pack), the threads' (maximum, sum, sum of logits) then combined by the block.
 // The backward writes each element's gradient over its logit, 8 at a time where aligned.
-// Sums in the math type (float for 16/32-bit data): each thread's partial over V / 256 logits,
-// then a tree over the block (an error of about (V/256 + 8) float roundings, relative).
+// Sums in the math type (float for 16/32-bit data): each thread's partial over V / 512 logits,
+// then a tree over the block (an error of about (V/512 + 9) float roundings, relative).
 #include <cfloat>
 
 #include "tempo/linear_cross_entropy.h"
@@ -51,7 +51,7 @@ __global__ void forward_kernel(LinearCrossEntropyForwardParams p, bool vec) {
     if (vec) {
       for (int64_t pk = threadIdx.x; pk < V / 8; pk += blockDim.x) {
         cuda::Pack8<T> in;
-        cuda::load8(zr, pk * 8, V, true, in);
+        cuda::load8v(zr, pk * 8, in);
         Acc v[8], pm = neg_inf;
 #pragma unroll
         for (int q = 0; q < 8; ++q) {
@@ -87,7 +87,7 @@ __global__ void forward_kernel(LinearCrossEntropyForwardParams p, bool vec) {
       const int64_t y = p.labels[r];
       Acc loss = 0;
       if (y != p.ignore_index) {
-        const int64_t yc = y < 0 ? 0 : y >= V ? V - 1 : y;
+        const int64_t yc = linear_cross_entropy_label_column(y, V);
         const Acc eps = static_cast<Acc>(p.smoothing);
         loss = -(Acc(1) - eps) * (math::to_float(zr[yc]) - l) - eps * (all.zs / static_cast<Acc>(V) - l);
       }
@@ -107,17 +107,17 @@ __global__ void backward_kernel(LinearCrossEntropyBackwardParams p, bool vec) {
   for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
     T* zr = z + r * V;
     const Acc l = static_cast<const Acc*>(p.lse)[r], s = static_cast<const Acc*>(p.scale)[r];
-    const int64_t y0 = p.labels[r], y = y0 < 0 ? 0 : y0 >= V ? V - 1 : y0;  // ignored rows: s = 0
+    const int64_t y = linear_cross_entropy_label_column(p.labels[r], V);  // ignored rows: s = 0
     auto grad = [&](Acc v, int64_t j) {
       return s * (math::exp_shifted<Acc>(v - l) - spread - (j == y ? hit : Acc(0)));
     };
     if (vec) {
       for (int64_t pk = threadIdx.x; pk < V / 8; pk += blockDim.x) {
         cuda::Pack8<T> in, out;
-        cuda::load8(zr, pk * 8, V, true, in);
+        cuda::load8v(zr, pk * 8, in);
 #pragma unroll
         for (int q = 0; q < 8; ++q) math::store(&out.v[q], grad(math::to_float(in.v[q]), pk * 8 + q));
-        cuda::store8(zr, pk * 8, V, true, out);
+        cuda::store8v(zr, pk * 8, out);
       }
     } else {
       for (int64_t j = threadIdx.x; j < V; j += blockDim.x) math::store(zr + j, grad(math::to_float(zr[j]), j));

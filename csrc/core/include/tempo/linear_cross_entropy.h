@@ -36,6 +36,12 @@ struct LinearCrossEntropyBackwardParams : LinearCrossEntropyParams {
   const void* scale = nullptr;  // rows: each row's gradient weight
 };
 
+// The column a row's label reads: the label clamped into [0, vocab) (an ignored row's is never
+// used for its loss, and its gradient weight is 0). The same rule in every kernel.
+TEMPO_HD int64_t linear_cross_entropy_label_column(int64_t label, int64_t vocab) {
+  return label < 0 ? 0 : label >= vocab ? vocab - 1 : label;
+}
+
 Status linear_cross_entropy_forward_cpu(const LinearCrossEntropyForwardParams& p);
 Status linear_cross_entropy_backward_cpu(const LinearCrossEntropyBackwardParams& p);
 Status linear_cross_entropy_forward_cuda(const LinearCrossEntropyForwardParams& p, void* stream);
