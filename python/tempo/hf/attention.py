@@ -40,8 +40,8 @@ def _kept_by_forward(model, tokens):
         raise RuntimeError("tempo.optimize: the attention probe's forward has no backward")
 
     vocab = getattr(model.config, "vocab_size", None) or 2
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, vocab, (1, tokens), generator=g).to(p.device)
+    g = torch.Generator(device="cpu").manual_seed(0)  # the ids on the CPU whatever the default device, then moved
+    ids = torch.randint(0, vocab, (1, tokens), generator=g, device="cpu").to(p.device)
     kwargs = {"input_ids": ids}
     if getattr(model.config, "is_encoder_decoder", False):
         kwargs["decoder_input_ids"] = ids
@@ -50,7 +50,7 @@ def _kept_by_forward(model, tokens):
     model.train()
     try:
         with torch.random.fork_rng(devices=devices), hooks_suspended(model), torch.enable_grad(), \
-                torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+                torch.device(p.device), torch.autograd.graph.saved_tensors_hooks(pack, unpack):
             model(**kwargs)
     finally:
         for m, mode in training:

@@ -63,7 +63,9 @@ def gelu_approximate(act):
     cls = type(act)
     if cls in (torch.nn.GELU, tnn.GELU):
         return act.approximate
-    cls = cls.__dict__.get("_tempo_patch", (cls,))[0]  # transformers' activation, re-classed by tempo.optimize
+    # transformers' activation, re-classed by tempo.optimize. An attribute lookup, not the class's __dict__: under
+    # torch.compile a mappingproxy read after any dict mutation in the graph (the LM head's) breaks fullgraph.
+    cls = getattr(cls, "_tempo_patch", (cls,))[0]
     if cls.__module__.startswith("transformers."):
         return _GELU_APPROXIMATE.get(cls.__name__)
     return None

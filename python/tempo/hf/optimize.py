@@ -15,7 +15,7 @@ import torch
 from . import lm_head as _lm_head
 from .attention import (ATTENTION, AttentionRegistered, attention_configs, auto_attention, register_attention,
                         set_attention, transformers_models, uses_attention_registry)
-from .patching import subclass
+from .patching import is_patched, subclass
 from .probes import Differs
 from .report import Report
 from .rules import FUSED_TECHNIQUES, LOOKS_PATCHABLE, TECHNIQUES, rules_for
@@ -143,7 +143,7 @@ def optimize(model: torch.nn.Module, techniques="all", attention: str = "keep", 
     done = set()
     if "lm_head" in chosen:
         for path, m in model.named_modules():
-            lm = None if type(m).__module__.startswith("tempo.") else _lm_head.kind(m)
+            lm = None if is_patched(m) else _lm_head.kind(m)
             if lm is None:
                 continue
             if inside is not None and not inside(path):
@@ -169,7 +169,7 @@ def optimize(model: torch.nn.Module, techniques="all", attention: str = "keep", 
             path = prefix + name
             if id(child) in done:
                 continue
-            ours = type(child).__module__.startswith("tempo.")  # already patched
+            ours = is_patched(child)
             rules = [] if ours else rules_for(child, chosen)
             if rules and inside is not None and not inside(path):
                 rows.append((path, type(child).__name__, rules[0][0], "skipped: outside modules"))

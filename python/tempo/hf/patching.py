@@ -24,9 +24,16 @@ def subclass_of(cls, prefix, forward):
             def method(self, *args, **kwargs):
                 return forward(self, *args, **kwargs)
             functools.update_wrapper(method, cls.forward)
-        _SUBCLASSES[key] = type(prefix + cls.__name__, (cls,), {
-            "forward": method, "__module__": __name__, "_tempo_patch": (cls, prefix, forward),
-            "__reduce_ex__": _reduce_patched})
+        # A transformers model (a class with save_pretrained) keeps its name and module: transformers dispatches
+        # on them (save_pretrained writes config.json's "architectures" from the class name, which vLLM, TGI
+        # and converters read; a class outside transformers.* counts as custom code, whose checkpoint
+        # conversions and weight initialisation differ), so a patched model loads and saves as the unpatched
+        # one. Layers show the prefix (print(model) shows what was patched).
+        model = hasattr(cls, "save_pretrained")
+        name = cls.__name__ if model else prefix + cls.__name__
+        _SUBCLASSES[key] = type(name, (cls,), {
+            "forward": method, "__module__": cls.__module__ if model else __name__, "__qualname__": name,
+            "_tempo_patch": (cls, prefix, forward), "__reduce_ex__": _reduce_patched})
     return _SUBCLASSES[key]
 
 
@@ -42,6 +49,13 @@ def _reduce_patched(self, protocol):
 
 def _new_patched(cls, prefix, forward):
     return object.__new__(subclass_of(cls, prefix, forward))
+
+
+def is_patched(module):
+    """Whether tempo.optimize re-classed `module`: tempo's own class, or a subclass made by subclass_of
+    (a transformers model's keeps its class's name and module)."""
+    cls = type(module)
+    return cls.__module__.startswith("tempo.") or "_tempo_patch" in vars(cls)
 
 
 def retype(cls):

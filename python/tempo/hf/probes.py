@@ -23,14 +23,22 @@ def probe(m, forward, *shapes):
     p = next(m.parameters(), None)
     if p is None:
         raise Differs("its forward cannot be probed (no parameters)")
-    g = torch.Generator().manual_seed(0)
+    g = torch.Generator(device="cpu").manual_seed(0)
     if p.device.type == "meta":  # a model built without storage (to be loaded later, e.g. under FSDP): what the
         # forward computes does not depend on the values, so a CPU copy with random ones is probed instead
         m = _randomised(m, g)
-    xs = [torch.randn(s, generator=g) for s in shapes]
+    xs = [_random(s, g) for s in shapes]
     want = _compare(m, forward, xs)
     if want == 0:  # its weights make every output 0 (a norm's gammas all 0): any form would agree, so the
         _compare(_randomised(m, g), forward, xs)  # form is told apart on a copy with random weights
+
+
+def _random(shape, g):
+    """Random fp32 values on the CPU, whatever the ambient context: a model is often built (and
+    optimized) under `with torch.device("meta")` (from_pretrained, FSDP, deferred loading), under
+    torch.set_default_device or torch.set_default_dtype, which would otherwise decide where and in
+    what a probe's tensors are made. The probe casts them to the module's device and dtype."""
+    return torch.randn(shape, generator=g, device="cpu", dtype=torch.float32)
 
 
 def _randomised(m, g):
@@ -41,7 +49,7 @@ def _randomised(m, g):
     with torch.no_grad():
         for t in list(m.parameters()) + list(m.buffers()):
             if t.is_floating_point():
-                t.copy_(torch.randn(t.shape, generator=g))
+                t.copy_(_random(t.shape, g))
     return m
 
 
@@ -51,8 +59,8 @@ def _compare(m, forward, xs):
     xs = [x.to(p.device, p.dtype) for x in xs]
     modes = [(x, x.training) for x in m.modules()]
     m.eval()
-    try:
-        with torch.no_grad(), hooks_suspended(m):
+    try:  # the forward's own factory calls (torch.arange without a device, say) made on the module's device
+        with torch.no_grad(), hooks_suspended(m), torch.device(p.device):
             want = type(m).forward(m, *xs)
             got = forward(m, *xs)
     except Exception as e:  # a forward with other arguments or other outputs than the rule's
