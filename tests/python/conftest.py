@@ -22,6 +22,15 @@ def _seed():
     torch.manual_seed(0)
 
 
+@pytest.fixture(autouse=True)
+def _fresh_compiler():
+    """Each test compiles from scratch: torch.compile's caches are per code object, and the
+    patched forwards (tempo/hf) are shared by every model, so compiled tests that ran before
+    would count against dynamo's recompile limit (8) of a later one."""
+    yield
+    torch._dynamo.reset()
+
+
 @pytest.fixture(params=DEVICES)
 def on_device(request):
     """Runs the test with torch's default device set to each available device in turn:
