@@ -5,7 +5,8 @@
 // float32: torch's CPU layer_norm returns a bf16 x's norm in bf16 computed with the unrounded
 // parameters (the saved output stays 2 bytes), and an fp32 residual stream's in fp32. The
 // fused op's bias (the previous Linear's) takes that dtype, as the Linear's output has it.
-// Attention in the autocast dtype, as scaled_dot_product_attention; the activations' x and
+// Attention in the autocast dtype, as scaled_dot_product_attention; the gated MLP too, as
+// autocast runs its three linears; the activations' x and
 // bias promoted to the wider of the two. linear_cross_entropy's head GEMM in the autocast dtype
 // (as autocast runs the LM head's linear) and its loss in float32 (as autocast's cross_entropy
 // returns it): hidden, weight and bias cast (float64 left as it is, as autocast leaves it), the
@@ -96,7 +97,7 @@ void register_autocast(torch::Library& m) {
   constexpr Cast norms = device == c10::DeviceType::CUDA ? Cast::kFloat32 : Cast::kNormOnCpu;
   for (const char* name : {"layer_norm", "rms_norm", "bias_dropout_add_layer_norm"})
     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&autocast_kernel<norms, device>>());
-  for (const char* name : {"attention", "fused_attention"})
+  for (const char* name : {"attention", "fused_attention", "gated_mlp"})
     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&autocast_kernel<Cast::kLowerPrecision, device>>());
   for (const char* name : {"gelu", "silu"})
     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&autocast_kernel<Cast::kPromote, device>>());

@@ -4,6 +4,9 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 
+#include <torch/version.h>
+
+#include <atomic>
 #include <mutex>
 
 #if TEMPO_TORCH_CUDA
@@ -132,6 +135,25 @@ void read_dropout_keep(const at::Tensor& keep, const at::Tensor& like, double p,
     rng->seed = static_cast<uint64_t>(keep.const_data_ptr<int64_t>()[0]);
     rng->offset = static_cast<uint64_t>(keep.const_data_ptr<int64_t>()[1]);
   }
+}
+
+void add_matmul(at::Tensor& acc, const at::Tensor& a, const at::Tensor& b, bool low) {
+  if (!low) {
+    acc.addmm_(a, b);
+    return;
+  }
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 9)
+  static std::atomic<bool> refused{false};
+  if (a.is_cuda() && !refused.load()) {
+    try {
+      at::addmm_out(acc, acc, a, b, at::kFloat);
+      return;
+    } catch (const c10::Error&) {
+      refused.store(true);  // this torch's CUDA addmm does not take out_dtype here: float32 from now on
+    }
+  }
+#endif
+  acc.addmm_(a.to(at::kFloat), b.to(at::kFloat));
 }
 
 }  // namespace tempo::torch_impl

@@ -64,6 +64,12 @@ const c10::TypedOperatorHandle<typename signature_of<decltype(Fn)>::type>& op_fo
   return handle;
 }
 
+// acc += a b (2-D matmul) into an accumulator of the math type (float32 for 16-bit data,
+// `low`): on CUDA one 16-bit GEMM (tensor cores) with its float32 accumulation written into the
+// float32 sum (addmm's out_dtype, torch >= 2.9), rather than a float32 GEMM of float32 copies;
+// where that is refused, and on the CPU, float32 copies.
+void add_matmul(at::Tensor& acc, const at::Tensor& a, const at::Tensor& b, bool low);
+
 // Runs the core kernel for the device of `on`: cpu(params), or cuda(params, its stream);
 // an error from the core is raised naming op.
 template <typename P>

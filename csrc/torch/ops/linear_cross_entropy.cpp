@@ -11,9 +11,6 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
-#include <torch/version.h>
-
-#include <atomic>
 
 #include "common.h"
 #include "dtype.h"
@@ -110,28 +107,6 @@ void fill_rows(P& prm, const at::Tensor& z, const at::Tensor& y, int64_t r0, int
   prm.labels = y.const_data_ptr<int64_t>() + r0;
   prm.ignore_index = ignore;
   prm.smoothing = smoothing;
-}
-
-// gw += dz^T h for a chunk. 16-bit data on CUDA: one 16-bit GEMM (tensor cores) with its float32
-// accumulation written into the float32 sum (addmm's out_dtype, torch >= 2.9), rather than a
-// float32 GEMM of float32 copies; where that is refused, float32 as on the CPU.
-void add_weight_grad(at::Tensor& gw, const at::Tensor& dz, const at::Tensor& hc, bool low) {
-  if (!low) {
-    gw.addmm_(dz.t(), hc);
-    return;
-  }
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 9)
-  static std::atomic<bool> refused{false};
-  if (dz.is_cuda() && !refused.load()) {
-    try {
-      at::addmm_out(gw, gw, dz.t(), hc, at::kFloat);
-      return;
-    } catch (const c10::Error&) {
-      refused.store(true);  // this torch's CUDA addmm does not take out_dtype here: float32 from now on
-    }
-  }
-#endif
-  gw.addmm_(dz.t().to(at::kFloat), hc.to(at::kFloat));
 }
 
 std::tuple<at::Tensor, at::Tensor> forward_kernel(const at::Tensor& hidden, const at::Tensor& weight,
@@ -246,7 +221,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_kernel(
     prm.scale = scale.narrow(0, r0, n).const_data_ptr();
     run_core(dz, prm, linear_cross_entropy_backward_cpu, linear_cross_entropy_backward_cuda, bop);
     ghf.narrow(0, r0, n).copy_(at::matmul(dz, weight));
-    add_weight_grad(gw, dz, hc, low);
+    add_matmul(gw, dz.t(), hc, low);
     if (has_bias) gb.add_(dz.sum(0, false, acc));
   }
   return {gh, gw.to(weight.scalar_type()), has_bias ? gb.to(weight.scalar_type()) : gb};

@@ -9,6 +9,7 @@
 #include "tempo/ops/attention.h"
 #include "tempo/ops/dropout.h"
 #include "tempo/ops/fused_attention.h"
+#include "tempo/ops/gated_mlp.h"
 #include "tempo/ops/linear_attention.h"
 #include "tempo/ops/linear_cross_entropy.h"
 #include "tempo/ops/norm.h"

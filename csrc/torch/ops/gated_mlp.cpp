@@ -1,0 +1,275 @@
+// Schemas, kernels and C++ API of tempo::gated_mlp (tempo/ops/gated_mlp.h). The kernels are
+// device-generic (CompositeExplicitAutograd): the projections are the framework's GEMMs (as
+// F.linear runs them), the elementwise part is the core's kernel (tempo/gated_mlp.h), which
+// reads the gate and up projections in place (strided, so one fused gate_up projection is not
+// split into copies). On Meta and fake tensors they only allocate (torch.compile traces them).
+#include "tempo/ops/gated_mlp.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "common.h"
+#include "dtype.h"
+#include "tempo/gated_mlp.h"
+
+TORCH_LIBRARY_FRAGMENT(tempo, m) {
+  m.def("gated_mlp(Tensor x, Tensor gate_weight, Tensor? up_weight, Tensor down_weight, Tensor? gate_bias=None, "
+        "Tensor? up_bias=None, Tensor? down_bias=None, str activation='silu', int chunk=0) -> Tensor");
+  m.def("gated_mlp_forward(Tensor x, Tensor gate_weight, Tensor? up_weight, Tensor down_weight, Tensor? gate_bias, "
+        "Tensor? up_bias, Tensor? down_bias, str activation) -> (Tensor, Tensor, Tensor)");
+  m.def("gated_mlp_backward(Tensor grad, Tensor x, Tensor gate, Tensor up, Tensor gate_weight, Tensor? up_weight, "
+        "Tensor down_weight, bool[3] bias_grad, str activation, int chunk, bool[4] output_mask) -> "
+        "(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+}
+
+namespace tempo {
+namespace {
+using namespace torch_impl;
+const char* kOp = "tempo::gated_mlp";
+
+Activation activation_of(c10::string_view a) {
+  if (a == "silu") return Activation::kSilu;
+  if (a == "gelu") return Activation::kGeluErf;
+  if (a == "gelu_tanh") return Activation::kGeluTanh;
+  TORCH_CHECK(false, kOp, ": argument 'activation' must be 'silu', 'gelu' or 'gelu_tanh', got '", std::string(a), "'");
+}
+
+struct Shape {
+  int64_t H, I, O;
+  bool fused;  // one gate_up projection
+  Activation act;
+};
+
+const at::Tensor* get(const std::optional<at::Tensor>& t) { return t.has_value() && t->defined() ? &*t : nullptr; }
+
+void check_vector(const at::Tensor* b, int64_t n, const at::Tensor& x, const char* arg) {
+  if (!b) return;
+  check_like(*b, x, kOp, arg);
+  TORCH_CHECK(b->dim() == 1 && b->size(0) == n, kOp, ": argument '", arg, "' must have shape [", n, "], got ",
+              b->sizes());
+}
+
+// Checks every argument against x; the sizes.
+Shape check(const at::Tensor& x, const at::Tensor& gate_weight, const at::Tensor* up_weight,
+            const at::Tensor& down_weight, const at::Tensor* gate_bias, const at::Tensor* up_bias,
+            const at::Tensor* down_bias, c10::string_view activation) {
+  check_floating(x, kOp, "x");
+  check_device(x, kOp, "x");
+  TORCH_CHECK(x.dim() >= 1, kOp, ": argument 'x' must be [..., H], got a scalar");
+  const int64_t H = x.size(-1);
+  TORCH_CHECK(H > 0, kOp, ": argument 'x' has an empty last dimension");
+  check_like(gate_weight, x, kOp, "gate_weight");
+  TORCH_CHECK(gate_weight.dim() == 2 && gate_weight.size(1) == H, kOp, ": argument 'gate_weight' must be [I, ", H,
+              "]", up_weight ? "" : " (or [2 I, H] without up_weight)", " for x [..., ", H, "], got ",
+              gate_weight.sizes());
+  const bool fused = up_weight == nullptr;
+  int64_t I = gate_weight.size(0);
+  if (fused) {
+    TORCH_CHECK(I % 2 == 0, kOp, ": without up_weight, argument 'gate_weight' is the fused gate_up projection [2 I, ",
+                H, "] and needs an even number of rows, got ", I);
+    I /= 2;
+    TORCH_CHECK(!up_bias, kOp, ": argument 'up_bias' needs up_weight (a fused gate_up projection has one bias, "
+                "gate_bias [2 I])");
+  } else {
+    check_like(*up_weight, x, kOp, "up_weight");
+    TORCH_CHECK(up_weight->sizes() == gate_weight.sizes(), kOp, ": argument 'up_weight' must have gate_weight's shape ",
+                gate_weight.sizes(), ", got ", up_weight->sizes());
+  }
+  TORCH_CHECK(I > 0, kOp, ": the intermediate width (gate_weight's rows) is 0");
+  check_like(down_weight, x, kOp, "down_weight");
+  TORCH_CHECK(down_weight.dim() == 2 && down_weight.size(1) == I, kOp, ": argument 'down_weight' must be [O, ", I,
+              "] (I: the gate projection's outputs), got ", down_weight.sizes());
+  check_vector(gate_bias, fused ? 2 * I : I, x, "gate_bias");
+  check_vector(up_bias, I, x, "up_bias");
+  check_vector(down_bias, down_weight.size(0), x, "down_bias");
+  return {H, I, down_weight.size(0), fused, activation_of(activation)};
+}
+
+template <typename P>
+void fill_gate_up(P& p, const Shape& s, const at::Tensor& g, const at::Tensor& u, int64_t rows) {
+  p.act = s.act;
+  p.dtype = to_core_dtype(g.scalar_type());
+  p.gate = g.const_data_ptr();
+  p.up = u.const_data_ptr();
+  p.rows = rows;
+  p.cols = g.size(1);
+  p.gate_stride = g.stride(0);
+  p.up_stride = u.stride(0);
+}
+
+std::vector<c10::SymInt> with_last(const at::Tensor& x, int64_t last) {
+  std::vector<c10::SymInt> shape(x.sym_sizes().begin(), x.sym_sizes().end());
+  shape.back() = last;
+  return shape;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_kernel(
+    const at::Tensor& x, const at::Tensor& gate_weight, const std::optional<at::Tensor>& up_weight,
+    const at::Tensor& down_weight, const std::optional<at::Tensor>& gate_bias,
+    const std::optional<at::Tensor>& up_bias, const std::optional<at::Tensor>& down_bias,
+    c10::string_view activation) {
+  const Shape s = check(x, gate_weight, get(up_weight), down_weight, get(gate_bias), get(up_bias), get(down_bias),
+                        activation);
+  const c10::SymInt rows = x.sym_numel() / s.H;
+  if (x.is_meta()) {  // shapes only, symbolic where they are (torch.compile)
+    return {at::empty_symint(with_last(x, s.O), x.options()),
+            at::empty_symint({rows, c10::SymInt(s.fused ? 2 * s.I : s.I)}, x.options()),
+            s.fused ? at::empty({0}, x.options()) : at::empty_symint({rows, c10::SymInt(s.I)}, x.options())};
+  }
+  c10::OptionalDeviceGuard guard(x.device());
+  const int64_t N = rows.expect_int();
+  const at::Tensor x2 = x.reshape({N, s.H});
+  const at::Tensor gate = at::linear(x2, gate_weight, gate_bias).contiguous();
+  const at::Tensor up = s.fused ? at::empty({0}, x.options()) : at::linear(x2, *up_weight, up_bias).contiguous();
+  const at::Tensor g = s.fused ? gate.narrow(1, 0, s.I) : gate;
+  const at::Tensor u = s.fused ? gate.narrow(1, s.I, s.I) : up;
+  at::Tensor h = at::empty({N, s.I}, x.options());
+  if (N > 0) {
+    GatedMlpForwardParams p;
+    fill_gate_up(p, s, g, u, N);
+    p.h = h.mutable_data_ptr();
+    run_core(x, p, gated_mlp_forward_cpu, gated_mlp_forward_cuda, kOp);
+  }
+  at::Tensor y = at::linear(h, down_weight, down_bias).view_symint(with_last(x, s.O));
+  return {y, gate, up};
+}
+
+// Intermediate columns per backward block: `chunk`, or blocks whose [rows, block] tensors hold
+// at most max(64 MiB, x's bytes), in multiples of 64 columns.
+int64_t columns_per_block(int64_t chunk, int64_t rows, const Shape& s, int64_t elem) {
+  if (chunk > 0) return std::min(chunk, s.I);
+  const int64_t bytes = std::max<int64_t>(64ll << 20, rows * s.H * elem);
+  const int64_t cols = bytes / std::max<int64_t>(1, rows * elem);
+  return std::min(s.I, std::max<int64_t>(64, cols / 64 * 64));
+}
+
+using Grads = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+Grads backward_kernel(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& gate, const at::Tensor& up,
+                      const at::Tensor& gate_weight, const std::optional<at::Tensor>& up_weight,
+                      const at::Tensor& down_weight, std::array<bool, 3> bias_grad, c10::string_view activation,
+                      int64_t chunk, std::array<bool, 4> output_mask) {
+  const char* bop = "tempo::gated_mlp_backward";
+  const Shape s = check(x, gate_weight, get(up_weight), down_weight, nullptr, nullptr, nullptr, activation);
+  TORCH_CHECK(chunk >= 0, bop, ": chunk must be >= 0 (0: automatic), got ", chunk);
+  const bool fused = s.fused;
+  bias_grad[1] = bias_grad[1] && !fused;  // a fused projection's one bias is gate_bias
+  const auto [need_dx, need_dgate, need_dup, need_ddown] = output_mask;
+  const bool need_dup_w = need_dup && !fused;
+  auto maybe = [](bool need, auto&& make) { return need ? make() : at::Tensor(); };
+  // the gradients' shapes (allocated here on every device; computed below off Meta)
+  at::Tensor dgw = maybe(need_dgate || (fused && need_dup), [&] { return at::zeros_like(gate_weight); });
+  at::Tensor duw = maybe(need_dup_w, [&] { return at::zeros_like(*up_weight); });
+  at::Tensor ddw = maybe(need_ddown, [&] { return at::empty_like(down_weight); });
+  at::Tensor dgb = maybe(bias_grad[0], [&] { return at::zeros({fused ? 2 * s.I : s.I}, x.options()); });
+  at::Tensor dub = maybe(bias_grad[1], [&] { return at::zeros({s.I}, x.options()); });
+  at::Tensor ddb = maybe(bias_grad[2], [&] { return at::empty({s.O}, x.options()); });
+  if (x.is_meta()) {
+    at::Tensor dx = maybe(need_dx, [&] { return at::empty_like(x, at::MemoryFormat::Contiguous); });
+    return {dx, dgw, duw, ddw, dgb, dub, ddb};
+  }
+  std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end());
+  out_shape.back() = s.O;
+  TORCH_CHECK(grad.sizes() == at::IntArrayRef(out_shape), bop, ": argument 'grad' must have the output's shape ",
+              at::IntArrayRef(out_shape), ", got ", grad.sizes());
+  check_like(grad, x, bop, "grad");
+  const int64_t N = x.numel() / s.H;
+  TORCH_CHECK(gate.dim() == 2 && gate.size(0) == N && gate.size(1) == (fused ? 2 * s.I : s.I) &&
+                  gate.stride(1) == 1,
+              bop, ": argument 'gate' must be the forward's [", N, ", ", fused ? 2 * s.I : s.I, "], got ", gate.sizes());
+  TORCH_CHECK(fused || (up.dim() == 2 && up.size(0) == N && up.size(1) == s.I && up.stride(1) == 1), bop,
+              ": argument 'up' must be the forward's [", N, ", ", s.I, "], got ", up.sizes());
+  check_like(gate, x, bop, "gate");
+  if (!fused) check_like(up, x, bop, "up");
+  c10::OptionalDeviceGuard guard(x.device());
+  const bool low = x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf;
+  const at::Tensor dy = grad.reshape({N, s.O}).contiguous();
+  const at::Tensor x2 = x.reshape({N, s.H});
+  const at::Tensor g = fused ? gate.narrow(1, 0, s.I) : gate;
+  const at::Tensor u = fused ? gate.narrow(1, s.I, s.I) : up;
+  // dx summed over the blocks in the math type (float32 for 16-bit data), rounded once
+  at::Tensor dx_acc = maybe(need_dx, [&] { return at::zeros({N, s.H}, x.options().dtype(low ? at::kFloat : x.scalar_type())); });
+  if (bias_grad[2]) ddb.copy_(dy.sum(0));
+  const int64_t C = columns_per_block(chunk, N, s, static_cast<int64_t>(x.element_size()));
+  for (int64_t c0 = 0; c0 < s.I && N > 0; c0 += C) {
+    const int64_t n = std::min(C, s.I - c0);
+    const at::Tensor dh = at::mm(dy, down_weight.narrow(1, c0, n));  // [N, n]
+    at::Tensor dg = at::empty({N, n}, x.options()), du = at::empty({N, n}, x.options());
+    at::Tensor h = maybe(need_ddown, [&] { return at::empty({N, n}, x.options()); });
+    GatedMlpBackwardParams p;
+    fill_gate_up(p, s, g.narrow(1, c0, n), u.narrow(1, c0, n), N);
+    p.grad_h = dh.const_data_ptr();
+    p.grad_gate = dg.mutable_data_ptr();
+    p.grad_up = du.mutable_data_ptr();
+    p.grad_gate_stride = p.grad_up_stride = n;
+    p.h = need_ddown ? h.mutable_data_ptr() : nullptr;
+    run_core(x, p, gated_mlp_backward_cpu, gated_mlp_backward_cuda, bop);
+    // rows [c0, c0 + n) of the gate and up weights (fused: up's are I rows further), columns of down's
+    const at::Tensor wg = gate_weight.narrow(0, c0, n);
+    const at::Tensor wu = fused ? gate_weight.narrow(0, s.I + c0, n) : up_weight->narrow(0, c0, n);
+    if (need_ddown) ddw.narrow(1, c0, n).copy_(at::mm(dy.t(), h));
+    if (need_dgate) dgw.narrow(0, c0, n).copy_(at::mm(dg.t(), x2));
+    if (fused && need_dup) dgw.narrow(0, s.I + c0, n).copy_(at::mm(du.t(), x2));
+    if (need_dup_w) duw.narrow(0, c0, n).copy_(at::mm(du.t(), x2));
+    if (bias_grad[0]) dgb.narrow(0, c0, n).copy_(dg.sum(0));
+    if (bias_grad[0] && fused) dgb.narrow(0, s.I + c0, n).copy_(du.sum(0));
+    if (bias_grad[1]) dub.narrow(0, c0, n).copy_(du.sum(0));
+    if (need_dx) {
+      add_matmul(dx_acc, dg, wg, low);
+      add_matmul(dx_acc, du, wu, low);
+    }
+  }
+  if (N == 0 && need_ddown) ddw.zero_();
+  at::Tensor dx = maybe(need_dx, [&] { return dx_acc.to(x.scalar_type()).view(x.sizes()); });
+  return {dx, dgw, duw, ddw, dgb, dub, ddb};
+}
+
+// Below autograd (no_grad, inference): the output only.
+at::Tensor composite(const at::Tensor& x, const at::Tensor& gate_weight, const std::optional<at::Tensor>& up_weight,
+                     const at::Tensor& down_weight, const std::optional<at::Tensor>& gate_bias,
+                     const std::optional<at::Tensor>& up_bias, const std::optional<at::Tensor>& down_bias,
+                     c10::string_view activation, int64_t chunk) {
+  TORCH_CHECK(chunk >= 0, kOp, ": chunk must be >= 0 (0: automatic), got ", chunk);
+  return std::get<0>(forward_kernel(x, gate_weight, up_weight, down_weight, gate_bias, up_bias, down_bias, activation));
+}
+
+}  // namespace
+
+// ---- C++ API: through the dispatcher, so autograd and every backend apply ------------------
+
+at::Tensor gated_mlp(const at::Tensor& x, const at::Tensor& gate_weight, const std::optional<at::Tensor>& up_weight,
+                     const at::Tensor& down_weight, const std::optional<at::Tensor>& gate_bias,
+                     const std::optional<at::Tensor>& up_bias, const std::optional<at::Tensor>& down_bias,
+                     c10::string_view activation, int64_t chunk) {
+  static const auto& op = op_for<&gated_mlp>("tempo::gated_mlp");
+  return op.call(x, gate_weight, up_weight, down_weight, gate_bias, up_bias, down_bias, activation, chunk);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> gated_mlp_forward(
+    const at::Tensor& x, const at::Tensor& gate_weight, const std::optional<at::Tensor>& up_weight,
+    const at::Tensor& down_weight, const std::optional<at::Tensor>& gate_bias,
+    const std::optional<at::Tensor>& up_bias, const std::optional<at::Tensor>& down_bias,
+    c10::string_view activation) {
+  static const auto& op = op_for<&gated_mlp_forward>("tempo::gated_mlp_forward");
+  return op.call(x, gate_weight, up_weight, down_weight, gate_bias, up_bias, down_bias, activation);
+}
+
+Grads gated_mlp_backward(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& gate, const at::Tensor& up,
+                         const at::Tensor& gate_weight, const std::optional<at::Tensor>& up_weight,
+                         const at::Tensor& down_weight, std::array<bool, 3> bias_grad, c10::string_view activation,
+                         int64_t chunk, std::array<bool, 4> output_mask) {
+  static const auto& op = op_for<&gated_mlp_backward>("tempo::gated_mlp_backward");
+  return op.call(grad, x, gate, up, gate_weight, up_weight, down_weight, bias_grad, activation, chunk, output_mask);
+}
+
+}  // namespace tempo
+
+TORCH_LIBRARY_IMPL(tempo, CompositeExplicitAutograd, m) {
+  m.impl("gated_mlp", tempo::composite);
+  m.impl("gated_mlp_forward", tempo::forward_kernel);
+  m.impl("gated_mlp_backward", tempo::backward_kernel);
+}
