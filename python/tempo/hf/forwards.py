@@ -80,6 +80,33 @@ def bias_gelu_forward(self, hidden_states):
     return ops.gelu(F.linear(hidden_states, self.dense.weight), approximate, bias=self.dense.bias)
 
 
+def gated_activation(act):
+    """The tempo.gated_mlp activation an MLP's activation module computes ("silu", "gelu",
+    "gelu_tanh"), or None (not one tempo knows, or hooked: then the module's own forward runs)."""
+    if act is None or hooked(act):
+        return None
+    cls = getattr(type(act), "_tempo_patch", (type(act),))[0]
+    if cls in (torch.nn.SiLU, tnn.SiLU) or (cls.__name__ == "SiLUActivation" and cls.__module__.startswith("transformers.")):
+        return "silu"
+    return {"none": "gelu", "tanh": "gelu_tanh"}.get(gelu_approximate(act))
+
+
+def gated_mlp_forward(self, x):
+    # down_proj(act_fn(gate_proj(x)) * up_proj(x)): LlamaMLP, MistralMLP, Qwen2/3's, Gemma's, OLMo's, ...
+    act = gated_activation(self.act_fn)
+    if act is None:
+        return original_forward(self, x)
+    return tnn.gated_mlp.gated_mlp(x, self.gate_proj, self.up_proj, self.down_proj, act)
+
+
+def fused_gated_mlp_forward(self, hidden_states):
+    # down_proj(act(gate) * up) with gate, up = gate_up_proj(x).chunk(2): Phi3MLP
+    act = gated_activation(self.activation_fn)
+    if act is None:
+        return original_forward(self, hidden_states)
+    return tnn.gated_mlp.fused_gated_mlp(hidden_states, self.gate_up_proj, self.down_proj, act)
+
+
 def qkv_split_forward(self, hidden_states, attention_mask=None, *args, **kwargs):
     # The original's third argument is its cache, named `cache` (transformers 5.24 on) or
     # `past_key_values` (5.17): passed on as it came when tempo does not compute this call.

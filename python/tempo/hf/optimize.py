@@ -54,6 +54,7 @@ def optimize(model: torch.nn.Module, techniques="all", attention: str = "keep", 
 
     techniques: "all", or one or a list of "gelu", "silu", "layer_norm", "rms_norm", "dropout",
     "bdrln" (dense + dropout + residual + LayerNorm in one pass, BERT/RoBERTa's output blocks),
+    "gated_mlp" (LLaMA-style gated MLPs by tempo.gated_mlp: gate and up kept, their product recomputed),
     "lm_head" (a causal or masked LM's training loss from the hidden states by tempo.linear_cross_entropy:
     the logits never exist, and `logits` is None in the output of a training call with labels;
     tempo/hf/lm_head.py says which families and what it keeps).
@@ -200,6 +201,8 @@ def optimize(model: torch.nn.Module, techniques="all", attention: str = "keep", 
                 if rule[0] == "bias_gelu":  # its activation runs inside the fused op
                     done.add(id(child.intermediate_act_fn))
                     continue
+                if rule[0] == "gated_mlp":  # so does the gated MLP's; its projections stay as they are
+                    done.update(id(getattr(child, n)) for n in ("act_fn", "activation_fn") if hasattr(child, n))
             elif not ours:
                 lname = type(child).__name__.lower()
                 other = rules_for(child, set(TECHNIQUES))

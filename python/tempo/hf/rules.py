@@ -5,13 +5,14 @@ import torch
 import torch.nn.functional as F
 
 from .. import nn as tnn
-from .forwards import (bdrln_forward, bias_gelu_forward, gelu_approximate, hf_gelu_forward, hf_gelu_tanh_forward,
-                       hf_layer_norm_forward, hf_rms_norm_forward, hf_rms_norm_offset_forward, hf_silu_forward,
-                       norm_bias, norm_eps, qkv_split_forward)
+from .forwards import (bdrln_forward, bias_gelu_forward, fused_gated_mlp_forward, gated_activation, gated_mlp_forward,
+                       gelu_approximate, hf_gelu_forward, hf_gelu_tanh_forward, hf_layer_norm_forward,
+                       hf_rms_norm_forward, hf_rms_norm_offset_forward, hf_silu_forward, norm_bias, norm_eps,
+                       qkv_split_forward)
 from .patching import retype, subclass
 from .probes import Differs, probe, probed
 
-TECHNIQUES = ("gelu", "silu", "layer_norm", "rms_norm", "dropout", "bdrln", "lm_head")
+TECHNIQUES = ("gelu", "silu", "layer_norm", "rms_norm", "dropout", "bdrln", "gated_mlp", "lm_head")
 # The Data Movement paper's bias fusions, added by fused=True (or named in techniques):
 # "qkv_split" (BERT/RoBERTa self-attention: one GEMM for q, k, v without the bias add, then
 # tempo.qkv_split adds the bias and writes the head layout in one pass), "bias_gelu"
@@ -66,6 +67,25 @@ def _is_qkv_split(m):
             and hasattr(m, "num_attention_heads") and hasattr(m, "scaling"))
 
 
+def _linear(m, name):
+    lin = getattr(m, name, None)
+    return lin if isinstance(lin, torch.nn.Linear) else None
+
+
+def _is_gated_mlp(m):
+    # LlamaMLP and its kind: gate_proj, up_proj [I, H], down_proj [H', I] and act_fn
+    gate, up, down = (_linear(m, n) for n in ("gate_proj", "up_proj", "down_proj"))
+    return (gate is not None and up is not None and down is not None and gate.weight.shape == up.weight.shape
+            and down.in_features == gate.out_features and gated_activation(getattr(m, "act_fn", None)) is not None)
+
+
+def _is_fused_gated_mlp(m):
+    # Phi3MLP: gate_up_proj [2 I, H] (gate rows first), down_proj [H', I], activation_fn
+    gate_up, down = _linear(m, "gate_up_proj"), _linear(m, "down_proj")
+    return (gate_up is not None and down is not None and gate_up.out_features == 2 * down.in_features
+            and gated_activation(getattr(m, "activation_fn", None)) is not None)
+
+
 def _is_functional_gelu_layer(m):
     # torch's own TransformerEncoderLayer / TransformerDecoderLayer with activation="gelu":
     # its activation is the function F.gelu, an attribute rather than a child module
@@ -93,6 +113,11 @@ RULES = [
     ("bias_gelu", _is_bias_gelu, probed(bias_gelu_forward, lambda m: [(1, 3, m.dense.in_features)])),
     ("bdrln", _is_bdrln,
      probed(bdrln_forward, lambda m: [(1, 3, m.dense.in_features), (1, 3, m.dense.out_features)])),
+    # the gated MLP (act_fn or activation_fn is then no longer called: optimize skips it); probed, so an
+    # MLP whose forward does something else with the same modules is left
+    ("gated_mlp", _is_gated_mlp, probed(gated_mlp_forward, lambda m: [(1, 3, m.gate_proj.in_features)])),
+    ("gated_mlp", _is_fused_gated_mlp,
+     probed(fused_gated_mlp_forward, lambda m: [(1, 3, m.gate_up_proj.in_features)])),
     ("layer_norm", lambda m: type(m) is torch.nn.LayerNorm, retype(tnn.LayerNorm)),
     ("rms_norm", lambda m: type(m) is torch.nn.RMSNorm or _is_named_norm(m, "RMSNorm"), _rms_norm),
     # classes named LayerNorm that are not torch's: T5's (and MT5's, UMT5's, LongT5's, ...) is an
