@@ -65,6 +65,9 @@ class Case:
     # the terms their backward adds, scaled by rstd): grad_scale(inputs in float64, grad_out).
     grad_scale: Optional[Callable] = None
     describe: str = ""
+    # The same for the output: a sum of terms rounded in the dtype on the way (the gated MLP's
+    # product h before the down projection), output_scale(inputs in float64).
+    output_scale: Optional[Callable] = None
     torch_ref: Optional[Callable] = None  # PyTorch's own op for its error in the case's dtype (default: reference)
 
 
@@ -187,7 +190,8 @@ def check(name, case, seed):
     moved, moved_grads = run_side(case, torch.float64, "reference", seed, perturb=seed + 1)[:2]
     # Scale floors: 1 (O(1) draws), times the broadcast factor of an expanded input (its
     # gradient sums that many rows), or the op's own scale of the gradient.
-    floors = {"output": SCALE_FLOOR}
+    floors = {"output": max(SCALE_FLOOR, case.output_scale([v.detach() if v is not None else None for v in views64])
+                            if case.output_scale else 0.0)}
     extra = case.grad_scale([v.detach() if v is not None else None for v in views64], go64) \
         if case.grad_scale and go64 is not None else [None] * len(case.inputs)
     for i, (m, how) in enumerate(zip(case.inputs, case.layouts)):
@@ -597,6 +601,66 @@ def gen_qkv_split(rng):
                 describe=f"qkv_split B{B} S{S} A{A} d{d} {dtype} bias={bias is not None} part {which} {lay[0]}")
 
 
+def gen_gated_mlp(rng):
+    lead = [rng.choice([1, 2, 3])] + ([rng.choice([1, 5, 13])] if rng.random() < 0.5 else [])
+    H, I, O = rng.choice([1, 8, 17, 64]), rng.choice([1, 8, 33, 100]), rng.choice([1, 8, 17, 64])
+    dtype = rng.choice(DTYPES)
+    act = rng.choice(["silu", "gelu", "gelu_tanh"])
+    fused = rng.random() < 0.3
+    chunk = rng.choice([0, 0, 1, 7, 64])
+    # wide inputs but in fp16, where act(gate) * up of wide ones overflows in PyTorch's own op as in tempo's
+    x = values(rng, lead + [H], "normal" if dtype == torch.float16 else "wide")
+    wg, wu, wd = values(rng, [2 * I if fused else I, H]) * 0.5, values(rng, [I, H]) * 0.5, values(rng, [O, I]) * 0.3
+    bg = values(rng, [2 * I if fused else I]) if rng.random() < 0.4 else None
+    bu = values(rng, [I]) if rng.random() < 0.4 and not fused else None
+    bd = values(rng, [O]) if rng.random() < 0.4 else None
+    f = {"silu": F.silu, "gelu": F.gelu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh")}[act]
+
+    def run(t):
+        return tempo.gated_mlp(t[0], t[1], None if fused else t[2], t[3], t[4], t[5], t[6], act, chunk)
+
+    def ref(t):
+        if fused:
+            g, u = F.linear(t[0], t[1], t[4]).chunk(2, dim=-1)
+        else:
+            g, u = F.linear(t[0], t[1], t[4]), F.linear(t[0], t[2], t[5])
+        return F.linear(f(g) * u, t[3], t[6])
+    def parts(t):
+        if fused:
+            g, u = F.linear(t[0], t[1], t[4]).chunk(2, dim=-1)
+        else:
+            g, u = F.linear(t[0], t[1], t[4]), F.linear(t[0], t[2], t[5])
+        return g, u, f(g) * u
+
+    def out_scale(t):
+        """The size of the terms y sums: |h| |W_down| (+ |b|), h rounded in the dtype as PyTorch's own op rounds it."""
+        h = parts(t)[2]
+        y = F.linear(h.abs(), t[3].abs(), t[6].abs() if t[6] is not None else None)
+        return y.abs().max().item() if y.numel() else 0.0
+
+    def scales(t, go):
+        """The size of the terms each gradient sums (dh = dy W_down, dgate = dh up f', dup = dh f(gate); f' <= 1.2)."""
+        if go is None or t[0].numel() == 0:
+            return [None] * 7
+        g, u, h = parts(t)
+        dh = go.abs().reshape(-1, go.shape[-1]) @ t[3].abs()
+        dg, du = dh * u.abs().reshape(dh.shape) * 1.2, dh * f(g).abs().reshape(dh.shape)
+        x2 = t[0].abs().reshape(-1, t[0].shape[-1])
+        wg = t[1].abs()[:I] if fused else t[1].abs()
+        wu = t[1].abs()[I:] if fused else t[2].abs()
+        dx = dg @ wg + du @ wu
+        big = lambda m: m.max().item() if m.numel() else 0.0  # noqa: E731
+        gate_w = max(big(dg.t() @ x2), big(du.t() @ x2)) if fused else big(dg.t() @ x2)
+        gate_b = max(big(dg.sum(0)), big(du.sum(0))) if fused else big(dg.sum(0))
+        return [big(dx), gate_w, big(du.t() @ x2), big(go.abs().reshape(dh.shape[0], -1).t() @ h.abs().reshape(dh.shape)),
+                gate_b, big(du.sum(0)), big(go.abs().reshape(dh.shape[0], -1).sum(0))]
+    lay = draw_layouts(rng, 1) + ["contiguous"] * 6
+    return Case([x, wg, None if fused else wu, wd, bg, bu, bd], dtype, run, ref, True, [True] * 7, lay,
+                grad_scale=scales, output_scale=out_scale,
+                describe=f"gated_mlp {lead}x{H} I{I} O{O} {dtype} {act} fused={fused} chunk={chunk} "
+                         f"biases={[b is not None for b in (bg, bu, bd)]} {lay[0]}")
+
+
 OPS = {
     "gelu": lambda rng: gen_activation(rng, "gelu"),
     "gelu_tanh": lambda rng: gen_activation(rng, "gelu_tanh"),
@@ -610,6 +674,7 @@ OPS = {
     "causal_linear_attention": gen_linear_attention,
     "linear_cross_entropy": gen_lce,
     "qkv_split": gen_qkv_split,
+    "gated_mlp": gen_gated_mlp,
 }
 
 

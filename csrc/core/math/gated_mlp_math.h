@@ -6,7 +6,7 @@
 //   gate_f32(float): 16/32-bit data on CUDA; fp32 with expf / erfcf.
 // The derivative is returned as the two terms it is the sum of (act' = d1 + d2), so that a
 // caller states its error against |d1| + |d2|: the sum cancels near act's minimum, where act'
-// is 0. Forms (sigma(z) = 1 / (1 + e^-z), 1 - sigma(z) = e^-z sigma(z), never 1 - s):
+// is 0. Forms (sigma(z) and 1 - sigma(z) from e^-|z|, never 1 - s, no overflow):
 //   SiLU        f = x s,   s = sigma(x);         f' = s + x s (1 - s)
 //   GELU tanh   f = x s,   s = sigma(2 a),       f' = s + 2 x s (1 - s) a',
 //               a = c x (1 + k x^2), a' = c (1 + 3 k x^2)
@@ -27,19 +27,33 @@ struct GateValue {
 
 constexpr double kInvSqrt2Pi = 0.39894228040143267794;
 
+// sigma(z) and 1 - sigma(z) from e = e^-|z| in (0, 1]: no overflow, no cancellation.
+template <typename F>
+TEMPO_HD void sigmoid_pair(F z, F e, F& s, F& oms) {
+  const F r = F(1) / (F(1) + e);
+  s = z >= F(0) ? r : e * r;
+  oms = z >= F(0) ? e * r : r;
+}
+
+// The sigmoid forms (SiLU, tanh GELU) with `exp_neg_abs(z)` = e^-|z| and x's type F.
+template <Activation A, typename F, typename Exp>
+TEMPO_HD GateValue<F> gate_sigmoid_form(F x, Exp exp_neg_abs) {
+  constexpr F c = F(ActMath<Activation::kGeluTanh>::kC), k = F(ActMath<Activation::kGeluTanh>::kK);
+  const bool tanh_form = A == Activation::kGeluTanh;
+  const F z = tanh_form ? F(2) * c * x * (F(1) + k * x * x) : x;
+  F s, oms;
+  sigmoid_pair(z, exp_neg_abs(z), s, oms);
+  const F slope = tanh_form ? F(2) * c * (F(1) + F(3) * k * x * x) : F(1);
+  return {x * s, s, x * s * oms * slope};
+}
+
 template <Activation A>
 TEMPO_HD GateValue<double> gate_fast(double x) {
   if constexpr (A == Activation::kGeluErf) {
     const double p = phi_fast(x);
     return {x * p, p, x * exp_fast(-0.5 * x * x) * kInvSqrt2Pi};
   } else {
-    constexpr double c = ActMath<Activation::kGeluTanh>::kC, k = ActMath<Activation::kGeluTanh>::kK;
-    const bool tanh_form = A == Activation::kGeluTanh;
-    const double z = tanh_form ? 2.0 * c * x * fma(k * x, x, 1.0) : x;
-    const double e = exp_fast(-z);  // clamped at e^709.8: 1 + e stays finite, e s stays <= 1
-    const double s = 1.0 / (1.0 + e), oms = e * s;
-    const double slope = tanh_form ? 2.0 * c * fma(3.0 * k * x, x, 1.0) : 1.0;
-    return {x * s, s, x * s * oms * slope};
+    return gate_sigmoid_form<A, double>(x, [](double z) { return exp_fast(-fabs(z)); });
   }
 }
 
@@ -49,12 +63,7 @@ TEMPO_HD GateValue<double> gate_exact(double x) {
     const double p = 0.5 * erfc(-x * 0.70710678118654752440);
     return {x * p, p, x * exp(-0.5 * x * x) * kInvSqrt2Pi};
   } else {
-    constexpr double c = ActMath<Activation::kGeluTanh>::kC, k = ActMath<Activation::kGeluTanh>::kK;
-    const bool tanh_form = A == Activation::kGeluTanh;
-    const double z = tanh_form ? 2.0 * c * x * (1.0 + k * x * x) : x;
-    const double s = 1.0 / (1.0 + exp(-z)), oms = 1.0 / (1.0 + exp(z));  // no inf * 0 at |z| > 709
-    const double slope = tanh_form ? 2.0 * c * (1.0 + 3.0 * k * x * x) : 1.0;
-    return {x * s, s, x * s * oms * slope};
+    return gate_sigmoid_form<A, double>(x, [](double z) { return exp(-fabs(z)); });
   }
 }
 
@@ -64,14 +73,7 @@ TEMPO_HD GateValue<float> gate_f32(float x) {
     const float p = 0.5f * erfcf(-0.70710678118654752f * x);
     return {x * p, p, x * expf(-0.5f * x * x) * 0.39894228040143267f};
   } else {
-    const bool tanh_form = A == Activation::kGeluTanh;
-    const float z = tanh_form ? 1.5957691216057308f * x * fmaf(0.044715f * x, x, 1.0f) : x;
-    // e^-|z| in (0, 1]: sigma and 1 - sigma without overflow or cancellation
-    const float e = expf(-fabsf(z));
-    const float r = 1.0f / (1.0f + e);
-    const float s = z >= 0.0f ? r : e * r, oms = z >= 0.0f ? e * r : r;
-    const float slope = tanh_form ? 1.5957691216057308f * fmaf(3.0f * 0.044715f * x, x, 1.0f) : 1.0f;
-    return {x * s, s, x * s * oms * slope};
+    return gate_sigmoid_form<A, float>(x, [](float z) { return expf(-fabsf(z)); });
   }
 }
 

@@ -42,11 +42,16 @@ class GatedMlpFunction : public torch::autograd::Function<GatedMlpFunction> {
     return once_differentiable("tempo::gated_mlp", grads, [&]() -> variable_list {
       const auto s = ctx->get_saved_variables();
       const auto has_bias = ctx->saved_data["has_bias"].toBoolList();
-      const std::array<bool, 3> bias_grad = {has_bias[0] && ctx->needs_input_grad(4),
-                                             has_bias[1] && ctx->needs_input_grad(5),
-                                             has_bias[2] && ctx->needs_input_grad(6)};
-      const std::array<bool, 4> mask = {ctx->needs_input_grad(0), ctx->needs_input_grad(1),
-                                        s[4].defined() && ctx->needs_input_grad(2), ctx->needs_input_grad(3)};
+      // the graph has an edge for each tensor argument given, in order (an absent optional has none)
+      size_t edge = 0;
+      auto needs = [&](bool given) { return given && ctx->needs_input_grad(edge++); };
+      std::array<bool, 4> mask{};
+      mask[0] = needs(true);
+      mask[1] = needs(true);
+      mask[2] = needs(s[4].defined());
+      mask[3] = needs(true);
+      std::array<bool, 3> bias_grad{};
+      for (size_t i = 0; i < 3; ++i) bias_grad[i] = needs(has_bias[i]);
       auto [dx, dgw, duw, ddw, dgb, dub, ddb] =
           gated_mlp_backward(grads[0], s[0], s[1], s[2], s[3], optional_of(s[4]), s[5], bias_grad,
                              ctx->saved_data["activation"].toStringRef(), ctx->saved_data["chunk"].toInt(), mask);

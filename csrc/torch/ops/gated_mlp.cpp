@@ -158,12 +158,12 @@ Grads backward_kernel(const at::Tensor& grad, const at::Tensor& x, const at::Ten
   TORCH_CHECK(chunk >= 0, bop, ": chunk must be >= 0 (0: automatic), got ", chunk);
   const bool fused = s.fused;
   bias_grad[1] = bias_grad[1] && !fused;  // a fused projection's one bias is gate_bias
-  const auto [need_dx, need_dgate, need_dup, need_ddown] = output_mask;
-  const bool need_dup_w = need_dup && !fused;
+  const auto [need_dx, need_dgate, need_dup_weight, need_ddown] = output_mask;
+  const bool need_dup_w = need_dup_weight && !fused;  // a fused projection's up rows are gate_weight's
   auto maybe = [](bool need, auto&& make) { return need ? make() : at::Tensor(); };
   // the gradients' shapes (allocated here on every device; computed below off Meta)
-  at::Tensor dgw = maybe(need_dgate || (fused && need_dup), [&] { return at::zeros_like(gate_weight); });
-  at::Tensor duw = maybe(need_dup_w, [&] { return at::zeros_like(*up_weight); });
+  at::Tensor dgw = maybe(need_dgate, [&] { return at::empty_like(gate_weight); });
+  at::Tensor duw = maybe(need_dup_w, [&] { return at::empty_like(*up_weight); });
   at::Tensor ddw = maybe(need_ddown, [&] { return at::empty_like(down_weight); });
   at::Tensor dgb = maybe(bias_grad[0], [&] { return at::zeros({fused ? 2 * s.I : s.I}, x.options()); });
   at::Tensor dub = maybe(bias_grad[1], [&] { return at::zeros({s.I}, x.options()); });
@@ -213,7 +213,7 @@ Grads backward_kernel(const at::Tensor& grad, const at::Tensor& x, const at::Ten
     const at::Tensor wu = fused ? gate_weight.narrow(0, s.I + c0, n) : up_weight->narrow(0, c0, n);
     if (need_ddown) ddw.narrow(1, c0, n).copy_(at::mm(dy.t(), h));
     if (need_dgate) dgw.narrow(0, c0, n).copy_(at::mm(dg.t(), x2));
-    if (fused && need_dup) dgw.narrow(0, s.I + c0, n).copy_(at::mm(du.t(), x2));
+    if (fused && need_dgate) dgw.narrow(0, s.I + c0, n).copy_(at::mm(du.t(), x2));
     if (need_dup_w) duw.narrow(0, c0, n).copy_(at::mm(du.t(), x2));
     if (bias_grad[0]) dgb.narrow(0, c0, n).copy_(dg.sum(0));
     if (bias_grad[0] && fused) dgb.narrow(0, s.I + c0, n).copy_(du.sum(0));
@@ -223,7 +223,10 @@ Grads backward_kernel(const at::Tensor& grad, const at::Tensor& x, const at::Ten
       add_matmul(dx_acc, du, wu, low);
     }
   }
-  if (N == 0 && need_ddown) ddw.zero_();
+  if (N == 0) {  // no rows: every weight gradient is 0
+    for (at::Tensor* t : {&dgw, &duw, &ddw})
+      if (t->defined()) t->zero_();
+  }
   at::Tensor dx = maybe(need_dx, [&] { return dx_acc.to(x.scalar_type()).view(x.sizes()); });
   return {dx, dgw, duw, ddw, dgb, dub, ddb};
 }
