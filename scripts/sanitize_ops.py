@@ -27,6 +27,8 @@ def cases(dtype):
     labels[3] = -100
     pos = torch.rand(2, 17, 8, device=dev, dtype=dtype, requires_grad=True)
     vv = torch.randn(2, 17, 5, device=dev, dtype=dtype, requires_grad=True)
+    wg = (torch.randn(2 * 45, 24, device=dev, dtype=dtype) * 0.2).requires_grad_()  # odd widths: the vector tails
+    wd = (torch.randn(24, 45, device=dev, dtype=dtype) * 0.2).requires_grad_()
     return {
         "gelu": lambda: tempo.gelu(x, bias=b),
         "gelu_tanh": lambda: tempo.gelu(x, "tanh"),
@@ -41,6 +43,8 @@ def cases(dtype):
         "qkv_split": lambda: torch.stack(tempo.qkv_split(torch.cat([q.flatten(1, 2)] * 3, -1)[:, :33], None, 3)),
         "causal_linear_attention": lambda: tempo.causal_linear_attention(pos, pos, vv)[0],
         "linear_cross_entropy": lambda: tempo.linear_cross_entropy(h, head, None, labels),
+        "gated_mlp": lambda: tempo.gated_mlp(h, wg[:45], wg[45:], wd, chunk=16),
+        "gated_mlp_fused": lambda: tempo.gated_mlp(h, wg, None, wd, activation="gelu_tanh"),
     }
 
 

@@ -37,6 +37,9 @@ OPS = {
     "linear_cross_entropy": lambda x, w, b: tempo.linear_cross_entropy(
         x, torch.ones(50, x.shape[-1], device=x.device, dtype=x.dtype) * w[:1], None,
         torch.arange(x.shape[0], device=x.device) % 50),
+    "gated_mlp": lambda x, w, b: tempo.gated_mlp(x, torch.ones(64, 32, device=x.device, dtype=x.dtype) * w[:1],
+                                                 None, torch.ones(32, 32, device=x.device, dtype=x.dtype) * b[:1],
+                                                 chunk=8),
 }
 
 

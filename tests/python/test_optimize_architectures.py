@@ -3,7 +3,8 @@ encoders, decoders, mixtures of experts, encoder-decoders, a vision transformer)
 built from configs, norm weights moved far from their initial values (as trained ones are),
 dropout 0. With the model's own attention and with tempo's, tempo patches the layers listed here
 and every parameter's gradient matches the unpatched model's within 1e-5 relative. (OLMo's
-LayerNorm has no parameters, a layer tempo leaves as it is: only OLMo's SiLU is patched.)"""
+LayerNorm has no parameters, a layer tempo leaves as it is: only OLMo's gated MLP is patched.
+Qwen2-MoE's shared expert is a gated MLP; its routed experts' SiLU is patched alone.)"""
 import copy
 import os
 
@@ -42,11 +43,11 @@ ARCHITECTURES = {
     "mistral": (T.MistralForCausalLM, T.MistralConfig,
                 dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
                      num_key_value_heads=2, head_dim=16, max_position_embeddings=64),
-                ["TempoMistralRMSNorm", "TempoSiLUActivation"]),
+                ["TempoMistralMLP", "TempoMistralRMSNorm"]),
     "qwen2": (T.Qwen2ForCausalLM, T.Qwen2Config,
               dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
                    num_key_value_heads=2, max_position_embeddings=64),
-              ["TempoQwen2RMSNorm", "TempoSiLUActivation"]),
+              ["TempoQwen2MLP", "TempoQwen2RMSNorm"]),
     "phi": (T.PhiForCausalLM, T.PhiConfig,
             dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
                  max_position_embeddings=64),
@@ -54,7 +55,7 @@ ARCHITECTURES = {
     "phi3": (T.Phi3ForCausalLM, T.Phi3Config,
              dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
                   num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0),
-             ["TempoPhi3RMSNorm", "TempoSiLUActivation"]),
+             ["TempoPhi3MLP", "TempoPhi3RMSNorm"]),
     "gpt_neox": (T.GPTNeoXForCausalLM, T.GPTNeoXConfig,
                  dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
                       max_position_embeddings=64),
@@ -69,18 +70,18 @@ ARCHITECTURES = {
     "gemma": (T.GemmaForCausalLM, T.GemmaConfig,
               dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
                    num_key_value_heads=2, head_dim=16, max_position_embeddings=64),
-              ["TempoGELUTanh", "TempoGemmaRMSNorm"]),
+              ["TempoGemmaMLP", "TempoGemmaRMSNorm"]),
     "olmo2": (T.Olmo2ForCausalLM, T.Olmo2Config,
               dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
                    num_key_value_heads=2, max_position_embeddings=64),
-              ["TempoOlmo2RMSNorm", "TempoSiLUActivation"]),
+              ["TempoOlmo2MLP", "TempoOlmo2RMSNorm"]),
     "t5": (T.T5ForConditionalGeneration, T.T5Config,
            dict(num_layers=2, d_model=64, d_ff=128, num_heads=4, d_kv=16, decoder_start_token_id=0, pad_token_id=0),
            ["TempoT5LayerNorm"]),  # T5's LayerNorm is an RMSNorm: patched as one
     "cohere": (T.CohereForCausalLM, T.CohereConfig,
                dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
                     num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=2),
-               ["TempoCohereLayerNorm", "TempoSiLUActivation"]),  # a LayerNorm with weights and no bias
+               ["TempoCohereLayerNorm", "TempoCohereMLP"]),  # a LayerNorm with weights and no bias
     "deberta": (T.DebertaForMaskedLM, T.DebertaConfig,
                 dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
                      max_position_embeddings=64),  # its own LayerNorm class, and torch's:
@@ -98,11 +99,11 @@ ARCHITECTURES = {
                   dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
                        num_key_value_heads=2, max_position_embeddings=64, num_experts=4, num_experts_per_tok=2,
                        moe_intermediate_size=32, shared_expert_intermediate_size=32),
-                  ["TempoQwen2MoeRMSNorm", "TempoSiLUActivation"]),
+                  ["TempoQwen2MoeMLP", "TempoQwen2MoeRMSNorm", "TempoSiLUActivation"]),
     "gemma3": (T.Gemma3ForCausalLM, T.Gemma3TextConfig,
                dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
                     num_key_value_heads=2, head_dim=16, max_position_embeddings=64, sliding_window=8),
-               ["TempoGELUTanh", "TempoGemma3RMSNorm"]),
+               ["TempoGemma3MLP", "TempoGemma3RMSNorm"]),
     "gptj": (T.GPTJForCausalLM, T.GPTJConfig, dict(n_layer=2, n_embd=64, n_head=4, rotary_dim=8, n_positions=64),
              ["LayerNorm", "TempoNewGELUActivation"]),
     "gpt_neo": (T.GPTNeoForCausalLM, T.GPTNeoConfig,
@@ -116,10 +117,10 @@ ARCHITECTURES = {
     "granite": (T.GraniteForCausalLM, T.GraniteConfig,
                 dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
                      num_key_value_heads=2, max_position_embeddings=64),
-                ["TempoGraniteRMSNorm", "TempoSiLUActivation"]),
+                ["TempoGraniteMLP", "TempoGraniteRMSNorm"]),
     "olmo": (T.OlmoForCausalLM, T.OlmoConfig,
              dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
-                  max_position_embeddings=64), ["TempoSiLUActivation"]),
+                  max_position_embeddings=64), ["TempoOlmoMLP"]),
     "xlm-roberta": (T.XLMRobertaForMaskedLM, T.XLMRobertaConfig,
                     dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
                          max_position_embeddings=70, pad_token_id=1),

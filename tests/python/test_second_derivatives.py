@@ -26,6 +26,7 @@ def _g(*shape, seed):
 W6, B6 = _g(6, seed=1) + 1.0, _g(6, seed=2)
 BIAS12 = _g(12, seed=3)
 HEAD = _g(10, 6, seed=4)
+GATE = _g(8, 6, seed=7)
 POS = lambda t: torch.nn.functional.softplus(t) + 0.1  # noqa: E731  (linear attention's features are positive)
 
 # op name -> f(x) for x of shape [4, 6] (float64), a scalar-valued function whose second
@@ -49,6 +50,7 @@ REFUSING = {
     "causal_linear_attention": lambda x: tempo.causal_linear_attention(POS(x).view(2, 2, 6), POS(x).view(2, 2, 6),
                                                                        x.view(2, 2, 6))[0].pow(2).sum(),
     "linear_cross_entropy": lambda x: tempo.linear_cross_entropy(x, HEAD, None, torch.tensor([1, 2, -100, 9])),
+    "gated_mlp": lambda x: tempo.gated_mlp(x, GATE, GATE * 0.5, GATE.t() * 0.3).pow(2).sum(),
 }
 ALIAS = {"gelu_tanh": "gelu", "gelu_bias": "gelu", "silu_bias": "silu", "attention_dropout": "attention",
          "bias_dropout_add_layer_norm_p": "bias_dropout_add_layer_norm"}
@@ -97,6 +99,7 @@ WEIGHTED = {
     "silu": lambda x, w: tempo.silu(x, bias=w).pow(2).sum(),
     "linear_cross_entropy": lambda x, w: tempo.linear_cross_entropy(x, HEAD * w.sum(), None,
                                                                     torch.tensor([1, 2, 3, 9])),
+    "gated_mlp": lambda x, w: tempo.gated_mlp(x, GATE, GATE * 0.5, GATE.t() * 0.3, down_bias=w).pow(2).sum(),
 }
 
 

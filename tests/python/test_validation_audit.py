@@ -86,6 +86,15 @@ def _valid_calls():
     calls["qkv_split"] = ((r(2, 3, 12), r(12), 2), {"z": "shape", "bias": "shape"})
     calls["qkv_split_backward"] = ((r(2, 2, 3, 2), r(2, 2, 3, 2), r(2, 2, 3, 2), True),
                                    {"grad_k": "shape", "grad_v": "shape"})
+    wg, wu, wd, bg, bu, bd = r(6, 8), r(6, 8), r(8, 6), r(6), r(6), r(8)
+    gmlp = {"gate_weight": "shape", "up_weight": "shape", "down_weight": "shape", "gate_bias": "shape",
+            "up_bias": "shape", "down_bias": "shape"}
+    calls["gated_mlp"] = ((x, wg, wu, wd, bg, bu, bd, "silu", 0), gmlp)
+    calls["gated_mlp_forward"] = ((x, wg, wu, wd, bg, bu, bd, "silu"), gmlp)
+    _, gate, up = torch.ops.tempo.gated_mlp_forward(x, wg, wu, wd, bg, bu, bd, "silu")
+    calls["gated_mlp_backward"] = ((r(4, 8), x, gate, up, wg, wu, wd, [True, True, True], "silu", 0, [True] * 4),
+                                   {"grad": "shape", "gate": "shape", "up": "shape", "gate_weight": "shape",
+                                    "up_weight": "shape", "down_weight": "shape"})
     return calls
 
 
