@@ -11,6 +11,7 @@
 #include "tempo/nn/dropout.h"
 #include "tempo/ops/activation.h"
 #include "tempo/ops/dropout.h"
+#include "tempo/ops/gated_mlp.h"
 #include "tempo/ops/linear_cross_entropy.h"
 #include "tempo/ops/norm.h"
 
@@ -26,8 +27,6 @@ at::Tensor PolicyOps::gelu(const at::Tensor& x, const char* approximate, const a
                        bias.defined() ? std::optional<at::Tensor>(bias.to(x.scalar_type())) : std::nullopt);
   return at::gelu(bias.defined() ? x + bias : x, approximate);
 }
-
-at::Tensor PolicyOps::silu(const at::Tensor& x) const { return policy_.inplace_gelu ? tempo::silu(x) : at::silu(x); }
 
 at::Tensor PolicyOps::dropout(const at::Tensor& x, double p, bool train) const {
   if (!train || p == 0.0) return x;
@@ -101,8 +100,13 @@ at::Tensor TransformerLayerImpl::norm(int which, const at::Tensor& x) const {
 
 at::Tensor TransformerLayerImpl::ffn(const at::Tensor& x, bool out_bias) {
   at::Tensor a;
-  if (config_.arch == Arch::kLlama) {  // SwiGLU: tempo keeps SiLU(gate), up and the bit, not gate or the product
-    a = ops_->silu(gate->forward(x)) * fc1->forward(x);
+  if (config_.arch == Arch::kLlama) {  // SwiGLU: tempo keeps gate and up, not SiLU(gate) or the product
+    if (ops_->policy().inplace_gelu) {
+      const at::Tensor y = tempo::gated_mlp(x, gate->weight, fc1->weight, fc2->weight, std::nullopt, std::nullopt,
+                                            std::nullopt, "silu");
+      return out_bias && fc2->bias.defined() ? y + fc2->bias : y;
+    }
+    a = at::silu(gate->forward(x)) * fc1->forward(x);
   } else {
     const char* approximate = config_.arch == Arch::kGpt2 ? "tanh" : "none";
     // Fused kernels: fc1's bias is added inside the activation's pass (bias + GELU + bit).

@@ -208,9 +208,10 @@ TEST(Models, PerLayerActivationBytesMatchTheModel) {
   }
 }
 
-TEST(Models, SwiGLUUnderTempoKeepsSiluOutputUpAndTheBit) {
-  // In-place SiLU alone ("eager+gelu") on a llama-small layer: the gate projection's output
-  // (I S fp32 values) is no longer kept, one bit per element is.
+TEST(Models, SwiGLUUnderTempoKeepsGateAndUpOnly) {
+  // The gated MLP ("eager+gelu": tempo::gated_mlp) on a llama-small layer: of the four
+  // intermediate-wide tensors eager keeps (gate, SiLU(gate), up, their product: I S fp32 values
+  // each), two, and the layer's output as eager's within fp32 rounding.
   tempo::memory::track_cpu();
   const c10::Device cpu(c10::kCPU);
   ModelConfig c = ModelConfig::preset("llama-small");
@@ -218,17 +219,56 @@ TEST(Models, SwiGLUUnderTempoKeepsSiluOutputUpAndTheBit) {
   c.vocab = 512;
   const int64_t S = 64;
   int64_t held[2];
+  at::Tensor out[2];
   const char* policies[2] = {"eager", "eager+gelu"};
   for (int k = 0; k < 2; ++k) {
     torch::manual_seed(0);
     auto m = tempo::models::make_model(c, MemoryPolicy::parse(policies[k]));
     const at::Tensor ids = at::randint(2, c.vocab, {1, S}, at::kLong);
     tempo::memory::Scope scope(cpu);
-    at::Tensor h = m->hidden_states(ids, at::Tensor());
-    held[k] = scope.held();
+    out[k] = m->hidden_states(ids, at::Tensor());
+    held[k] = scope.held() - out[k].nbytes();
   }
   const int64_t n = c.intermediate * S;
-  EXPECT_EQ(held[0] - held[1], n * 4 - (n + 7) / 8);
+  EXPECT_EQ(held[0] - held[1], 2 * n * 4);
+  EXPECT_LT((out[1] - out[0]).abs().max().item<double>(), 1e-4 * out[0].abs().max().item<double>());
+}
+
+TEST(Models, GatedMLPModuleMatchesTheComposition) {
+  // tempo::nn::GatedMLP (separate and fused projections, every activation) against the torch
+  // composition in float64: output and every parameter's gradient.
+  for (const char* act : {"silu", "gelu", "gelu_tanh"}) {
+    for (bool fused : {false, true}) {
+      torch::manual_seed(1);
+      tempo::nn::GatedMLP m(tempo::nn::GatedMLPOptions(24, 40).activation(act).bias(true).fused(fused).chunk(16));
+      m->to(at::kDouble);
+      const at::Tensor x = at::randn({3, 5, 24}, at::kDouble);
+      const at::Tensor y = m->forward(x);
+      const torch::nn::Linear& gp = fused ? m->gate_up_proj : m->gate_proj;
+      auto grads_of = [&](const at::Tensor& out) {
+        for (auto& p : m->parameters()) p.mutable_grad() = at::Tensor();
+        out.square().sum().backward();
+        std::vector<at::Tensor> g;
+        for (auto& p : m->parameters()) g.push_back(p.grad().clone());
+        return g;
+      };
+      const auto ours = grads_of(y);
+      at::Tensor g, u;
+      if (fused) {
+        auto parts = at::linear(x, gp->weight, gp->bias).chunk(2, -1);
+        g = parts[0], u = parts[1];
+      } else {
+        g = at::linear(x, gp->weight, gp->bias), u = at::linear(x, m->up_proj->weight, m->up_proj->bias);
+      }
+      const std::string a(act);
+      const at::Tensor f = a == "silu" ? at::silu(g) : at::gelu(g, a == "gelu" ? "none" : "tanh");
+      const at::Tensor ref = at::linear(f * u, m->down_proj->weight, m->down_proj->bias);
+      EXPECT_LT((y - ref).abs().max().item<double>(), 1e-12) << act << " fused " << fused;
+      const auto theirs = grads_of(ref);
+      for (size_t i = 0; i < ours.size(); ++i)
+        EXPECT_LT((ours[i] - theirs[i]).abs().max().item<double>(), 1e-11) << act << " fused " << fused << " " << i;
+    }
+  }
 }
 
 TEST(Models, BadConfigGivesClearErrors) {

@@ -6,6 +6,7 @@
 #include "tempo/nn/attention.h"
 #include "tempo/nn/checkpoint.h"
 #include "tempo/nn/dropout.h"
+#include "tempo/nn/gated_mlp.h"
 #include "tempo/nn/linear_attention.h"
 #include "tempo/nn/norm.h"
 #include "tempo/tempo.h"

@@ -64,7 +64,7 @@ struct ModelConfig {
 struct MemoryPolicy {
   std::string name = "eager";
   std::string attention = "eager";  // eager | tempo | sdpa | fused (SelfAttention backends)
-  bool inplace_gelu = false;        // GELU, and SiLU in SwiGLU
+  bool inplace_gelu = false;        // GELU; SwiGLU by tempo::gated_mlp (gate and up kept)
   bool inplace_norm = false;        // LayerNorm, RMSNorm
   bool bit_dropout = false;         // hidden dropout keeps 1 bit per element
   bool checkpoint = false;

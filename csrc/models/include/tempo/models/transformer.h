@@ -33,7 +33,6 @@ class PolicyOps {
   const MemoryPolicy& policy() const { return policy_; }
   // f(x + bias); the bias (optional) is fused into the in-place activation under the policy.
   at::Tensor gelu(const at::Tensor& x, const char* approximate, const at::Tensor& bias = {}) const;
-  at::Tensor silu(const at::Tensor& x) const;
   at::Tensor dropout(const at::Tensor& x, double p, bool train) const;
   at::Tensor norm(const at::Tensor& x, const torch::nn::Module& norm_module, bool rms, double eps) const;
   // norm(residual + dropout(x + bias)) (bias optional): one fused pass when the policy has bit
