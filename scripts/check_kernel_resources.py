@@ -3,8 +3,8 @@
 stack from `cuobjdump -res-usage`, and from the SASS the instruction count and the 128-bit
 global loads and stores (LDG.E.128 / STG.E.128). Checks, at sm_90: no kernel uses local memory
 or stack (0 spill bytes), and the vectorised kernels (16/32-bit data: the activations' and
-dropout's elementwise kernels, the norms' and the attention softmax's row-in-registers kernels,
-linear_cross_entropy's backward) hold 128-bit loads and stores. The general kernels (fp64,
+dropout's and the gated MLP's elementwise kernels, the norms' and the attention softmax's
+row-in-registers kernels, linear_cross_entropy's backward) hold 128-bit loads and stores. The general kernels (fp64,
 widths the fast ones do not take) and linear_cross_entropy's forward (it stores one value a
 row) are listed with their load width.
 Prints a table; writes it as CSV with --csv; exit 1 on a violation.
@@ -26,7 +26,7 @@ RES = re.compile(r"Function (\S+):\s*REG:(\d+)\s+STACK:(\d+)\s+SHARED:(\d+)\s+LO
 VECTORISED = [("activation.cu", "forward_kernel"), ("activation.cu", "backward_kernel<"),
               ("dropout.cu", "dropout_"), ("norm.cu", "_rows_kernel<"), ("attention.cu", "_rows_kernel<"),
               ("attention.cu", "_packs_kernel<"),
-              ("linear_cross_entropy.cu", "backward_kernel<")]
+              ("linear_cross_entropy.cu", "backward_kernel<"), ("gated_mlp.cu", "gated_mlp_")]
 
 
 def sass_counts(tool, obj):

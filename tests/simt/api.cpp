@@ -5,6 +5,7 @@
 #include "tempo/activation.h"
 #include "tempo/attention.h"
 #include "tempo/dropout.h"
+#include "tempo/gated_mlp.h"
 #include "tempo/linear_attention.h"
 #include "tempo/linear_cross_entropy.h"
 #include "tempo/norm.h"
@@ -32,6 +33,8 @@ SIMT_API_ENTRY(linear_attention_forward, LinearAttentionForwardParams)
 SIMT_API_ENTRY(linear_attention_backward, LinearAttentionBackwardParams)
 SIMT_API_ENTRY(linear_cross_entropy_forward, LinearCrossEntropyForwardParams)
 SIMT_API_ENTRY(linear_cross_entropy_backward, LinearCrossEntropyBackwardParams)
+SIMT_API_ENTRY(gated_mlp_forward, GatedMlpForwardParams)
+SIMT_API_ENTRY(gated_mlp_backward, GatedMlpBackwardParams)
 #undef SIMT_API_ENTRY
 
 std::string philox_state_store(const void* state, uint64_t* out) {

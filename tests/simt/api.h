@@ -25,6 +25,8 @@ SIMT_API_ENTRY(linear_attention_forward)
 SIMT_API_ENTRY(linear_attention_backward)
 SIMT_API_ENTRY(linear_cross_entropy_forward)
 SIMT_API_ENTRY(linear_cross_entropy_backward)
+SIMT_API_ENTRY(gated_mlp_forward)
+SIMT_API_ENTRY(gated_mlp_backward)
 #undef SIMT_API_ENTRY
 
 // philox_state_store_cuda: (seed, offset) of a PhiloxState into out[0], out[1].

@@ -27,10 +27,12 @@
 #include <vector>
 
 #include "api.h"
+#include "math/gated_mlp_math.h"
 #include "math/numeric.h"
 #include "tempo/activation.h"
 #include "tempo/attention.h"
 #include "tempo/dropout.h"
+#include "tempo/gated_mlp.h"
 #include "tempo/linear_attention.h"
 #include "tempo/linear_cross_entropy.h"
 #include "tempo/norm.h"
@@ -631,6 +633,93 @@ TEST(SimtCuda, QkvSplitMatchesTheCpuKernels) {
         expect_close(dzc, dzg, kExact, what + " grad z");
         if (bias) expect_close(dbc, dbg, column_sum(tokens), what + " grad bias");
       }
+}
+
+// ---- the gated MLP's elementwise part ---------------------------------------------------------
+
+// The CUDA kernels evaluate act(g) and act'(g) of 16/32-bit data in fp32 (gate_f32), the CPU's in
+// double: gate_f32_ulps(g) units of fp32 apart (kGatedMlpCudaUlps, more in the tails), of h's and
+// dup's magnitude and, for dgate, of |dh up| (|d1| + |d2|), the terms act' sums (it cancels near
+// act's minimum). fp64: the same double code both sides (libm and contraction apart).
+void run_gated_mlp(tempo::Activation act, DType t, int64_t rows, int64_t cols, bool fused, int shift,
+                   std::mt19937& gen) {
+  const std::string what = std::string(tempo::activation_name(act)) + " " + tag(t, rows * cols) + " cols " +
+                           std::to_string(cols) + (fused ? " fused" : "") + " shift " + std::to_string(shift);
+  const int64_t gs = fused ? 2 * cols : cols, n = rows * cols;
+  Buf gate = randn(t, rows * gs, gen, 3.0, shift), up_own = randn(t, n, gen, 1.0, shift);
+  const void* up = fused ? static_cast<char*>(gate.data()) + cols * elem_size(t) : up_own.data();
+  Buf dh = randn(t, n, gen, 1.0, shift);
+  // per element: the tolerance of h, dup (|value| terms) and dgate (|dh up| (|d1| + |d2|)), in the
+  // layouts of the outputs (fused: gate and up columns of one [rows, 2 cols] buffer)
+  std::vector<double> tol_h(n), tol_dg(rows * gs), tol_du(n);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      const double g = gate.get(r * gs + c);
+      const double uv = fused ? gate.get(r * gs + cols + c) : up_own.get(r * cols + c);
+      const double d = dh.get(r * cols + c);
+      math::GateValue<double> v{};
+      tempo::math::by_activation(act, [&](auto a) { v = math::gate_exact<decltype(a)::value>(g); });
+      const bool f64 = t == DType::kFloat64;
+      const double u = f64 ? kFp64Units * 0x1p-53 : math::gate_f32_ulps(act, g) * 0x1p-24;
+      // a subnormal e^-|z| in fp32: an absolute error of |g| (times the tanh form's slope for d2)
+      const double tiny = f64 ? 0 : math::kGateF32Tiny * std::fabs(g) * (2 + 3.2 * (1 + 0.134 * g * g));
+      tol_h[r * cols + c] = u * std::fabs(v.f * uv) + tiny * std::fabs(uv);
+      tol_dg[r * gs + c] = u * std::fabs(d * uv) * (std::fabs(v.d1) + std::fabs(v.d2)) + tiny * std::fabs(d * uv);
+      (fused ? tol_dg[r * gs + cols + c] : tol_du[r * cols + c]) = u * std::fabs(d * v.f) + tiny * std::fabs(d);
+    }
+  auto tol = [](const std::vector<double>& extra) { return Tol{1, 0, false, &extra}; };
+
+  Buf hc = zeros(t, n, shift), hg = zeros(t, n, shift);
+  tempo::GatedMlpForwardParams f;
+  f.act = act;
+  f.dtype = t;
+  f.gate = gate.data();
+  f.up = up;
+  f.rows = rows;
+  f.cols = cols;
+  f.gate_stride = f.up_stride = gs;
+  f.h = hc.data();
+  ASSERT_TRUE(tempo::gated_mlp_forward_cpu(f).ok()) << what;
+  f.h = hg.data();
+  ASSERT_EQ(simt_api::gated_mlp_forward(&f), "") << what;
+  expect_close(hc, hg, tol(tol_h), what + " h");
+
+  Buf dgc = zeros(t, rows * gs, shift), dgg = zeros(t, rows * gs, shift);
+  Buf duc = zeros(t, n, shift), dug = zeros(t, n, shift), hbc = zeros(t, n, shift), hbg = zeros(t, n, shift);
+  tempo::GatedMlpBackwardParams b;
+  b.act = act;
+  b.dtype = t;
+  b.gate = gate.data();
+  b.up = up;
+  b.rows = rows;
+  b.cols = cols;
+  b.gate_stride = b.up_stride = gs;
+  b.grad_h = dh.data();
+  b.grad_gate_stride = gs;
+  b.grad_up_stride = fused ? gs : cols;
+  auto run = [&](Buf& dg, Buf& du, Buf& h, bool cuda) {
+    b.grad_gate = dg.data();
+    b.grad_up = fused ? static_cast<char*>(dg.data()) + cols * elem_size(t) : du.data();
+    b.h = h.data();
+    if (cuda) ASSERT_EQ(simt_api::gated_mlp_backward(&b), "") << what;
+    else ASSERT_TRUE(tempo::gated_mlp_backward_cpu(b).ok()) << what;
+  };
+  run(dgc, duc, hbc, false);
+  run(dgg, dug, hbg, true);
+  expect_close(dgc, dgg, tol(tol_dg), what + " grad gate" + (fused ? " and up" : ""));
+  if (!fused) expect_close(duc, dug, tol(tol_du), what + " grad up");
+  expect_close(hbc, hbg, tol(tol_h), what + " h again");
+  expect_close(hc, hbc, kExact, what + " the CPU backward's h is its forward's");
+}
+
+TEST(SimtCuda, GatedMlpMatchesTheCpuKernels) {
+  std::mt19937 gen(31);
+  for (DType t : kDTypes)
+    for (auto act : {tempo::Activation::kSilu, tempo::Activation::kGeluErf, tempo::Activation::kGeluTanh})
+      // cols 8 and 64: 16-byte accesses (shift 0); 1 and 13: the element loop; 3 rows x 200: several per block
+      for (auto rc : {std::pair<int64_t, int64_t>{1, 1}, {5, 13}, {4, 8}, {3, 200}, {7, 64}})
+        for (bool fused : {false, true})
+          for (int shift : {0, 1}) run_gated_mlp(act, t, rc.first, rc.second, fused, shift, gen);
 }
 
 // ---- the attention softmax -------------------------------------------------------------------

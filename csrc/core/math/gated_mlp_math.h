@@ -16,6 +16,7 @@
 #include <cmath>
 
 #include "activation_math.h"
+#include "tempo/gated_mlp.h"
 
 namespace tempo::math {
 
@@ -76,5 +77,18 @@ TEMPO_HD GateValue<float> gate_f32(float x) {
     return gate_sigmoid_form<A, float>(x, [](float z) { return expf(-fabsf(z)); });
   }
 }
+
+// gate_f32's relative error in ulps of fp32 at gate x, for each of f, d1 and d2 (and the products
+// the kernels form from them): kGatedMlpCudaUlps, plus the amplification of the fp32 rounding of
+// the argument of e^-|z| (z carries up to 4 roundings: 4 |z| ulps) or of erfc and the normal
+// density (2 x^2 ulps), which grows in the tails, where the values themselves vanish (at
+// x = -10 the erf GELU is -8e-23); and where e^-|z| is subnormal (|z| > 87), an absolute error of
+// gate_f32_tiny() times |x| (times the derivative's slope for d2).
+TEMPO_HD double gate_f32_ulps(Activation A, double x) {
+  if (A == Activation::kGeluErf) return kGatedMlpCudaUlps + 2.0 * x * x;
+  const double z = A == Activation::kGeluTanh ? 1.5957691216057308 * x * (1.0 + 0.044715 * x * x) : x;
+  return kGatedMlpCudaUlps + 4.0 * (z < 0 ? -z : z);
+}
+constexpr double kGateF32Tiny = 0x1p-148;  // two subnormal steps of fp32
 
 }  // namespace tempo::math
