@@ -9,7 +9,7 @@ from ._library import library_path, load_library
 
 load_library()
 
-from . import _fake, memory, nn  # noqa: E402,F401
+from . import _fake, _flops, memory, nn  # noqa: E402,F401
 from .ops import (attention, bias_dropout_add_layer_norm, causal_linear_attention, dropout, fused_attention,  # noqa: E402
                   fused_attention_backend, gated_mlp,
                   gelu, layer_norm, linear_cross_entropy, qkv_split, rms_norm, silu)

@@ -5,20 +5,28 @@ instead.
 
 Methods (each on a fresh model from the same seed, one after the other in this process):
 
-  eager           transformers' eager attention
-  sdpa            torch's scaled_dot_product_attention (transformers' default)
-  sdpa+ckpt       sdpa with activation checkpointing of every layer (use_reentrant=False)
-  compile         sdpa under torch.compile (the min-cut partitioner at its default budget)
-  compile-mem0.5  the same with torch._functorch.config.activation_memory_budget = 0.5
-  compile-mem0.2  ... = 0.2 (the partitioner recomputes more to keep less)
-  liger           sdpa with Liger-Kernel's patch of the family (RMSNorm, SwiGLU/GEGLU, RoPE,
-                  fused linear cross entropy), where Liger has one
-  tempo-sdpa      tempo.optimize(attention="sdpa"): every technique, the LM head's included
-  tempo           tempo.optimize(attention="auto"): the attention that keeps the fewest bytes
-  tempo+compile   tempo-sdpa under torch.compile
-  tempo+liger     Liger's RoPE and SwiGLU/GEGLU with tempo's norms, LM head and attention="auto"
-                  (the two never patch the same module)
-  tempo-auto      Auto-Tempo (tempo.auto, method "fast") decides under each budget
+  eager              transformers' eager attention
+  sdpa               torch's scaled_dot_product_attention (transformers' default)
+  sdpa+ckpt          sdpa with activation checkpointing of every layer (use_reentrant=False)
+  sdpa+ckpt+offload  the same with what checkpointing saves moved to pinned host memory
+                     (torch.autograd.graph.save_on_cpu; CUDA only), long-context trainers' tool
+  compile            sdpa under torch.compile (the min-cut partitioner at its default budget)
+  compile-mem0.5     the same with torch._functorch.config.activation_memory_budget = 0.5
+  compile-mem0.2     ... = 0.2 (the partitioner recomputes more to keep less)
+  <peer>+torch-lce   each of the above with PyTorch's own chunked F.linear_cross_entropy
+                     (LinearCrossEntropyOptions()) as its LM head and loss: no peer forms logits
+  liger              sdpa with Liger-Kernel's patch of the family (RMSNorm, SwiGLU/GEGLU, RoPE,
+                     fused linear cross entropy), where Liger has one
+  tempo-sdpa         tempo.optimize(attention="sdpa"): every technique, the LM head's included
+  tempo              tempo.optimize(attention="auto"): the attention that keeps the fewest bytes
+  tempo+compile      tempo-sdpa under torch.compile; -mem0.5 / -mem0.2 with those budgets
+  tempo+ckpt         tempo-sdpa with activation checkpointing of every layer
+  tempo+liger        Liger's RoPE and SwiGLU/GEGLU with tempo's norms, LM head and attention="auto"
+                     (the two never patch the same module)
+  tempo-auto         Auto-Tempo (tempo.auto, method "fast") decides under each budget
+
+--axis batch (the default): each method's largest batch at --seq; --axis seq: at batch 1, each
+method's longest sequence (a multiple of --seq-step, at most --max-seq or the model's positions).
 
 A step is forward, backward and AdamW (fused where torch has it). Precision: autocast-bf16
 (fp32 master weights, bf16 autocast), bf16 (the weights and AdamW's state in bf16) or fp32;
@@ -40,30 +48,30 @@ import csv
 import inspect
 import itertools
 import json
-import math
 import os
 import statistics
 import sys
 import time
 
 import torch
+import torch.nn.functional as F
 
 from . import memory
-from ._measure import check_outputs, fits, format_bytes, free, heap_frozen, largest_batch, parse_bytes
+from ._frontier_report import is_tempo, print_table, summary, write_svg
+from ._measure import check_outputs, fits, free, heap_frozen, largest_batch, parse_bytes
 from .bench import SIZES, Unavailable, build_model, enable_checkpointing, liger_function, synthetic_batch, train_step
 from .hf import optimize, restore
+from .hf.lm_head import set_head_loss
 
-METHODS = ("eager", "sdpa", "sdpa+ckpt", "compile", "compile-mem0.5", "compile-mem0.2", "liger",
-           "tempo-sdpa", "tempo", "tempo+compile", "tempo+liger", "tempo-auto")
-# The compile methods' activation_memory_budget (None: torch's default)
-COMPILE_BUDGET = {"compile": None, "compile-mem0.5": 0.5, "compile-mem0.2": 0.2, "tempo+compile": None}
+PEERS = ("eager", "sdpa", "sdpa+ckpt", "sdpa+ckpt+offload", "compile", "compile-mem0.5", "compile-mem0.2")
+TORCH_LCE = "+torch-lce"
+METHODS = PEERS + tuple(p + TORCH_LCE for p in PEERS) + (
+    "liger", "tempo-sdpa", "tempo", "tempo+compile", "tempo+compile-mem0.5", "tempo+compile-mem0.2", "tempo+ckpt",
+    "tempo+liger", "tempo-auto")
 PRECISIONS = ("autocast-bf16", "bf16", "fp32")
-FIELDS = ("model", "seq", "precision", "device", "method", "budget", "budget_bytes", "max_batch", "tokens_per_s",
+FIELDS = ("model", "axis", "seq", "precision", "device", "method", "budget", "budget_bytes", "max_batch", "max_seq",
+          "tokens_per_s",
           "step_ms", "spread", "peak_bytes", "activations_b1", "loss_mean", "choice", "optimizer", "error")
-
-
-def is_tempo(method):
-    return method.startswith("tempo")
 
 
 @contextlib.contextmanager
@@ -97,27 +105,54 @@ def _apply_liger(fn, model, with_tempo):
     fn(**kwargs)
 
 
+def compile_budget(method):
+    """(whether the method compiles, its activation_memory_budget or None for torch's default)."""
+    base = method[:-len(TORCH_LCE)] if method.endswith(TORCH_LCE) else method
+    if "compile" not in base:
+        return False, None
+    return True, float(base.rsplit("-mem", 1)[1]) if "-mem" in base else None
+
+
+def torch_chunked_lce(hidden, weight, bias, labels, ignore_index=-100, reduction="mean"):
+    """PyTorch's chunked F.linear_cross_entropy in tempo's head-loss signature (hf.lm_head.set_head_loss)."""
+    return F.linear_cross_entropy(hidden, weight, labels, linear_bias=bias, ignore_index=ignore_index,
+                                  reduction=reduction, options=torch.nn.LinearCrossEntropyOptions())
+
+
 @contextlib.contextmanager
 def method_applied(name, model, compile_backend):
     """`model` (fresh, train mode) under method `name` for as long as the block runs; yields
     the callable that trains (the compiled module for the compile methods)."""
     with contextlib.ExitStack() as stack:
-        model.set_attn_implementation("eager" if name == "eager" else "sdpa")
+        model.set_attn_implementation("eager" if name.startswith("eager") else "sdpa")
         if "liger" in name:
             fn = liger_function(model)  # Unavailable before anything is patched
             stack.enter_context(_modeling_namespace_restored(model))
             _apply_liger(fn, model, with_tempo=is_tempo(name))
-        if name == "sdpa+ckpt" and not enable_checkpointing(model):
-            raise Unavailable("%s does not support gradient checkpointing" % type(model).__name__)
+        if "+offload" in name and next(model.parameters()).device.type != "cuda":
+            raise Unavailable("offloading to host memory is for CUDA (on the CPU it is the same memory)")
+        if name.endswith(TORCH_LCE):
+            if not hasattr(F, "linear_cross_entropy"):
+                raise Unavailable("this torch (%s) has no F.linear_cross_entropy (2.13 and later)" % torch.__version__)
+            optimize(model, techniques="lm_head")
+            set_head_loss(model, torch_chunked_lce)
         if is_tempo(name) and name != "tempo-auto":  # tempo-auto decides under each budget
-            optimize(model, attention="sdpa" if name in ("tempo-sdpa", "tempo+compile") else "auto")
-        if name in COMPILE_BUDGET:
-            if COMPILE_BUDGET[name] is not None:
-                stack.enter_context(torch._functorch.config.patch(activation_memory_budget=COMPILE_BUDGET[name]))
+            optimize(model, attention="auto" if name in ("tempo", "tempo+liger") else "sdpa")
+        if "+ckpt" in name and not enable_checkpointing(model):
+            raise Unavailable("%s does not support gradient checkpointing" % type(model).__name__)
+        compiled, budget = compile_budget(name)
+        run = model
+        if compiled:
+            if budget is not None:
+                stack.enter_context(torch._functorch.config.patch(activation_memory_budget=budget))
             stack.callback(torch._dynamo.reset)
-            yield torch.compile(model, backend=compile_backend)
-        else:
-            yield model
+            run = torch.compile(model, backend=compile_backend)
+        if "+offload" in name:
+            def offloaded(**batch):
+                with torch.autograd.graph.save_on_cpu(pin_memory=True):
+                    return model(**batch)
+            run = offloaded
+        yield run
 
 
 def _optimizer(model):
@@ -175,8 +210,9 @@ class Run:
 
     def base_row(self, name, method, budget):
         label, nbytes = budget
-        return {"model": name, "seq": self.args.seq, "precision": self.args.precision, "device": self.device.type,
-                "method": method, "budget": label, "budget_bytes": nbytes, "max_batch": None, "tokens_per_s": None,
+        return {"model": name, "axis": self.args.axis, "seq": self.args.seq, "precision": self.args.precision,
+                "device": self.device.type, "method": method, "budget": label, "budget_bytes": nbytes,
+                "max_batch": None, "max_seq": None, "tokens_per_s": None,
                 "step_ms": None, "spread": None, "peak_bytes": None, "activations_b1": None, "loss_mean": None,
                 "choice": None, "optimizer": None, "error": None}
 
@@ -207,9 +243,14 @@ class Run:
             opt, opt_name = _optimizer(model)
             seeds = itertools.count(1)
 
+            # the longest sequence tried: --max-seq, at most the model's positions
+            positions = getattr(model.config, "max_position_embeddings", None) or args.max_seq
+            self.seq_cap = min(args.max_seq, positions) // args.seq_step
+
             with method_applied(method, model, args.compile_backend) as run:
-                def step(batch):
-                    data = synthetic_batch(model, batch, args.seq, causal, next(seeds), device)
+                def step(n):  # n: the batch (--axis batch), or the sequence in units of --seq-step at batch 1
+                    batch, seq = (n, args.seq) if args.axis == "batch" else (1, n * args.seq_step)
+                    data = synthetic_batch(model, batch, seq, causal, next(seeds), device)
                     return train_step(run, opt, data, device, self.autocast)
 
                 losses = []
@@ -247,18 +288,20 @@ class Run:
     def measure(self, row, step, budget, seen):
         args, device = self.args, self.device
 
-        def probe(batch):
-            if batch > args.max_batch:
+        cap = args.max_batch if args.axis == "batch" else self.seq_cap
+
+        def probe(n):
+            if n > cap:
                 return None
-            m = fits(step, batch, device, budget)
+            m = fits(step, n, device, budget)
             if m is not None:
-                seen[batch] = m
+                seen[n] = m
             return m
 
         fitted = [(b, seen[b]) for b in (min(seen), max(seen))] if seen else []
         mb, at = largest_batch(probe, budget, fitted)
         if mb is None:
-            row.update(max_batch=0)
+            row.update(max_batch=0, max_seq=0 if args.axis == "seq" else None)
             return
         times = []
         for i in range(args.steps + 1):  # the first: a warm-up (a compiled model may recompile for the shape)
@@ -269,8 +312,13 @@ class Run:
             if i:
                 times.append(m["step_ms"])
         ms = statistics.median(times)
-        row.update(max_batch=mb, step_ms=ms, tokens_per_s=mb * args.seq / (ms / 1e3),
-                   spread=max(times) / min(times) - 1.0, peak_bytes=at["peak_bytes"])
+        batch, seq = (mb, args.seq) if args.axis == "batch" else (1, mb * args.seq_step)
+        row.update(max_batch=batch, max_seq=seq if args.axis == "seq" else None, step_ms=ms,
+                   tokens_per_s=batch * seq / (ms / 1e3), spread=max(times) / min(times) - 1.0,
+                   peak_bytes=at["peak_bytes"])
+        if mb == cap:
+            row["error"] = "reached the longest %s tried (%d); more may fit" % (
+                "batch" if args.axis == "batch" else "sequence", batch if args.axis == "batch" else seq)
 
     def auto_choice(self, model, opt, budget, make_batch):
         """Auto-Tempo's choice under `budget`: tempo.auto measures forward + backward, so the
@@ -295,106 +343,6 @@ def say(row):
     print("%-15s %-8s %s" % (row["method"], row["budget"], what), file=sys.stderr, flush=True)
 
 
-def summary(rows, losses):
-    """Lines: per budget, tempo's best tokens/s against the best peer's; at batch 1, tempo's
-    fewest activation bytes against sdpa's; the loss curves against sdpa's."""
-    lines = []
-    for label in dict.fromkeys(r["budget"] for r in rows):
-        at = [r for r in rows if r["budget"] == label and r["tokens_per_s"]]
-        ours = max((r for r in at if is_tempo(r["method"])), key=lambda r: r["tokens_per_s"], default=None)
-        peer = max((r for r in at if not is_tempo(r["method"])), key=lambda r: r["tokens_per_s"], default=None)
-        if ours is None and peer is None:
-            lines.append("budget %s: no method fits batch 1" % label)
-        elif ours is None:
-            lines.append("budget %s: tempo fits no batch; best peer %s %.1f tokens/s (batch %d)"
-                         % (label, peer["method"], peer["tokens_per_s"], peer["max_batch"]))
-        elif peer is None:
-            lines.append("budget %s: tempo's best %s %.1f tokens/s (batch %d); no peer fits batch 1"
-                         % (label, ours["method"], ours["tokens_per_s"], ours["max_batch"]))
-        else:
-            lines.append("budget %s: tempo's best %s %.1f tokens/s (batch %d) vs best peer %s %.1f (batch %d): %.2fx"
-                         % (label, ours["method"], ours["tokens_per_s"], ours["max_batch"], peer["method"],
-                            peer["tokens_per_s"], peer["max_batch"], ours["tokens_per_s"] / peer["tokens_per_s"]))
-    b1 = {r["method"]: r["activations_b1"] for r in rows if r["activations_b1"]}
-    ours = min((m for m in b1 if is_tempo(m)), key=b1.get, default=None)
-    if ours is not None and "sdpa" in b1:
-        lines.append("activations at batch 1: tempo's fewest (%s) %s, sdpa %s: %.3fx"
-                     % (ours, format_bytes(b1[ours]), format_bytes(b1["sdpa"]), b1[ours] / b1["sdpa"]))
-    if "sdpa" in losses:
-        ref = statistics.fmean(losses["sdpa"][-10:])
-        for m, curve in losses.items():
-            if m != "sdpa":
-                mean = statistics.fmean(curve[-10:])
-                lines.append("loss over %d steps, mean of the last %d: %s %.6f vs sdpa %.6f (%+.4f%%)"
-                             % (len(curve), min(10, len(curve)), m, mean, ref, 100 * (mean / ref - 1)))
-    return lines
-
-
-def print_table(rows):
-    r0 = rows[0]
-    print("%s, seq %d, %s, %s" % (r0["model"], r0["seq"], r0["precision"], r0["device"]))
-    print("%-15s %-9s %9s %12s %8s %14s %14s" % ("method", "budget", "max batch", "tokens/s", "spread", "peak",
-                                                 "acts @ b1"))
-    for r in rows:
-        if r["error"] and not r["max_batch"]:
-            print("%-15s %-9s %s" % (r["method"], r["budget"], r["error"]))
-            continue
-        print("%-15s %-9s %9s %12s %8s %14s %14s%s" % (
-            r["method"], r["budget"], r["max_batch"], "%.1f" % r["tokens_per_s"] if r["tokens_per_s"] else "-",
-            "%.1f%%" % (100 * r["spread"]) if r["spread"] is not None else "-",
-            format_bytes(r["peak_bytes"]) if r["peak_bytes"] else "-",
-            format_bytes(r["activations_b1"]) if r["activations_b1"] else "-",
-            ("  (" + r["choice"] + ")") if r["choice"] else ""))
-
-
-def write_svg(path, rows):
-    """tokens/s at the largest batch against the budget (log scale), one line per method."""
-    budgets = sorted({(r["budget_bytes"], r["budget"]) for r in rows if r["budget_bytes"]})
-    methods = [m for m in dict.fromkeys(r["method"] for r in rows) if any(
-        r["tokens_per_s"] for r in rows if r["method"] == m)]
-    W, H, left, right, top, bottom = 860, 480, 80, 190, 50, 60
-    ymax = max([r["tokens_per_s"] or 0 for r in rows] + [1.0]) * 1.08
-    lo, hi = math.log2(budgets[0][0]), math.log2(budgets[-1][0])
-
-    def x(nbytes):
-        return left + (W - left - right) * (0.5 if hi == lo else (math.log2(nbytes) - lo) / (hi - lo))
-
-    def y(v):
-        return top + (H - top - bottom) * (1 - v / ymax)
-
-    r0 = rows[0]
-    out = ['<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="12">'
-           % (W, H), '<rect width="100%" height="100%" fill="white"/>',
-           '<text x="20" y="26" font-size="16" font-weight="bold">tempo.frontier: %s, seq %d, %s, %s</text>'
-           % (r0["model"], r0["seq"], r0["precision"], r0["device"]),
-           '<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="black"/>' % (left, H - bottom, W - right, H - bottom),
-           '<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="black"/>' % (left, top, left, H - bottom),
-           '<text x="%d" y="%d" text-anchor="middle">memory budget</text>' % ((left + W - right) / 2, H - 18),
-           '<text x="18" y="%d" transform="rotate(-90 18 %d)" text-anchor="middle">tokens/s at the largest batch'
-           '</text>' % ((top + H - bottom) / 2, (top + H - bottom) / 2)]
-    for nbytes, label in budgets:
-        out.append('<text x="%.1f" y="%d" text-anchor="middle">%s</text>' % (x(nbytes), H - bottom + 18, label))
-    for i in range(5):
-        v = ymax * i / 4
-        out.append('<text x="%d" y="%.1f" text-anchor="end">%.0f</text>' % (left - 6, y(v) + 4, v))
-    colors = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f",
-              "#bab0ac", "#1b9e77", "#d95f02")
-    for i, m in enumerate(methods):
-        pts = [(x(r["budget_bytes"]), y(r["tokens_per_s"] or 0)) for r in rows
-               if r["method"] == m and r["budget_bytes"]]
-        c, dash = colors[i % len(colors)], "" if is_tempo(m) else ' stroke-dasharray="5,3"'
-        out.append('<polyline fill="none" stroke="%s" stroke-width="2"%s points="%s"/>'
-                   % (c, dash, " ".join("%.1f,%.1f" % p for p in pts)))
-        out += ['<circle cx="%.1f" cy="%.1f" r="3" fill="%s"/>' % (px, py, c) for px, py in pts]
-        ly = top + 16 * i
-        out.append('<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="%s" stroke-width="2"%s/>'
-                   % (W - right + 14, ly, W - right + 40, ly, c, dash))
-        out.append('<text x="%d" y="%d">%s</text>' % (W - right + 46, ly + 4, m))
-    out.append("</svg>")
-    with open(path, "w") as f:
-        f.write("\n".join(out) + "\n")
-
-
 def parser():
     p = argparse.ArgumentParser(prog="python -m tempo.frontier", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="llama", help="a tempo.bench preset family (%s) or a local model folder"
@@ -414,6 +362,11 @@ def parser():
                    "data under each method and compare the loss with sdpa's")
     p.add_argument("--loss-batch", type=int, default=1)
     p.add_argument("--max-batch", type=int, default=4096, help="no batch beyond this is tried")
+    p.add_argument("--axis", choices=("batch", "seq"), default="batch", help="what grows to fill a budget: the "
+                   "batch at --seq, or the sequence at batch 1")
+    p.add_argument("--seq-step", type=int, default=64, help="--axis seq: sequences are multiples of this")
+    p.add_argument("--max-seq", type=int, default=1 << 20, help="--axis seq: no sequence beyond this (nor beyond "
+                   "the model's max_position_embeddings) is tried")
     p.add_argument("--compile-backend", default="inductor", help="torch.compile's backend (aot_eager: the same "
                    "partitioner without code generation)")
     p.add_argument("--time-limit", type=float, default=None, help="seconds: no (method, budget) is started after "
@@ -432,6 +385,8 @@ def main(argv=None):
         parser().error("unknown method %s; known: %s" % (bad, ", ".join(METHODS)))
     if args.seq < 2 or args.steps < 1 or args.loss_steps < 0 or args.loss_batch < 1 or args.max_batch < 1:
         parser().error("--seq must be at least 2, --steps, --loss-batch and --max-batch at least 1, --loss-steps >= 0")
+    if args.seq_step < 2 or args.max_seq < args.seq_step:
+        parser().error("--seq-step must be at least 2 and --max-seq at least --seq-step")
     check_outputs(parser(), args.plot, [("--jsonl", args.jsonl), ("--csv", args.csv)])
     if not os.path.isdir(args.model):
         if args.model not in SIZES:

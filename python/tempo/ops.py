@@ -44,6 +44,12 @@ def _kept_columns(x, weight, bias, *tensors):
         return None
     if not torch.is_grad_enabled() or not any(t is not None and t.requires_grad for t in (x,) + tensors):
         return None
+    if torch.compiler.is_compiling():
+        # A size fixed by the width (-1-padded slots, as CUDA decides them): the data-dependent size
+        # of norm_kept_columns would break the graph at every norm on the CPU, so that the compiler
+        # could neither fuse nor recompute across it (one more column than the slots hold: the
+        # backward names it, docs/python.md)
+        return torch.ops.tempo.norm_kept_slots(weight, bias, x.dtype)
     return torch.ops.tempo.norm_kept_columns(weight, bias, x.dtype)
 
 

@@ -30,10 +30,10 @@ def run_main(capsys, *args):
     return code, out.out, out.err
 
 
-def independent_step(batch, budget):
+def independent_step(batch, budget, seq=32):
     """The frontier's sdpa method rebuilt by hand: the same preset model (seed 0), AdamW, one
-    unbudgeted step (the optimizer's state), then one step at `batch` under the budget on
-    every tracked byte. True if it fits."""
+    unbudgeted step (the optimizer's state), then one step at `batch` x `seq` under the budget
+    on every tracked byte. True if it fits."""
     from tempo.bench import build_model, synthetic_batch
 
     torch.manual_seed(0)
@@ -43,7 +43,7 @@ def independent_step(batch, budget):
 
     def step(b):
         opt.zero_grad(set_to_none=True)
-        model(**synthetic_batch(model, b, 32, True, 7, torch.device("cpu"))).loss.backward()
+        model(**synthetic_batch(model, b, seq, True, 7, torch.device("cpu"))).loss.backward()
         opt.step()
 
     step(1)
@@ -100,6 +100,34 @@ def test_frontier_rows_batches_losses_and_outputs(tmp_path, capsys):
     assert len(table) == len(rows) and table[0]["method"] == "sdpa"
     text = svg.read_text()
     assert text.startswith("<svg") and text.count("<polyline") == len(methods) - 1  # liger did not run
+
+
+def test_sequence_axis_torchs_chunked_head_offload_and_checkpointing(tmp_path, capsys):
+    """--axis seq: at batch 1 each method's longest sequence (multiples of --seq-step), checked
+    independently for sdpa (it fits, one step more does not); the peers with PyTorch's chunked
+    F.linear_cross_entropy as their head train to sdpa's loss; offloading is CUDA's (a row saying
+    so on the CPU); tempo fits a longer sequence than sdpa, and tempo+ckpt one at least as long as
+    checkpointing's."""
+    tempo.memory.track()
+    jsonl = tmp_path / "s.jsonl"
+    methods = ["sdpa", "sdpa+torch-lce", "sdpa+ckpt+torch-lce", "sdpa+ckpt+offload", "tempo-sdpa", "tempo+ckpt"]
+    code, out, err = run_main(capsys, *TINY, "--budgets", "64MiB", "--methods", ",".join(methods), "--axis", "seq",
+                              "--seq-step", "32", "--max-seq", "4096", "--steps", "1", "--loss-steps", "2",
+                              "--jsonl", str(jsonl))
+    assert code == 0, err
+    by = {r["method"]: r for r in (json.loads(line) for line in jsonl.read_text().splitlines())}
+    assert by["sdpa+ckpt+offload"]["error"].startswith("did not run: offloading to host memory is for CUDA")
+    for m in methods:
+        if m != "sdpa+ckpt+offload":
+            r = by[m]
+            assert r["error"] is None and r["max_batch"] == 1 and r["max_seq"] % 32 == 0 and r["max_seq"] >= 32, r
+            assert r["peak_bytes"] <= r["budget_bytes"] and r["axis"] == "seq"
+            assert abs(r["loss_mean"] / by["sdpa"]["loss_mean"] - 1) < 1e-5, m
+    s = by["sdpa"]["max_seq"]
+    assert independent_step(1, 64 * 2**20, seq=s) and not independent_step(1, 64 * 2**20, seq=s + 32)
+    assert by["tempo-sdpa"]["max_seq"] > s
+    assert by["tempo+ckpt"]["max_seq"] >= by["sdpa+ckpt+torch-lce"]["max_seq"]
+    assert "llama-tiny-v512, batch 1, fp32, cpu" in out and "longest sequence at batch 1" in out
 
 
 def test_a_failing_method_is_a_row_and_the_time_limit_is_kept(tmp_path, capsys, monkeypatch):

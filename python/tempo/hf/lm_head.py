@@ -106,9 +106,11 @@ def _passing_hidden(head):
 
 
 def _loss(head, logits, labels, vocab_size=None, num_items_in_batch=None, ignore_index=-100, shift_labels=None,
-          **kwargs):
+          head_fn=ops.linear_cross_entropy, **kwargs):
     """transformers' ForCausalLMLoss with `logits` the hidden states before the head (a masked
-    LM passes its labels as shift_labels: no shift)."""
+    LM passes its labels as shift_labels: no shift). `head_fn`: the fused head's function,
+    (hidden, weight, bias, labels, ignore_index=, reduction=) -> loss: tempo's, or another one a
+    benchmark puts beside it (head_loss)."""
     hidden = logits
     if shift_labels is None:
         shift_labels = F.pad(labels, (0, 1), value=ignore_index)[..., 1:]
@@ -119,12 +121,25 @@ def _loss(head, logits, labels, vocab_size=None, num_items_in_batch=None, ignore
     if not autocast and h.dtype != w.dtype:  # a model that upcast the "logits" (its hidden states)
         h = h.to(w.dtype)
     reduction = "sum" if num_items_in_batch is not None else "mean"
-    loss = ops.linear_cross_entropy(h, w, b, lab, ignore_index=ignore_index, reduction=reduction)
+    value = head_fn(h, w, b, lab, ignore_index=ignore_index, reduction=reduction)
     if num_items_in_batch is not None:
         if torch.is_tensor(num_items_in_batch):
-            num_items_in_batch = num_items_in_batch.to(loss.device)
-        loss = loss / num_items_in_batch
-    return loss
+            num_items_in_batch = num_items_in_batch.to(value.device)
+        value = value / num_items_in_batch
+    return value
+
+
+def head_loss(model):
+    """The function a patched LM's head computes its loss with: tempo.linear_cross_entropy, or
+    the one set_head_loss gave it."""
+    return model.__dict__.get("_tempo_head_loss", ops.linear_cross_entropy)
+
+
+def set_head_loss(model, fn):
+    """Makes the patched LM `model` compute its training loss with `fn` (hidden, weight, bias,
+    labels, ignore_index=, reduction=) instead of tempo.linear_cross_entropy: tempo.frontier puts
+    PyTorch's chunked F.linear_cross_entropy in the peers' heads this way."""
+    model.__dict__["_tempo_head_loss"] = fn
 
 
 def _bound(self, args, kwargs):
@@ -163,7 +178,7 @@ def masked_lm_forward(self, *args, **kwargs):
     head = self.get_output_embeddings()
     with _passing_hidden(head):
         out = original(*bound.args, **bound.kwargs)
-    return _without_logits(out, _loss(head, out["logits"], None, shift_labels=labels))
+    return _without_logits(out, _loss(head, out["logits"], None, shift_labels=labels, head_fn=head_loss(self)))
 
 
 def causal_lm_forward(self, *args, **kwargs):
@@ -173,7 +188,8 @@ def causal_lm_forward(self, *args, **kwargs):
         return original(self, *args, **kwargs)
     head = self.get_output_embeddings()
     saved = self.__dict__.get("_loss_function", _MISSING)
-    self.__dict__["_loss_function"] = lambda *a, **k: _loss(head, *a, **k)
+    fn = head_loss(self)
+    self.__dict__["_loss_function"] = lambda *a, **k: _loss(head, *a, head_fn=fn, **k)
     try:
         with _passing_hidden(head):
             out = original(self, *args, **kwargs)
