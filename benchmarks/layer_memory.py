@@ -39,7 +39,7 @@ FAMILIES = {
     "minilm": None,  # the pretrained all-MiniLM-L6-v2 as a masked LM (its first L layers)
 }
 BUDGETS = {"": None, "-mem0.5": 0.5, "-mem0.2": 0.2}
-METHODS = (["sdpa", "tempo-no-gated-mlp", "tempo", "ckpt"] + ["compile" + b for b in BUDGETS]
+METHODS = (["sdpa", "tempo-no-gated-mlp", "tempo", "tempo-fused", "ckpt"] + ["compile" + b for b in BUDGETS]
            + ["tempo+compile" + b for b in BUDGETS])
 
 
@@ -63,7 +63,7 @@ def prepare(model, method, backend):
     """(the callable that trains, the activation budget its compilation needs or None)."""
     if method.startswith("tempo"):
         techniques = [t for t in tempo.hf.rules.TECHNIQUES if t != "gated_mlp"] if "no-gated" in method else "all"
-        tempo.optimize(model, techniques=techniques, attention="sdpa")
+        tempo.optimize(model, techniques=techniques, attention="fused" if method == "tempo-fused" else "sdpa")
     else:
         tempo.optimize(model, techniques="lm_head")
     if method == "ckpt":

@@ -26,7 +26,8 @@ Methods (each on a fresh model from the same seed, one after the other in this p
   tempo-auto         Auto-Tempo (tempo.auto, method "fast") decides under each budget
 
 --axis batch (the default): each method's largest batch at --seq; --axis seq: at batch 1, each
-method's longest sequence (a multiple of --seq-step, at most --max-seq or the model's positions).
+method's longest sequence (a multiple of --seq-step, at most --max-seq and, for a model that learns
+its position embeddings, their number).
 
 A step is forward, backward and AdamW (fused where torch has it). Precision: autocast-bf16
 (fp32 master weights, bf16 autocast), bf16 (the weights and AdamW's state in bf16) or fp32;
@@ -111,6 +112,16 @@ def compile_budget(method):
     if "compile" not in base:
         return False, None
     return True, float(base.rsplit("-mem", 1)[1]) if "-mem" in base else None
+
+
+def learned_positions(model):
+    """The number of positions a model's learned position embedding holds (BERT, GPT-2), or None
+    (rotary models: LLaMA, Qwen2, Gemma)."""
+    n = getattr(model.config, "max_position_embeddings", None) or getattr(model.config, "n_positions", None)
+    for name, m in model.named_modules():
+        if isinstance(m, torch.nn.Embedding) and ("position" in name or name.endswith("wpe")):
+            return min(n or m.num_embeddings, m.num_embeddings)
+    return None
 
 
 def torch_chunked_lce(hidden, weight, bias, labels, ignore_index=-100, reduction="mean"):
@@ -243,9 +254,9 @@ class Run:
             opt, opt_name = _optimizer(model)
             seeds = itertools.count(1)
 
-            # the longest sequence tried: --max-seq, at most the model's positions
-            positions = getattr(model.config, "max_position_embeddings", None) or args.max_seq
-            self.seq_cap = min(args.max_seq, positions) // args.seq_step
+            # the longest sequence tried: --max-seq, at most the positions of a model that learns them (rotary
+            # models take any length)
+            self.seq_cap = min(args.max_seq, learned_positions(model) or args.max_seq) // args.seq_step
 
             with method_applied(method, model, args.compile_backend) as run:
                 def step(n):  # n: the batch (--axis batch), or the sequence in units of --seq-step at batch 1
@@ -366,7 +377,7 @@ def parser():
                    "batch at --seq, or the sequence at batch 1")
     p.add_argument("--seq-step", type=int, default=64, help="--axis seq: sequences are multiples of this")
     p.add_argument("--max-seq", type=int, default=1 << 20, help="--axis seq: no sequence beyond this (nor beyond "
-                   "the model's max_position_embeddings) is tried")
+                   "the learned position embeddings of a BERT or GPT-2) is tried")
     p.add_argument("--compile-backend", default="inductor", help="torch.compile's backend (aot_eager: the same "
                    "partitioner without code generation)")
     p.add_argument("--time-limit", type=float, default=None, help="seconds: no (method, budget) is started after "

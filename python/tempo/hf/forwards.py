@@ -107,6 +107,29 @@ def fused_gated_mlp_forward(self, hidden_states):
     return tnn.gated_mlp.fused_gated_mlp(hidden_states, self.gate_up_proj, self.down_proj, act)
 
 
+def gated_experts_forward(self, hidden_states, top_k_index, top_k_weights):
+    # transformers' experts modules (MixtralExperts, Qwen2MoeExperts, ...: gate_up_proj [E, 2 I, H] and down_proj
+    # [E, H, I] parameters) in their eager form, each expert a tempo.gated_mlp; another experts implementation
+    # (config._experts_implementation: grouped_mm, ...) runs as it is
+    act = gated_activation(self.act_fn)
+    implementation = getattr(getattr(self, "config", None), "_experts_implementation", None)
+    if act is None or implementation not in (None, "eager"):
+        return original_forward(self, hidden_states, top_k_index, top_k_weights)
+    out = torch.zeros_like(hidden_states)
+    with torch.no_grad():
+        expert_mask = F.one_hot(top_k_index, num_classes=self.num_experts + 1).permute(2, 1, 0)
+        expert_hit = torch.greater(expert_mask.sum(dim=(-1, -2)), 0).nonzero()
+    for expert in expert_hit:
+        expert = expert[0]
+        if expert == self.num_experts:
+            continue
+        top_k_pos, token = torch.where(expert_mask[expert])
+        y = ops.gated_mlp(hidden_states[token], self.gate_up_proj[expert], None, self.down_proj[expert],
+                          activation=act)
+        out.index_add_(0, token, (y * top_k_weights[token, top_k_pos, None]).to(out.dtype))
+    return out
+
+
 def qkv_split_forward(self, hidden_states, attention_mask=None, *args, **kwargs):
     # The original's third argument is its cache, named `cache` (transformers 5.24 on) or
     # `past_key_values` (5.17): passed on as it came when tempo does not compute this call.

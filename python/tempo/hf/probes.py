@@ -17,7 +17,8 @@ class Differs(Exception):
 
 def probe(m, forward, *shapes):
     """Runs the module's own forward and `forward` (the replacement, with the module as self)
-    on the same random inputs, in eval mode without grad, and raises Differs unless they
+    on the same random inputs (a shape each, or a callable generator -> tensor for an input that
+    is not random floats), in eval mode without grad, and raises Differs unless they
     agree to within a few units of the module's dtype. Matching HF layers by name and
     attributes alone would patch, say, Gemma's RMSNorm (x-hat * (1 + w)) as Llama's (x-hat * w)."""
     p = next(m.parameters(), None)
@@ -27,7 +28,7 @@ def probe(m, forward, *shapes):
     if p.device.type == "meta":  # a model built without storage (to be loaded later, e.g. under FSDP): what the
         # forward computes does not depend on the values, so a CPU copy with random ones is probed instead
         m = _randomised(m, g)
-    xs = [_random(s, g) for s in shapes]
+    xs = [s(g) if callable(s) else _random(s, g) for s in shapes]  # a callable makes an input of its own (ids)
     want = _compare(m, forward, xs)
     if want == 0:  # its weights make every output 0 (a norm's gammas all 0): any form would agree, so the
         _compare(_randomised(m, g), forward, xs)  # form is told apart on a copy with random weights
@@ -56,7 +57,7 @@ def _randomised(m, g):
 def _compare(m, forward, xs):
     """probe's comparison on inputs `xs`; returns the largest magnitude of the module's output."""
     p = next(m.parameters())
-    xs = [x.to(p.device, p.dtype) for x in xs]
+    xs = [x.to(p.device, p.dtype) if x.is_floating_point() else x.to(p.device) for x in xs]
     modes = [(x, x.training) for x in m.modules()]
     m.eval()
     try:  # the forward's own factory calls (torch.arange without a device, say) made on the module's device

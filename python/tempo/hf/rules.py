@@ -5,7 +5,8 @@ import torch
 import torch.nn.functional as F
 
 from .. import nn as tnn
-from .forwards import (bdrln_forward, bias_gelu_forward, fused_gated_mlp_forward, gated_activation, gated_mlp_forward,
+from .forwards import (bdrln_forward, bias_gelu_forward, fused_gated_mlp_forward, gated_activation, gated_experts_forward,
+                       gated_mlp_forward,
                        gelu_approximate, hf_gelu_forward, hf_gelu_tanh_forward, hf_layer_norm_forward,
                        hf_rms_norm_forward, hf_rms_norm_offset_forward, hf_silu_forward, norm_bias, norm_eps,
                        qkv_split_forward)
@@ -91,6 +92,34 @@ def _is_fused_gated_mlp(m):
             and gated_activation(getattr(m, "activation_fn", None)) is not None)
 
 
+def _is_gated_experts(m):
+    # transformers' experts modules in their default layout (use_experts_implementation's defaults: gated,
+    # gate and up concatenated, not transposed, no biases, no norm after each expert)
+    gate_up, down = getattr(m, "gate_up_proj", None), getattr(m, "down_proj", None)
+    return (isinstance(gate_up, torch.nn.Parameter) and isinstance(down, torch.nn.Parameter) and gate_up.dim() == 3
+            and down.dim() == 3 and gate_up.shape[0] == down.shape[0] and gate_up.shape[1] == 2 * down.shape[2]
+            and gate_up.shape[2] == down.shape[1] and isinstance(getattr(m, "num_experts", None), int)
+            and getattr(m, "has_gate", False) is True and not getattr(m, "has_bias", True)
+            and not getattr(m, "is_transposed", True) and getattr(m, "is_concatenated", False) is True
+            and not getattr(m, "has_post_expert_norm", True) and gated_activation(getattr(m, "act_fn", None)) is not None)
+
+
+def _experts_inputs(m):
+    # 7 tokens routed to 2 experts each (every expert reached), and their routing weights
+    n, k = 7, min(2, m.num_experts)
+    return [(n, m.gate_up_proj.shape[2]),
+            lambda g: torch.stack([torch.randperm(m.num_experts, generator=g)[:k] for _ in range(n)]),
+            lambda g: torch.rand(n, k, generator=g)]
+
+
+def _gated_experts(m):
+    implementation = getattr(getattr(m, "config", None), "_experts_implementation", None)
+    if implementation not in (None, "eager"):
+        raise Differs("transformers runs these experts with its %r implementation, not the per-expert loop tempo "
+                      "replaces (load the model with experts_implementation='eager' to patch them)" % implementation)
+    return probed(gated_experts_forward, _experts_inputs)(m)
+
+
 def _is_functional_gelu_layer(m):
     # torch's own TransformerEncoderLayer / TransformerDecoderLayer with activation="gelu":
     # its activation is the function F.gelu, an attribute rather than a child module
@@ -123,6 +152,7 @@ RULES = [
     ("gated_mlp", _is_gated_mlp, probed(gated_mlp_forward, lambda m: [(1, 3, m.gate_proj.in_features)])),
     ("gated_mlp", _is_fused_gated_mlp,
      probed(fused_gated_mlp_forward, lambda m: [(1, 3, m.gate_up_proj.in_features)])),
+    ("gated_mlp", _is_gated_experts, _gated_experts),
     ("layer_norm", lambda m: type(m) is torch.nn.LayerNorm, retype(tnn.LayerNorm)),
     ("rms_norm", lambda m: type(m) is torch.nn.RMSNorm or _is_named_norm(m, "RMSNorm"), _rms_norm),
     # classes named LayerNorm that are not torch's: T5's (and MT5's, UMT5's, LongT5's, ...) is an
