@@ -160,15 +160,21 @@ def gated_mlp(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: Optional[to
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
                          labels: Optional[torch.Tensor] = None, ignore_index: int = -100,
                          label_smoothing: float = 0.0, reduction: str = "mean", chunk: int = 0,
-                         dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+                         dtype: Optional[torch.dtype] = None, logit_scale: float = 1.0,
+                         softcap: Optional[float] = None, z_loss: float = 0.0) -> torch.Tensor:
     """F.cross_entropy(F.linear(hidden, weight, bias), labels) over chunks of rows, keeping no
     logits for backward (it keeps one float32 log-sum-exp per row and recomputes each chunk's
     logits). hidden [..., H], weight [V, H], labels [...] (int64, ignore_index skipped).
     reduction "mean" returns 0, not NaN, when every label is ignored. chunk: rows per chunk
     (0: about 32 MiB of logits). dtype: the loss's (default hidden's; torch.float32 from 16-bit
     data returns the fp32 reduction unrounded). Under torch.autocast the head's matmul runs in
-    the autocast dtype and the loss is float32, as autocast's linear and cross_entropy."""
+    the autocast dtype and the loss is float32, as autocast's linear and cross_entropy.
+    logit_scale, softcap: what the model does to its logits before the loss,
+    softcap * tanh(logit_scale * z / softcap) (Gemma 2/3's final_logit_softcapping; Cohere's
+    logit_scale; Granite's 1 / logits_scaling), differentiated through. z_loss: z_loss * lse**2
+    added to each row's loss that is not ignored (PaLM's auxiliary loss), lse that of the
+    transformed logits."""
     if labels is None:
         raise TypeError("tempo.linear_cross_entropy: labels are required")
     return torch.ops.tempo.linear_cross_entropy(hidden, weight, bias, labels, ignore_index, label_smoothing,
-                                                reduction, chunk, dtype)
+                                                reduction, chunk, dtype, logit_scale, softcap, z_loss)

@@ -28,6 +28,25 @@ def _cfg(name, tied):
         extra = {"head_dim": 16} if name in ("qwen3", "gemma") else {}
         cfg = getattr(transformers, cls + "Config")(**llama_like, **extra)
         return getattr(transformers, cls + "ForCausalLM"), cfg
+    if name in ("gemma2", "gemma3"):  # final-logit soft-capping (Gemma 3's set, as Gemma 2's default is)
+        cls = {"gemma2": "Gemma2", "gemma3": "Gemma3"}[name]
+        config = transformers.Gemma2Config if name == "gemma2" else transformers.Gemma3TextConfig
+        return getattr(transformers, cls + "ForCausalLM"), config(
+            **llama_like, head_dim=16, final_logit_softcapping=3.0, attn_logit_softcapping=None,
+            **({"sliding_window": 8} if name == "gemma3" else {}))
+    if name in ("cohere", "granite"):  # a logit scale (Cohere's x 0.25; Granite's / 8)
+        cls = {"cohere": "Cohere", "granite": "Granite"}[name]
+        extra = {"logit_scale": 0.25} if name == "cohere" else {"logits_scaling": 8.0}
+        return getattr(transformers, cls + "ForCausalLM"), getattr(transformers, cls + "Config")(**llama_like, **extra)
+    if name in ("mixtral", "qwen2_moe"):  # a router's auxiliary loss added after the loss function's
+        if name == "mixtral":
+            cfg = transformers.MixtralConfig(**llama_like, num_local_experts=4, num_experts_per_tok=2,
+                                             output_router_logits=True, router_aux_loss_coef=0.1)
+            return transformers.MixtralForCausalLM, cfg
+        cfg = transformers.Qwen2MoeConfig(**llama_like, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                                          shared_expert_intermediate_size=32, output_router_logits=True,
+                                          router_aux_loss_coef=0.1)
+        return transformers.Qwen2MoeForCausalLM, cfg
     if name == "gpt2":
         return transformers.GPT2LMHeadModel, transformers.GPT2Config(
             n_layer=2, n_embd=64, n_head=4, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **common)
@@ -58,7 +77,8 @@ def _cfg(name, tied):
     raise KeyError(name)
 
 
-CAUSAL = ["llama", "mistral", "qwen2", "qwen3", "gemma", "phi3", "gpt2", "gpt_neox", "opt", "falcon"]
+CAUSAL = ["llama", "mistral", "qwen2", "qwen3", "gemma", "phi3", "gpt2", "gpt_neox", "opt", "falcon", "gemma2", "gemma3",
+          "cohere", "granite", "mixtral", "qwen2_moe"]
 MASKED = ["bert", "roberta", "xlm_roberta", "distilbert", "electra", "albert"]
 FAMILIES = CAUSAL + MASKED
 
@@ -139,12 +159,27 @@ def test_eval_generation_hidden_states_and_restore_are_unchanged(name):
 
 
 def test_logit_transforming_and_unknown_families_are_refused_by_name():
+    """A family outside the table that transforms its logits (a user's subclass of Gemma 2 may do
+    anything between head and loss) is left, the transform named; Gemma 2 itself is patched, and
+    its eval logits and its config are the unpatched model's (the soft-capping is turned off in
+    the model only during a patched training call)."""
     cfg = transformers.Gemma2Config(num_hidden_layers=1, hidden_size=32, intermediate_size=64, num_attention_heads=2,
                                     num_key_value_heads=1, head_dim=16, vocab_size=64, final_logit_softcapping=30.0)
-    m = tempo.optimize(transformers.Gemma2ForCausalLM(cfg).train(), techniques="all")
+
+    class MyGemma2ForCausalLM(transformers.Gemma2ForCausalLM):
+        pass
+
+    m = tempo.optimize(MyGemma2ForCausalLM(cfg).train(), techniques="all")
     rows = [r for r in tempo.report(m).rows if r[2] == "lm_head"]
     assert rows and rows[0][3].startswith("skipped") and "final_logit_softcapping" in rows[0][3]
-    assert type(m).__name__ == "Gemma2ForCausalLM"  # the model's class is left as it was
+    assert type(m) is MyGemma2ForCausalLM  # the model's class is left as it was
+    torch.manual_seed(0)
+    ref = transformers.Gemma2ForCausalLM(cfg).train()
+    ours = tempo.optimize(copy.deepcopy(ref), techniques="lm_head")
+    ids = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(4))
+    assert ours(input_ids=ids, labels=ids).logits is None and ours.config.final_logit_softcapping == 30.0
+    ours.eval(), ref.eval()
+    torch.testing.assert_close(ours(input_ids=ids).logits, ref(input_ids=ids).logits)
     ref, _ = _pair("llama", False)
     cp = copy.deepcopy(ref)
     cp.loss_function = lambda *a, **k: torch.zeros(())

@@ -555,15 +555,27 @@ def gen_lce(rng):
     reduction = rng.choice(["mean", "sum", "none"])
     smoothing = rng.choice([0.0, 0.0, 0.1])
     chunk = rng.choice([0, 1, 5, 37])
+    # the logit transforms (Cohere's scale, Gemma 2's soft-capping) and the z-loss, now and then
+    scale = rng.choice([1.0, 1.0, 1.0, 0.25, 3.0])
+    cap = rng.choice([None, None, None, 2.0, 30.0])
+    z_loss = rng.choice([0.0, 0.0, 0.0, 1e-2])
     if reduction == "mean" and bool((labels == -100).all()):
         reduction = "sum"  # F.cross_entropy gives 0/0 there; tempo 0 (documented)
 
     def run(t):
-        return tempo.linear_cross_entropy(t[0], t[1], t[2], labels, -100, smoothing, reduction, chunk)
+        return tempo.linear_cross_entropy(t[0], t[1], t[2], labels, -100, smoothing, reduction, chunk, None, scale, cap,
+                                          z_loss)
 
     def ref(t):
-        logits = F.linear(t[0], t[1], t[2]).float() if t[0].dtype != torch.float64 else F.linear(t[0], t[1], t[2])
-        return F.cross_entropy(logits, labels, ignore_index=-100, label_smoothing=smoothing, reduction=reduction)
+        z = F.linear(t[0], t[1], t[2]) * scale  # the transforms in the data's dtype, as the models apply them
+        if cap is not None:
+            z = cap * torch.tanh(z / cap)
+        logits = z.float() if t[0].dtype != torch.float64 else z
+        loss = F.cross_entropy(logits, labels, ignore_index=-100, label_smoothing=smoothing, reduction="none")
+        loss = loss + z_loss * torch.logsumexp(logits, -1) ** 2 * (labels != -100)
+        if reduction == "mean":
+            return loss.sum() / (labels != -100).sum().clamp_min(1)
+        return loss.sum() if reduction == "sum" else loss
     def scales(t, go):
         """The size of the terms the gradients sum (|p - y| <= 1 per logit): dh_n adds V terms
         of |w_v| per row, dW_v and db add one term per row, of |h_n| and 1, each row weighted
@@ -575,12 +587,16 @@ def gen_lce(rng):
         rw = go.abs().double() * kept
         if reduction == "mean":
             rw = rw / max(kept.sum().item(), 1.0)
+        # the z-loss's 2 z_loss lse p adds to each logit's |p - y| <= 1; the transforms scale it by <= scale
+        lse = torch.logsumexp(F.linear(t[0], t[1], t[2]).double() * scale, -1).abs().max().item() if N else 0.0
+        rw = rw * abs(scale) * (1 + 2 * z_loss * lse)
         dh = 2 * rw.max().item() * t[1].abs().max().item()
         dw = (rw[:, None] * t[0].abs().double()).sum(0).max().item()
         return [dh, dw, rw.sum().item()]
     lay = draw_layouts(rng, 2) + ["contiguous"]
     return Case([hidden, weight, bias], dtype, run, ref, valid, [True, True, True], lay, grad_scale=scales,
-                describe=f"linear_cross_entropy N{N} H{H} V{V} {dtype} {reduction} ls={smoothing} chunk={chunk} {lay[:2]}")
+                describe=f"linear_cross_entropy N{N} H{H} V{V} {dtype} {reduction} ls={smoothing} chunk={chunk} "
+                         f"scale={scale} cap={cap} z={z_loss} {lay[:2]}")
 
 
 def gen_qkv_split(rng):

@@ -18,10 +18,11 @@ class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossE
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& weight,
                             const std::optional<at::Tensor>& bias, const at::Tensor& labels, int64_t ignore,
                             double smoothing, c10::string_view reduction, int64_t chunk,
-                            std::optional<at::ScalarType> dtype) {
+                            std::optional<at::ScalarType> dtype, double logit_scale, std::optional<double> softcap,
+                            double z_loss) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    auto [loss, lse] =
-        linear_cross_entropy_forward(hidden, weight, bias, labels, ignore, smoothing, reduction, chunk, dtype);
+    auto [loss, lse] = linear_cross_entropy_forward(hidden, weight, bias, labels, ignore, smoothing, reduction, chunk,
+                                                    dtype, logit_scale, softcap, z_loss);
     const bool has_bias = bias.has_value() && bias->defined();
     ctx->save_for_backward({hidden, weight, has_bias ? *bias : at::Tensor(), labels, lse});
     ctx->saved_data["has_bias"] = has_bias;
@@ -29,6 +30,9 @@ class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossE
     ctx->saved_data["smoothing"] = smoothing;
     ctx->saved_data["reduction"] = std::string(reduction);
     ctx->saved_data["chunk"] = chunk;
+    ctx->saved_data["logit_scale"] = logit_scale;
+    ctx->saved_data["softcap"] = softcap.has_value() ? c10::IValue(*softcap) : c10::IValue();
+    ctx->saved_data["z_loss"] = z_loss;
     return loss;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -38,9 +42,13 @@ class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossE
       auto [gh, gw, gb] = linear_cross_entropy_backward(
           grads[0], s[0], s[1], has_bias ? std::optional<at::Tensor>(s[2]) : std::nullopt, s[3], s[4],
           ctx->saved_data["ignore"].toInt(), ctx->saved_data["smoothing"].toDouble(),
-          ctx->saved_data["reduction"].toStringRef(), ctx->saved_data["chunk"].toInt());
-      return {gh, gw, has_bias ? gb : at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
-              at::Tensor(), at::Tensor()};
+          ctx->saved_data["reduction"].toStringRef(), ctx->saved_data["chunk"].toInt(),
+          ctx->saved_data["logit_scale"].toDouble(),
+          ctx->saved_data["softcap"].isNone() ? std::nullopt
+                                              : std::optional<double>(ctx->saved_data["softcap"].toDouble()),
+          ctx->saved_data["z_loss"].toDouble());
+      return {gh,           gw,           has_bias ? gb : at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
+              at::Tensor(), at::Tensor(), at::Tensor(),                 at::Tensor(), at::Tensor(), at::Tensor()};
     });
   }
 };
@@ -48,8 +56,10 @@ class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossE
 at::Tensor linear_cross_entropy_autograd(const at::Tensor& hidden, const at::Tensor& weight,
                                          const std::optional<at::Tensor>& bias, const at::Tensor& labels,
                                          int64_t ignore, double smoothing, c10::string_view reduction, int64_t chunk,
-                                         std::optional<at::ScalarType> dtype) {
-  return LinearCrossEntropyFunction::apply(hidden, weight, bias, labels, ignore, smoothing, reduction, chunk, dtype);
+                                         std::optional<at::ScalarType> dtype, double logit_scale,
+                                         std::optional<double> softcap, double z_loss) {
+  return LinearCrossEntropyFunction::apply(hidden, weight, bias, labels, ignore, smoothing, reduction, chunk, dtype,
+                                           logit_scale, softcap, z_loss);
 }
 
 }  // namespace

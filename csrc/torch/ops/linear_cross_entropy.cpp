@@ -12,17 +12,22 @@
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
+#include <cmath>
+
 #include "common.h"
 #include "dtype.h"
 #include "tempo/linear_cross_entropy.h"
 
 TORCH_LIBRARY_FRAGMENT(tempo, m) {
   m.def("linear_cross_entropy(Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, int ignore_index=-100, "
-        "float label_smoothing=0.0, str reduction='mean', int chunk=0, ScalarType? dtype=None) -> Tensor");
+        "float label_smoothing=0.0, str reduction='mean', int chunk=0, ScalarType? dtype=None, float logit_scale=1.0, "
+        "float? softcap=None, float z_loss=0.0) -> Tensor");
   m.def("linear_cross_entropy_forward(Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, int ignore_index, "
-        "float label_smoothing, str reduction, int chunk, ScalarType? dtype=None) -> (Tensor, Tensor)");
+        "float label_smoothing, str reduction, int chunk, ScalarType? dtype=None, float logit_scale=1.0, "
+        "float? softcap=None, float z_loss=0.0) -> (Tensor, Tensor)");
   m.def("linear_cross_entropy_backward(Tensor grad, Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, "
-        "Tensor lse, int ignore_index, float label_smoothing, str reduction, int chunk) -> (Tensor, Tensor, Tensor)");
+        "Tensor lse, int ignore_index, float label_smoothing, str reduction, int chunk, float logit_scale=1.0, "
+        "float? softcap=None, float z_loss=0.0) -> (Tensor, Tensor, Tensor)");
 }
 
 namespace tempo {
@@ -109,12 +114,46 @@ void fill_rows(P& prm, const at::Tensor& z, const at::Tensor& y, int64_t r0, int
   prm.smoothing = smoothing;
 }
 
+// What the model does to its logits before the loss, z' = cap tanh(scale z / cap) (Gemma 2/3's
+// final_logit_softcapping; Cohere's logit_scale, Granite's 1 / logits_scaling), and the z-loss
+// coefficient (z_loss lse^2 added to each row's loss, as PaLM's auxiliary loss).
+struct LogitOptions {
+  double scale = 1.0;
+  std::optional<double> cap;
+  double z_loss = 0.0;
+};
+
+LogitOptions logit_options(double scale, std::optional<double> cap, double z_loss, const char* op) {
+  TORCH_CHECK(std::isfinite(scale) && scale != 0.0, op, ": logit_scale must be finite and nonzero, got ", scale);
+  TORCH_CHECK(!cap.has_value() || (std::isfinite(*cap) && *cap > 0.0), op, ": softcap must be positive and finite, "
+              "got ", cap.value_or(0.0));
+  TORCH_CHECK(std::isfinite(z_loss) && z_loss >= 0.0, op, ": z_loss must be >= 0 and finite, got ", z_loss);
+  return {scale, cap, z_loss};
+}
+
+// z (a chunk's logits, in place) -> z'; returns tanh(scale z / cap) (a tensor of its own) when capped.
+at::Tensor transform_logits(at::Tensor& z, const LogitOptions& o) {
+  if (o.scale != 1.0) z.mul_(o.scale);
+  if (!o.cap) return at::Tensor();
+  at::Tensor t = (z / *o.cap).tanh_();
+  z.copy_(t).mul_(*o.cap);
+  return t;
+}
+
+// dz' (in place) -> dz: times scale (1 - t^2) where capped, times scale otherwise.
+void chain_logit_gradient(at::Tensor& dz, const at::Tensor& t, const LogitOptions& o) {
+  if (t.defined()) dz.mul_(t.square().neg_().add_(1.0));
+  if (o.scale != 1.0) dz.mul_(o.scale);
+}
+
 std::tuple<at::Tensor, at::Tensor> forward_kernel(const at::Tensor& hidden, const at::Tensor& weight,
                                                   const std::optional<at::Tensor>& bias, const at::Tensor& labels,
                                                   int64_t ignore, double smoothing, c10::string_view reduction,
-                                                  int64_t chunk, std::optional<at::ScalarType> dtype) {
+                                                  int64_t chunk, std::optional<at::ScalarType> dtype,
+                                                  double logit_scale, std::optional<double> softcap, double z_loss) {
   const Reduction red = reduction_of(reduction);
   TORCH_CHECK(chunk >= 0, kOp, ": chunk must be >= 0 (0: automatic), got ", chunk);
+  const LogitOptions opts = logit_options(logit_scale, softcap, z_loss, kOp);
   // The loss's dtype: hidden's unless asked (autocast asks for float32 from 16-bit data).
   TORCH_CHECK(!dtype.has_value() || at::isFloatingType(*dtype), kOp, ": dtype must be a floating type, got ", *dtype);
   const auto out_t = dtype.value_or(hidden.scalar_type());
@@ -139,7 +178,8 @@ std::tuple<at::Tensor, at::Tensor> forward_kernel(const at::Tensor& hidden, cons
     const int64_t C = rows_per_chunk(chunk, V, N, hidden);
     for (int64_t r0 = 0; r0 < N; r0 += C) {
       const int64_t n = std::min(C, N - r0);
-      const at::Tensor z = at::linear(h.narrow(0, r0, n), weight, b).contiguous();  // [n, V], hidden's dtype
+      at::Tensor z = at::linear(h.narrow(0, r0, n), weight, b).contiguous();  // [n, V], hidden's dtype
+      transform_logits(z, opts);
       LinearCrossEntropyForwardParams prm;
       fill_rows(prm, z, y, r0, n, V, ignore, smoothing);
       prm.logits = z.const_data_ptr();
@@ -147,6 +187,8 @@ std::tuple<at::Tensor, at::Tensor> forward_kernel(const at::Tensor& hidden, cons
       prm.loss = rows.narrow(0, r0, n).mutable_data_ptr();
       run_core(z, prm, linear_cross_entropy_forward_cpu, linear_cross_entropy_forward_cuda, kOp);
     }
+    if (opts.z_loss > 0.0)  // the rows not ignored
+      rows.add_(lse.square().mul_(opts.z_loss).mul_(y.ne(ignore).to(math_t)));
   } else {
     lse.zero_(), rows.zero_();
   }
@@ -164,8 +206,9 @@ std::tuple<at::Tensor, at::Tensor> forward_kernel(const at::Tensor& hidden, cons
 std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_kernel(
     const at::Tensor& grad, const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
     const at::Tensor& labels, const at::Tensor& lse, int64_t ignore, double smoothing, c10::string_view reduction,
-    int64_t chunk) {
+    int64_t chunk, double logit_scale, std::optional<double> softcap, double z_loss) {
   const Reduction red = reduction_of(reduction);
+  const LogitOptions opts = logit_options(logit_scale, softcap, z_loss, "tempo::linear_cross_entropy_backward");
   const bool has_bias = bias.has_value() && bias->defined();
   const char* bop = "tempo::linear_cross_entropy_backward";
   TORCH_CHECK(grad.is_floating_point(), bop, ": argument 'grad' must be floating point, got ", grad.scalar_type());
@@ -208,18 +251,33 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_kernel(
   }
   scale = at::where(y.ne(ignore), scale, at::zeros({}, scale.options())).contiguous();
   const at::Tensor lse_c = lse.contiguous();
+  // z-loss: its gradient 2 z_loss lse p adds to softmax's p, not to the label terms: the row
+  // kernel runs with the weight s (1 + 2 z_loss lse) and the label terms get s 2 z_loss lse back
+  at::Tensor z_extra, kernel_scale = scale;
+  if (opts.z_loss > 0.0) {
+    z_extra = scale * lse_c * (2.0 * opts.z_loss);
+    kernel_scale = (scale + z_extra).contiguous();
+  }
   const std::optional<at::Tensor> b = has_bias ? bias : std::nullopt;
   const int64_t C = rows_per_chunk(chunk, V, N, hidden);
   for (int64_t r0 = 0; r0 < N; r0 += C) {
     const int64_t n = std::min(C, N - r0);
     const at::Tensor hc = h.narrow(0, r0, n);
     at::Tensor dz = at::linear(hc, weight, b).contiguous();  // the logits again, made their gradient in place
+    const at::Tensor t = transform_logits(dz, opts);
     LinearCrossEntropyBackwardParams prm;
     fill_rows(prm, dz, y, r0, n, V, ignore, smoothing);
     prm.logits = dz.mutable_data_ptr();
     prm.lse = lse_c.narrow(0, r0, n).const_data_ptr();
-    prm.scale = scale.narrow(0, r0, n).const_data_ptr();
+    prm.scale = kernel_scale.narrow(0, r0, n).const_data_ptr();
     run_core(dz, prm, linear_cross_entropy_backward_cpu, linear_cross_entropy_backward_cuda, bop);
+    if (z_extra.defined()) {  // + s 2 z_loss lse ((1 - eps) onehot(y) + eps / V)
+      const at::Tensor extra = z_extra.narrow(0, r0, n).unsqueeze(1);
+      if (smoothing > 0.0) dz.add_((extra * (smoothing / V)).to(dz.scalar_type()));
+      const at::Tensor yc = y.narrow(0, r0, n).clamp(0, V - 1).unsqueeze(1);  // ignored rows: extra is 0
+      dz.scatter_add_(1, yc, (extra * (1.0 - smoothing)).to(dz.scalar_type()));
+    }
+    chain_logit_gradient(dz, t, opts);
     ghf.narrow(0, r0, n).copy_(at::matmul(dz, weight));
     add_matmul(gw, dz.t(), hc, low);
     if (has_bias) gb.add_(dz.sum(0, false, acc));
@@ -229,9 +287,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_kernel(
 
 at::Tensor composite(const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                      const at::Tensor& labels, int64_t ignore, double smoothing, c10::string_view reduction,
-                     int64_t chunk, std::optional<at::ScalarType> dtype) {
-  return std::get<0>(
-      linear_cross_entropy_forward(hidden, weight, bias, labels, ignore, smoothing, reduction, chunk, dtype));
+                     int64_t chunk, std::optional<at::ScalarType> dtype, double logit_scale,
+                     std::optional<double> softcap, double z_loss) {
+  return std::get<0>(linear_cross_entropy_forward(hidden, weight, bias, labels, ignore, smoothing, reduction, chunk,
+                                                  dtype, logit_scale, softcap, z_loss));
 }
 
 }  // namespace
@@ -240,37 +299,30 @@ std::tuple<at::Tensor, at::Tensor> linear_cross_entropy_forward(const at::Tensor
                                                                 const std::optional<at::Tensor>& bias,
                                                                 const at::Tensor& labels, int64_t ignore_index,
                                                                 double label_smoothing, c10::string_view reduction,
-                                                                int64_t chunk, std::optional<at::ScalarType> dtype) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("tempo::linear_cross_entropy_forward", "")
-                       .typed<std::tuple<at::Tensor, at::Tensor>(
-                           const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, const at::Tensor&,
-                           int64_t, double, c10::string_view, int64_t, std::optional<at::ScalarType>)>();
-  return op.call(hidden, weight, bias, labels, ignore_index, label_smoothing, reduction, chunk, dtype);
+                                                                int64_t chunk, std::optional<at::ScalarType> dtype,
+                                                                double logit_scale, std::optional<double> softcap,
+                                                                double z_loss) {
+  static const auto& op = op_for<&linear_cross_entropy_forward>("tempo::linear_cross_entropy_forward");
+  return op.call(hidden, weight, bias, labels, ignore_index, label_smoothing, reduction, chunk, dtype, logit_scale,
+                 softcap, z_loss);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_backward(
     const at::Tensor& grad, const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
     const at::Tensor& labels, const at::Tensor& lse, int64_t ignore_index, double label_smoothing,
-    c10::string_view reduction, int64_t chunk) {
-  static auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("tempo::linear_cross_entropy_backward", "")
-          .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
-              const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
-              const at::Tensor&, const at::Tensor&, int64_t, double, c10::string_view, int64_t)>();
-  return op.call(grad, hidden, weight, bias, labels, lse, ignore_index, label_smoothing, reduction, chunk);
+    c10::string_view reduction, int64_t chunk, double logit_scale, std::optional<double> softcap, double z_loss) {
+  static const auto& op = op_for<&linear_cross_entropy_backward>("tempo::linear_cross_entropy_backward");
+  return op.call(grad, hidden, weight, bias, labels, lse, ignore_index, label_smoothing, reduction, chunk,
+                 logit_scale, softcap, z_loss);
 }
 
 at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                                 const at::Tensor& labels, int64_t ignore_index, double label_smoothing,
-                                c10::string_view reduction, int64_t chunk, std::optional<at::ScalarType> dtype) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("tempo::linear_cross_entropy", "")
-                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
-                                         const at::Tensor&, int64_t, double, c10::string_view, int64_t,
-                                         std::optional<at::ScalarType>)>();
-  return op.call(hidden, weight, bias, labels, ignore_index, label_smoothing, reduction, chunk, dtype);
+                                c10::string_view reduction, int64_t chunk, std::optional<at::ScalarType> dtype,
+                                double logit_scale, std::optional<double> softcap, double z_loss) {
+  static const auto& op = op_for<&linear_cross_entropy>("tempo::linear_cross_entropy");
+  return op.call(hidden, weight, bias, labels, ignore_index, label_smoothing, reduction, chunk, dtype, logit_scale,
+                 softcap, z_loss);
 }
 
 }  // namespace tempo

@@ -20,14 +20,15 @@ states its prediction transform made (BERT's dense, GELU and LayerNorm run as be
 takes the loss by tempo.linear_cross_entropy with the head's weight and bias, as the model's
 CrossEntropyLoss() would (mean over the labels not -100, no shift).
 
-Families in the tables are the ones whose forward applies the head and then only the loss: a
-model that transforms the logits between the two (Gemma 2/3's final_logit_softcapping,
-Cohere's logit_scale, Granite's logits_scaling) is refused by name, as is any language model
-not in a table (its forward may do the same) and a causal LM whose loss function a user
-replaced.
+Families in the tables are the ones whose forward applies the head and then only the loss, or
+one of the logit transforms tempo.linear_cross_entropy computes (Gemma 2/3's
+final_logit_softcapping, Cohere's logit_scale, Granite's logits_scaling); a language model not
+in a table is refused by name (its forward may transform the logits otherwise), as is a masked
+LM with such a transform and a causal LM whose loss function a user replaced.
 """
 import contextlib
 import dataclasses
+import functools
 import inspect
 
 import torch
@@ -35,15 +36,23 @@ import torch.nn.functional as F
 
 from .. import ops
 
-# Causal-LM classes whose forward is head -> loss_function, checked by tests/python/test_lm_head.py.
+# Causal-LM classes whose forward is head -> loss_function, checked by tests/python/test_lm_head.py; some
+# transform the logits between the two (_LOGIT_TRANSFORMS), and the mixtures of experts add their router's
+# auxiliary loss to the loss function's after it (unchanged).
 FAMILIES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "GemmaForCausalLM",
-            "Phi3ForCausalLM", "GPT2LMHeadModel", "GPTNeoXForCausalLM", "OPTForCausalLM", "FalconForCausalLM")
+            "Phi3ForCausalLM", "GPT2LMHeadModel", "GPTNeoXForCausalLM", "OPTForCausalLM", "FalconForCausalLM",
+            "Gemma2ForCausalLM", "Gemma3ForCausalLM", "CohereForCausalLM", "Cohere2ForCausalLM", "GraniteForCausalLM",
+            "GraniteMoeForCausalLM", "Olmo2ForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM",
+            "Qwen3MoeForCausalLM", "OlmoeForCausalLM")
 # Masked-LM classes whose forward is transform -> head -> CrossEntropyLoss()(logits.view(-1, V), labels.view(-1)).
 MASKED_FAMILIES = ("BertForMaskedLM", "RobertaForMaskedLM", "XLMRobertaForMaskedLM", "DistilBertForMaskedLM",
                    "ElectraForMaskedLM", "AlbertForMaskedLM")
-# Config fields that transform the logits between the head and the loss: (name, the value that
-# does nothing).
+# Config fields that transform the logits between the head and the loss: (name, the value that does
+# nothing). A scale (Cohere's logit_scale, Granite's 1 / logits_scaling) the model applies to what the
+# head passes through, the hidden states, which is the same; the soft-capping (Gemma 2/3) is not linear,
+# so the patched forward turns it off in the model for the call and tempo.linear_cross_entropy applies it.
 _LOGIT_TRANSFORMS = (("final_logit_softcapping", None), ("logit_scale", 1.0), ("logits_scaling", 1.0))
+_SOFTCAP = "final_logit_softcapping"
 
 
 class Refused(ValueError):
@@ -67,11 +76,12 @@ def check(m):
     """Raises Refused with the reason when the technique cannot apply to the language model `m`."""
     name = type(m).__name__
     cfg = getattr(m, "config", None)
-    for field, neutral in _LOGIT_TRANSFORMS:
-        value = getattr(cfg, field, neutral)
-        if value is not None and value != neutral:
-            raise Refused("%s has %s=%r, which tempo.linear_cross_entropy does not compute" % (name, field, value))
     masked = kind(m) == "masked"
+    if masked or name not in FAMILIES:  # a family not in the table is refused below; these transforms by name
+        for field, neutral in _LOGIT_TRANSFORMS:
+            value = getattr(cfg, field, neutral)
+            if value is not None and value != neutral:
+                raise Refused("%s has %s=%r, which tempo's lm_head does not know it to apply" % (name, field, value))
     if name not in (MASKED_FAMILIES if masked else FAMILIES):
         raise Refused("%s is not in the lm_head table (tempo/hf/lm_head.py %s): its forward may transform the logits "
                       "before the loss" % (name, "MASKED_FAMILIES" if masked else "FAMILIES"))
@@ -189,9 +199,12 @@ def causal_lm_forward(self, *args, **kwargs):
     head = self.get_output_embeddings()
     saved = self.__dict__.get("_loss_function", _MISSING)
     fn = head_loss(self)
+    cap = getattr(self.config, _SOFTCAP, None)
+    if cap is not None:  # the model would cap the hidden states the head passes through: the loss caps the logits
+        fn = functools.partial(fn, softcap=cap)
     self.__dict__["_loss_function"] = lambda *a, **k: _loss(head, *a, head_fn=fn, **k)
     try:
-        with _passing_hidden(head):
+        with _passing_hidden(head), _config_set(self.config, _SOFTCAP, None if cap is not None else _MISSING):
             out = original(self, *args, **kwargs)
     finally:
         if saved is _MISSING:
@@ -199,6 +212,20 @@ def causal_lm_forward(self, *args, **kwargs):
         else:
             self.__dict__["_loss_function"] = saved
     return _without_logits(out, out["loss"])
+
+
+@contextlib.contextmanager
+def _config_set(config, field, value):
+    """config.field = value for the duration (nothing when value is _MISSING)."""
+    if value is _MISSING:
+        yield
+        return
+    before = getattr(config, field)
+    setattr(config, field, value)
+    try:
+        yield
+    finally:
+        setattr(config, field, before)
 
 
 _MISSING = object()

@@ -20,10 +20,15 @@ namespace tempo {
 // logits per chunk). A label outside [0, V) that is not ignore_index: an error naming it.
 // dtype: the loss's (default hidden's; float32 from 16-bit data gives the loss unrounded, as
 // autocast's cross_entropy does: the logits are formed in the data's dtype and reduced in fp32).
+// logit_scale, softcap: what the model does to its logits before the loss, z' = softcap
+// tanh(logit_scale z / softcap) (Gemma 2/3's final_logit_softcapping; Cohere's logit_scale,
+// Granite's 1 / logits_scaling), the gradient through both. z_loss: z_loss lse^2 added to each
+// row's loss (not to ignored rows), lse the log-sum-exp of z'.
 at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                                 const at::Tensor& labels, int64_t ignore_index = -100, double label_smoothing = 0.0,
                                 c10::string_view reduction = "mean", int64_t chunk = 0,
-                                std::optional<at::ScalarType> dtype = std::nullopt);
+                                std::optional<at::ScalarType> dtype = std::nullopt, double logit_scale = 1.0,
+                                std::optional<double> softcap = std::nullopt, double z_loss = 0.0);
 
 // The ops behind it: forward -> (loss, lse [N] float32, float64 for float64 data), backward -> (grad_hidden,
 // grad_weight, grad_bias (undefined without a bias)). The backward's softmax is exp(logits - lse) on
@@ -34,10 +39,14 @@ std::tuple<at::Tensor, at::Tensor> linear_cross_entropy_forward(const at::Tensor
                                                                 const at::Tensor& labels, int64_t ignore_index,
                                                                 double label_smoothing, c10::string_view reduction,
                                                                 int64_t chunk,
-                                                                std::optional<at::ScalarType> dtype = std::nullopt);
+                                                                std::optional<at::ScalarType> dtype = std::nullopt,
+                                                                double logit_scale = 1.0,
+                                                                std::optional<double> softcap = std::nullopt,
+                                                                double z_loss = 0.0);
 std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_backward(
     const at::Tensor& grad, const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
     const at::Tensor& labels, const at::Tensor& lse, int64_t ignore_index, double label_smoothing,
-    c10::string_view reduction, int64_t chunk);
+    c10::string_view reduction, int64_t chunk, double logit_scale = 1.0, std::optional<double> softcap = std::nullopt,
+    double z_loss = 0.0);
 
 }  // namespace tempo
