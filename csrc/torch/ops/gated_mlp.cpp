@@ -138,13 +138,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_kernel(
   return {y, gate, up};
 }
 
-// Intermediate columns per backward block: `chunk`, or blocks whose [rows, block] tensors hold
-// at most max(64 MiB, x's bytes), in multiples of 64 columns.
-int64_t columns_per_block(int64_t chunk, int64_t rows, const Shape& s, int64_t elem) {
+// Intermediate columns per backward block: `chunk`, or blocks whose [rows, block] tensors are
+// no larger than x (H columns, rounded up to a multiple of 64): the backward's four transients
+// (h, dh, dgate, dup of a block) then hold 4 x's worth, where one block of all I columns would
+// hold 4 I / H of it (11 x's at LLaMA's I = 2.7 H), and each block's GEMMs stay as wide as the
+// model's own (N x H by H x block).
+int64_t columns_per_block(int64_t chunk, const Shape& s) {
   if (chunk > 0) return std::min(chunk, s.I);
-  const int64_t bytes = std::max<int64_t>(64ll << 20, rows * s.H * elem);
-  const int64_t cols = bytes / std::max<int64_t>(1, rows * elem);
-  return std::min(s.I, std::max<int64_t>(64, cols / 64 * 64));
+  return std::min(s.I, (s.H + 63) / 64 * 64);
 }
 
 using Grads = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
@@ -194,7 +195,7 @@ Grads backward_kernel(const at::Tensor& grad, const at::Tensor& x, const at::Ten
   // dx summed over the blocks in the math type (float32 for 16-bit data), rounded once
   at::Tensor dx_acc = maybe(need_dx, [&] { return at::zeros({N, s.H}, x.options().dtype(low ? at::kFloat : x.scalar_type())); });
   if (bias_grad[2]) ddb.copy_(dy.sum(0));
-  const int64_t C = columns_per_block(chunk, N, s, static_cast<int64_t>(x.element_size()));
+  const int64_t C = columns_per_block(chunk, s);
   for (int64_t c0 = 0; c0 < s.I && N > 0; c0 += C) {
     const int64_t n = std::min(C, s.I - c0);
     const at::Tensor dh = at::mm(dy, down_weight.narrow(1, c0, n));  // [N, n]

@@ -21,7 +21,8 @@ namespace tempo {
 // x [..., H]; gate_weight [I, H] (or [2 I, H] without up_weight); up_weight [I, H];
 // down_weight [O, I]; biases [I] (gate's: [2 I] when fused; up_bias only with up_weight) and [O];
 // activation "silu", "gelu" or "gelu_tanh"; chunk: intermediate columns per backward block
-// (0: automatic, blocks whose [rows, chunk] tensors hold at most max(64 MiB, x's bytes)).
+// (0: automatic, blocks of H columns rounded up to 64: each block's [rows, chunk] tensors no
+// larger than x).
 // Returns [..., O]. Every tensor has x's dtype and device (under autocast: the autocast dtype).
 at::Tensor gated_mlp(const at::Tensor& x, const at::Tensor& gate_weight, const std::optional<at::Tensor>& up_weight,
                      const at::Tensor& down_weight, const std::optional<at::Tensor>& gate_bias = std::nullopt,
