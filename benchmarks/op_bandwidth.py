@@ -105,6 +105,16 @@ def cases(rows, cols, dtype, device, seq, liger, attention):
     # backward reads dy, the kept tensors, writes da, db
     add("swiglu", [("tempo", lambda a_, b_: tempo.silu(a_) * b_), ("torch", lambda a_, b_: F.silu(a_) * b_),
                    ("liger", liger and liger.liger_swiglu)], 3 * n * e, 5 * n * e, x, up)
+    # the whole gated MLP (H = I = cols here): time beside torch's chain and Liger's SwiGLU between torch's
+    # linears; its bytes are the elementwise part's (gate, up read, h written; backward: gate, up, dh read, dgate,
+    # dup, h written), so the GEMMs, which dominate, make its "share of a copy" low by design
+    wmlp = [torch.randn(cols, cols, dtype=dtype, device=device) / cols ** 0.5 for _ in range(3)]
+
+    def liger_mlp(t, wg, wu, wd):
+        return F.linear(liger.liger_swiglu(F.linear(t, wg), F.linear(t, wu)), wd)
+    add("gated_mlp", [("tempo", lambda t, wg, wu, wd: tempo.gated_mlp(t, wg, wu, wd)),
+                      ("torch", lambda t, wg, wu, wd: F.linear(F.silu(F.linear(t, wg)) * F.linear(t, wu), wd)),
+                      ("liger", liger and liger_mlp)], 3 * n * e, 6 * n * e, x, *wmlp)
     # norms: forward reads x and the parameters, writes y and one rstd per row; backward reads
     # y, dy, the parameters and rstd, writes dx and the parameter gradients
     add("layer_norm", [("tempo", lambda t, g, bb: tempo.layer_norm(t, (cols,), g, bb)),
