@@ -39,7 +39,8 @@ void forward_rows(const GatedMlpForwardParams& p, int64_t r0, int64_t r1) {
   }
 }
 
-template <Activation A, typename T>
+// WithH: h recomputed beside the gradients (a template parameter, so that each loop stays branch-free).
+template <Activation A, typename T, bool WithH>
 void backward_rows(const GatedMlpBackwardParams& p, int64_t r0, int64_t r1) {
   using Acc = math::acc_t<T>;
   for (int64_t r = r0; r < r1; ++r) {
@@ -48,24 +49,14 @@ void backward_rows(const GatedMlpBackwardParams& p, int64_t r0, int64_t r1) {
     const T* dh = static_cast<const T*>(p.grad_h) + r * p.cols;
     T* dg = static_cast<T*>(p.grad_gate) + r * p.grad_gate_stride;
     T* du = static_cast<T*>(p.grad_up) + r * p.grad_up_stride;
-    T* h = p.h ? static_cast<T*>(p.h) + r * p.cols : nullptr;
-    if (h) {
+    T* h = WithH ? static_cast<T*>(p.h) + r * p.cols : nullptr;
 #pragma omp simd
-      for (int64_t c = 0; c < p.cols; ++c) {
-        const auto v = gate_value<A, T>(math::to_float(g[c]));
-        const double uc = math::to_float(u[c]), dhc = math::to_float(dh[c]);
-        math::store(dg + c, static_cast<Acc>(dhc * uc * (v.d1 + v.d2)));
-        math::store(du + c, static_cast<Acc>(dhc * v.f));
-        math::store(h + c, static_cast<Acc>(v.f * uc));
-      }
-    } else {
-#pragma omp simd
-      for (int64_t c = 0; c < p.cols; ++c) {
-        const auto v = gate_value<A, T>(math::to_float(g[c]));
-        const double uc = math::to_float(u[c]), dhc = math::to_float(dh[c]);
-        math::store(dg + c, static_cast<Acc>(dhc * uc * (v.d1 + v.d2)));
-        math::store(du + c, static_cast<Acc>(dhc * v.f));
-      }
+    for (int64_t c = 0; c < p.cols; ++c) {
+      const auto v = gate_value<A, T>(math::to_float(g[c]));
+      const double uc = math::to_float(u[c]), dhc = math::to_float(dh[c]);
+      math::store(dg + c, static_cast<Acc>(dhc * uc * (v.d1 + v.d2)));
+      math::store(du + c, static_cast<Acc>(dhc * v.f));
+      if constexpr (WithH) math::store(h + c, static_cast<Acc>(v.f * uc));
     }
   }
 }
@@ -99,7 +90,12 @@ Status gated_mlp_backward_cpu(const GatedMlpBackwardParams& p) {
   Status s = detail::validate(p);
   if (!s.ok() || p.rows == 0 || p.cols == 0) return s;
   return dispatch(p.act, p.dtype, [&](auto a, auto t) {
-    run_rows(p, [&](int64_t r0, int64_t r1) { backward_rows<decltype(a)::value, decltype(t)>(p, r0, r1); });
+    constexpr Activation A = decltype(a)::value;
+    using T = decltype(t);
+    run_rows(p, [&](int64_t r0, int64_t r1) {
+      if (p.h) backward_rows<A, T, true>(p, r0, r1);
+      else backward_rows<A, T, false>(p, r0, r1);
+    });
   });
 }
 

@@ -5,7 +5,9 @@
 // data, the C library's double for fp64).
 #include <cuda_runtime.h>
 
+#include <initializer_list>
 #include <type_traits>
+#include <utility>
 
 #include "tempo/gated_mlp.h"
 #include "../math/gated_mlp_math.h"
@@ -106,10 +108,11 @@ Status gated_mlp_forward_cuda(const GatedMlpForwardParams& p, void* stream) {
     using T = decltype(t);
     constexpr Activation A = decltype(a)::value;
     const bool vec = rows_aligned<T>({{p.gate, p.gate_stride}, {p.up, p.up_stride}, {p.h, p.cols}});
-    if (small_index(p.rows, p.cols))
-      gated_mlp_forward_kernel<A, T, uint32_t><<<grid_for(items), kThreads, 0, st>>>(p, vec);
-    else
-      gated_mlp_forward_kernel<A, T, uint64_t><<<grid_for(items), kThreads, 0, st>>>(p, vec);
+    auto launch = [&](auto index) {
+      gated_mlp_forward_kernel<A, T, decltype(index)><<<grid_for(items), kThreads, 0, st>>>(p, vec);
+    };
+    if (small_index(p.rows, p.cols)) launch(uint32_t{});
+    else launch(uint64_t{});
   });
   return d.ok() ? launch_status("gated_mlp forward") : d;
 }
@@ -126,13 +129,13 @@ Status gated_mlp_backward_cuda(const GatedMlpBackwardParams& p, void* stream) {
                                       {p.grad_gate, p.grad_gate_stride}, {p.grad_up, p.grad_up_stride},
                                       {p.h ? p.h : p.grad_h, p.cols}});
     const int grid = grid_for(items);
-    if (small_index(p.rows, p.cols)) {
-      if (p.h) gated_mlp_backward_kernel<A, T, uint32_t, true><<<grid, kThreads, 0, st>>>(p, vec);
-      else gated_mlp_backward_kernel<A, T, uint32_t, false><<<grid, kThreads, 0, st>>>(p, vec);
-    } else {
-      if (p.h) gated_mlp_backward_kernel<A, T, uint64_t, true><<<grid, kThreads, 0, st>>>(p, vec);
-      else gated_mlp_backward_kernel<A, T, uint64_t, false><<<grid, kThreads, 0, st>>>(p, vec);
-    }
+    auto launch = [&](auto index) {
+      using Index = decltype(index);
+      if (p.h) gated_mlp_backward_kernel<A, T, Index, true><<<grid, kThreads, 0, st>>>(p, vec);
+      else gated_mlp_backward_kernel<A, T, Index, false><<<grid, kThreads, 0, st>>>(p, vec);
+    };
+    if (small_index(p.rows, p.cols)) launch(uint32_t{});
+    else launch(uint64_t{});
   });
   return d.ok() ? launch_status("gated_mlp backward") : d;
 }
