@@ -179,3 +179,20 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias: Optio
         raise TypeError("tempo.linear_cross_entropy: labels are required")
     return torch.ops.tempo.linear_cross_entropy(hidden, weight, bias, labels, ignore_index, label_smoothing,
                                                 reduction, chunk, dtype, logit_scale, softcap, z_loss)
+
+
+def linear_cross_entropy_stats(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
+                               labels: Optional[torch.Tensor] = None, ignore_index: int = -100,
+                               temperature: float = 1.0, logit_scale: float = 1.0, softcap: Optional[float] = None,
+                               chunk: int = 0):
+    """Per-token statistics of the head tempo.linear_cross_entropy computes, from the same chunks
+    and logit transforms, no logits kept and no gradient: a dict of "logprob" (the label's
+    log-probability, 0 where ignored; with gradient it is -linear_cross_entropy(reduction="none")),
+    "entropy" (of softmax(logits / temperature), every row) and "accuracy" (whether the label is
+    the arg max, False where ignored), each of the labels' shape."""
+    if labels is None:
+        raise TypeError("tempo.linear_cross_entropy_stats: labels are required")
+    logprob, entropy, correct = torch.ops.tempo.linear_cross_entropy_stats(
+        hidden, weight, bias, labels, ignore_index, temperature, logit_scale, softcap, chunk)
+    return {"logprob": logprob, "entropy": entropy, "accuracy": correct}
+

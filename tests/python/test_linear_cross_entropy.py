@@ -204,3 +204,67 @@ def test_on_minilm_weights_the_tied_head_of_a_pretrained_bert():
     torch.testing.assert_close(l1, l2, rtol=1e-5, atol=1e-5)
     for a, e in zip(g1, g2):
         torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("scale,cap,z_loss", [(0.25, None, 0.0), (1.0, 3.0, 0.0), (1.0, None, 1e-2), (2.0, 5.0, 1e-3)])
+def test_logit_transforms_and_z_loss_against_float64(scale, cap, z_loss):
+    """softcap tanh(scale z / softcap) and z_loss lse^2: loss and every gradient against the same
+    formula in float64 (fp32 inputs: 1e-5), chunked and not; the backward keeps what the plain
+    loss keeps (one float per row), the transforms and the z-loss included."""
+    g = torch.Generator().manual_seed(5)
+    h = torch.randn(6, 9, 24, generator=g).requires_grad_()
+    w = (torch.randn(300, 24, generator=g) * 0.2).requires_grad_()
+    b = torch.randn(300, generator=g).requires_grad_()
+    y = torch.randint(0, 300, (6, 9), generator=g)
+    y[0, :4] = -100
+    h64, w64, b64 = (t.detach().double().requires_grad_() for t in (h, w, b))
+    z = F.linear(h64, w64, b64) * scale
+    if cap is not None:
+        z = cap * torch.tanh(z / cap)
+    per_row = F.cross_entropy(z.flatten(0, 1), y.flatten(), reduction="none", label_smoothing=0.1)
+    per_row = per_row + z_loss * torch.logsumexp(z.flatten(0, 1), -1) ** 2 * (y.flatten() != -100)
+    want = per_row.sum() / (y != -100).sum()
+    want.backward()
+    for chunk in (0, 7):
+        got = tempo.linear_cross_entropy(h, w, b, y, label_smoothing=0.1, chunk=chunk, logit_scale=scale, softcap=cap,
+                                         z_loss=z_loss)
+        grads = torch.autograd.grad(got, (h, w, b))
+        torch.testing.assert_close(got.double(), want.detach(), rtol=1e-5, atol=1e-6)
+        for a, e in zip(grads, (h64.grad, w64.grad, b64.grad)):
+            assert (a.double() - e).abs().max() <= 1e-5 * e.abs().max(), chunk
+    kept, _ = saved_bytes(lambda: tempo.linear_cross_entropy(h, w, b, y, logit_scale=scale, softcap=cap, z_loss=z_loss),
+                          params=(w, b))
+    assert kept == h.numel() * 4 + y.numel() * 8 + y.numel() * 4
+
+
+def test_stats_in_one_pass_against_float64():
+    """linear_cross_entropy_stats: the labels' log-probabilities (= minus the per-row loss), the
+    entropy at a temperature and the arg-max accuracy, chunked, against float64; ignored rows 0
+    and False."""
+    g = torch.Generator().manual_seed(6)
+    h, w, b = torch.randn(40, 16, generator=g), torch.randn(77, 16, generator=g) * 0.5, torch.randn(77, generator=g)
+    y = torch.randint(0, 77, (40,), generator=g)
+    y[::7] = -100
+    s = tempo.linear_cross_entropy_stats(h, w, b, y, temperature=0.7, softcap=4.0, chunk=6)
+    z = 4.0 * torch.tanh(F.linear(h.double(), w.double(), b.double()) / 4.0)
+    kept = y != -100
+    torch.testing.assert_close(s["logprob"], (torch.log_softmax(z, -1).gather(1, y.clamp(min=0)[:, None])[:, 0]
+                                              * kept).float(), rtol=1e-5, atol=1e-5)
+    p = torch.softmax(z / 0.7, -1)
+    torch.testing.assert_close(s["entropy"], -(p * torch.log_softmax(z / 0.7, -1)).sum(-1).float(), rtol=1e-5, atol=1e-5)
+    assert torch.equal(s["accuracy"], (z.argmax(-1) == y) & kept)
+    torch.testing.assert_close(s["logprob"], -tempo.linear_cross_entropy(h, w, b, y, reduction="none", softcap=4.0))
+
+
+def test_bad_options_are_refused_by_name():
+    h, w, b, y = inputs()
+    for kwargs, message in (({"softcap": 0.0}, "softcap must be positive"), ({"logit_scale": 0.0}, "logit_scale"),
+                            ({"z_loss": -1.0}, "z_loss must be >= 0")):
+        with pytest.raises(RuntimeError, match="tempo::linear_cross_entropy"):
+            tempo.linear_cross_entropy(h, w, b, y, **kwargs)
+        try:
+            tempo.linear_cross_entropy(h, w, b, y, **kwargs)
+        except RuntimeError as e:
+            assert message in str(e)
+    with pytest.raises(RuntimeError, match="tempo::linear_cross_entropy_stats: temperature must be positive"):
+        tempo.linear_cross_entropy_stats(h, w, b, y, temperature=0.0)

@@ -599,6 +599,36 @@ def gen_lce(rng):
                          f"scale={scale} cap={cap} z={z_loss} {lay[:2]}")
 
 
+def gen_lce_stats(rng):
+    """linear_cross_entropy_stats: the labels' log-probabilities and the entropies at a temperature
+    (stacked: one output), against float64; no gradient (the op has none)."""
+    N, H, V = rng.choice([1, 2, 7, 33]), rng.choice([1, 8, 17]), rng.choice([2, 5, 31, 100])
+    dtype = rng.choice([torch.float32, torch.float32, torch.float64, torch.bfloat16])
+    hidden, weight = values(rng, [N, H]), values(rng, [V, H]) * 0.3
+    bias = values(rng, [V]) if rng.random() < 0.5 else None
+    g = torch.Generator().manual_seed(rng.randrange(2 ** 31))
+    labels = torch.randint(0, V, (N,), generator=g)
+    labels[torch.rand(N, generator=g) < 0.2] = -100
+    temperature, scale = rng.choice([1.0, 0.5, 2.0]), rng.choice([1.0, 0.25])
+    cap, chunk = rng.choice([None, 2.0]), rng.choice([0, 1, 5])
+
+    def run(t):
+        s = tempo.linear_cross_entropy_stats(t[0], t[1], t[2], labels, -100, temperature, scale, cap, chunk)
+        return torch.stack([s["logprob"], s["entropy"]])
+
+    def ref(t):
+        z = F.linear(t[0], t[1], t[2]) * scale
+        if cap is not None:
+            z = cap * torch.tanh(z / cap)
+        z = z.float() if t[0].dtype != torch.float64 else z
+        lp = torch.log_softmax(z, -1).gather(1, labels.clamp(min=0)[:, None])[:, 0] * (labels != -100)
+        entropy = -(torch.softmax(z / temperature, -1) * torch.log_softmax(z / temperature, -1)).sum(-1)
+        return torch.stack([lp, entropy])
+    return Case([hidden, weight, bias], dtype, run, ref, True, [False, False, False], ["contiguous"] * 3,
+                describe=f"linear_cross_entropy_stats N{N} H{H} V{V} {dtype} T={temperature} scale={scale} cap={cap} "
+                         f"chunk={chunk}")
+
+
 def gen_qkv_split(rng):
     B, S, A, d = rng.choice([1, 2, 3]), rng.choice([1, 5, 13, 64]), rng.choice([1, 2, 3, 4]), rng.choice([1, 8, 17])
     dtype = rng.choice(DTYPES)
@@ -689,6 +719,7 @@ OPS = {
     "bias_dropout_add_layer_norm": gen_bdrln,
     "causal_linear_attention": gen_linear_attention,
     "linear_cross_entropy": gen_lce,
+    "linear_cross_entropy_stats": gen_lce_stats,
     "qkv_split": gen_qkv_split,
     "gated_mlp": gen_gated_mlp,
 }

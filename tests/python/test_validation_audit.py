@@ -83,6 +83,7 @@ def _valid_calls():
     calls["linear_cross_entropy_forward"] = ((hid, wt, bt, labels, -100, 0.0, "mean", 4), lce)
     calls["linear_cross_entropy_backward"] = ((torch.tensor(1.0), hid, wt, bt, labels, lse, -100, 0.0, "mean", 4),
                                               {**lce, "lse": "shape"})
+    calls["linear_cross_entropy_stats"] = ((hid, wt, bt, labels, -100, 1.0, 1.0, None, 4), lce)
     calls["qkv_split"] = ((r(2, 3, 12), r(12), 2), {"z": "shape", "bias": "shape"})
     calls["qkv_split_backward"] = ((r(2, 2, 3, 2), r(2, 2, 3, 2), r(2, 2, 3, 2), True),
                                    {"grad_k": "shape", "grad_v": "shape"})

@@ -28,6 +28,8 @@ TORCH_LIBRARY_FRAGMENT(tempo, m) {
   m.def("linear_cross_entropy_backward(Tensor grad, Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, "
         "Tensor lse, int ignore_index, float label_smoothing, str reduction, int chunk, float logit_scale=1.0, "
         "float? softcap=None, float z_loss=0.0) -> (Tensor, Tensor, Tensor)");
+  m.def("linear_cross_entropy_stats(Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, int ignore_index=-100, "
+        "float temperature=1.0, float logit_scale=1.0, float? softcap=None, int chunk=0) -> (Tensor, Tensor, Tensor)");
 }
 
 namespace tempo {
@@ -46,29 +48,29 @@ Reduction reduction_of(c10::string_view r) {
 
 // Checks shapes, dtypes and devices; returns (N, H, V).
 std::tuple<int64_t, int64_t, int64_t> check(const at::Tensor& h, const at::Tensor& w, const std::optional<at::Tensor>& b,
-                                            const at::Tensor& labels, double smoothing) {
-  check_device(h, kOp, "hidden");
-  check_device(w, kOp, "weight");
-  TORCH_CHECK(h.is_floating_point(), kOp, ": argument 'hidden' must be floating point, got ", h.scalar_type());
-  TORCH_CHECK(h.dim() >= 1, kOp, ": argument 'hidden' must be [..., H], got a scalar");
-  TORCH_CHECK(w.dim() == 2 && w.size(1) == h.size(-1), kOp, ": argument 'weight' must be [V, ", h.size(-1),
+                                            const at::Tensor& labels, double smoothing, const char* op = kOp) {
+  check_device(h, op, "hidden");
+  check_device(w, op, "weight");
+  TORCH_CHECK(h.is_floating_point(), op, ": argument 'hidden' must be floating point, got ", h.scalar_type());
+  TORCH_CHECK(h.dim() >= 1, op, ": argument 'hidden' must be [..., H], got a scalar");
+  TORCH_CHECK(w.dim() == 2 && w.size(1) == h.size(-1), op, ": argument 'weight' must be [V, ", h.size(-1),
               "] for hidden [..., ", h.size(-1), "], got ", w.sizes());
-  TORCH_CHECK(w.scalar_type() == h.scalar_type() && w.device() == h.device(), kOp,
+  TORCH_CHECK(w.scalar_type() == h.scalar_type() && w.device() == h.device(), op,
               ": argument 'weight' must have hidden's dtype and device (", h.scalar_type(), ", ", h.device(), "), got ",
               w.scalar_type(), ", ", w.device());
   if (b.has_value() && b->defined())
     TORCH_CHECK(b->dim() == 1 && b->size(0) == w.size(0) && b->scalar_type() == h.scalar_type() &&
                     b->device() == h.device(),
-                kOp, ": argument 'bias' must be [", w.size(0), "] like weight, got ", b->sizes(), " ", b->scalar_type());
-  TORCH_CHECK(labels.scalar_type() == at::kLong, kOp, ": argument 'labels' must be int64, got ", labels.scalar_type());
-  TORCH_CHECK(labels.device() == h.device(), kOp, ": argument 'labels' must be on hidden's device ", h.device());
+                op, ": argument 'bias' must be [", w.size(0), "] like weight, got ", b->sizes(), " ", b->scalar_type());
+  TORCH_CHECK(labels.scalar_type() == at::kLong, op, ": argument 'labels' must be int64, got ", labels.scalar_type());
+  TORCH_CHECK(labels.device() == h.device(), op, ": argument 'labels' must be on hidden's device ", h.device());
   const int64_t N = h.numel() / std::max<int64_t>(h.size(-1), 1);
   TORCH_CHECK(labels.numel() == N && labels.dim() == h.dim() - 1 &&
                   labels.sizes() == h.sizes().slice(0, h.dim() - 1),
-              kOp, ": argument 'labels' must have hidden's leading shape ", h.sizes().slice(0, h.dim() - 1), ", got ",
+              op, ": argument 'labels' must have hidden's leading shape ", h.sizes().slice(0, h.dim() - 1), ", got ",
               labels.sizes());
-  TORCH_CHECK(smoothing >= 0.0 && smoothing <= 1.0, kOp, ": label_smoothing must be in [0, 1], got ", smoothing);
-  TORCH_CHECK(w.size(0) > 0, kOp, ": the vocabulary (weight's rows) is empty");
+  TORCH_CHECK(smoothing >= 0.0 && smoothing <= 1.0, op, ": label_smoothing must be in [0, 1], got ", smoothing);
+  TORCH_CHECK(w.size(0) > 0, op, ": the vocabulary (weight's rows) is empty");
   return {N, h.size(-1), w.size(0)};
 }
 
@@ -285,6 +287,51 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_kernel(
   return {gh, gw.to(weight.scalar_type()), has_bias ? gb.to(weight.scalar_type()) : gb};
 }
 
+// Per row, from the same chunks and transforms as the loss, no logits kept and no gradient: the
+// log-probability of the label at temperature 1 (0 where ignored), the entropy of softmax(z' / T)
+// (every row), and whether the label is the arg max (false where ignored); float32 (float64 data:
+// float64), the labels' shape.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> stats_kernel(const at::Tensor& hidden, const at::Tensor& weight,
+                                                            const std::optional<at::Tensor>& bias,
+                                                            const at::Tensor& labels, int64_t ignore,
+                                                            double temperature, double logit_scale,
+                                                            std::optional<double> softcap, int64_t chunk) {
+  const char* op = "tempo::linear_cross_entropy_stats";
+  const LogitOptions opts = logit_options(logit_scale, softcap, 0.0, op);
+  TORCH_CHECK(std::isfinite(temperature) && temperature > 0.0, op, ": temperature must be positive and finite, got ",
+              temperature);
+  TORCH_CHECK(chunk >= 0, op, ": chunk must be >= 0 (0: automatic), got ", chunk);
+  const auto math_t = hidden.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const auto math_opts = hidden.options().dtype(math_t);
+  if (hidden.is_meta())
+    return {at::empty_symint(labels.sym_sizes(), math_opts), at::empty_symint(labels.sym_sizes(), math_opts),
+            at::empty_symint(labels.sym_sizes(), labels.options().dtype(at::kBool))};
+  auto [N, H, V] = check(hidden, weight, bias, labels, 0.0, op);
+  at::Tensor logprob = at::zeros({N}, math_opts), entropy = at::zeros({N}, math_opts);
+  at::Tensor correct = at::zeros({N}, labels.options().dtype(at::kBool));
+  if (N > 0) {
+    check_labels(labels, V, ignore);
+    at::NoGradGuard no_grad;
+    c10::OptionalDeviceGuard guard(hidden.device());
+    const at::Tensor h = hidden.reshape({N, H}), y = labels.reshape({N});
+    const std::optional<at::Tensor> b = bias.has_value() && bias->defined() ? bias : std::nullopt;
+    const int64_t C = rows_per_chunk(chunk, V, N, hidden);
+    for (int64_t r0 = 0; r0 < N; r0 += C) {
+      const int64_t n = std::min(C, N - r0);
+      at::Tensor z = at::linear(h.narrow(0, r0, n), weight, b).contiguous();
+      transform_logits(z, opts);
+      const at::Tensor zf = z.to(math_t);  // the chunk in the math type (a chunk's worth, freed per chunk)
+      const at::Tensor yc = y.narrow(0, r0, n), kept = yc.ne(ignore);
+      const at::Tensor label = zf.gather(1, yc.clamp(0, V - 1).unsqueeze(1)).squeeze(1);
+      logprob.narrow(0, r0, n).copy_(at::where(kept, label - zf.logsumexp(1), at::zeros({}, math_opts)));
+      correct.narrow(0, r0, n).copy_(kept.logical_and(zf.argmax(1).eq(yc)));
+      const at::Tensor zt = zf / temperature, lt = zt.logsumexp(1, true);
+      entropy.narrow(0, r0, n).copy_(lt.squeeze(1) - ((zt - lt).exp_() * zt).sum(1));
+    }
+  }
+  return {logprob.view(labels.sizes()), entropy.view(labels.sizes()), correct.view(labels.sizes())};
+}
+
 at::Tensor composite(const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                      const at::Tensor& labels, int64_t ignore, double smoothing, c10::string_view reduction,
                      int64_t chunk, std::optional<at::ScalarType> dtype, double logit_scale,
@@ -325,10 +372,19 @@ at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weig
                  softcap, z_loss);
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_stats(
+    const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+    const at::Tensor& labels, int64_t ignore_index, double temperature, double logit_scale,
+    std::optional<double> softcap, int64_t chunk) {
+  static const auto& op = op_for<&linear_cross_entropy_stats>("tempo::linear_cross_entropy_stats");
+  return op.call(hidden, weight, bias, labels, ignore_index, temperature, logit_scale, softcap, chunk);
+}
+
 }  // namespace tempo
 
 TORCH_LIBRARY_IMPL(tempo, CompositeExplicitAutograd, m) {
   m.impl("linear_cross_entropy", tempo::composite);
   m.impl("linear_cross_entropy_forward", tempo::forward_kernel);
   m.impl("linear_cross_entropy_backward", tempo::backward_kernel);
+  m.impl("linear_cross_entropy_stats", tempo::stats_kernel);
 }

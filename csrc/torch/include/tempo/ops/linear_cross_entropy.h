@@ -49,4 +49,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_backward(
     c10::string_view reduction, int64_t chunk, double logit_scale = 1.0, std::optional<double> softcap = std::nullopt,
     double z_loss = 0.0);
 
+// Per-token statistics from the same chunks and logit transforms, no logits kept, no gradient
+// (a trainer's diagnostics and RL's per-token terms): (the log-probability of each label, 0 where
+// ignored; the entropy of softmax(z' / temperature), every row; whether the label is the arg max,
+// false where ignored), each of the labels' shape, in the math type (bool for the last).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_stats(
+    const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+    const at::Tensor& labels, int64_t ignore_index = -100, double temperature = 1.0, double logit_scale = 1.0,
+    std::optional<double> softcap = std::nullopt, int64_t chunk = 0);
+
 }  // namespace tempo
