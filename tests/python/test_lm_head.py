@@ -47,6 +47,20 @@ def _cfg(name, tied):
                                           shared_expert_intermediate_size=32, output_router_logits=True,
                                           router_aux_loss_coef=0.1)
         return transformers.Qwen2MoeForCausalLM, cfg
+    if name in ("qwen2_vl", "qwen2_5_vl"):  # multimodal: text-only batches through the language model's head
+        text = dict(llama_like, rope_scaling={"type": "mrope", "mrope_section": [2, 2, 4]})
+        vision = dict(depth=1, hidden_size=64, num_heads=2, in_chans=3, spatial_merge_size=2, patch_size=4)
+        if name == "qwen2_vl":
+            cfg = transformers.Qwen2VLConfig(text_config=text, vision_config=dict(vision, embed_dim=32), **common)
+            return transformers.Qwen2VLForConditionalGeneration, cfg
+        cfg = transformers.Qwen2_5_VLConfig(text_config=text, vision_config=dict(vision, out_hidden_size=64), **common)
+        return transformers.Qwen2_5_VLForConditionalGeneration, cfg
+    if name == "llava":
+        cfg = transformers.LlavaConfig(text_config=transformers.LlamaConfig(**llama_like), image_token_index=319,
+                                       vision_config=transformers.CLIPVisionConfig(
+                                           hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                           num_attention_heads=2, image_size=16, patch_size=8), tie_word_embeddings=tied)
+        return transformers.LlavaForConditionalGeneration, cfg
     if name == "gpt2":
         return transformers.GPT2LMHeadModel, transformers.GPT2Config(
             n_layer=2, n_embd=64, n_head=4, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **common)
@@ -78,7 +92,7 @@ def _cfg(name, tied):
 
 
 CAUSAL = ["llama", "mistral", "qwen2", "qwen3", "gemma", "phi3", "gpt2", "gpt_neox", "opt", "falcon", "gemma2", "gemma3",
-          "cohere", "granite", "mixtral", "qwen2_moe"]
+          "cohere", "granite", "mixtral", "qwen2_moe", "qwen2_vl", "qwen2_5_vl", "llava"]
 MASKED = ["bert", "roberta", "xlm_roberta", "distilbert", "electra", "albert"]
 FAMILIES = CAUSAL + MASKED
 

@@ -43,7 +43,9 @@ FAMILIES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3
             "Phi3ForCausalLM", "GPT2LMHeadModel", "GPTNeoXForCausalLM", "OPTForCausalLM", "FalconForCausalLM",
             "Gemma2ForCausalLM", "Gemma3ForCausalLM", "CohereForCausalLM", "Cohere2ForCausalLM", "GraniteForCausalLM",
             "GraniteMoeForCausalLM", "Olmo2ForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM",
-            "Qwen3MoeForCausalLM", "OlmoeForCausalLM")
+            "Qwen3MoeForCausalLM", "OlmoeForCausalLM",
+            # multimodal: the text model's hidden states, its head, its loss function (images go in before)
+            "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration", "LlavaForConditionalGeneration")
 # Masked-LM classes whose forward is transform -> head -> CrossEntropyLoss()(logits.view(-1, V), labels.view(-1)).
 MASKED_FAMILIES = ("BertForMaskedLM", "RobertaForMaskedLM", "XLMRobertaForMaskedLM", "DistilBertForMaskedLM",
                    "ElectraForMaskedLM", "AlbertForMaskedLM")
@@ -67,6 +69,8 @@ def kind(m):
         return None
     if name.endswith("ForMaskedLM"):
         return "masked"
+    if name in FAMILIES and hasattr(type(m), "loss_function"):  # a multimodal model's causal LM
+        return "causal"
     if (name.endswith("ForCausalLM") or name.endswith("LMHeadModel")) and hasattr(type(m), "loss_function"):
         return "causal"
     return None
@@ -93,7 +97,7 @@ def check(m):
     if "_loss_function" in m.__dict__:
         raise Refused("%s has a loss function of its own (loss_function was set)" % name)
     loss_type = getattr(m, "loss_type", None) or getattr(getattr(m, "config", None), "loss_type", None)
-    if loss_type not in (None, "ForCausalLM"):
+    if loss_type not in (None, "ForCausalLM", "ForConditionalGeneration"):  # the latter maps to the causal LM's loss
         raise Refused("%s's loss_type is %r, not ForCausalLM" % (name, loss_type))
 
 
