@@ -33,7 +33,9 @@ def reference(x, wg, wu, wd, bg=None, bu=None, bd=None, act="silu"):
 
 
 def _rand(*shape, seed, scale=1.0, dtype=torch.float32):
-    return (torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) * scale).to(dtype)
+    """Seeded normal values on the CPU (whatever the default device), in `dtype`."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    return (torch.randn(*shape, generator=g, dtype=torch.float64, device="cpu") * scale).to(dtype)
 
 
 def _ulp(t):
@@ -387,3 +389,30 @@ def test_mixture_of_experts_in_the_eager_loop():
         for (n, p), q in zip(ref.named_parameters(), ours.parameters()):
             if p.grad is not None and p.grad.norm() > 0:
                 assert _rel(q.grad, p.grad) < 1e-5, n
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("act", ACTS)
+def test_on_every_device_within_twice_torchs_error(on_device, act, fused, dtype):
+    """On each device this machine has (the CUDA kernels when a GPU is there): output and every
+    gradient against the float64 composition within twice the torch composition's own error in
+    the same dtype (+ 1e-6 relative), 3 backward blocks, odd widths (the kernels' scalar tails)."""
+    N, H, I, O = 37, 40, 70, 24
+    leaves = [_rand(N, H, seed=40, dtype=dtype), _rand(2 * I if fused else I, H, seed=41, scale=0.3, dtype=dtype),
+              None if fused else _rand(I, H, seed=42, scale=0.3, dtype=dtype), _rand(O, I, seed=43, scale=0.2, dtype=dtype),
+              _rand(2 * I if fused else I, seed=44, dtype=dtype)]
+    leaves = [t.to(on_device).requires_grad_() if t is not None else None for t in leaves]
+    used = [t for t in leaves if t is not None]
+    dy = _rand(N, O, seed=45, dtype=dtype).to(on_device)
+    ours = tempo.gated_mlp(leaves[0], leaves[1], leaves[2], leaves[3], leaves[4], activation=act, chunk=32)
+    theirs = reference(leaves[0], leaves[1], leaves[2], leaves[3], leaves[4], act=act)
+    exact_leaves = [t.detach().double().requires_grad_() if t is not None else None for t in leaves]
+    exact = reference(exact_leaves[0], exact_leaves[1], exact_leaves[2], exact_leaves[3], exact_leaves[4], act=act)
+    assert ours.dtype == dtype and ours.device.type == on_device
+    assert _rel(ours, exact) <= 2 * _rel(theirs, exact) + 1e-6
+    g_ours = torch.autograd.grad(ours, used, dy)
+    g_theirs = torch.autograd.grad(theirs, used, dy)
+    g_exact = torch.autograd.grad(exact, [t for t in exact_leaves if t is not None], dy.double())
+    for i, (a, b, e) in enumerate(zip(g_ours, g_theirs, g_exact)):
+        assert _rel(a, e) <= 2 * _rel(b, e) + 1e-6, (i, _rel(a, e), _rel(b, e))
