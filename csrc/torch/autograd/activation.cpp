@@ -25,7 +25,7 @@ class GeluFunction : public torch::autograd::Function<GeluFunction> {
                             const std::optional<at::Tensor>& bias) {
     at::AutoDispatchBelowADInplaceOrView guard;
     auto [y, mask] = gelu_forward(x, approximate, bias);
-    ctx->save_for_backward({y, mask});
+    ctx->save_for_backward({autograd_impl::saved_output(y), mask});
     ctx->saved_data["approximate"] = std::string(approximate);
     ctx->saved_data["has_bias"] = bias.has_value() && bias->defined();
     return y;
@@ -46,7 +46,7 @@ class SiluFunction : public torch::autograd::Function<SiluFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const std::optional<at::Tensor>& bias) {
     at::AutoDispatchBelowADInplaceOrView guard;
     auto [y, mask] = silu_forward(x, bias);
-    ctx->save_for_backward({y, mask});
+    ctx->save_for_backward({autograd_impl::saved_output(y), mask});
     ctx->saved_data["has_bias"] = bias.has_value() && bias->defined();
     return y;
   }

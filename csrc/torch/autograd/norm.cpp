@@ -54,7 +54,7 @@ class LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
                             double eps, const std::optional<at::Tensor>& kept_cols) {
     at::AutoDispatchBelowADInplaceOrView guard;
     auto [y, rstd, kept_xhat] = layer_norm_forward(x, shape, weight, bias, eps, kept_cols);
-    ctx->save_for_backward({y, rstd, defined_or_empty(weight), defined_or_empty(bias), defined_or_empty(kept_cols),
+    ctx->save_for_backward({autograd_impl::saved_output(y), rstd, defined_or_empty(weight), defined_or_empty(bias), defined_or_empty(kept_cols),
                             kept_xhat});
     ctx->saved_data["shape"] = shape.vec();
     return y;
@@ -77,7 +77,7 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
                             const std::optional<at::Tensor>& kept_cols) {
     at::AutoDispatchBelowADInplaceOrView guard;
     auto [y, rstd, kept_xhat] = rms_norm_forward(x, shape, weight, eps, kept_cols);
-    ctx->save_for_backward({y, rstd, defined_or_empty(weight), defined_or_empty(kept_cols), kept_xhat});
+    ctx->save_for_backward({autograd_impl::saved_output(y), rstd, defined_or_empty(weight), defined_or_empty(kept_cols), kept_xhat});
     ctx->saved_data["shape"] = shape.vec();
     return y;
   }
@@ -100,7 +100,7 @@ class BiasDropoutAddLayerNormFunction : public torch::autograd::Function<BiasDro
     at::AutoDispatchBelowADInplaceOrView guard;
     auto [y, rstd, keep, kept_xhat] =
         bias_dropout_add_layer_norm_forward(x, bias, residual, p, weight, beta, eps, mode, kept_cols);
-    ctx->save_for_backward({y, rstd, keep, defined_or_empty(weight), defined_or_empty(beta), defined_or_empty(kept_cols),
+    ctx->save_for_backward({autograd_impl::saved_output(y), rstd, keep, defined_or_empty(weight), defined_or_empty(beta), defined_or_empty(kept_cols),
                             kept_xhat});
     ctx->saved_data["p"] = p;
     ctx->saved_data["mode"] = std::string(mode);
