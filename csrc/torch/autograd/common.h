@@ -39,6 +39,12 @@ torch::autograd::variable_list once_differentiable(const char* op, const torch::
 // stores the recomputed tensors), the output would reference its own grad_fn from inside that
 // node, a cycle through C++ nodes Python's collector cannot see: every checkpointed step leaked
 // its recomputed outputs (13 MB a step on MiniLM at S 64).
-inline at::Tensor saved_output(const at::Tensor& y) { return y.detach(); }
+inline at::Tensor saved_output(const at::Tensor& y) {
+  at::Tensor alias = y.detach();
+  // (a Function's forward runs below the ADInplaceOrView key, where detach does not share the
+  // version counter: shared here, so that editing the output in place still raises in backward)
+  alias.unsafeGetTensorImpl()->set_version_counter(y.unsafeGetTensorImpl()->version_counter());
+  return alias;
+}
 
 }  // namespace tempo::autograd_impl
