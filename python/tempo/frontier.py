@@ -318,7 +318,10 @@ class Run:
         for i in range(args.steps + 1):  # the first: a warm-up (a compiled model may recompile for the shape)
             m = fits(step, mb, device, budget)
             if m is None:
-                row.update(max_batch=mb, error="batch %d fitted once, then ran out of memory" % mb)
+                what = "batch %d" % mb if args.axis == "batch" else "sequence %d" % (mb * args.seq_step)
+                row.update(max_batch=mb if args.axis == "batch" else 1,
+                           max_seq=None if args.axis == "batch" else mb * args.seq_step,
+                           error="%s fitted once, then ran out of memory" % what)
                 return
             if i:
                 times.append(m["step_ms"])
