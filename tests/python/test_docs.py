@@ -29,8 +29,8 @@ def test_the_readme_python_block_runs(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"), HF_HUB_OFFLINE="1")
     r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
-    # tempo.report's table: the norms, the activation and the LM head were patched
-    for technique in ("rms_norm", "silu", "lm_head"):
+    # tempo.report's table: the norms, the gated MLP and the LM head were patched
+    for technique in ("rms_norm", "gated_mlp", "lm_head"):
         assert re.search(r"%s\s+patched" % technique, r.stdout), r.stdout
 
 

@@ -713,9 +713,11 @@ def test_jit_trace_and_export_of_a_patched_model_match_the_original(family):
 
 def test_torch_compile_keeps_what_tempo_saves():
     """Under torch.compile (inductor, the default backend) a patched BERT with dropout keeps
-    what it keeps eagerly after the forward (bytes counted by tempo's CPU allocator), and less
-    than the compiled unpatched model, whose partitioner already trims eager's (measured on
-    this test's model: 7.74 MiB eager, 6.77 compiled, 4.93 tempo, 4.93 tempo compiled)."""
+    what it keeps eagerly after the forward (bytes counted by tempo's CPU allocator) plus,
+    exactly, the price of static shapes (each norm's fixed kept-column slots: 16 float32 per row
+    and 16 int64 indices, docs/python.md), and less than the compiled unpatched model, whose
+    partitioner already trims eager's (measured on this test's model: 7.74 MiB eager, 6.77
+    compiled, 4.93 tempo, 5.02 tempo compiled)."""
     # Forget what earlier tests compiled: past dynamo's recompile limit for BERT's forward (hit
     # after the rest of the suite under torch 2.11) it runs that code eagerly, silently.
     torch._dynamo.reset()
@@ -742,7 +744,10 @@ def test_torch_compile_keeps_what_tempo_saves():
     ours_compiled = held(torch.compile(tempo.optimize(copy.deepcopy(base), attention="tempo", fused=True)))
     print("held after the forward, MiB: eager %.2f, compiled %.2f, tempo %.2f, tempo compiled %.2f"
           % (eager / 2**20, compiled / 2**20, ours / 2**20, ours_compiled / 2**20))
-    assert ours_compiled <= ours < 0.8 * compiled and compiled < eager
+    # 6 layer norms (embeddings, 2 per layer, the MLM head's transform), 4 x 64 rows, H = 128
+    norms, rows, slots = 6, ids.numel(), max(16, 128 // 64)
+    assert ours_compiled <= ours + norms * slots * (rows * 4 + 8)
+    assert ours < 0.8 * compiled and ours_compiled < 0.8 * compiled and compiled < eager
 
 
 @pytest.mark.parametrize("mode", ["ddp", "fsdp"])
