@@ -22,7 +22,8 @@ CrossEntropyLoss() would (mean over the labels not -100, no shift).
 
 Families in the tables are the ones whose forward applies the head and then only the loss, or
 one of the logit transforms tempo.linear_cross_entropy computes (Gemma 2/3's
-final_logit_softcapping, Cohere's logit_scale, Granite's logits_scaling); a language model not
+final_logit_softcapping, PaliGemma's from its text config, Cohere's logit_scale, Granite's
+logits_scaling); a language model not
 in a table is refused by name (its forward may transform the logits otherwise), as is a masked
 LM with such a transform and a causal LM whose loss function a user replaced.
 """
@@ -43,9 +44,12 @@ FAMILIES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3
             "Phi3ForCausalLM", "GPT2LMHeadModel", "GPTNeoXForCausalLM", "OPTForCausalLM", "FalconForCausalLM",
             "Gemma2ForCausalLM", "Gemma3ForCausalLM", "CohereForCausalLM", "Cohere2ForCausalLM", "GraniteForCausalLM",
             "GraniteMoeForCausalLM", "Olmo2ForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM",
-            "Qwen3MoeForCausalLM", "OlmoeForCausalLM",
+            "Qwen3MoeForCausalLM", "OlmoeForCausalLM", "OlmoForCausalLM", "Glm4ForCausalLM", "SmolLM3ForCausalLM",
+            "MllamaForCausalLM",
             # multimodal: the text model's hidden states, its head, its loss function (images go in before)
-            "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration", "LlavaForConditionalGeneration")
+            "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration", "LlavaForConditionalGeneration",
+            "Gemma3ForConditionalGeneration", "PaliGemmaForConditionalGeneration", "MllamaForConditionalGeneration",
+            "InternVLForConditionalGeneration")
 # Masked-LM classes whose forward is transform -> head -> CrossEntropyLoss()(logits.view(-1, V), labels.view(-1)).
 MASKED_FAMILIES = ("BertForMaskedLM", "RobertaForMaskedLM", "XLMRobertaForMaskedLM", "DistilBertForMaskedLM",
                    "ElectraForMaskedLM", "AlbertForMaskedLM")
@@ -55,6 +59,14 @@ MASKED_FAMILIES = ("BertForMaskedLM", "RobertaForMaskedLM", "XLMRobertaForMasked
 # so the patched forward turns it off in the model for the call and tempo.linear_cross_entropy applies it.
 _LOGIT_TRANSFORMS = (("final_logit_softcapping", None), ("logit_scale", 1.0), ("logits_scaling", 1.0))
 _SOFTCAP = "final_logit_softcapping"
+# Multimodal classes whose forward soft-caps with their text config's value (Gemma 3's multimodal
+# model does not cap at all, whatever its text config holds).
+_TEXT_SOFTCAP = ("PaliGemmaForConditionalGeneration",)
+
+
+def _softcap_config(m):
+    """The config whose final_logit_softcapping `m`'s forward applies."""
+    return m.config.get_text_config() if type(m).__name__ in _TEXT_SOFTCAP else m.config
 
 
 class Refused(ValueError):
@@ -203,12 +215,13 @@ def causal_lm_forward(self, *args, **kwargs):
     head = self.get_output_embeddings()
     saved = self.__dict__.get("_loss_function", _MISSING)
     fn = head_loss(self)
-    cap = getattr(self.config, _SOFTCAP, None)
+    cap_config = _softcap_config(self)
+    cap = getattr(cap_config, _SOFTCAP, None)
     if cap is not None:  # the model would cap the hidden states the head passes through: the loss caps the logits
         fn = functools.partial(fn, softcap=cap)
     self.__dict__["_loss_function"] = lambda *a, **k: _loss(head, *a, head_fn=fn, **k)
     try:
-        with _passing_hidden(head), _config_set(self.config, _SOFTCAP, None if cap is not None else _MISSING):
+        with _passing_hidden(head), _config_set(cap_config, _SOFTCAP, None if cap is not None else _MISSING):
             out = original(self, *args, **kwargs)
     finally:
         if saved is _MISSING:
