@@ -101,7 +101,8 @@ void register_autocast(torch::Library& m) {
     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&autocast_kernel<Cast::kLowerPrecision, device>>());
   for (const char* name : {"gelu", "silu"})
     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&autocast_kernel<Cast::kPromote, device>>());
-  m.impl("linear_cross_entropy", torch::CppFunction::makeFromBoxedFunction<&linear_cross_entropy_autocast<device>>());
+  for (const char* name : {"linear_cross_entropy", "linear_cross_entropy_stats"})
+    m.impl(name, torch::CppFunction::makeFromBoxedFunction<&linear_cross_entropy_autocast<device>>());
   m.impl("qkv_split", torch::CppFunction::makeFromBoxedFunction<&autocast_kernel<Cast::kLikeX, device>>());
 }
 

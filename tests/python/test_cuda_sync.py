@@ -37,6 +37,12 @@ OPS = {
     "linear_cross_entropy": lambda x, w, b: tempo.linear_cross_entropy(
         x, torch.ones(50, x.shape[-1], device=x.device, dtype=x.dtype) * w[:1], None,
         torch.arange(x.shape[0], device=x.device) % 50),
+    "linear_cross_entropy_stats": lambda x, w, b: tempo.linear_cross_entropy_stats(
+        x, torch.ones(50, x.shape[-1], device=x.device, dtype=x.dtype) * w[:1], None,
+        torch.arange(x.shape[0], device=x.device) % 50)["entropy"] + (x * 0).sum(),
+    "qkv_split": lambda x, w, b: torch.stack(tempo.qkv_split(torch.cat([x, x, x], -1).view(2, 64, 96), b.repeat(3), 4)),
+    "causal_linear_attention": lambda x, w, b: tempo.causal_linear_attention(
+        x.view(2, 4, 16, 32).abs() + 0.1, x.view(2, 4, 16, 32).abs() + 0.1, x.view(2, 4, 16, 32))[0],
     "gated_mlp": lambda x, w, b: tempo.gated_mlp(x, torch.ones(64, 32, device=x.device, dtype=x.dtype) * w[:1],
                                                  None, torch.ones(32, 32, device=x.device, dtype=x.dtype) * b[:1],
                                                  chunk=8),

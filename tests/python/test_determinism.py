@@ -31,7 +31,8 @@ def _run(fn, threads):
         inputs, outs = fn()
         outs = outs if isinstance(outs, (tuple, list)) else (outs,)
         loss = sum((o.float() * torch.linspace(-1, 1, o.numel()).view(o.shape)).sum() for o in outs)
-        grads = torch.autograd.grad(loss, inputs, allow_unused=True)
+        # (statistics have no gradient: their outputs alone)
+        grads = torch.autograd.grad(loss, inputs, allow_unused=True) if loss.requires_grad else ()
         return [o.detach().clone() for o in outs] + [g for g in grads if g is not None]
     finally:
         torch.set_num_threads(old)
@@ -92,6 +93,20 @@ def _linear_cross_entropy():
     return (h, w, b), tempo.linear_cross_entropy(h, w, b, labels)
 
 
+def _linear_cross_entropy_stats():
+    h, w, b = _inputs(10, (256, 64), (1000, 64), (1000,))
+    labels = torch.randint(0, 1000, (256,), generator=torch.Generator().manual_seed(11))
+    stats = tempo.linear_cross_entropy_stats(h, w, b, labels, temperature=0.7)
+    return (h,), (stats["logprob"], stats["entropy"], stats["accuracy"].float())
+
+
+def _gated_mlp(activation):
+    def f():
+        x, wg, wu, wd = _inputs(13, (300, 96), (160, 96), (160, 96), (96, 160))
+        return (x, wg, wu, wd), tempo.gated_mlp(x, wg * 0.1, wu * 0.1, wd * 0.1, activation=activation, chunk=64)
+    return f
+
+
 def _qkv_split():
     z, b = _inputs(12, (4, 128, 3 * 256), (3 * 256,))
     return (z, b), tempo.qkv_split(z, b, 4)
@@ -102,12 +117,14 @@ OPS = {"gelu+bias": _gelu, "silu+bias": _silu, "dropout bits": _dropout("bits"),
        "attention": _attention(False), "fused_attention": _attention(True),
        "causal_linear_attention iterative": _linear_attention("iterative"),
        "causal_linear_attention prefix": _linear_attention("prefix"),
-       "linear_cross_entropy": _linear_cross_entropy, "qkv_split": _qkv_split}
+       "linear_cross_entropy": _linear_cross_entropy, "linear_cross_entropy_stats": _linear_cross_entropy_stats,
+       "gated_mlp silu": _gated_mlp("silu"), "gated_mlp gelu_tanh": _gated_mlp("gelu_tanh"), "qkv_split": _qkv_split}
 
 
 # The ops whose reductions run (in part) in ATen's matmuls, on the BLAS torch links, rather than
 # in tempo's kernels.
-BLAS_OPS = {"attention", "fused_attention", "causal_linear_attention prefix", "linear_cross_entropy"}
+BLAS_OPS = {"attention", "fused_attention", "causal_linear_attention prefix", "linear_cross_entropy",
+            "linear_cross_entropy_stats", "gated_mlp silu", "gated_mlp gelu_tanh"}
 
 
 @functools.lru_cache(maxsize=None)  # one probe per run, not one per op

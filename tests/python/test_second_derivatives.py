@@ -52,6 +52,10 @@ REFUSING = {
     "linear_cross_entropy": lambda x: tempo.linear_cross_entropy(x, HEAD, None, torch.tensor([1, 2, -100, 9])),
     "gated_mlp": lambda x: tempo.gated_mlp(x, GATE, GATE * 0.5, GATE.t() * 0.3).pow(2).sum(),
 }
+# Ops that give no gradient at all (their outputs are statistics): test_stats_have_no_gradient.
+WITHOUT_GRADIENT = ("linear_cross_entropy_stats",)
+# Ops twice differentiable by torch's math: test_dropout_second_derivatives_equal_torch_math.
+TWICE_DIFFERENTIABLE = ("dropout",)
 ALIAS = {"gelu_tanh": "gelu", "gelu_bias": "gelu", "silu_bias": "silu", "attention_dropout": "attention",
          "bias_dropout_add_layer_norm_p": "bias_dropout_add_layer_norm"}
 OP_NAME = {k: ALIAS.get(k, k) for k in REFUSING}
@@ -198,3 +202,14 @@ def test_gradient_penalty_on_patched_minilm_raises_and_restore_gives_torch():
     assert got.keys() == want.keys()
     for n in want:
         torch.testing.assert_close(got[n], want[n], rtol=1e-5, atol=1e-7, msg=n)
+
+
+def test_stats_have_no_gradient():
+    """linear_cross_entropy_stats gives statistics without a graph, even from inputs that need
+    gradients (its log-probability with a gradient is -linear_cross_entropy(reduction="none"))."""
+    x = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
+    stats = tempo.linear_cross_entropy_stats(x, HEAD, None, torch.tensor([1, 2, -100, 9]))
+    assert set(stats) == {"logprob", "entropy", "accuracy"}
+    assert not any(t.requires_grad for t in stats.values())
+    want = -tempo.linear_cross_entropy(x, HEAD, None, torch.tensor([1, 2, -100, 9]), reduction="none")
+    torch.testing.assert_close(stats["logprob"], want.detach(), rtol=1e-12, atol=1e-12)

@@ -62,7 +62,21 @@ at::Tensor linear_cross_entropy_autograd(const at::Tensor& hidden, const at::Ten
                                            logit_scale, softcap, z_loss);
 }
 
+// The statistics have no gradient: computed below autograd, so their outputs are plain tensors
+// whatever the inputs need (without this kernel autograd would warn and fail at backward).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> stats_autograd(const at::Tensor& hidden, const at::Tensor& weight,
+                                                              const std::optional<at::Tensor>& bias,
+                                                              const at::Tensor& labels, int64_t ignore,
+                                                              double temperature, double logit_scale,
+                                                              std::optional<double> softcap, int64_t chunk) {
+  at::AutoDispatchBelowADInplaceOrView guard;
+  return linear_cross_entropy_stats(hidden, weight, bias, labels, ignore, temperature, logit_scale, softcap, chunk);
+}
+
 }  // namespace
 }  // namespace tempo
 
-TORCH_LIBRARY_IMPL(tempo, Autograd, m) { m.impl("linear_cross_entropy", tempo::linear_cross_entropy_autograd); }
+TORCH_LIBRARY_IMPL(tempo, Autograd, m) {
+  m.impl("linear_cross_entropy", tempo::linear_cross_entropy_autograd);
+  m.impl("linear_cross_entropy_stats", tempo::stats_autograd);
+}

@@ -1,0 +1,104 @@
+"""The op registry (csrc/ops.json) is the one list of tempo's ops: it names exactly the public
+ops and the op library's schemas; its units are exactly the source files of one name in each
+layer, and CMakeLists.txt names none of them by hand; every cross-cutting suite (properties,
+CUDA synchronisation, the sanitizer's script, determinism, second derivatives) has a case of
+every op; each op's autocast kernel, dtypes and differentiable inputs are what the registry says."""
+import importlib.util
+import inspect
+import os
+import re
+import sys
+
+import pytest
+import torch
+
+import tempo
+
+sys.path.insert(0, os.path.dirname(__file__))
+import registry  # noqa: E402
+
+pytestmark = pytest.mark.cpu_only
+ROOT = registry.ROOT
+
+
+def _module(path, name):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, path))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_registry_names_exactly_the_public_ops_and_the_schemas():
+    public = {n for n in tempo.__all__ if callable(getattr(tempo, n)) and getattr(tempo, n).__module__ == "tempo.ops"}
+    assert public == set(registry.NAMES), (sorted(public - set(registry.NAMES)), sorted(set(registry.NAMES) - public))
+    for name in registry.NAMES:
+        assert hasattr(torch.ops.tempo, name), name
+        params = inspect.signature(getattr(tempo, name)).parameters
+        for arg in registry.OPS[name]["differentiable"]:
+            assert arg in params, (name, arg)
+        assert registry.OPS[name]["unit"] in registry.UNITS, name
+
+
+LAYER_DIRS = {"core": ["csrc/core/%s.cpp", "csrc/core/cpu/%s.cpp", "csrc/core/cuda/%s.cu"],
+              "torch": ["csrc/torch/ops/%s.cpp", "csrc/torch/autograd/%s.cpp"], "nn": ["csrc/nn/%s.cpp"]}
+NOT_UNITS = {"common", "checkpoint"}  # shared helpers (and nn's activation checkpointing), not ops
+
+
+def test_the_units_are_exactly_the_per_layer_files():
+    for layer, patterns in LAYER_DIRS.items():
+        units = {u for u, layers in registry.UNITS.items() if layer in layers}
+        for pattern in patterns:
+            folder, ext = os.path.dirname(pattern), os.path.splitext(pattern)[1]
+            found = {os.path.splitext(f)[0] for f in os.listdir(os.path.join(ROOT, folder)) if f.endswith(ext)}
+            assert found - NOT_UNITS == units, (pattern, sorted(found - NOT_UNITS - units), sorted(units - found))
+
+
+def test_cmake_takes_the_op_sources_from_the_registry():
+    with open(os.path.join(ROOT, "CMakeLists.txt")) as f:
+        text = f.read()
+    assert "include(cmake/TempoOps.cmake)" in text
+    # a file's own compile options (activation.cu's --fmad=false) may name it; no source list does
+    text = "\n".join(line for line in text.splitlines() if "set_source_files_properties" not in line)
+    for unit in registry.UNITS:
+        assert not re.search(r"csrc/(core|torch/ops|torch/autograd|nn)/(cpu/|cuda/)?%s\.(cpp|cu)\b" % unit, text), unit
+
+
+@pytest.mark.parametrize("suite,device", [("properties", None), ("cuda_sync", "cuda"), ("sanitize", "cuda"),
+                                          ("determinism", "cpu"), ("second_derivatives", None)])
+def test_every_suite_has_every_op(suite, device):
+    if suite == "properties":
+        keys = _module("tests/python/test_properties.py", "_reg_properties").OPS
+    elif suite == "cuda_sync":
+        keys = _module("tests/python/test_cuda_sync.py", "_reg_cuda_sync").OPS
+    elif suite == "sanitize":
+        keys = _module("scripts/sanitize_ops.py", "_reg_sanitize").cases(torch.float32, "cpu")
+    elif suite == "determinism":
+        keys = _module("tests/python/test_determinism.py", "_reg_determinism").OPS
+    else:
+        mod = _module("tests/python/test_second_derivatives.py", "_reg_second")
+        keys = list(mod.REFUSING) + list(mod.WITHOUT_GRADIENT) + list(mod.TWICE_DIFFERENTIABLE)
+    assert not registry.missing(keys, device), "%s has no case of %s" % (suite, registry.missing(keys, device))
+
+
+@pytest.mark.parametrize("name", registry.NAMES)
+def test_autocast_kernel_as_the_registry_says(name):
+    for key in ("AutocastCPU", "AutocastCUDA"):
+        has = torch._C._dispatch_has_kernel_for_dispatch_key("tempo::" + name, key)
+        assert has == (registry.OPS[name]["autocast"] != "none"), (name, key, has)
+
+
+@pytest.mark.parametrize("name", registry.on("cpu"))
+def test_each_dtype_runs_forward_and_backward_on_the_cpu(name):
+    """The sanitizer script's case of the op (and its variants), in every dtype the registry
+    names: forward, and backward where it has differentiable inputs; the output in the dtype."""
+    sanitize = _module("scripts/sanitize_ops.py", "_reg_sanitize_dtypes")
+    for dtype in registry.dtypes(name):
+        torch.manual_seed(0)
+        cases = {k: f for k, f in sanitize.cases(dtype, "cpu").items() if registry.base(k) == name}
+        assert cases, name
+        for key, f in cases.items():
+            y = f()
+            assert y.is_floating_point() and y.dtype in (dtype, torch.float32), (key, dtype, y.dtype)
+            assert y.requires_grad == bool(registry.OPS[name]["differentiable"]), key
+            if y.requires_grad:
+                y.float().square().sum().backward()
