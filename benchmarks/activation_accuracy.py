@@ -6,7 +6,6 @@ next to PyTorch's own op in the same dtype (which keeps x). Dense sweep: 10^6 po
     python benchmarks/activation_accuracy.py [--markdown docs/accuracy.md] [--csv FILE]
 """
 import argparse
-import math
 import os
 import sys
 

@@ -169,7 +169,8 @@ def main(argv=None):
             # the compiled methods beside compile alone at the same budget, the others beside sdpa
             base = m.replace("tempo+", "") if "compile" in m else "sdpa"
             row = {"family": family, "seq": seq, "layers": l2 or "preset", "method": m, "held": held[m],
-                   "held_vs": base if base in held else None, "held_ratio": held[m] / held[base] if base in held else None,
+                   "held_vs": base if base in held else None,
+                   "held_ratio": held[m] / held[base] if base in held else None,
                    "kept_per_layer": int(kept[m]) if kept else None,
                    "per_layer_vs_sdpa": kept[m] / kept["sdpa"] if kept and "sdpa" in kept else None,
                    "step_s": secs.get(m), "time_ratio": secs[m] / secs[base] if m in secs and base in secs else None}

@@ -24,7 +24,8 @@ import transformers  # noqa: E402
 
 import tempo  # noqa: E402
 
-PATCHES = {"all": dict(attention="tempo", fused=True), "norms": dict(techniques=["layer_norm", "bdrln"]),
+PATCHES = {"all": dict(attention="tempo", fused=True),
+           "norms": dict(techniques=["layer_norm", "bias_dropout_add_layer_norm"]),
            "attention": dict(techniques=[], attention="tempo"), "gelu": dict(techniques=["gelu"])}
 
 

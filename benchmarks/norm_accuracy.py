@@ -11,7 +11,6 @@ import argparse
 import os
 import sys
 
-import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "python"))
 sys.path.insert(0, os.path.dirname(__file__))

@@ -219,7 +219,7 @@ def main():
             dtype = DTYPES[name]
             ops, tensor_bytes = cases(a.rows, cols, dtype, device, a.seq, liger, attention=wi == 0)
             src = torch.randn(a.rows, cols, device=device).to(dtype)
-            copy_s = run(lambda: src.clone())
+            copy_s = run(src.clone)
             copy_gbs = 2 * tensor_bytes / copy_s / 1e9
             tempo_s = {}
             for op, impl, fwd, bwd_setup, fbytes, bbytes in ops:

@@ -16,7 +16,8 @@ import sys
 
 # Double-precision SASS: the D* arithmetic (DADD, DMUL, DFMA, DSETP, DMNMX, ...), conversions
 # to or from F64, and the 64-bit reciprocal/sqrt seeds.
-FP64 = re.compile(r"\b(D(?:ADD|MUL|FMA|SETP|SET|MNMX|MMA)|(?:F2F|F2I|I2F|FRND)\.[A-Z0-9.]*F64[A-Z0-9.]*|MUFU\.(?:RCP64H|RSQ64H))\b")
+FP64 = re.compile(r"\b(D(?:ADD|MUL|FMA|SETP|SET|MNMX|MMA)|(?:F2F|F2I|I2F|FRND)\.[A-Z0-9.]*F64[A-Z0-9.]*"
+                  r"|MUFU\.(?:RCP64H|RSQ64H))\b")
 
 
 def find_cuobjdump():

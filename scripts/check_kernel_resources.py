@@ -78,9 +78,9 @@ def main():
                 bad.append("%s: no 128-bit global load/store (%d LDG.128, %d STG.128)" % (d, c["ldg128"], c["stg128"]))
     print("%-4s %6s %6s %6s %7s %7s  %s" % ("reg", "local", "stack", "instr", "LDG128", "STG128", "kernel"))
     for r in rows:
-        print("%-4d %6d %6d %6d %7d %7d  %s%s" % (r["registers"], r["local"], r["stack"], r["instructions"], r["ldg128"],
-                                               r["stg128"], r["kernel"][:150], "  [vectorised]" if r["must_vectorise"]
-                                               else ""))
+        flag = "  [vectorised]" if r["must_vectorise"] else ""
+        print("%-4d %6d %6d %6d %7d %7d  %s%s" % (r["registers"], r["local"], r["stack"], r["instructions"],
+                                               r["ldg128"], r["stg128"], r["kernel"][:150], flag))
     if a.csv:
         with open(a.csv, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(rows[0]))

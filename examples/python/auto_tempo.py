@@ -14,7 +14,7 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import tempo  # noqa: E402
-from tempo.bench import build_model, synthetic_batch  # noqa: E402
+from tempo.apps.runner import build_model, synthetic_batch  # noqa: E402
 
 
 def main():

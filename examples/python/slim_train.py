@@ -131,8 +131,8 @@ def main():
               "backprop" % (a.data, data.numel() / 1e6, seq, layers, a.batch, chunk))
         make = lambda: text_batch(train, a.batch, seq, gen)
     else:
-        print("copying task, L = %d, %d symbols, %d layer(s), batch %d: second-half loss, SLiM chunk %d vs full backprop"
-              % (seq, a.symbols, layers, a.batch, chunk))
+        print("copying task, L = %d, %d symbols, %d layer(s), batch %d: second-half loss, SLiM chunk %d vs full "
+              "backprop" % (seq, a.symbols, layers, a.batch, chunk))
         make = lambda: copy_batch(a.batch, seq, a.symbols, gen)
     head = "%6s %12s %12s %10s" % ("step", "chunk %d" % chunk, "full", "rel diff")
     if a.task == "text":

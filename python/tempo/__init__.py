@@ -11,10 +11,12 @@ load_library()
 
 from . import _fake, _flops, memory, nn  # noqa: E402,F401
 from .ops import (attention, bias_dropout_add_layer_norm, causal_linear_attention, dropout, fused_attention,  # noqa: E402
-                  fused_attention_backend, gated_mlp,
+                  fused_attention_backend, gated_mlp,  # noqa: F401  (fused_attention_backend: tempo.ops's)
                   gelu, layer_norm, linear_cross_entropy, linear_cross_entropy_stats, qkv_split, rms_norm, silu)
 from .hf import optimize, report, restore  # noqa: E402
 from .auto import AutoReport, auto  # noqa: E402
 
 __version__ = torch.ops.tempo.build_info()[0]  # CMake's project version, compiled into the library
-__all__ = ["optimize", "report", "restore", "auto", "AutoReport", "gelu", "silu", "attention", "fused_attention", "causal_linear_attention", "gated_mlp", "linear_cross_entropy", "linear_cross_entropy_stats", "qkv_split", "dropout", "layer_norm", "rms_norm", "bias_dropout_add_layer_norm", "nn", "memory", "library_path"]
+__all__ = ["optimize", "report", "restore", "auto", "AutoReport", "gelu", "silu", "attention", "fused_attention",
+           "causal_linear_attention", "gated_mlp", "linear_cross_entropy", "linear_cross_entropy_stats", "qkv_split",
+           "dropout", "layer_norm", "rms_norm", "bias_dropout_add_layer_norm", "nn", "memory", "library_path"]

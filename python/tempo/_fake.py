@@ -32,5 +32,6 @@ def _norm_kept_columns(weight, bias, dtype=None):
     n = ref.numel()
     if ref.device.type != "cpu":  # -1-padded slots of a size fixed by the width (norm.cpp)
         return ref.new_empty((_kept_capacity(n),), dtype=torch.int64)
-    k = torch.library.get_ctx().new_dynamic_size(max=n) if isinstance(n, int) else torch.library.get_ctx().new_dynamic_size()
+    ctx = torch.library.get_ctx()
+    k = ctx.new_dynamic_size(max=n) if isinstance(n, int) else ctx.new_dynamic_size()
     return ref.new_empty((k,), dtype=torch.int64)

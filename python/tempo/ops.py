@@ -84,7 +84,8 @@ def bias_dropout_add_layer_norm(x: torch.Tensor, bias: Optional[torch.Tensor], r
 
 def _shape(normalized_shape):
     # an int, a torch.Size or list, or a size that torch.jit.trace hands over as a 0-d tensor
-    if isinstance(normalized_shape, int) or (isinstance(normalized_shape, torch.Tensor) and normalized_shape.dim() == 0):
+    if isinstance(normalized_shape, int) or (isinstance(normalized_shape, torch.Tensor)
+                                             and normalized_shape.dim() == 0):
         return [normalized_shape]
     return list(normalized_shape)
 

@@ -136,7 +136,8 @@ def _weights(loss_weight, targets):
         return torch.ones(targets.shape, dtype=torch.float32, device=targets.device)
     w = loss_weight.to(torch.float32)
     if w.shape != targets.shape:
-        raise ValueError("tempo.slim: loss_weight must be [batch, length - 1] (one per target), got %s" % (tuple(w.shape),))
+        raise ValueError("tempo.slim: loss_weight must be [batch, length - 1] (one per target), got %s"
+                         % (tuple(w.shape),))
     if not bool(torch.isfinite(w).all()) or bool((w < 0).any()):  # else a NaN or a negative loss, silently
         raise ValueError("tempo.slim: loss_weight must be finite and >= 0 (0 drops a target), got values in [%g, %g]"
                          % (float(w.min()), float(w.max())))

@@ -4,7 +4,6 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import tempo
 from saved import saved_bytes

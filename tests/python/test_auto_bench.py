@@ -56,7 +56,7 @@ def step_fits(model, batch_size, budget):
 def bench(capsys, *args):
     """python -m tempo.bench run through its main() in this process: (exit code, stdout,
     stderr). A process costs about 9 s of imports here; test_bench_module_errors runs one."""
-    from tempo import bench as module
+    from tempo.apps import bench as module
     capsys.readouterr()
     try:
         code = module.main([str(a) for a in args])

@@ -9,7 +9,6 @@ import functools
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import tempo
 
@@ -65,7 +64,7 @@ def _rms_norm():
     return (x, w), tempo.rms_norm(x, [1000], w)
 
 
-def _bdrln():
+def _bias_dropout_add_layer_norm():
     x, b, r, w, beta = _inputs(6, (400, 512), (512,), (400, 512), (512,), (512,))
     return (x, b, r, w, beta), tempo.bias_dropout_add_layer_norm(x, b, r, 0.1, w, beta)
 
@@ -113,7 +112,7 @@ def _qkv_split():
 
 
 OPS = {"gelu+bias": _gelu, "silu+bias": _silu, "dropout bits": _dropout("bits"), "dropout philox": _dropout("philox"),
-       "layer_norm": _layer_norm, "rms_norm": _rms_norm, "bias_dropout_add_layer_norm": _bdrln,
+       "layer_norm": _layer_norm, "rms_norm": _rms_norm, "bias_dropout_add_layer_norm": _bias_dropout_add_layer_norm,
        "attention": _attention(False), "fused_attention": _attention(True),
        "causal_linear_attention iterative": _linear_attention("iterative"),
        "causal_linear_attention prefix": _linear_attention("prefix"),

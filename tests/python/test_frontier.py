@@ -14,7 +14,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
 
 import tempo  # noqa: E402
-from tempo import frontier  # noqa: E402
+from tempo.apps import frontier  # noqa: E402
 
 pytestmark = pytest.mark.cpu_only
 TINY = ["--model", "llama", "--size", "tiny", "--vocab", "512", "--seq", "32", "--precision", "fp32"]
@@ -34,7 +34,7 @@ def independent_step(batch, budget, seq=32):
     """The frontier's sdpa method rebuilt by hand: the same preset model (seed 0), AdamW, one
     unbudgeted step (the optimizer's state), then one step at `batch` x `seq` under the budget
     on every tracked byte. True if it fits."""
-    from tempo.bench import build_model, synthetic_batch
+    from tempo.apps.runner import build_model, synthetic_batch
 
     torch.manual_seed(0)
     model, _, _ = build_model("llama", "tiny", vocab=512)

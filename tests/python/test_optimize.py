@@ -281,15 +281,22 @@ def test_torch_layers_are_reclassed_in_place():
 
 
 def test_report_says_what_was_patched_and_what_was_left():
-    model = tempo.optimize(bert(), techniques=["gelu", "layer_norm", "bdrln"])
+    model = tempo.optimize(bert(), techniques=["gelu", "layer_norm", "bias_dropout_add_layer_norm"])
     rep = tempo.report(model)
     rows = {r[0]: r for r in rep.rows}
-    assert rows["encoder.layer.0.output"][2:] == ("bdrln", "patched")
+    assert rows["encoder.layer.0.output"][2:] == ("bias_dropout_add_layer_norm", "patched")
     assert rows["embeddings.LayerNorm"][2:] == ("layer_norm", "patched")
     assert rows["embeddings.dropout"][3] == "skipped: technique not chosen"
     assert rows["encoder.layer.0.attention.self"][3] == "kept: attention='keep'"
     assert "encoder.layer.0.attention" not in rows  # the innermost attention module only
     assert len(rep.patched) == 1 + 6 * 3 and "module" in str(rep)
+
+
+def test_the_former_technique_name_bdrln_still_works_with_a_warning():
+    with pytest.warns(DeprecationWarning, match="bias_dropout_add_layer_norm"):
+        model = tempo.optimize(bert(), techniques="bdrln")
+    rows = {r[0]: r for r in tempo.report(model).rows}
+    assert rows["encoder.layer.0.output"][2:] == ("bias_dropout_add_layer_norm", "patched")
 
 
 def test_unknown_layers_are_left_exactly_and_reported():
@@ -444,7 +451,7 @@ def test_layers_that_look_patchable_but_compute_otherwise_are_left():
     tempo.optimize(model)
     rows = {row[0]: row for row in tempo.report(model).rows}
     assert rows["norm"][2] == "rms_norm" and "neither x-hat * w nor x-hat * (1 + w)" in rows["norm"][3]
-    assert rows["out"][2] == "bdrln" and rows["out"][3].startswith("skipped: its forward computes something else")
+    assert rows["out"][2] == "bias_dropout_add_layer_norm" and rows["out"][3].startswith("skipped: its forward computes something else")
     assert type(model["norm"]) is _CenteredRMSNorm and type(model["out"]) is _PreNormOutput
     assert rows["out.LayerNorm"][3] == "patched" and type(model["out"].LayerNorm) is tnn.LayerNorm
     (y_ref, g_ref), (y, g) = run(ref), run(model)

@@ -447,7 +447,7 @@ def fused_keep(t, p, causal, scale, block):
     return pd != 0
 
 
-def gen_bdrln(rng):
+def gen_bias_dropout_add_layer_norm(rng):
     s = shape(rng, rng.randint(2, 3))
     cols = s[-1]
     dtype = rng.choice(DTYPES)
@@ -488,7 +488,7 @@ def gen_bdrln(rng):
     lay = draw_layouts(rng, 3) + ["contiguous", "contiguous"]
     lay[1] = "contiguous"
     return Case([x, bias, res, w, beta], dtype, run, ref, True, [True] * 5, lay, grad_scale=scales,
-                describe=f"bdrln x{s} {dtype} p={p} {mode} bias={bias is not None} {lay}")
+                describe=f"bias_dropout_add_layer_norm x{s} {dtype} p={p} {mode} bias={bias is not None} {lay}")
 
 
 def gen_linear_attention(rng):
@@ -717,7 +717,7 @@ OPS = {
     "dropout": gen_dropout,
     "attention": lambda rng: gen_attention(rng, False),
     "fused_attention": lambda rng: gen_attention(rng, True),
-    "bias_dropout_add_layer_norm": gen_bdrln,
+    "bias_dropout_add_layer_norm": gen_bias_dropout_add_layer_norm,
     "causal_linear_attention": gen_linear_attention,
     "linear_cross_entropy": gen_lce,
     "linear_cross_entropy_stats": gen_lce_stats,

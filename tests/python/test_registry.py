@@ -102,3 +102,14 @@ def test_each_dtype_runs_forward_and_backward_on_the_cpu(name):
             assert y.requires_grad == bool(registry.OPS[name]["differentiable"]), key
             if y.requires_grad:
                 y.float().square().sum().backward()
+
+
+def test_the_library_never_imports_its_applications():
+    """python/tempo/apps (the bench, the frontier, their runner) sit on the library; importing
+    tempo and its layers loads none of them."""
+    import subprocess
+    code = ("import sys, tempo, tempo.hf, tempo.nn, tempo.auto, tempo.memory, tempo.slim; "
+            "print(sorted(m for m in sys.modules if m.startswith('tempo.apps') or m in ('tempo.bench', 'tempo.frontier')))")
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "[]", (r.stdout, r.stderr[-2000:])

@@ -45,9 +45,9 @@ def _valid_calls():
     calls["norm_kept_slots"] = ((w, beta), {"bias": "shape"})
     res = r(4, 8)
     yb, rb, kb, _ = torch.ops.tempo.bias_dropout_add_layer_norm_forward(x, b8, res, 0.1, w, beta, 1e-5, "bits")
-    bdrln = {"bias": "shape", "residual": "shape", "weight": "shape", "beta": "shape"}
-    calls["bias_dropout_add_layer_norm"] = ((x, b8, res, 0.1, w, beta, 1e-5, "bits"), bdrln)
-    calls["bias_dropout_add_layer_norm_forward"] = ((x, b8, res, 0.1, w, beta, 1e-5, "bits"), bdrln)
+    fused_norm_checks = {"bias": "shape", "residual": "shape", "weight": "shape", "beta": "shape"}
+    calls["bias_dropout_add_layer_norm"] = ((x, b8, res, 0.1, w, beta, 1e-5, "bits"), fused_norm_checks)
+    calls["bias_dropout_add_layer_norm_forward"] = ((x, b8, res, 0.1, w, beta, 1e-5, "bits"), fused_norm_checks)
     calls["bias_dropout_add_layer_norm_backward"] = (
         (r(4, 8), yb, rb, kb, 0.1, "bits", w, beta, True),
         {"grad": "shape", "rstd": "shape", "keep": "shape", "weight": "shape", "beta": "shape"})

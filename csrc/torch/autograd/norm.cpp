@@ -137,7 +137,7 @@ at::Tensor rms_norm_autograd(const at::Tensor& x, at::IntArrayRef shape, const s
                              std::optional<double> eps, const std::optional<at::Tensor>& kept_cols) {
   return RmsNormFunction::apply(x, shape, weight, eps, kept_columns(kept_cols, x, weight, std::nullopt, {&x, ptr(weight)}));
 }
-at::Tensor bdrln_autograd(const at::Tensor& x, const std::optional<at::Tensor>& bias, const at::Tensor& residual,
+at::Tensor bias_dropout_add_layer_norm_autograd(const at::Tensor& x, const std::optional<at::Tensor>& bias, const at::Tensor& residual,
                           double p, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& beta,
                           double eps, c10::string_view mode, const std::optional<at::Tensor>& kept_cols) {
   return BiasDropoutAddLayerNormFunction::apply(
@@ -151,5 +151,5 @@ at::Tensor bdrln_autograd(const at::Tensor& x, const std::optional<at::Tensor>& 
 TORCH_LIBRARY_IMPL(tempo, Autograd, m) {
   m.impl("layer_norm", tempo::layer_norm_autograd);
   m.impl("rms_norm", tempo::rms_norm_autograd);
-  m.impl("bias_dropout_add_layer_norm", tempo::bdrln_autograd);
+  m.impl("bias_dropout_add_layer_norm", tempo::bias_dropout_add_layer_norm_autograd);
 }

@@ -512,7 +512,7 @@ at::Tensor rms_norm_kernel(const at::Tensor& x, at::IntArrayRef shape, const std
 
 // ---- bias_dropout_add_layer_norm ----------------------------------------------------------
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bdrln_forward_kernel(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bias_dropout_add_layer_norm_forward_kernel(
     const at::Tensor& x, const std::optional<at::Tensor>& bias, const at::Tensor& residual, double p,
     const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& beta, double eps,
     c10::string_view mode_name, const std::optional<at::Tensor>& kept_cols) {
@@ -541,7 +541,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bdrln_forward_kernel(
   return {o.y, o.rstd, o.keep, o.kept_xhat};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> bdrln_backward_kernel(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> bias_dropout_add_layer_norm_backward_kernel(
     const at::Tensor& grad, const at::Tensor& y, const at::Tensor& rstd, const at::Tensor& keep, double p,
     c10::string_view mode_name, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& beta,
     bool has_bias, const std::optional<at::Tensor>& kept_cols, const std::optional<at::Tensor>& kept_xhat) {
@@ -566,10 +566,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> bdrln_bac
   return {o.dx, o.dbias, o.dres, o.dw, o.dbeta};
 }
 
-at::Tensor bdrln_kernel(const at::Tensor& x, const std::optional<at::Tensor>& bias, const at::Tensor& residual,
+at::Tensor bias_dropout_add_layer_norm_kernel(const at::Tensor& x, const std::optional<at::Tensor>& bias, const at::Tensor& residual,
                         double p, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& beta,
                         double eps, c10::string_view mode, const std::optional<at::Tensor>&) {
-  return std::get<0>(bdrln_forward_kernel(x, bias, residual, p, weight, beta, eps, mode, std::nullopt));
+  return std::get<0>(bias_dropout_add_layer_norm_forward_kernel(x, bias, residual, p, weight, beta, eps, mode, std::nullopt));
 }
 
 }  // namespace
@@ -673,7 +673,7 @@ TORCH_LIBRARY_IMPL(tempo, CompositeExplicitAutograd, m) {
   m.impl("rms_norm", tempo::rms_norm_kernel);
   m.impl("rms_norm_forward", tempo::rms_norm_forward_kernel);
   m.impl("rms_norm_backward", tempo::rms_norm_backward_kernel);
-  m.impl("bias_dropout_add_layer_norm", tempo::bdrln_kernel);
-  m.impl("bias_dropout_add_layer_norm_forward", tempo::bdrln_forward_kernel);
-  m.impl("bias_dropout_add_layer_norm_backward", tempo::bdrln_backward_kernel);
+  m.impl("bias_dropout_add_layer_norm", tempo::bias_dropout_add_layer_norm_kernel);
+  m.impl("bias_dropout_add_layer_norm_forward", tempo::bias_dropout_add_layer_norm_forward_kernel);
+  m.impl("bias_dropout_add_layer_norm_backward", tempo::bias_dropout_add_layer_norm_backward_kernel);
 }

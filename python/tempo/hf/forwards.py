@@ -42,7 +42,7 @@ def hf_silu_forward(self, input):  # transformers' SiLUActivation
     return ops.silu(input)
 
 
-def bdrln_forward(self, hidden_states, input_tensor):
+def bias_dropout_add_layer_norm_forward(self, hidden_states, input_tensor):
     # dense -> dropout -> LayerNorm(+ residual), as BertSelfOutput / BertOutput, in one pass.
     ln = self.LayerNorm
     if not (plain(self.dropout, torch.nn.Dropout, tnn.Dropout) and plain(ln, torch.nn.LayerNorm, tnn.LayerNorm)):
@@ -86,7 +86,8 @@ def gated_activation(act):
     if act is None or hooked(act):
         return None
     cls = getattr(type(act), "_tempo_patch", (type(act),))[0]
-    if cls in (torch.nn.SiLU, tnn.SiLU) or (cls.__name__ == "SiLUActivation" and cls.__module__.startswith("transformers.")):
+    if cls in (torch.nn.SiLU, tnn.SiLU) or (cls.__name__ == "SiLUActivation"
+                                            and cls.__module__.startswith("transformers.")):
         return "silu"
     return {"none": "gelu", "tanh": "gelu_tanh"}.get(gelu_approximate(act))
 

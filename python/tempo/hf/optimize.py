@@ -53,7 +53,8 @@ def optimize(model: torch.nn.Module, techniques="all", attention: str = "keep", 
     """Patches `model` in place with tempo's layers and returns it.
 
     techniques: "all", or one or a list of "gelu", "silu", "layer_norm", "rms_norm", "dropout",
-    "bdrln" (dense + dropout + residual + LayerNorm in one pass, BERT/RoBERTa's output blocks),
+    "bias_dropout_add_layer_norm" (dense + dropout + residual + LayerNorm in one pass, BERT/RoBERTa's
+    output blocks; "bdrln", its former name, is accepted with a DeprecationWarning),
     "gated_mlp" (LLaMA-style gated MLPs by tempo.gated_mlp: gate and up kept, their product recomputed),
     "lm_head" (a causal or masked LM's training loss from the hidden states by tempo.linear_cross_entropy:
     the logits never exist, and `logits` is None in the output of a training call with labels;
@@ -78,6 +79,10 @@ def optimize(model: torch.nn.Module, techniques="all", attention: str = "keep", 
     except TypeError:
         raise TypeError("tempo.optimize: techniques must be 'all', a technique's name or a list of them, got %r"
                         % (techniques,)) from None
+    if "bdrln" in chosen:
+        warnings.warn('tempo.optimize: technique "bdrln" is now named "bias_dropout_add_layer_norm"',
+                      DeprecationWarning, stacklevel=2)
+        chosen = (chosen - {"bdrln"}) | {"bias_dropout_add_layer_norm"}
     if not isinstance(fused, bool):
         raise TypeError("tempo.optimize: fused must be True or False, got %r" % (fused,))
     if fused:
@@ -195,7 +200,7 @@ def optimize(model: torch.nn.Module, techniques="all", attention: str = "keep", 
                 else:
                     undo.append(("class", child, original_class))
                 rows.append((path, original_class.__name__, rule[0], "patched"))
-                if rule[0] == "bdrln":  # its LayerNorm and dropout are used through the fused op
+                if rule[0] == "bias_dropout_add_layer_norm":  # its LayerNorm and dropout are used through the fused op
                     done.update({id(child.LayerNorm), id(child.dropout)})
                     continue
                 if rule[0] == "bias_gelu":  # its activation runs inside the fused op
@@ -208,7 +213,8 @@ def optimize(model: torch.nn.Module, techniques="all", attention: str = "keep", 
                 other = rules_for(child, set(TECHNIQUES))
                 if other:
                     rows.append((path, type(child).__name__, other[0][0], "skipped: technique not chosen"))
-                elif ("attention" in lname and not any("attention" in type(c).__name__.lower() for c in child.children())
+                elif ("attention" in lname
+                      and not any("attention" in type(c).__name__.lower() for c in child.children())
                       and attention == "keep"):
                     rows.append((path, type(child).__name__, "attention", "kept: attention='keep'"))
                 elif any(k in lname for k in LOOKS_PATCHABLE) and not list(child.children()):

@@ -5,15 +5,16 @@ import torch
 import torch.nn.functional as F
 
 from .. import nn as tnn
-from .forwards import (bdrln_forward, bias_gelu_forward, fused_gated_mlp_forward, gated_activation, gated_experts_forward,
-                       gated_mlp_forward,
-                       gelu_approximate, hf_gelu_forward, hf_gelu_tanh_forward, hf_layer_norm_forward,
+from .forwards import (bias_dropout_add_layer_norm_forward, bias_gelu_forward, fused_gated_mlp_forward,
+                       gated_activation, gated_experts_forward, gated_mlp_forward, gelu_approximate, hf_gelu_forward,
+                       hf_gelu_tanh_forward, hf_layer_norm_forward,
                        hf_rms_norm_forward, hf_rms_norm_offset_forward, hf_silu_forward, norm_bias, norm_eps,
                        qkv_split_forward)
 from .patching import retype, subclass
 from .probes import Differs, probe, probed
 
-TECHNIQUES = ("gelu", "silu", "layer_norm", "rms_norm", "dropout", "bdrln", "gated_mlp", "lm_head")
+TECHNIQUES = ("gelu", "silu", "layer_norm", "rms_norm", "dropout", "bias_dropout_add_layer_norm", "gated_mlp",
+              "lm_head")
 # The Data Movement paper's bias fusions, added by fused=True (or named in techniques):
 # "qkv_split" (BERT/RoBERTa self-attention: one GEMM for q, k, v without the bias add, then
 # tempo.qkv_split adds the bias and writes the head layout in one pass), "bias_gelu"
@@ -46,7 +47,7 @@ def _is_named_norm(m, suffix):
             and isinstance(norm_eps(m), float))
 
 
-def _is_bdrln(m):
+def _is_bias_dropout_add_layer_norm(m):
     return (type(m).__name__.endswith("Output") and isinstance(getattr(m, "dense", None), torch.nn.Linear)
             and isinstance(getattr(m, "dropout", None), torch.nn.Dropout)
             and isinstance(getattr(m, "LayerNorm", None), torch.nn.LayerNorm)
@@ -101,7 +102,8 @@ def _is_gated_experts(m):
             and gate_up.shape[2] == down.shape[1] and isinstance(getattr(m, "num_experts", None), int)
             and getattr(m, "has_gate", False) is True and not getattr(m, "has_bias", True)
             and not getattr(m, "is_transposed", True) and getattr(m, "is_concatenated", False) is True
-            and not getattr(m, "has_post_expert_norm", True) and gated_activation(getattr(m, "act_fn", None)) is not None)
+            and not getattr(m, "has_post_expert_norm", True)
+            and gated_activation(getattr(m, "act_fn", None)) is not None)
 
 
 def _experts_inputs(m):
@@ -145,8 +147,9 @@ def _act_class(*names):
 RULES = [
     ("qkv_split", _is_qkv_split, lambda m: subclass(m, "Tempo", qkv_split_forward)),  # transformers' classes only
     ("bias_gelu", _is_bias_gelu, probed(bias_gelu_forward, lambda m: [(1, 3, m.dense.in_features)])),
-    ("bdrln", _is_bdrln,
-     probed(bdrln_forward, lambda m: [(1, 3, m.dense.in_features), (1, 3, m.dense.out_features)])),
+    ("bias_dropout_add_layer_norm", _is_bias_dropout_add_layer_norm,
+     probed(bias_dropout_add_layer_norm_forward,
+            lambda m: [(1, 3, m.dense.in_features), (1, 3, m.dense.out_features)])),
     # the gated MLP (act_fn or activation_fn is then no longer called: optimize skips it); probed, so an
     # MLP whose forward does something else with the same modules is left
     ("gated_mlp", _is_gated_mlp, probed(gated_mlp_forward, lambda m: [(1, 3, m.gate_proj.in_features)])),

@@ -6,4 +6,5 @@ from .dropout import Dropout
 from .gated_mlp import GatedMLP
 from .norm import LayerNorm, RMSNorm
 
-__all__ = ["GELU", "SiLU", "LayerNorm", "RMSNorm", "Dropout", "GatedMLP", "SelfAttention", "CausalLinearAttention", "FeatureMap"]
+__all__ = ["GELU", "SiLU", "LayerNorm", "RMSNorm", "Dropout", "GatedMLP", "SelfAttention", "CausalLinearAttention",
+           "FeatureMap"]

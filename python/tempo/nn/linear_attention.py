@@ -66,7 +66,8 @@ class CausalLinearAttention(torch.nn.Module):
                  mode: str = "iterative") -> None:
         super().__init__()
         if d_model % heads:
-            raise ValueError("tempo.nn.CausalLinearAttention: d_model %d is not a multiple of heads %d" % (d_model, heads))
+            raise ValueError("tempo.nn.CausalLinearAttention: d_model %d is not a multiple of heads %d"
+                             % (d_model, heads))
         self.heads, self.head_dim, self.eps, self.mode = heads, d_model // heads, eps, mode
         self.qkv = torch.nn.Linear(d_model, 3 * d_model)
         self.out = torch.nn.Linear(d_model, d_model)

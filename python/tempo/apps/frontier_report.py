@@ -2,7 +2,7 @@
 import math
 import statistics
 
-from ._measure import format_bytes
+from .._measure import format_bytes
 
 
 def is_tempo(method):

@@ -1,0 +1,161 @@
+"""The runner tempo's applications share (python -m tempo.bench, python -m tempo.frontier):
+the model presets (random weights from a config, or a local folder), synthetic batches, the
+peers' pieces (Liger-Kernel's patch, activation checkpointing) and one measured training step."""
+import contextlib
+import math
+import os
+import time
+
+import torch
+
+from .. import memory
+from .._measure import free, sync
+
+SIZES = {  # (hidden, layers, heads, intermediate, positions, vocab): the C++ presets' sizes
+    "bert": {"base": (768, 12, 12, 3072, 512, 30522), "large": (1024, 24, 16, 4096, 512, 30522)},
+    "roberta": {"base": (768, 12, 12, 3072, 514, 50265), "large": (1024, 24, 16, 4096, 514, 50265)},
+    "gpt2": {"base": (768, 12, 12, 3072, 1024, 50257), "medium": (1024, 24, 16, 4096, 1024, 50257),
+             "large": (1280, 36, 20, 5120, 1024, 50257)},
+    "llama": {"small": (512, 8, 8, 1376, 2048, 32000), "tiny": (256, 2, 4, 688, 4096, 32000),
+              "1b": (2048, 16, 32, 8192, 8192, 128256)},
+    "qwen2": {"tiny": (256, 2, 4, 688, 4096, 151936), "0.5b": (896, 24, 14, 4864, 32768, 151936)},
+    "gemma": {"tiny": (256, 2, 4, 688, 4096, 256000)},
+}
+# The published shapes' key-value heads and tied embeddings (Llama-3.2-1B, Qwen2.5-0.5B); the
+# tiny presets have half the heads as KV heads, the others as many as heads; the configs'
+# default tying otherwise
+KV_HEADS = {("llama", "1b"): 8, ("qwen2", "0.5b"): 2}
+TIED = {("llama", "1b"), ("qwen2", "0.5b")}
+CAUSAL = ("gpt2", "llama", "qwen2", "gemma")
+# LLaMA-style families: config class, model class
+LLAMA_STYLE = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+               "gemma": ("GemmaConfig", "GemmaForCausalLM")}
+def build_model(family, size="base", path=None, vocab=None):
+    """A Hugging Face LM (masked for bert/roberta, causal for gpt2 and the LLaMA-style ones) in
+    train mode: from `path` (a local folder, offline) or from the preset sizes with random
+    weights (vocab: the vocabulary, instead of the preset's)."""
+    import transformers as tf
+
+    if path is not None:
+        from transformers.models.auto import modeling_auto
+
+        config = tf.AutoConfig.from_pretrained(path, local_files_only=True)
+        # the head transformers has for it: masked LM where there is one (BERT, RoBERTa, ...), else causal
+        causal = config.model_type not in modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES
+        if causal and config.model_type not in modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+            raise ValueError("tempo.bench: %s holds a %s model, for which transformers has neither a masked-LM nor a "
+                             "causal-LM class; tempo.bench trains those" % (path, config.model_type))
+        cls = tf.AutoModelForCausalLM if causal else tf.AutoModelForMaskedLM
+        model = cls.from_pretrained(path, local_files_only=True, attn_implementation="eager")
+        return model.train(), os.path.basename(os.path.normpath(path)), causal
+    if family not in SIZES:
+        raise ValueError("tempo.bench: unknown model %r; known: %s, or a folder" % (family, ", ".join(SIZES)))
+    if size not in SIZES[family]:
+        raise ValueError("tempo.bench: %s has sizes %s, not %r" % (family, ", ".join(SIZES[family]), size))
+    h, n, a, i, p, v = SIZES[family][size]
+    v = vocab or v
+    if family in ("bert", "roberta"):
+        cls = tf.BertConfig if family == "bert" else tf.RobertaConfig
+        extra = {"pad_token_id": 1} if family == "roberta" else {}
+        config = cls(hidden_size=h, num_hidden_layers=n, num_attention_heads=a, intermediate_size=i,
+                     max_position_embeddings=p, vocab_size=v, **extra)
+        model = (tf.BertForMaskedLM if family == "bert" else tf.RobertaForMaskedLM)(config)
+    elif family == "gpt2":
+        config = tf.GPT2Config(n_embd=h, n_layer=n, n_head=a, n_inner=i, n_positions=p, vocab_size=v)
+        model = tf.GPT2LMHeadModel(config)
+    else:
+        config_class, model_class = LLAMA_STYLE[family]
+        kv = {"num_key_value_heads": KV_HEADS.get((family, size), max(1, a // 2) if size == "tiny" else a)}
+        if family == "gemma":
+            kv["head_dim"] = h // a
+        if (family, size) in TIED:
+            kv["tie_word_embeddings"] = True
+        config = getattr(tf, config_class)(hidden_size=h, num_hidden_layers=n, num_attention_heads=a,
+                                           intermediate_size=i, max_position_embeddings=p, vocab_size=v,
+                                           rms_norm_eps=1e-6, **kv)
+        model = getattr(tf, model_class)(config)
+    model.set_attn_implementation("eager")
+    name = "%s-%s" % (family, size) + ("-v%d" % v if vocab else "")
+    return model.train(), name, family in CAUSAL
+
+
+def synthetic_batch(model, batch, seq, causal, seed, device):
+    """Token ids and labels (causal: the ids; masked: 15% of positions, the rest -100)."""
+    g = torch.Generator().manual_seed(seed)
+    vocab = model.config.vocab_size
+    ids = torch.randint(4, vocab, (batch, seq), generator=g)
+    if causal:
+        labels = ids.clone()
+    else:
+        labels = torch.where(torch.rand(batch, seq, generator=g) < 0.15, ids, torch.full_like(ids, -100))
+    return {"input_ids": ids.to(device), "labels": labels.to(device)}
+
+
+class Unavailable(Exception):
+    """A policy or method that cannot run here (Liger-Kernel without CUDA, a family Liger has no
+    patch for, a model without gradient checkpointing): its row says why."""
+
+
+def liger_function(model):
+    """Liger-Kernel's apply function for the model's family (MODEL_TYPE_TO_APPLY_LIGER_FN, or
+    apply_liger_kernel_to_<model type>), or Unavailable naming why there is none here."""
+    try:
+        import liger_kernel.transformers as liger
+    except ImportError as e:
+        raise Unavailable("Liger-Kernel is not installed (%s)" % e) from None
+    if next(model.parameters()).device.type != "cuda":
+        raise Unavailable("Liger-Kernel's kernels are Triton, which needs CUDA")
+    try:
+        from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN as table
+    except ImportError:
+        table = {}
+    fn = table.get(model.config.model_type) or getattr(liger, "apply_liger_kernel_to_%s" % model.config.model_type,
+                                                        None)
+    if fn is None:
+        raise Unavailable("Liger-Kernel has no patch for %s (model type %r)" % (type(model).__name__,
+                                                                                  model.config.model_type))
+    return fn
+
+
+def enable_checkpointing(model):
+    """Activation checkpointing of every layer (use_reentrant=False); False, changing nothing,
+    where the model does not support it."""
+    if not model.supports_gradient_checkpointing:
+        return False
+    enable = getattr(model, "activation_checkpointing_enable", None)  # transformers >= 5.2x's name
+    if enable is not None:
+        enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return True
+
+
+def train_step(run, opt, batch, device, autocast=contextlib.nullcontext):
+    """One full step (forward under `autocast()`, backward, the optimizer's step) with its
+    memory and time: activation bytes held after the forward and the peaks beyond what was
+    held before the step (forward + backward; the optimizer step), the absolute peak,
+    milliseconds and the loss."""
+    opt.zero_grad(set_to_none=True)
+    free(device)
+    sync(device)
+    base = memory.stats(device)[0]
+    memory.reset_peak(device)
+    t0 = time.perf_counter()
+    with autocast():
+        loss = run(**batch).loss
+    sync(device)
+    activation = memory.stats(device)[0] - base
+    loss.backward()
+    sync(device)
+    train_abs = memory.stats(device)[1]
+    memory.reset_peak(device)
+    opt.step()
+    sync(device)
+    ms = (time.perf_counter() - t0) * 1e3
+    opt_abs = memory.stats(device)[1]
+    value = loss.detach().float().item()
+    if not math.isfinite(value):
+        raise RuntimeError("tempo: the loss is not finite (%r)" % value)
+    return {"activation_bytes": activation, "train_peak_bytes": train_abs - base,
+            "optimizer_peak_bytes": opt_abs - base, "peak_bytes": max(train_abs, opt_abs), "step_ms": ms,
+            "loss": value}
