@@ -62,16 +62,24 @@ int main(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (k == "--tokens") a.tokens = bench::parse_list(next());
-    else if (k == "--features") a.features = std::stoll(next());
-    else if (k == "--dtype") a.dtype = next();
-    else if (k == "--device") a.device = next();
-    else if (k == "--reps") a.reps = std::stoi(next());
-    else if (k == "--csv") a.csv = next();
-    else if (k == "--json") a.json = next();
+    if (k == "--tokens")
+      a.tokens = bench::parse_list(next());
+    else if (k == "--features")
+      a.features = std::stoll(next());
+    else if (k == "--dtype")
+      a.dtype = next();
+    else if (k == "--device")
+      a.device = next();
+    else if (k == "--reps")
+      a.reps = std::stoi(next());
+    else if (k == "--csv")
+      a.csv = next();
+    else if (k == "--json")
+      a.json = next();
     else if (k == "--help" || k == "-h") {
-      std::printf("usage: bench_activation [--tokens 4096,16384] [--features 4096] [--dtype float32|bfloat16|float16]\n"
-                  "                        [--device cpu|cuda] [--reps 5] [--csv FILE] [--json FILE]\n");
+      std::printf(
+          "usage: bench_activation [--tokens 4096,16384] [--features 4096] [--dtype float32|bfloat16|float16]\n"
+          "                        [--device cpu|cuda] [--reps 5] [--csv FILE] [--json FILE]\n");
       return 0;
     } else {
       std::fprintf(stderr, "bench_activation: unknown argument %s\n", k.c_str());
@@ -131,8 +139,8 @@ int main(int argc, char** argv) {
       std::printf("%-10s %8lld %6lld %12.2f %12.2f %8.3f %14lld %14lld\n", v.name, (long long)tokens,
                   (long long)a.features, mt, mr, mt / mr, (long long)torch_bytes, (long long)tempo_bytes);
       std::fflush(stdout);
-      csv << v.name << "," << a.dtype << "," << a.device << "," << tokens << "," << a.features << "," << mt << ","
-          << mr << "," << mt / mr << "," << torch_bytes << "," << tempo_bytes << "\n";
+      csv << v.name << "," << a.dtype << "," << a.device << "," << tokens << "," << a.features << "," << mt << "," << mr
+          << "," << mt / mr << "," << torch_bytes << "," << tempo_bytes << "\n";
       json << (first ? "" : ",") << "\n  {\"op\": \"" << v.name << "\", \"dtype\": \"" << a.dtype
            << "\", \"device\": \"" << a.device << "\", \"tokens\": " << tokens << ", \"features\": " << a.features
            << ", \"tempo_ms\": " << mt << ", \"torch_ms\": " << mr << ", \"ratio\": " << mt / mr

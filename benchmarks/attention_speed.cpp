@@ -36,8 +36,10 @@ struct Args {
 };
 
 int usage(int rc) {
-  std::printf("usage: bench_attention [--seq 128,512,2048] [--batch 1] [--heads 16] [--head-dim 64] [--p 0.1]\n"
-              "                       [--dtype float32|bfloat16|float16] [--device cpu|cuda] [--reps 3] [--csv F] [--json F]\n");
+  std::printf(
+      "usage: bench_attention [--seq 128,512,2048] [--batch 1] [--heads 16] [--head-dim 64] [--p 0.1]\n"
+      "                       [--dtype float32|bfloat16|float16] [--device cpu|cuda] [--reps 3] [--csv F] [--json "
+      "F]\n");
   return rc;
 }
 
@@ -53,16 +55,26 @@ int main(int argc, char** argv) {
       return usage(2);
     }
     const std::string v = argv[++i];
-    if (k == "--seq") a.seq = bench::parse_list(v);
-    else if (k == "--batch") a.batch = std::stoll(v);
-    else if (k == "--heads") a.heads = std::stoll(v);
-    else if (k == "--head-dim") a.head_dim = std::stoll(v);
-    else if (k == "--p") a.p = std::stod(v);
-    else if (k == "--dtype") a.dtype = v;
-    else if (k == "--device") a.device = v;
-    else if (k == "--reps") a.reps = std::stoi(v);
-    else if (k == "--csv") a.csv = v;
-    else if (k == "--json") a.json = v;
+    if (k == "--seq")
+      a.seq = bench::parse_list(v);
+    else if (k == "--batch")
+      a.batch = std::stoll(v);
+    else if (k == "--heads")
+      a.heads = std::stoll(v);
+    else if (k == "--head-dim")
+      a.head_dim = std::stoll(v);
+    else if (k == "--p")
+      a.p = std::stod(v);
+    else if (k == "--dtype")
+      a.dtype = v;
+    else if (k == "--device")
+      a.device = v;
+    else if (k == "--reps")
+      a.reps = std::stoi(v);
+    else if (k == "--csv")
+      a.csv = v;
+    else if (k == "--json")
+      a.json = v;
     else {
       std::fprintf(stderr, "bench_attention: unknown argument %s\n", k.c_str());
       return usage(2);
@@ -84,10 +96,11 @@ int main(int argc, char** argv) {
     return 2;
   }
   const auto opts = at::TensorOptions().dtype(dt).device(dev);
-  std::printf("attention core fwd+bwd, %s, %s, batch %lld, heads %lld, head dim %lld, dropout %.2f, %d threads, "
-              "median of %d\n",
-              a.dtype.c_str(), a.device.c_str(), (long long)a.batch, (long long)a.heads, (long long)a.head_dim, a.p,
-              at::get_num_threads(), a.reps);
+  std::printf(
+      "attention core fwd+bwd, %s, %s, batch %lld, heads %lld, head dim %lld, dropout %.2f, %d threads, "
+      "median of %d\n",
+      a.dtype.c_str(), a.device.c_str(), (long long)a.batch, (long long)a.heads, (long long)a.head_dim, a.p,
+      at::get_num_threads(), a.reps);
   std::printf("%-22s %6s %10s %10s %14s %16s\n", "backend", "seq", "ms", "vs eager", "kept B", "kept vs eager");
   bench::Records rec;
   for (int64_t S : a.seq) {
@@ -142,11 +155,19 @@ int main(int argc, char** argv) {
                   (long long)c.kept, static_cast<double>(c.kept) / static_cast<double>(eager_kept));
       std::fflush(stdout);
       using R = bench::Records;
-      rec.add({{"backend", R::str(c.name)}, {"dtype", R::str(a.dtype)}, {"device", R::str(a.device)},
-               {"batch", R::num(a.batch)}, {"heads", R::num(a.heads)}, {"seq", R::num(S)},
-               {"head_dim", R::num(a.head_dim)}, {"p", R::num(p)}, {"ms", R::num(ms)},
-               {"eager_ms", R::num(eager_ms)}, {"ratio_vs_eager", R::num(ms / eager_ms)},
-               {"kept_bytes", R::num(c.kept)}, {"eager_kept_bytes", R::num(eager_kept)}});
+      rec.add({{"backend", R::str(c.name)},
+               {"dtype", R::str(a.dtype)},
+               {"device", R::str(a.device)},
+               {"batch", R::num(a.batch)},
+               {"heads", R::num(a.heads)},
+               {"seq", R::num(S)},
+               {"head_dim", R::num(a.head_dim)},
+               {"p", R::num(p)},
+               {"ms", R::num(ms)},
+               {"eager_ms", R::num(eager_ms)},
+               {"ratio_vs_eager", R::num(ms / eager_ms)},
+               {"kept_bytes", R::num(c.kept)},
+               {"eager_kept_bytes", R::num(eager_kept)}});
     }
   }
   rec.write_csv(a.csv);

@@ -33,8 +33,9 @@ struct Args {
 };
 
 int usage(int rc) {
-  std::printf("usage: bench_layer [--model bert-large] [--seq 128,512] [--batch 1] [--policies eager,tempo,tempo-fused]\n"
-              "                   [--dtype float32|bfloat16] [--device cpu|cuda] [--reps 5] [--csv F] [--json F]\n");
+  std::printf(
+      "usage: bench_layer [--model bert-large] [--seq 128,512] [--batch 1] [--policies eager,tempo,tempo-fused]\n"
+      "                   [--dtype float32|bfloat16] [--device cpu|cuda] [--reps 5] [--csv F] [--json F]\n");
   return rc;
 }
 
@@ -51,15 +52,24 @@ int main(int argc, char** argv) {
       return usage(2);
     }
     const std::string v = argv[++i];
-    if (k == "--model") a.model = v;
-    else if (k == "--seq") a.seq = bench::parse_list(v);
-    else if (k == "--batch") a.batch = std::stoll(v);
-    else if (k == "--policies") a.policies = bench::split(v);
-    else if (k == "--dtype") a.dtype = v;
-    else if (k == "--device") a.device = v;
-    else if (k == "--reps") a.reps = std::stoi(v);
-    else if (k == "--csv") a.csv = v;
-    else if (k == "--json") a.json = v;
+    if (k == "--model")
+      a.model = v;
+    else if (k == "--seq")
+      a.seq = bench::parse_list(v);
+    else if (k == "--batch")
+      a.batch = std::stoll(v);
+    else if (k == "--policies")
+      a.policies = bench::split(v);
+    else if (k == "--dtype")
+      a.dtype = v;
+    else if (k == "--device")
+      a.device = v;
+    else if (k == "--reps")
+      a.reps = std::stoi(v);
+    else if (k == "--csv")
+      a.csv = v;
+    else if (k == "--json")
+      a.json = v;
     else {
       std::fprintf(stderr, "bench_layer: unknown argument %s\n", k.c_str());
       return usage(2);
@@ -83,10 +93,11 @@ int main(int argc, char** argv) {
     const ModelConfig c = ModelConfig::preset(a.model);
     const at::ScalarType dt = a.dtype == "bfloat16" ? at::kBFloat16 : at::kFloat;
     if (!cuda) tempo::memory::track_cpu();
-    std::printf("one %s layer fwd+bwd (hidden %lld, heads %lld, FFN %lld, dropout %.2f), %s, %s, batch %lld, "
-                "%d threads, median of %d, each policy alternated with eager\n",
-                a.model.c_str(), (long long)c.hidden, (long long)c.heads, (long long)c.intermediate, c.dropout,
-                a.dtype.c_str(), a.device.c_str(), (long long)a.batch, at::get_num_threads(), a.reps);
+    std::printf(
+        "one %s layer fwd+bwd (hidden %lld, heads %lld, FFN %lld, dropout %.2f), %s, %s, batch %lld, "
+        "%d threads, median of %d, each policy alternated with eager\n",
+        a.model.c_str(), (long long)c.hidden, (long long)c.heads, (long long)c.intermediate, c.dropout, a.dtype.c_str(),
+        a.device.c_str(), (long long)a.batch, at::get_num_threads(), a.reps);
     std::printf("%-14s %6s %10s %10s %14s %14s\n", "policy", "seq", "ms", "vs eager", "kept MiB", "moved MiB");
     bench::Records rec;
     for (int64_t S : a.seq) {
@@ -141,10 +152,17 @@ int main(int argc, char** argv) {
                     kept / 1048576.0, moved / 1048576.0);
         std::fflush(stdout);
         using R = bench::Records;
-        rec.add({{"policy", R::str(L.name)}, {"model", R::str(a.model)}, {"dtype", R::str(a.dtype)},
-                 {"device", R::str(a.device)}, {"batch", R::num(a.batch)}, {"seq", R::num(S)}, {"ms", R::num(ms)},
-                 {"eager_ms", R::num(eager_ms)}, {"ratio_vs_eager", R::num(ms / eager_ms)},
-                 {"kept_bytes", R::num(kept)}, {"bytes_moved", R::num(moved)}});
+        rec.add({{"policy", R::str(L.name)},
+                 {"model", R::str(a.model)},
+                 {"dtype", R::str(a.dtype)},
+                 {"device", R::str(a.device)},
+                 {"batch", R::num(a.batch)},
+                 {"seq", R::num(S)},
+                 {"ms", R::num(ms)},
+                 {"eager_ms", R::num(eager_ms)},
+                 {"ratio_vs_eager", R::num(ms / eager_ms)},
+                 {"kept_bytes", R::num(kept)},
+                 {"bytes_moved", R::num(moved)}});
       }
     }
     rec.write_csv(a.csv);

@@ -33,8 +33,9 @@ struct Args {
 };
 
 int usage(int rc) {
-  std::printf("usage: bench_norm [--tokens 4096,16384] [--hidden 1024] [--p 0.1] [--dtype float32|bfloat16|float16]\n"
-              "                  [--device cpu|cuda] [--reps 5] [--csv FILE] [--json FILE]\n");
+  std::printf(
+      "usage: bench_norm [--tokens 4096,16384] [--hidden 1024] [--p 0.1] [--dtype float32|bfloat16|float16]\n"
+      "                  [--device cpu|cuda] [--reps 5] [--csv FILE] [--json FILE]\n");
   return rc;
 }
 
@@ -50,14 +51,22 @@ int main(int argc, char** argv) {
       return usage(2);
     }
     const std::string v = argv[++i];
-    if (k == "--tokens") a.tokens = bench::parse_list(v);
-    else if (k == "--hidden") a.hidden = std::stoll(v);
-    else if (k == "--p") a.p = std::stod(v);
-    else if (k == "--dtype") a.dtype = v;
-    else if (k == "--device") a.device = v;
-    else if (k == "--reps") a.reps = std::stoi(v);
-    else if (k == "--csv") a.csv = v;
-    else if (k == "--json") a.json = v;
+    if (k == "--tokens")
+      a.tokens = bench::parse_list(v);
+    else if (k == "--hidden")
+      a.hidden = std::stoll(v);
+    else if (k == "--p")
+      a.p = std::stod(v);
+    else if (k == "--dtype")
+      a.dtype = v;
+    else if (k == "--device")
+      a.device = v;
+    else if (k == "--reps")
+      a.reps = std::stoi(v);
+    else if (k == "--csv")
+      a.csv = v;
+    else if (k == "--json")
+      a.json = v;
     else {
       std::fprintf(stderr, "bench_norm: unknown argument %s\n", k.c_str());
       return usage(2);
@@ -114,8 +123,8 @@ int main(int argc, char** argv) {
          [&] { return at::layer_norm(x, {H}, gamma, beta); }, n * e + 2 * tokens * e, tokens * 4},
         {"rms_norm", [&] { return tempo::rms_norm(x, {H}, gamma, 1e-6); },
          [&] { return at::rms_norm(x, {H}, gamma, 1e-6); }, 2 * n * 4 + tokens * 4, tokens * 4},
-        {"dropout(bits)", [&] { return tempo::dropout(x, p, true, "bits"); },
-         [&] { return at::dropout(x, p, true); }, n * (cuda ? 1 : e), (n + 7) / 8},
+        {"dropout(bits)", [&] { return tempo::dropout(x, p, true, "bits"); }, [&] { return at::dropout(x, p, true); },
+         n * (cuda ? 1 : e), (n + 7) / 8},
         {"dropout(philox)", [&] { return tempo::dropout(x, p, true, "philox"); },
          [&] { return at::dropout(x, p, true); }, n * (cuda ? 1 : e), 16},
         {"bias_dropout_add_ln", [&] { return tempo::bias_dropout_add_layer_norm(x, bias, res, p, gamma, beta); },
@@ -128,9 +137,16 @@ int main(int argc, char** argv) {
                   (long long)c.torch_bytes, (long long)c.tempo_bytes);
       std::fflush(stdout);
       using R = bench::Records;
-      rec.add({{"op", R::str(c.name)}, {"dtype", R::str(a.dtype)}, {"device", R::str(a.device)},
-               {"tokens", R::num(tokens)}, {"hidden", R::num(H)}, {"p", R::num(p)}, {"tempo_ms", R::num(mt)},
-               {"torch_ms", R::num(mr)}, {"ratio", R::num(mt / mr)}, {"torch_saved_bytes", R::num(c.torch_bytes)},
+      rec.add({{"op", R::str(c.name)},
+               {"dtype", R::str(a.dtype)},
+               {"device", R::str(a.device)},
+               {"tokens", R::num(tokens)},
+               {"hidden", R::num(H)},
+               {"p", R::num(p)},
+               {"tempo_ms", R::num(mt)},
+               {"torch_ms", R::num(mr)},
+               {"ratio", R::num(mt / mr)},
+               {"torch_saved_bytes", R::num(c.torch_bytes)},
                {"tempo_saved_bytes", R::num(c.tempo_bytes)}});
     }
   }

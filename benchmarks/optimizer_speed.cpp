@@ -25,8 +25,9 @@
 namespace {
 
 int usage(int rc) {
-  std::printf("usage: bench_optimizer [--model bert-base] [--layers N] [--device cpu|cuda] [--reps 5]\n"
-              "                       [--csv FILE] [--json FILE]\n");
+  std::printf(
+      "usage: bench_optimizer [--model bert-base] [--layers N] [--device cpu|cuda] [--reps 5]\n"
+      "                       [--csv FILE] [--json FILE]\n");
   return rc;
 }
 
@@ -45,12 +46,18 @@ int main(int argc, char** argv) {
     }
     const std::string v = argv[++i];
     try {
-      if (k == "--model") model = v;
-      else if (k == "--layers") layers = std::stoll(v);
-      else if (k == "--device") device = v;
-      else if (k == "--reps") reps = std::stoi(v);
-      else if (k == "--csv") csv = v;
-      else if (k == "--json") json = v;
+      if (k == "--model")
+        model = v;
+      else if (k == "--layers")
+        layers = std::stoll(v);
+      else if (k == "--device")
+        device = v;
+      else if (k == "--reps")
+        reps = std::stoi(v);
+      else if (k == "--csv")
+        csv = v;
+      else if (k == "--json")
+        json = v;
       else {
         std::fprintf(stderr, "bench_optimizer: unknown argument %s\n", k.c_str());
         return usage(2);
@@ -118,11 +125,16 @@ int main(int argc, char** argv) {
   std::printf("%-10s %10.2f %10.2f %7.3f %16lld %16lld %12.3g\n", "adamw", ms_a, ms_b, ms_a / ms_b,
               static_cast<long long>(peak_a), static_cast<long long>(peak_b), max_diff);
   bench::Records rec;
-  rec.add({{"model", bench::Records::str(model)}, {"device", bench::Records::str(device)},
-           {"parameters", bench::Records::num(numel)}, {"threads", bench::Records::num(at::get_num_threads())},
-           {"tempo_ms", bench::Records::num(ms_a)}, {"torch_ms", bench::Records::num(ms_b)},
-           {"ratio", bench::Records::num(ms_a / ms_b)}, {"tempo_step_bytes", bench::Records::num(peak_a)},
-           {"torch_step_bytes", bench::Records::num(peak_b)}, {"max_abs_diff", bench::Records::num(max_diff)}});
+  rec.add({{"model", bench::Records::str(model)},
+           {"device", bench::Records::str(device)},
+           {"parameters", bench::Records::num(numel)},
+           {"threads", bench::Records::num(at::get_num_threads())},
+           {"tempo_ms", bench::Records::num(ms_a)},
+           {"torch_ms", bench::Records::num(ms_b)},
+           {"ratio", bench::Records::num(ms_a / ms_b)},
+           {"tempo_step_bytes", bench::Records::num(peak_a)},
+           {"torch_step_bytes", bench::Records::num(peak_b)},
+           {"max_abs_diff", bench::Records::num(max_diff)}});
   rec.write_csv(csv);
   rec.write_json(json);
   return 0;

@@ -7,9 +7,12 @@ namespace tempo {
 
 const char* activation_name(Activation act) {
   switch (act) {
-    case Activation::kGeluErf: return "gelu";
-    case Activation::kGeluTanh: return "gelu(approximate='tanh')";
-    case Activation::kSilu: return "silu";
+    case Activation::kGeluErf:
+      return "gelu";
+    case Activation::kGeluTanh:
+      return "gelu(approximate='tanh')";
+    case Activation::kSilu:
+      return "silu";
   }
   return "unknown";
 }
@@ -39,8 +42,7 @@ Status validate(const ActivationForwardParams& p) {
   if (p.numel == 0) return Status::Ok();
   TEMPO_CORE_CHECK(p.x && p.y && p.mask, "activation forward: x, y and mask must be non-null");
   if (p.bias) {
-    TEMPO_CORE_CHECK(p.bias_size > 0 && p.numel % p.bias_size == 0,
-                     "activation forward: bias_size must divide numel");
+    TEMPO_CORE_CHECK(p.bias_size > 0 && p.numel % p.bias_size == 0, "activation forward: bias_size must divide numel");
   }
   return Status::Ok();
 }
@@ -54,8 +56,7 @@ Status validate(const ActivationBackwardParams& p) {
   TEMPO_CORE_CHECK(p.y && p.mask && p.grad_y && p.grad_x,
                    "activation backward: y, mask, grad_y and grad_x must be non-null");
   if (p.grad_bias) {
-    TEMPO_CORE_CHECK(p.bias_size > 0 && p.numel % p.bias_size == 0,
-                     "activation backward: bias_size must divide numel");
+    TEMPO_CORE_CHECK(p.bias_size > 0 && p.numel % p.bias_size == 0, "activation backward: bias_size must divide numel");
   }
   return Status::Ok();
 }

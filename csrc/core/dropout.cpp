@@ -14,8 +14,10 @@ bool known(DType d) {
 Status check_dropout_mask(DropoutMode mode, double p, const void* mask, const char* what) {
   const std::string w(what);
   TEMPO_CORE_CHECK(mode == DropoutMode::kBits || mode == DropoutMode::kPhilox, w + ": unknown dropout mode");
-  if (mode == DropoutMode::kPhilox) TEMPO_CORE_CHECK(!mask, w + ": philox mode takes no mask (the bits are drawn)");
-  else if (p > 0.0) TEMPO_CORE_CHECK(mask, w + ": bits mode needs the mask");
+  if (mode == DropoutMode::kPhilox)
+    TEMPO_CORE_CHECK(!mask, w + ": philox mode takes no mask (the bits are drawn)");
+  else if (p > 0.0)
+    TEMPO_CORE_CHECK(mask, w + ": bits mode needs the mask");
   return Status::Ok();
 }
 

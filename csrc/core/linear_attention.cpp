@@ -14,8 +14,9 @@ Status check_inputs(const LinearAttentionInputs& p, const std::string& w) {
                    w + ": unsupported dtype");
   TEMPO_CORE_CHECK(p.rows >= 0 && p.len >= 0, w + ": rows and len must be non-negative");
   TEMPO_CORE_CHECK(p.m > 0 && p.d > 0, w + ": the feature size m and the value size d must be positive");
-  TEMPO_CORE_CHECK(numel_fits({p.rows, p.len, p.m}) && numel_fits({p.rows, p.len, p.d}) && numel_fits({p.rows, p.m, p.d}),
-                   w + ": the sizes are too large");
+  TEMPO_CORE_CHECK(
+      numel_fits({p.rows, p.len, p.m}) && numel_fits({p.rows, p.len, p.d}) && numel_fits({p.rows, p.m, p.d}),
+      w + ": the sizes are too large");
   TEMPO_CORE_CHECK(std::isfinite(p.eps) && p.eps >= 0.0, w + ": eps must be finite and >= 0");
   TEMPO_CORE_CHECK((p.num_in == nullptr) == (p.den_in == nullptr),
                    w + ": num_in and den_in come together (both or neither)");
@@ -47,5 +48,6 @@ Status validate(const LinearAttentionBackwardParams& p) {
 
 namespace tempo {
 TEMPO_CUDA_UNAVAILABLE(linear_attention_forward_cuda, LinearAttentionForwardParams, "causal linear attention forward")
-TEMPO_CUDA_UNAVAILABLE(linear_attention_backward_cuda, LinearAttentionBackwardParams, "causal linear attention backward")
+TEMPO_CUDA_UNAVAILABLE(linear_attention_backward_cuda, LinearAttentionBackwardParams,
+                       "causal linear attention backward")
 }  // namespace tempo

@@ -12,8 +12,10 @@ namespace tempo {
 
 const char* norm_name(NormKind kind) {
   switch (kind) {
-    case NormKind::kLayerNorm: return "layer_norm";
-    case NormKind::kRmsNorm: return "rms_norm";
+    case NormKind::kLayerNorm:
+      return "layer_norm";
+    case NormKind::kRmsNorm:
+      return "rms_norm";
   }
   return "unknown";
 }
@@ -24,10 +26,13 @@ const char* norm_name(NormKind kind) {
 // at most |gamma| (see docs/accuracy.md for the measured errors).
 double norm_recovery_ratio(DType dtype) {
   switch (dtype) {
-    case DType::kFloat32: return 16.0;
-    case DType::kFloat64: return 1024.0;
+    case DType::kFloat32:
+      return 16.0;
+    case DType::kFloat64:
+      return 1024.0;
     case DType::kBFloat16:
-    case DType::kFloat16: return 1.0;
+    case DType::kFloat16:
+      return 1.0;
   }
   return 0.0;
 }
@@ -35,9 +40,12 @@ double norm_recovery_ratio(DType dtype) {
 double norm_gamma_min(DType dtype) {
   switch (dtype) {
     case DType::kFloat32:
-    case DType::kBFloat16: return static_cast<double>(std::numeric_limits<float>::min());
-    case DType::kFloat64: return std::numeric_limits<double>::min();
-    case DType::kFloat16: return 6.103515625e-05;  // 2^-14
+    case DType::kBFloat16:
+      return static_cast<double>(std::numeric_limits<float>::min());
+    case DType::kFloat64:
+      return std::numeric_limits<double>::min();
+    case DType::kFloat16:
+      return 6.103515625e-05;  // 2^-14
   }
   return 0.0;
 }
@@ -79,10 +87,14 @@ Status check_kept(const NormBackwardParams& p) {
 namespace detail {
 Status check_kept_columns(const NormBackwardParams& p) {
   switch (p.float_params ? DType::kFloat32 : p.dtype) {
-    case DType::kFloat32: return check_kept<float>(p);
-    case DType::kFloat64: return check_kept<double>(p);
-    case DType::kBFloat16: return check_kept<math::bf16_t>(p);
-    case DType::kFloat16: return check_kept<math::fp16_t>(p);
+    case DType::kFloat32:
+      return check_kept<float>(p);
+    case DType::kFloat64:
+      return check_kept<double>(p);
+    case DType::kBFloat16:
+      return check_kept<math::bf16_t>(p);
+    case DType::kFloat16:
+      return check_kept<math::fp16_t>(p);
   }
   return Status::Ok();
 }
@@ -91,10 +103,14 @@ Status check_kept_columns(const NormBackwardParams& p) {
 int64_t norm_kept_columns(DType dtype, DType param_dtype, const void* weight, const void* bias, int64_t cols,
                           int64_t* out) {
   switch (param_dtype) {
-    case DType::kFloat32: return kept_columns<float>(dtype, weight, bias, cols, out);
-    case DType::kFloat64: return kept_columns<double>(dtype, weight, bias, cols, out);
-    case DType::kBFloat16: return kept_columns<math::bf16_t>(dtype, weight, bias, cols, out);
-    case DType::kFloat16: return kept_columns<math::fp16_t>(dtype, weight, bias, cols, out);
+    case DType::kFloat32:
+      return kept_columns<float>(dtype, weight, bias, cols, out);
+    case DType::kFloat64:
+      return kept_columns<double>(dtype, weight, bias, cols, out);
+    case DType::kBFloat16:
+      return kept_columns<math::bf16_t>(dtype, weight, bias, cols, out);
+    case DType::kFloat16:
+      return kept_columns<math::fp16_t>(dtype, weight, bias, cols, out);
   }
   return 0;
 }
@@ -133,7 +149,8 @@ Status validate(const NormForwardParams& p) {
                    "norm forward: float32 parameters need bfloat16 or float16 data");
   if (p.rows * p.cols == 0) return Status::Ok();
   TEMPO_CORE_CHECK(p.x && p.y && p.rstd, "norm forward: x, y and rstd must be non-null");
-  TEMPO_CORE_CHECK(p.kept == 0 || (p.kept_slot && p.kept_xhat), "norm forward: kept columns need kept_slot and kept_xhat");
+  TEMPO_CORE_CHECK(p.kept == 0 || (p.kept_slot && p.kept_xhat),
+                   "norm forward: kept columns need kept_slot and kept_xhat");
   return check_prologue(p.prologue.residual != nullptr, p.prologue, p.kind, p.mask, "norm forward");
 }
 
@@ -148,7 +165,8 @@ Status validate(const NormBackwardParams& p) {
                    "norm backward: float32 parameters need bfloat16 or float16 data");
   if (p.rows * p.cols == 0) return Status::Ok();
   TEMPO_CORE_CHECK(p.grad_y && p.y && p.rstd && p.grad_x, "norm backward: grad_y, y, rstd and grad_x must be non-null");
-  TEMPO_CORE_CHECK(p.kept == 0 || (p.kept_slot && p.kept_xhat), "norm backward: kept columns need kept_slot and kept_xhat");
+  TEMPO_CORE_CHECK(p.kept == 0 || (p.kept_slot && p.kept_xhat),
+                   "norm backward: kept columns need kept_slot and kept_xhat");
   TEMPO_CORE_CHECK(!p.weight || p.grad_weight, "norm backward: grad_weight must be non-null when weight is");
   TEMPO_CORE_CHECK(!p.beta || p.grad_beta, "norm backward: grad_beta must be non-null when beta is");
   TEMPO_CORE_CHECK(p.grad_residual || !p.grad_bias, "norm backward: grad_bias needs grad_residual");

@@ -10,10 +10,14 @@ namespace tempo::models {
 
 const char* arch_name(Arch arch) {
   switch (arch) {
-    case Arch::kBert: return "bert";
-    case Arch::kRoberta: return "roberta";
-    case Arch::kGpt2: return "gpt2";
-    case Arch::kLlama: return "llama";
+    case Arch::kBert:
+      return "bert";
+    case Arch::kRoberta:
+      return "roberta";
+    case Arch::kGpt2:
+      return "gpt2";
+    case Arch::kLlama:
+      return "llama";
   }
   return "unknown";
 }
@@ -31,7 +35,8 @@ ModelConfig ModelConfig::for_arch(Arch arch) {
   c.arch = arch;
   c.name = std::string("custom-") + arch_name(arch);
   switch (arch) {
-    case Arch::kBert: break;
+    case Arch::kBert:
+      break;
     case Arch::kRoberta:
       c.type_vocab = 1;
       c.pad_id = 1;
@@ -66,8 +71,8 @@ ModelConfig make(Arch arch, const char* name, int64_t vocab, int64_t hidden, int
 }  // namespace
 
 std::vector<std::string> ModelConfig::presets() {
-  return {"bert-base", "bert-large", "roberta-base", "roberta-large", "gpt2", "gpt2-medium", "gpt2-large",
-          "llama-small"};
+  return {"bert-base", "bert-large",  "roberta-base", "roberta-large",
+          "gpt2",      "gpt2-medium", "gpt2-large",   "llama-small"};
 }
 
 ModelConfig ModelConfig::preset(const std::string& name) {
@@ -95,12 +100,12 @@ double parameters(const ModelConfig& c) {
                  + 2 * h * inter + bias * (inter + h)         // fc1, fc2
                  + 2 * norm;
   if (llama) layer += h * inter;  // the SwiGLU gate
-  double n = vocab * h + (llama ? 0 : static_cast<double>(c.max_positions) * h) + static_cast<double>(c.type_vocab) * h +
-             static_cast<double>(c.layers) * layer;
+  double n = vocab * h + (llama ? 0 : static_cast<double>(c.max_positions) * h) +
+             static_cast<double>(c.type_vocab) * h + static_cast<double>(c.layers) * layer;
   if (c.arch == Arch::kGpt2 || llama) return n + norm + (llama ? h * vocab : 0);  // final norm; LLaMA's LM head
   const double labels = static_cast<double>(c.num_labels);
-  return n + 2 * h                   // embedding norm
-         + (h * h + h) + 2 * h + vocab  // MLM head: dense, norm, bias
+  return n + 2 * h                               // embedding norm
+         + (h * h + h) + 2 * h + vocab           // MLM head: dense, norm, bias
          + (h * h + h) + (h * labels + labels);  // pooler, classifier
 }
 }  // namespace
@@ -151,27 +156,40 @@ MemoryPolicy MemoryPolicy::parse(const std::string& spec) {
   const bool tempo = base == "tempo" || base == "tempo-sdpa" || base == "tempo-fused";
   p.inplace_gelu = p.inplace_norm = p.bit_dropout = p.fused_head = tempo;
   p.fused_kernels = base == "tempo-fused";
-  p.attention = base == "tempo" || base == "tempo-fused" ? "tempo" : base == "sdpa" ? "sdpa" : base == "tempo-sdpa" ? "fused" : "eager";
+  p.attention = base == "tempo" || base == "tempo-fused" ? "tempo"
+                : base == "sdpa"                         ? "sdpa"
+                : base == "tempo-sdpa"                   ? "fused"
+                                                         : "eager";
   p.checkpoint = base == "checkpoint";
   size_t i = base.size();
   while (i < spec.size()) {
     const char sign = spec[i];
-    TORCH_CHECK(sign == '+' || sign == '-', "tempo::models: bad memory policy '", spec, "': expected +toggle or -toggle at '",
-                spec.substr(i), "'");
+    TORCH_CHECK(sign == '+' || sign == '-', "tempo::models: bad memory policy '", spec,
+                "': expected +toggle or -toggle at '", spec.substr(i), "'");
     size_t j = spec.find_first_of("+-", i + 1);
     if (j == std::string::npos) j = spec.size();
     const std::string t = spec.substr(i + 1, j - i - 1);
     const bool on = sign == '+';
-    if (t == "gelu") p.inplace_gelu = on;
-    else if (t == "norm") p.inplace_norm = on;
-    else if (t == "dropout") p.bit_dropout = on;
-    else if (t == "attention") p.attention = on ? "tempo" : "eager";
-    else if (t == "sdpa") p.attention = on ? "sdpa" : "eager";
-    else if (t == "fused") p.attention = on ? "fused" : "eager";
-    else if (t == "checkpoint") p.checkpoint = on;
-    else if (t == "head") p.fused_head = on;
-    else if (t == "kernels") p.fused_kernels = on;
-    else if (t == "recompute") p.recompute_attention = on;
+    if (t == "gelu")
+      p.inplace_gelu = on;
+    else if (t == "norm")
+      p.inplace_norm = on;
+    else if (t == "dropout")
+      p.bit_dropout = on;
+    else if (t == "attention")
+      p.attention = on ? "tempo" : "eager";
+    else if (t == "sdpa")
+      p.attention = on ? "sdpa" : "eager";
+    else if (t == "fused")
+      p.attention = on ? "fused" : "eager";
+    else if (t == "checkpoint")
+      p.checkpoint = on;
+    else if (t == "head")
+      p.fused_head = on;
+    else if (t == "kernels")
+      p.fused_kernels = on;
+    else if (t == "recompute")
+      p.recompute_attention = on;
     else
       TORCH_CHECK(false, "tempo::models: unknown toggle '", t, "' in memory policy '", spec,
                   "' (gelu, norm, dropout, attention, sdpa, fused, checkpoint, head, kernels, recompute)");

@@ -40,7 +40,8 @@ std::string free_space_note(const std::string& path) {
   const auto space = fs::space(dir, ec);
   if (ec) return "";
   char text[64];
-  std::snprintf(text, sizeof text, "%.1f MiB free on that filesystem", static_cast<double>(space.available) / 1048576.0);
+  std::snprintf(text, sizeof text, "%.1f MiB free on that filesystem",
+                static_cast<double>(space.available) / 1048576.0);
   return text;
 }
 
@@ -52,7 +53,8 @@ std::string write_failure(const std::string& op, const std::string& path, int er
 AtomicFile::AtomicFile(std::string path, std::string op) : path_(std::move(path)), op_(std::move(op)) {
   std::error_code ec;
   fs::path target(path_);
-  for (int links = 0; links < 40 && fs::is_symlink(target, ec); ++links) {  // the file a link names is written, not the link
+  for (int links = 0; links < 40 && fs::is_symlink(target, ec);
+       ++links) {  // the file a link names is written, not the link
     const fs::path to = fs::read_symlink(target, ec);
     if (ec) break;
     target = to.is_absolute() ? to : target.parent_path() / to;

@@ -17,7 +17,8 @@
 namespace tempo::models {
 namespace detail {
 void no_json() {
-  TORCH_CHECK(false, "tempo::models: built without nlohmann-json, so Hugging Face checkpoints cannot be read or written "
+  TORCH_CHECK(false,
+              "tempo::models: built without nlohmann-json, so Hugging Face checkpoints cannot be read or written "
               "(install nlohmann-json3-dev and rebuild)");
 }
 }  // namespace detail
@@ -26,7 +27,9 @@ bool hf_files_available() { return false; }
 std::map<std::string, at::Tensor> read_safetensors(const std::string&) { no_json(); }
 std::map<std::string, at::Tensor> read_safetensors(std::istream&, const std::string&) { no_json(); }
 void write_safetensors(const std::string&, const std::vector<std::pair<std::string, at::Tensor>>&,
-                       const std::map<std::string, std::string>&) { no_json(); }
+                       const std::map<std::string, std::string>&) {
+  no_json();
+}
 ModelConfig config_from_json(const std::string&, const std::string&) { no_json(); }
 }  // namespace tempo::models
 #else
@@ -83,8 +86,8 @@ uint64_t read_u64_le(const unsigned char* b) {
 int64_t as_integer(const json& v, const char* key) {
   if (v.is_number_unsigned()) {
     const uint64_t u = v.get<uint64_t>();
-    TORCH_CHECK(u <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()), kLoad, ": config.json's ", key,
-                " (", u, ") is too large");
+    TORCH_CHECK(u <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()), kLoad, ": config.json's ", key, " (",
+                u, ") is too large");
     return static_cast<int64_t>(u);
   }
   TORCH_CHECK(v.is_number_integer(), kLoad, ": config.json's ", key, " must be an integer, not ", v.dump());
@@ -135,8 +138,8 @@ std::map<std::string, at::Tensor> read_safetensors(std::istream& f, const std::s
   unsigned char len_bytes[8];
   f.read(reinterpret_cast<char*>(len_bytes), 8);
   const uint64_t n = read_u64_le(len_bytes);
-  TORCH_CHECK(n <= kMaxHeader && n <= size - 8, kRead, ": ", path, ": the header claims ", n, " bytes but the file has ",
-              size - 8, " after the length (truncated, or not a safetensors file)");
+  TORCH_CHECK(n <= kMaxHeader && n <= size - 8, kRead, ": ", path, ": the header claims ", n,
+              " bytes but the file has ", size - 8, " after the length (truncated, or not a safetensors file)");
   std::string header(n, '\0');
   f.read(header.data(), static_cast<std::streamsize>(n));
   json h;
@@ -197,7 +200,8 @@ std::map<std::string, at::Tensor> read_safetensors(std::istream& f, const std::s
     at::Tensor t = at::empty(e.shape, at::TensorOptions().dtype(e.type));
     f.seekg(static_cast<std::streamoff>(8 + n + e.begin));
     f.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(e.end - e.begin));
-    TORCH_CHECK(f.good(), kRead, ": ", path, ": reading tensor '", e.name, "' failed (the file changed or is truncated)");
+    TORCH_CHECK(f.good(), kRead, ": ", path, ": reading tensor '", e.name,
+                "' failed (the file changed or is truncated)");
     out.emplace(e.name, std::move(t));
   }
   return out;
@@ -214,7 +218,8 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
                 name, "'");
     const at::Tensor c = t.detach().to(at::kCPU).contiguous();
     const uint64_t bytes = static_cast<uint64_t>(c.numel()) * c.element_size();
-    h[name] = {{"dtype", dtype_name(c.scalar_type())}, {"shape", c.sizes().vec()}, {"data_offsets", {offset, offset + bytes}}};
+    h[name] = {
+        {"dtype", dtype_name(c.scalar_type())}, {"shape", c.sizes().vec()}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
     data.push_back(c);
   }
@@ -241,7 +246,9 @@ ModelConfig config_from_json(const std::string& text, const std::string& name) {
   TORCH_CHECK(j.is_object() && j.contains("model_type") && j["model_type"].is_string(), kLoad,
               ": config.json has no model_type");
   const std::string type = j["model_type"];
-  const auto refuse = [&](const std::string& what) { TORCH_CHECK(false, kLoad, ": ", type, " with ", what, " is not supported"); };
+  const auto refuse = [&](const std::string& what) {
+    TORCH_CHECK(false, kLoad, ": ", type, " with ", what, " is not supported");
+  };
   ModelConfig c;
   try {
     if (type == "bert" || type == "roberta") {
@@ -274,7 +281,8 @@ ModelConfig config_from_json(const std::string& text, const std::string& name) {
         refuse("embd_pdrop different from resid_pdrop (one hidden dropout here)");
       const std::string act = get_or<std::string>(j, "activation_function", "gelu_new");
       if (act != "gelu_new" && act != "gelu_pytorch_tanh") refuse("activation_function '" + act + "'");
-      if (get_or<bool>(j, "scale_attn_by_inverse_layer_idx", false) || get_or<bool>(j, "reorder_and_upcast_attn", false))
+      if (get_or<bool>(j, "scale_attn_by_inverse_layer_idx", false) ||
+          get_or<bool>(j, "reorder_and_upcast_attn", false))
         refuse("scale_attn_by_inverse_layer_idx or reorder_and_upcast_attn");
       if (!get_or<bool>(j, "scale_attn_weights", true)) refuse("scale_attn_weights false");
     } else if (type == "llama") {

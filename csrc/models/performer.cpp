@@ -74,11 +74,12 @@ PerformerBlockImpl::PerformerBlockImpl(const PerformerConfig& config, std::share
 void PerformerBlockImpl::reset() {
   const auto& c = config_;
   ln1 = register_module("ln1", tempo::nn::LayerNorm(tempo::nn::LayerNormOptions({c.d_model}).eps(c.norm_eps)));
-  attn = register_module("attn", tempo::nn::CausalLinearAttention(tempo::nn::CausalLinearAttentionOptions(c.d_model, c.heads)
-                                                                      .feature_map(c.feature_map)
-                                                                      .features(c.features)
-                                                                      .eps(c.attention_eps)
-                                                                      .mode(c.mode)));
+  attn = register_module("attn",
+                         tempo::nn::CausalLinearAttention(tempo::nn::CausalLinearAttentionOptions(c.d_model, c.heads)
+                                                              .feature_map(c.feature_map)
+                                                              .features(c.features)
+                                                              .eps(c.attention_eps)
+                                                              .mode(c.mode)));
   ln2 = register_module("ln2", tempo::nn::LayerNorm(tempo::nn::LayerNormOptions({c.d_model}).eps(c.norm_eps)));
   fc1 = register_module("fc1", torch::nn::Linear(c.d_model, c.ffn));
   fc2 = register_module("fc2", torch::nn::Linear(c.ffn, c.d_model));
@@ -156,8 +157,8 @@ std::tuple<at::Tensor, LayerStates> PerformerLMImpl::forward_chunk(const at::Ten
   at::Tensor x = embed_chunk(tokens, offset);
   LayerStates out;
   for (size_t i = 0; i < blocks->size(); ++i) {
-    auto [y, s] = blocks[i]->as<PerformerBlockImpl>()->forward(x, states.empty() ? tempo::nn::LinearAttentionState{}
-                                                                                   : states[i]);
+    auto [y, s] =
+        blocks[i]->as<PerformerBlockImpl>()->forward(x, states.empty() ? tempo::nn::LinearAttentionState{} : states[i]);
     x = y;
     out.push_back(s);
   }

@@ -38,8 +38,8 @@ struct Rule {
   std::string ours;
   std::vector<std::string> theirs;  // several: concatenated along dim 0 (q, k, v)
   How how = How::kSame;
-  bool head = false;      // a task head: may be absent from a checkpoint
-  bool prefixed = true;   // theirs live under the backbone prefix ("bert.", "transformer.", ...)
+  bool head = false;     // a task head: may be absent from a checkpoint
+  bool prefixed = true;  // theirs live under the backbone prefix ("bert.", "transformer.", ...)
 };
 
 void linear(std::vector<Rule>& r, const std::string& ours, const std::string& theirs, bool bias, How how = How::kSame,
@@ -57,10 +57,14 @@ std::string layer_name(const std::string& pattern, int64_t i) {
 
 const char* backbone_prefix(Arch a) {
   switch (a) {
-    case Arch::kBert: return "bert.";
-    case Arch::kRoberta: return "roberta.";
-    case Arch::kGpt2: return "transformer.";
-    case Arch::kLlama: return "model.";
+    case Arch::kBert:
+      return "bert.";
+    case Arch::kRoberta:
+      return "roberta.";
+    case Arch::kGpt2:
+      return "transformer.";
+    case Arch::kLlama:
+      return "model.";
   }
   return "";
 }
@@ -77,7 +81,8 @@ std::vector<Rule> rules_for(const ModelConfig& c) {
       linear(r, "embed_norm", "embeddings.LayerNorm", true);
       const std::string L = "encoder.layer.{i}.";
       const std::string q = L + "attention.self.";
-      layer.push_back({"attention.qkv.weight", {q + "query.weight", q + "key.weight", q + "value.weight"}, How::kConcat});
+      layer.push_back(
+          {"attention.qkv.weight", {q + "query.weight", q + "key.weight", q + "value.weight"}, How::kConcat});
       layer.push_back({"attention.qkv.bias", {q + "query.bias", q + "key.bias", q + "value.bias"}, How::kConcat});
       linear(layer, "attention.out", L + "attention.output.dense", true);
       linear(layer, "norm1", L + "attention.output.LayerNorm", true);
@@ -111,8 +116,8 @@ std::vector<Rule> rules_for(const ModelConfig& c) {
       linear(r, "tokens", "embed_tokens", false);
       const std::string L = "layers.{i}.";
       const std::string a = L + "self_attn.";
-      layer.push_back({"attention.qkv.weight", {a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"},
-                       How::kConcat});
+      layer.push_back(
+          {"attention.qkv.weight", {a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"}, How::kConcat});
       linear(layer, "attention.out", a + "o_proj", false);
       linear(layer, "gate", L + "mlp.gate_proj", false);
       linear(layer, "fc1", L + "mlp.up_proj", false);
@@ -195,10 +200,13 @@ TransformerModel load_pretrained(const std::string& dir, const MemoryPolicy& pol
   // A checkpoint's backbone names come with the task model's prefix ("bert.") or without it
   // (a bare BertModel's); LayerNorms of old checkpoints are gamma/beta.
   const auto find = [&](const std::string& name, bool prefixed) -> std::string {
-    std::vector<std::string> tries = prefixed ? std::vector<std::string>{prefix + name, name} : std::vector<std::string>{name};
+    std::vector<std::string> tries =
+        prefixed ? std::vector<std::string>{prefix + name, name} : std::vector<std::string>{name};
     for (auto t : std::vector<std::string>(tries)) {
-      if (t.size() > 7 && t.compare(t.size() - 7, 7, ".weight") == 0) tries.push_back(t.substr(0, t.size() - 7) + ".gamma");
-      if (t.size() > 5 && t.compare(t.size() - 5, 5, ".bias") == 0) tries.push_back(t.substr(0, t.size() - 5) + ".beta");
+      if (t.size() > 7 && t.compare(t.size() - 7, 7, ".weight") == 0)
+        tries.push_back(t.substr(0, t.size() - 7) + ".gamma");
+      if (t.size() > 5 && t.compare(t.size() - 5, 5, ".bias") == 0)
+        tries.push_back(t.substr(0, t.size() - 5) + ".beta");
     }
     for (const auto& t : tries)
       if (theirs.count(t)) return t;
@@ -217,8 +225,10 @@ TransformerModel load_pretrained(const std::string& dir, const MemoryPolicy& pol
     std::vector<std::string> missing;
     for (const auto& t : rule.theirs) {
       const std::string k = find(t, rule.prefixed);
-      if (k.empty()) missing.push_back(t);
-      else parts.push_back(theirs.at(k)), used.insert(k);
+      if (k.empty())
+        missing.push_back(t);
+      else
+        parts.push_back(theirs.at(k)), used.insert(k);
     }
     if (rule.theirs.empty() || !missing.empty()) {
       if (c.arch == Arch::kLlama && rule.ours == "lm_head.weight" && missing.size() == 1) {
@@ -232,8 +242,9 @@ TransformerModel load_pretrained(const std::string& dir, const MemoryPolicy& pol
       rep.fresh.push_back(rule.ours);
       continue;
     }
-    at::Tensor value = rule.how == How::kConcat ? at::cat(parts, 0)
-                       : rule.how == How::kTranspose ? parts[0].t() : parts[0];
+    at::Tensor value = rule.how == How::kConcat      ? at::cat(parts, 0)
+                       : rule.how == How::kTranspose ? parts[0].t()
+                                                     : parts[0];
     TORCH_CHECK(value.sizes() == p->sizes(), kLoad, ": ", dir, ": '", rule.theirs[0], "' (for ", rule.ours,
                 ") has shape ", value.sizes(), " in the checkpoint; the config makes it ", p->sizes());
     TORCH_CHECK(at::isFloatingType(value.scalar_type()), kLoad, ": '", rule.theirs[0], "' is ", value.scalar_type(),
@@ -252,7 +263,7 @@ void save_pretrained(TransformerModel& model, const std::string& dir) {
   fs::create_directories(dir);
   const std::string prefix = backbone_prefix(c.arch);
   auto params = model->named_parameters();
-  std::vector<std::pair<std::string, at::Tensor>> out;
+  std::vector<std::pair<std::string, at::Tensor> > out;
   for (const auto& rule : rules_for(c)) {
     if (rule.theirs.empty()) continue;  // nothing of a Hugging Face model's is this
     const at::Tensor& p = *params.find(rule.ours);
@@ -270,24 +281,50 @@ void save_pretrained(TransformerModel& model, const std::string& dir) {
     case Arch::kRoberta:
       j = {{"model_type", arch_name(c.arch)},
            {"architectures", {c.arch == Arch::kBert ? "BertForMaskedLM" : "RobertaForMaskedLM"}},
-           {"vocab_size", c.vocab}, {"hidden_size", c.hidden}, {"num_hidden_layers", c.layers},
-           {"num_attention_heads", c.heads}, {"intermediate_size", c.intermediate},
-           {"max_position_embeddings", c.max_positions}, {"type_vocab_size", c.type_vocab}, {"pad_token_id", c.pad_id},
-           {"layer_norm_eps", c.eps}, {"hidden_dropout_prob", c.dropout},
-           {"attention_probs_dropout_prob", c.attention_dropout}, {"hidden_act", "gelu"}};
+           {"vocab_size", c.vocab},
+           {"hidden_size", c.hidden},
+           {"num_hidden_layers", c.layers},
+           {"num_attention_heads", c.heads},
+           {"intermediate_size", c.intermediate},
+           {"max_position_embeddings", c.max_positions},
+           {"type_vocab_size", c.type_vocab},
+           {"pad_token_id", c.pad_id},
+           {"layer_norm_eps", c.eps},
+           {"hidden_dropout_prob", c.dropout},
+           {"attention_probs_dropout_prob", c.attention_dropout},
+           {"hidden_act", "gelu"}};
       break;
     case Arch::kGpt2:
-      j = {{"model_type", "gpt2"}, {"architectures", {"GPT2LMHeadModel"}}, {"vocab_size", c.vocab}, {"n_embd", c.hidden},
-           {"n_layer", c.layers}, {"n_head", c.heads}, {"n_inner", c.intermediate}, {"n_positions", c.max_positions},
-           {"layer_norm_epsilon", c.eps}, {"resid_pdrop", c.dropout}, {"embd_pdrop", c.dropout},
-           {"attn_pdrop", c.attention_dropout}, {"activation_function", "gelu_new"}, {"tie_word_embeddings", true}};
+      j = {{"model_type", "gpt2"},
+           {"architectures", {"GPT2LMHeadModel"}},
+           {"vocab_size", c.vocab},
+           {"n_embd", c.hidden},
+           {"n_layer", c.layers},
+           {"n_head", c.heads},
+           {"n_inner", c.intermediate},
+           {"n_positions", c.max_positions},
+           {"layer_norm_epsilon", c.eps},
+           {"resid_pdrop", c.dropout},
+           {"embd_pdrop", c.dropout},
+           {"attn_pdrop", c.attention_dropout},
+           {"activation_function", "gelu_new"},
+           {"tie_word_embeddings", true}};
       break;
     case Arch::kLlama:
-      j = {{"model_type", "llama"}, {"architectures", {"LlamaForCausalLM"}}, {"vocab_size", c.vocab},
-           {"hidden_size", c.hidden}, {"num_hidden_layers", c.layers}, {"num_attention_heads", c.heads},
-           {"num_key_value_heads", c.heads}, {"intermediate_size", c.intermediate},
-           {"max_position_embeddings", c.max_positions}, {"rms_norm_eps", c.eps}, {"rope_theta", c.rope_theta},
-           {"attention_dropout", c.attention_dropout}, {"hidden_act", "silu"}, {"tie_word_embeddings", false}};
+      j = {{"model_type", "llama"},
+           {"architectures", {"LlamaForCausalLM"}},
+           {"vocab_size", c.vocab},
+           {"hidden_size", c.hidden},
+           {"num_hidden_layers", c.layers},
+           {"num_attention_heads", c.heads},
+           {"num_key_value_heads", c.heads},
+           {"intermediate_size", c.intermediate},
+           {"max_position_embeddings", c.max_positions},
+           {"rms_norm_eps", c.eps},
+           {"rope_theta", c.rope_theta},
+           {"attention_dropout", c.attention_dropout},
+           {"hidden_act", "silu"},
+           {"tie_word_embeddings", false}};
       break;
   }
   if (c.arch == Arch::kBert || c.arch == Arch::kRoberta) {

@@ -16,9 +16,9 @@ namespace {
 const char* kOp = "tempo::slim";
 
 void check(PerformerLM& model, const at::Tensor& tokens, std::optional<int64_t> chunk, const at::Tensor& weight) {
-  TORCH_CHECK(tokens.defined() && tokens.dim() == 2 &&
-                  (tokens.scalar_type() == at::kLong || tokens.scalar_type() == at::kInt),
-              kOp, ": tokens must be an integer tensor [batch, length] (int64 or int32)");
+  TORCH_CHECK(
+      tokens.defined() && tokens.dim() == 2 && (tokens.scalar_type() == at::kLong || tokens.scalar_type() == at::kInt),
+      kOp, ": tokens must be an integer tensor [batch, length] (int64 or int32)");
   TORCH_CHECK(tokens.size(1) >= 2, kOp, ": the sequence needs at least 2 tokens (an input and a target), got ",
               tokens.size(1));
   TORCH_CHECK(tokens.size(0) >= 1, kOp, ": the batch is empty");
@@ -29,8 +29,8 @@ void check(PerformerLM& model, const at::Tensor& tokens, std::optional<int64_t> 
               " input positions exceed the model's max_len ", model->config().max_len);
   TORCH_CHECK(!chunk.has_value() || *chunk > 0, kOp, ": chunk must be positive (or none: the whole sequence), got ",
               chunk.value_or(0));
-  TORCH_CHECK(!weight.defined() || (weight.dim() == 2 && weight.size(0) == tokens.size(0) &&
-                                    weight.size(1) == tokens.size(1) - 1),
+  TORCH_CHECK(!weight.defined() ||
+                  (weight.dim() == 2 && weight.size(0) == tokens.size(0) && weight.size(1) == tokens.size(1) - 1),
               kOp, ": loss_weight must be [batch, length - 1] (one per target), got ",
               weight.defined() ? weight.sizes() : at::IntArrayRef{});
   if (weight.defined() && weight.numel() > 0) {  // else a NaN or a negative loss, silently
@@ -49,8 +49,8 @@ at::Tensor weights_of(const at::Tensor& loss_weight, const at::Tensor& targets) 
 // Summed cross-entropy of the chunk's targets, each weighted (0 drops a position).
 at::Tensor chunk_loss(const at::Tensor& logits, const at::Tensor& targets, const at::Tensor& weight) {
   const at::Tensor l = logits.scalar_type() == at::kDouble ? logits : logits.to(at::kFloat);
-  const at::Tensor ce = at::cross_entropy_loss(l.flatten(0, 1), targets.flatten().to(at::kLong), std::nullopt,
-                                               at::Reduction::None);
+  const at::Tensor ce =
+      at::cross_entropy_loss(l.flatten(0, 1), targets.flatten().to(at::kLong), std::nullopt, at::Reduction::None);
   return (ce * weight.flatten().to(ce.scalar_type())).sum();
 }
 
@@ -121,7 +121,8 @@ at::Tensor loss_and_backward(PerformerLM& model, const at::Tensor& tokens, std::
   std::vector<at::Tensor> sums;
   if (low)
     for (const auto& p : params)
-      sums.push_back(at::zeros(p.sizes(), p.options().dtype(p.scalar_type() == at::kDouble ? at::kDouble : at::kFloat)));
+      sums.push_back(
+          at::zeros(p.sizes(), p.options().dtype(p.scalar_type() == at::kDouble ? at::kDouble : at::kFloat)));
   for (size_t i = starts.size(); i-- > 0;) {
     const int64_t s = starts[i];
     const bool first = i == 0, last = i + 1 == starts.size();
@@ -144,8 +145,7 @@ at::Tensor loss_and_backward(PerformerLM& model, const at::Tensor& tokens, std::
     if (last) loss += this_loss.detach().to(at::kDouble);
     at::Tensor phi = this_loss / total;
     for (size_t r = 0; r < layers; ++r)  // the surrogate: <G_r, state_r after the chunk>
-      if (grads[r].defined())
-        phi = phi + (after[r].num * grads[r].num).sum() + (after[r].den * grads[r].den).sum();
+      if (grads[r].defined()) phi = phi + (after[r].num * grads[r].num).sum() + (after[r].den * grads[r].den).sum();
     std::vector<at::Tensor> inputs_ = params;
     for (const auto& b : before)
       if (b.defined()) inputs_.push_back(b.num), inputs_.push_back(b.den);

@@ -63,8 +63,7 @@ namespace {
 bool is_decoder(Arch a) { return a == Arch::kGpt2 || a == Arch::kLlama; }
 
 std::shared_ptr<torch::nn::Module> make_norm(const ModelConfig& c) {
-  if (c.arch == Arch::kLlama)
-    return tempo::nn::RMSNorm(tempo::nn::RMSNormOptions({c.hidden}).eps(c.eps)).ptr();
+  if (c.arch == Arch::kLlama) return tempo::nn::RMSNorm(tempo::nn::RMSNormOptions({c.hidden}).eps(c.eps)).ptr();
   return tempo::nn::LayerNorm(tempo::nn::LayerNormOptions({c.hidden}).eps(c.eps)).ptr();
 }
 }  // namespace
@@ -77,15 +76,16 @@ TransformerLayerImpl::TransformerLayerImpl(const ModelConfig& config, std::share
 void TransformerLayerImpl::reset() {
   const auto& c = config_;
   const bool llama = c.arch == Arch::kLlama;
-  attention = register_module("attention", tempo::nn::SelfAttention(tempo::nn::SelfAttentionOptions(c.hidden, c.heads)
-                                                                         .dropout(c.attention_dropout)
-                                                                         .bias(!llama)
-                                                                         .causal(is_decoder(c.arch))
-                                                                         .backend(ops_->policy().attention)
-                                                                         .rotary(llama)
-                                                                         .rope_theta(c.rope_theta)
-                                                                         .fused_qkv(ops_->policy().fused_kernels)
-                                                                         .recompute(ops_->policy().recompute_attention)));
+  attention =
+      register_module("attention", tempo::nn::SelfAttention(tempo::nn::SelfAttentionOptions(c.hidden, c.heads)
+                                                                .dropout(c.attention_dropout)
+                                                                .bias(!llama)
+                                                                .causal(is_decoder(c.arch))
+                                                                .backend(ops_->policy().attention)
+                                                                .rotary(llama)
+                                                                .rope_theta(c.rope_theta)
+                                                                .fused_qkv(ops_->policy().fused_kernels)
+                                                                .recompute(ops_->policy().recompute_attention)));
   fc1 = register_module("fc1", torch::nn::Linear(torch::nn::LinearOptions(c.hidden, c.intermediate).bias(!llama)));
   fc2 = register_module("fc2", torch::nn::Linear(torch::nn::LinearOptions(c.intermediate, c.hidden).bias(!llama)));
   if (llama)
@@ -102,8 +102,8 @@ at::Tensor TransformerLayerImpl::ffn(const at::Tensor& x, bool out_bias) {
   at::Tensor a;
   if (config_.arch == Arch::kLlama) {  // SwiGLU: tempo keeps gate and up, not SiLU(gate) or the product
     if (ops_->policy().inplace_gelu) {
-      const at::Tensor y = tempo::gated_mlp(x, gate->weight, fc1->weight, fc2->weight, std::nullopt, std::nullopt,
-                                            std::nullopt, "silu");
+      const at::Tensor y =
+          tempo::gated_mlp(x, gate->weight, fc1->weight, fc2->weight, std::nullopt, std::nullopt, std::nullopt, "silu");
       return out_bias && fc2->bias.defined() ? y + fc2->bias : y;
     }
     a = at::silu(gate->forward(x)) * fc1->forward(x);
@@ -125,8 +125,8 @@ at::Tensor TransformerLayerImpl::forward(const at::Tensor& x, const at::Tensor& 
     const tempo::nn::LayerNorm ln2(std::dynamic_pointer_cast<tempo::nn::LayerNormImpl>(norm2));
     if (ops_->policy().fused_kernels) {
       // The out and fc2 projections' biases go into the bias-dropout-residual-LayerNorm pass.
-      const at::Tensor h = ops_->add_norm(attention->forward(x, m, false), x, p, train, ln1, config_.eps,
-                                          attention->out->bias);
+      const at::Tensor h =
+          ops_->add_norm(attention->forward(x, m, false), x, p, train, ln1, config_.eps, attention->out->bias);
       return ops_->add_norm(ffn(h, false), h, p, train, ln2, config_.eps, fc2->bias);
     }
     const at::Tensor h = ops_->add_norm(attention->forward(x, m), x, p, train, ln1, config_.eps);
@@ -143,11 +143,10 @@ TransformerModelImpl::TransformerModelImpl(ModelConfig config, MemoryPolicy poli
     : config_(std::move(config)), ops_(std::make_shared<const PolicyOps>(std::move(policy))) {
   config_.validate();
   // Built on the host (then moved): refused with the sizes rather than killed by the kernel.
-  tempo::memory::check_host_fits(config_.parameter_count() * c10::get_default_dtype().itemsize(),
-                                 "tempo::models::TransformerModel: " + config_.name + " (" +
-                                     std::to_string(config_.layers) + " layers, hidden " +
-                                     std::to_string(config_.hidden) + ", " +
-                                     std::to_string(config_.parameter_count()) + " parameters)");
+  tempo::memory::check_host_fits(
+      config_.parameter_count() * c10::get_default_dtype().itemsize(),
+      "tempo::models::TransformerModel: " + config_.name + " (" + std::to_string(config_.layers) + " layers, hidden " +
+          std::to_string(config_.hidden) + ", " + std::to_string(config_.parameter_count()) + " parameters)");
   reset();
 }
 
@@ -231,7 +230,8 @@ at::Tensor TransformerModelImpl::loss(const Batch& batch) {
     if (batch.attention_mask.defined()) target.masked_fill_(batch.attention_mask.slice(1, 1).eq(0), -100);
     const at::Tensor hs = h.slice(1, 0, -1).reshape({-1, c.hidden});
     if (ops_->policy().fused_head) return tempo::linear_cross_entropy(hs, w, std::nullopt, target.reshape({-1}));
-    return F::cross_entropy(at::matmul(hs, w.t()), target.reshape({-1}), F::CrossEntropyFuncOptions().ignore_index(-100));
+    return F::cross_entropy(at::matmul(hs, w.t()), target.reshape({-1}),
+                            F::CrossEntropyFuncOptions().ignore_index(-100));
   }
   if (batch.classify) {
     const at::Tensor pooled = at::tanh(pooler->forward(h.select(1, 0)));

@@ -124,8 +124,8 @@ at::Tensor SelfAttentionImpl::attend(const at::Tensor& x, const std::optional<at
   if (attention_mask.has_value() && attention_mask->defined()) {
     const at::Tensor& m = *attention_mask;
     if (m.dim() == 2) {
-      TORCH_CHECK(m.size(0) == B && m.size(1) == S, kOp, ": a 2-D attention_mask must be [batch, seq] = [", B, ", ",
-                  S, "], got ", m.sizes());
+      TORCH_CHECK(m.size(0) == B && m.size(1) == S, kOp, ": a 2-D attention_mask must be [batch, seq] = [", B, ", ", S,
+                  "], got ", m.sizes());
       mask = (m != 0).view({B, 1, 1, S});
     } else {
       mask = m;
@@ -142,10 +142,14 @@ at::Tensor SelfAttentionImpl::attend(const at::Tensor& x, const std::optional<at
   }
   last_backend_ = backend;
   at::Tensor o;
-  if (backend == "tempo") o = tempo::attention(q, k, v, mask, p, options.causal(), std::nullopt, options.mode());
-  else if (backend == "tempo-fused") o = tempo::fused_attention(q, k, v, mask, p, options.causal());
-  else if (backend == "sdpa") o = sdpa_attention(q, k, v, mask, p, options.causal());
-  else o = eager_attention(q, k, v, mask, p, options.causal());
+  if (backend == "tempo")
+    o = tempo::attention(q, k, v, mask, p, options.causal(), std::nullopt, options.mode());
+  else if (backend == "tempo-fused")
+    o = tempo::fused_attention(q, k, v, mask, p, options.causal());
+  else if (backend == "sdpa")
+    o = sdpa_attention(q, k, v, mask, p, options.causal());
+  else
+    o = eager_attention(q, k, v, mask, p, options.causal());
   return o.transpose(1, 2).reshape({B, S, options.hidden()});
 }
 

@@ -113,7 +113,8 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
     }
     RngStates replay;
     for (int64_t d : ctx->saved_data["rng_devices"].toIntVector())
-      replay.devices.push_back(d < 0 ? c10::Device(c10::kCPU) : c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(d)));
+      replay.devices.push_back(d < 0 ? c10::Device(c10::kCPU)
+                                     : c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(d)));
     for (const auto& s : ctx->saved_data["rng"].toTensorList()) replay.states.push_back(s);
     const RngStates now = RngStates::capture(in);
     replay.restore();

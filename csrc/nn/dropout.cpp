@@ -22,9 +22,13 @@ at::Tensor baseline_dropout(const at::Tensor& x, double p, bool train) {
   if (!train || p == 0.0) return x;
   const auto bits = std::get<1>(tempo::dropout_forward(x.detach(), p, "bits"));
   const at::Tensor shifts = at::arange(8, bits.options());
-  const at::Tensor keep =
-      bits.unsqueeze(1).bitwise_right_shift(shifts).bitwise_and(1).flatten().slice(0, 0, x.numel()).view(x.sizes()).to(
-          at::kBool);
+  const at::Tensor keep = bits.unsqueeze(1)
+                              .bitwise_right_shift(shifts)
+                              .bitwise_and(1)
+                              .flatten()
+                              .slice(0, 0, x.numel())
+                              .view(x.sizes())
+                              .to(at::kBool);
   return x.masked_fill(keep.logical_not(), 0.0) * (1.0 / (1.0 - p));
 }
 

@@ -23,7 +23,9 @@ GatedMLPImpl::GatedMLPImpl(GatedMLPOptions options_) : options(std::move(options
 
 void GatedMLPImpl::reset() {
   const int64_t H = options.hidden(), I = options.intermediate();
-  auto linear = [&](int64_t in, int64_t out) { return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(options.bias())); };
+  auto linear = [&](int64_t in, int64_t out) {
+    return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(options.bias()));
+  };
   if (options.fused()) {
     gate_up_proj = register_module("gate_up_proj", linear(H, 2 * I));
   } else {

@@ -72,8 +72,8 @@ CausalLinearAttentionImpl::CausalLinearAttentionImpl(CausalLinearAttentionOption
 
 void CausalLinearAttentionImpl::reset() {
   const auto& o = options;
-  TORCH_CHECK(o.d_model() > 0 && o.heads() > 0 && o.d_model() % o.heads() == 0, kAttention, ": d_model ",
-              o.d_model(), " must be a positive multiple of heads ", o.heads());
+  TORCH_CHECK(o.d_model() > 0 && o.heads() > 0 && o.d_model() % o.heads() == 0, kAttention, ": d_model ", o.d_model(),
+              " must be a positive multiple of heads ", o.heads());
   TORCH_CHECK(o.mode() == "iterative" || o.mode() == "prefix", kAttention, ": mode must be iterative or prefix, got '",
               o.mode(), "'");
   qkv = register_module("qkv", torch::nn::Linear(o.d_model(), 3 * o.d_model()));

@@ -24,7 +24,8 @@ void LayerNormImpl::reset_parameters() {
   if (bias.defined()) bias.zero_();
 }
 at::Tensor LayerNormImpl::forward(const at::Tensor& x) {
-  return tempo::layer_norm(x, options.normalized_shape(), weight.defined() ? std::optional<at::Tensor>(weight) : std::nullopt,
+  return tempo::layer_norm(x, options.normalized_shape(),
+                           weight.defined() ? std::optional<at::Tensor>(weight) : std::nullopt,
                            bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt, options.eps());
 }
 void LayerNormImpl::pretty_print(std::ostream& stream) const {
@@ -46,8 +47,8 @@ void RMSNormImpl::reset_parameters() {
   if (weight.defined()) weight.fill_(1);
 }
 at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
-  return tempo::rms_norm(x, options.normalized_shape(), weight.defined() ? std::optional<at::Tensor>(weight) : std::nullopt,
-                         options.eps());
+  return tempo::rms_norm(x, options.normalized_shape(),
+                         weight.defined() ? std::optional<at::Tensor>(weight) : std::nullopt, options.eps());
 }
 void RMSNormImpl::pretty_print(std::ostream& stream) const {
   stream << "tempo::nn::RMSNorm(" << at::IntArrayRef(options.normalized_shape()) << ")";

@@ -24,12 +24,12 @@ int64_t parse_int(const std::string& command, const std::string& flag, const std
     size_t pos = 0;
     x = std::stoll(value, &pos);
     ok = pos == value.size();
-  } catch (...) {
-  }
+  } catch (...) {}
   if (!ok || x < min)
-    throw std::invalid_argument(command + ": " + flag + " must be " +
-                                (min == 1 ? std::string("a positive integer") : "an integer >= " + std::to_string(min)) +
-                                ", got '" + value + "'");
+    throw std::invalid_argument(
+        command + ": " + flag + " must be " +
+        (min == 1 ? std::string("a positive integer") : "an integer >= " + std::to_string(min)) + ", got '" + value +
+        "'");
   return x;
 }
 

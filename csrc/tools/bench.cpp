@@ -24,23 +24,24 @@
 
 namespace tempo::tools {
 
+using memory::format_bytes;
 using models::MemoryPolicy;
 using models::ModelConfig;
-using memory::format_bytes;
 
 void print_bench_usage(FILE* out) {
-  std::fprintf(out,
-               "usage: tempo bench [--model PRESET|custom] [--seq S] [--batch B] [--policies eager,checkpoint,...]\n"
-               "                   [--dtype fp32|bf16] [--device cpu|cuda] [--budget 11GiB] [--steps N]\n"
-               "                   [--json] [--csv FILE] [--plot FILE.svg] [--ablation [--ablation-seqs 128,512]]\n"
-               "                   [--data-movement]\n"
-               "                   custom sizes: --arch bert|roberta|gpt2|llama --hidden H --layers L --heads A\n"
-               "                                 --intermediate I --vocab V --positions P (also override a preset's)\n"
-               "--seq may not exceed the model's positions (bert-base: 512); --positions gives it more\n"
-               "(new position embeddings: for memory and speed figures, not for a pretrained model)\n"
-               "presets: bert-base bert-large roberta-base roberta-large gpt2 gpt2-medium gpt2-large llama-small\n"
-               "policies: eager checkpoint sdpa tempo tempo-sdpa tempo-fused, each optionally with +t/-t toggles\n"
-               "          (t in gelu norm dropout attention sdpa fused checkpoint head kernels recompute), e.g. eager+gelu\n");
+  std::fprintf(
+      out,
+      "usage: tempo bench [--model PRESET|custom] [--seq S] [--batch B] [--policies eager,checkpoint,...]\n"
+      "                   [--dtype fp32|bf16] [--device cpu|cuda] [--budget 11GiB] [--steps N]\n"
+      "                   [--json] [--csv FILE] [--plot FILE.svg] [--ablation [--ablation-seqs 128,512]]\n"
+      "                   [--data-movement]\n"
+      "                   custom sizes: --arch bert|roberta|gpt2|llama --hidden H --layers L --heads A\n"
+      "                                 --intermediate I --vocab V --positions P (also override a preset's)\n"
+      "--seq may not exceed the model's positions (bert-base: 512); --positions gives it more\n"
+      "(new position embeddings: for memory and speed figures, not for a pretrained model)\n"
+      "presets: bert-base bert-large roberta-base roberta-large gpt2 gpt2-medium gpt2-large llama-small\n"
+      "policies: eager checkpoint sdpa tempo tempo-sdpa tempo-fused, each optionally with +t/-t toggles\n"
+      "          (t in gelu norm dropout attention sdpa fused checkpoint head kernels recompute), e.g. eager+gelu\n");
 }
 
 int64_t parse_bytes(const std::string& text, const std::string& tool) {
@@ -53,13 +54,20 @@ int64_t parse_bytes(const std::string& text, const std::string& tool) {
   }
   const std::string unit = text.substr(pos);
   double mult = 1;
-  if (unit == "" || unit == "B") mult = 1;
-  else if (unit == "KiB") mult = 1024.0;
-  else if (unit == "MiB") mult = 1024.0 * 1024;
-  else if (unit == "GiB") mult = 1024.0 * 1024 * 1024;
-  else if (unit == "KB") mult = 1e3;
-  else if (unit == "MB") mult = 1e6;
-  else if (unit == "GB") mult = 1e9;
+  if (unit == "" || unit == "B")
+    mult = 1;
+  else if (unit == "KiB")
+    mult = 1024.0;
+  else if (unit == "MiB")
+    mult = 1024.0 * 1024;
+  else if (unit == "GiB")
+    mult = 1024.0 * 1024 * 1024;
+  else if (unit == "KB")
+    mult = 1e3;
+  else if (unit == "MB")
+    mult = 1e6;
+  else if (unit == "GB")
+    mult = 1e9;
   else
     throw std::invalid_argument(tool + ": unknown size unit '" + unit + "' in '" + text +
                                 "' (B, KiB, MiB, GiB, KB, MB, GB)");
@@ -84,26 +92,46 @@ BenchOptions parse_bench_args(const std::vector<std::string>& args) {
       if (i + 1 >= args.size()) throw std::invalid_argument("tempo bench: " + k + " needs a value");
       return args[++i];
     };
-    if (k == "--model") o.model = value();
-    else if (k == "--arch") o.arch = value();
-    else if (k == "--hidden") o.hidden = positive(k, value());
-    else if (k == "--layers") o.layers = positive(k, value());
-    else if (k == "--heads") o.heads = positive(k, value());
-    else if (k == "--intermediate") o.intermediate = positive(k, value());
-    else if (k == "--vocab") o.vocab = positive(k, value());
-    else if (k == "--positions") o.positions = positive(k, value());
-    else if (k == "--seq") o.seq = positive(k, value());
-    else if (k == "--batch") o.batch = positive(k, value());
-    else if (k == "--policies") o.policies = split(value());
-    else if (k == "--dtype") o.dtype = value();
-    else if (k == "--device") o.device = value();
-    else if (k == "--budget") o.budget = parse_bytes(value());
-    else if (k == "--steps") o.steps = static_cast<int>(positive(k, value()));
-    else if (k == "--json") o.json = true;
-    else if (k == "--csv") o.csv = value();
-    else if (k == "--plot") o.plot = value();
-    else if (k == "--ablation") o.ablation = true;
-    else if (k == "--data-movement") o.data_movement = true;
+    if (k == "--model")
+      o.model = value();
+    else if (k == "--arch")
+      o.arch = value();
+    else if (k == "--hidden")
+      o.hidden = positive(k, value());
+    else if (k == "--layers")
+      o.layers = positive(k, value());
+    else if (k == "--heads")
+      o.heads = positive(k, value());
+    else if (k == "--intermediate")
+      o.intermediate = positive(k, value());
+    else if (k == "--vocab")
+      o.vocab = positive(k, value());
+    else if (k == "--positions")
+      o.positions = positive(k, value());
+    else if (k == "--seq")
+      o.seq = positive(k, value());
+    else if (k == "--batch")
+      o.batch = positive(k, value());
+    else if (k == "--policies")
+      o.policies = split(value());
+    else if (k == "--dtype")
+      o.dtype = value();
+    else if (k == "--device")
+      o.device = value();
+    else if (k == "--budget")
+      o.budget = parse_bytes(value());
+    else if (k == "--steps")
+      o.steps = static_cast<int>(positive(k, value()));
+    else if (k == "--json")
+      o.json = true;
+    else if (k == "--csv")
+      o.csv = value();
+    else if (k == "--plot")
+      o.plot = value();
+    else if (k == "--ablation")
+      o.ablation = true;
+    else if (k == "--data-movement")
+      o.data_movement = true;
     else if (k == "--ablation-seqs") {
       o.ablation_seqs.clear();
       for (const auto& s : split(value())) o.ablation_seqs.push_back(positive(k, s));
@@ -185,7 +213,8 @@ class Runner {
     model_ = models::make_model(c, MemoryPolicy::parse(policy));
     model_->to(device_, o.dtype == "bf16" ? at::kBFloat16 : at::kFloat);
     model_->train();
-    opt_ = std::make_unique<tempo::train::AdamW>(model_->parameters(), torch::optim::AdamWOptions(1e-4));  // tempo train's
+    opt_ =
+        std::make_unique<tempo::train::AdamW>(model_->parameters(), torch::optim::AdamWOptions(1e-4));  // tempo train's
   }
   void sync() const {
     if (device_.is_cuda()) torch::cuda::synchronize();
@@ -283,8 +312,8 @@ BenchResult bench_policy(const BenchOptions& o, const ModelConfig& c, const std:
     } else {
       hi = 2;
     }
-    double slope = std::max<double>({static_cast<double>(p2.activation - p1.activation),
-                                     static_cast<double>(p2.peak - p1.peak), 1.0});
+    double slope = std::max<double>(
+        {static_cast<double>(p2.activation - p1.activation), static_cast<double>(p2.peak - p1.peak), 1.0});
     // Once a batch has failed, no candidate lies beyond the middle of what is still open (a
     // bisection when the prediction overshoots); at least lo + 1 is tried, so the search
     // ends on a batch that fits next to one that does not (python/tempo/_measure.py alike).
@@ -387,10 +416,13 @@ int run_bench(const BenchOptions& o) {
     return 0;
   }
   std::vector<BenchResult> results;
-  for (size_t i = 0; i < o.policies.size(); ++i) results.push_back(bench_policy(o, c, o.policies[i], i, o.policies.size()));
+  for (size_t i = 0; i < o.policies.size(); ++i)
+    results.push_back(bench_policy(o, c, o.policies[i], i, o.policies.size()));
   progress(o, "");
-  if (o.json) print_json(results);
-  else print_table(results, o.budget.has_value());
+  if (o.json)
+    print_json(results);
+  else
+    print_table(results, o.budget.has_value());
   if (!o.csv.empty()) append_csv(o.csv, results);
   if (!o.plot.empty()) {
     write_svg(o.plot, results,

@@ -68,5 +68,4 @@ void print_json(const std::vector<BenchResult>& results);
 void append_csv(const std::string& path, const std::vector<BenchResult>& results);
 void write_svg(const std::string& path, const std::vector<BenchResult>& results, const std::string& title);
 
-
 }  // namespace tempo::tools

@@ -45,10 +45,11 @@ int64_t traffic_total(const std::vector<memory::OpTraffic>& ops, const std::stri
 void print_data_movement(const BenchOptions& o, const models::ModelConfig& c) {
   std::vector<std::pair<std::string, std::vector<memory::OpTraffic>>> all;
   for (const auto& p : o.policies) all.emplace_back(p, layer_traffic(o, c, p));
-  std::printf("data movement of one %s layer, forward + backward, batch %lld (S = %lld, %s, %s): bytes each\n"
-              "operator reads and writes, from its operands and results (views move nothing)\n",
-              c.name.c_str(), static_cast<long long>(o.batch), static_cast<long long>(o.seq), o.dtype.c_str(),
-              o.device.c_str());
+  std::printf(
+      "data movement of one %s layer, forward + backward, batch %lld (S = %lld, %s, %s): bytes each\n"
+      "operator reads and writes, from its operands and results (views move nothing)\n",
+      c.name.c_str(), static_cast<long long>(o.batch), static_cast<long long>(o.seq), o.dtype.c_str(),
+      o.device.c_str());
   for (const auto& [policy, ops] : all) {
     std::printf("\n%s\n  %-9s %-44s %5s %12s %12s\n", policy.c_str(), "pass", "operator", "calls", "read", "written");
     for (const auto& t : ops)
@@ -60,10 +61,10 @@ void print_data_movement(const BenchOptions& o, const models::ModelConfig& c) {
               ("vs " + (all.empty() ? std::string() : all.front().first)).c_str());
   for (const auto& [policy, ops] : all) {
     const int64_t total = traffic_total(ops);
-    std::printf("%-16s %14s %14s %14s %14s %9.3fx\n", policy.c_str(),
-                format_bytes(traffic_total(ops, "forward")).c_str(), format_bytes(traffic_total(ops, "backward")).c_str(),
-                format_bytes(total).c_str(), format_bytes(total / o.batch).c_str(),
-                eager ? static_cast<double>(total) / static_cast<double>(eager) : 0.0);
+    std::printf(
+        "%-16s %14s %14s %14s %14s %9.3fx\n", policy.c_str(), format_bytes(traffic_total(ops, "forward")).c_str(),
+        format_bytes(traffic_total(ops, "backward")).c_str(), format_bytes(total).c_str(),
+        format_bytes(total / o.batch).c_str(), eager ? static_cast<double>(total) / static_cast<double>(eager) : 0.0);
   }
 }
 

@@ -50,24 +50,25 @@ int env() {
   std::printf("cpu threads       %d (ATen intra-op), %d (tempo OpenMP%s)\n", at::get_num_threads(), info.max_threads,
               info.openmp ? "" : ", not built");
   std::printf("cuda kernels      %s\n", info.cuda_compiled ? "built"
-                                       : TEMPO_TORCH_CPU_ONLY ? "not built (torch has CUDA; no nvcc, or TEMPO_CUDA=OFF, at build time)"
-                                                       : "not built (CPU-only torch)");
+                                        : TEMPO_TORCH_CPU_ONLY
+                                            ? "not built (torch has CUDA; no nvcc, or TEMPO_CUDA=OFF, at build time)"
+                                            : "not built (CPU-only torch)");
   const bool present = torch::cuda::is_available();
   std::printf("cuda devices      %s\n",
               present ? std::to_string(torch::cuda::device_count()).c_str() : "none available");
   // The optional libraries: what a build without each cannot do.
   std::printf("hf checkpoints    %s\n", tempo::models::hf_files_available()
-                                          ? "read and written (nlohmann-json)"
-                                          : "no: built without nlohmann-json (tempo train refused: its "
-                                            "checkpoints are safetensors)");
+                                            ? "read and written (nlohmann-json)"
+                                            : "no: built without nlohmann-json (tempo train refused: its "
+                                              "checkpoints are safetensors)");
   std::printf("tokenizer         %s\n", tempo::train::Tokenizer::available()
-                                          ? "SentencePiece"
-                                          : "no: built without SentencePiece (tempo train takes pretokenized ids)");
+                                            ? "SentencePiece"
+                                            : "no: built without SentencePiece (tempo train takes pretokenized ids)");
   const bool gloo = tempo::train::gloo_available(), nccl = tempo::train::nccl_available();
   std::printf("data parallel     %s\n", gloo && nccl ? "Gloo (cpu), NCCL (cuda)"
-                                       : gloo       ? "Gloo (cpu); no NCCL"
-                                       : nccl       ? "NCCL (cuda); no Gloo: built without its headers"
-                                                    : "no: built without Gloo's headers or NCCL");
+                                        : gloo       ? "Gloo (cpu); no NCCL"
+                                        : nccl       ? "NCCL (cuda); no Gloo: built without its headers"
+                                                     : "no: built without Gloo's headers or NCCL");
   return 0;
 }
 
@@ -100,17 +101,24 @@ int main(int argc, char** argv) {
     std::vector<std::string> args(argv + 2, argv + argc);
     for (const auto& a : args)
       if (a == "--help" || a == "-h") {
-        if (cmd == "bench") tempo::tools::print_bench_usage(stdout);
-        else if (cmd == "slim") tempo::tools::print_slim_usage(stdout);
-        else tempo::tools::print_train_usage(stdout);
+        if (cmd == "bench")
+          tempo::tools::print_bench_usage(stdout);
+        else if (cmd == "slim")
+          tempo::tools::print_slim_usage(stdout);
+        else
+          tempo::tools::print_train_usage(stdout);
         return 0;
       }
     try {
       int rc = 0;
-      if (cmd == "bench") rc = tempo::tools::run_bench(tempo::tools::parse_bench_args(args));
-      else if (cmd == "slim") rc = tempo::tools::run_slim(tempo::tools::parse_slim_args(args));
-      else if (cmd == "train") rc = tempo::tools::run_train(tempo::tools::parse_train_args(args));
-      else rc = tempo::tools::run_plot(args);
+      if (cmd == "bench")
+        rc = tempo::tools::run_bench(tempo::tools::parse_bench_args(args));
+      else if (cmd == "slim")
+        rc = tempo::tools::run_slim(tempo::tools::parse_slim_args(args));
+      else if (cmd == "train")
+        rc = tempo::tools::run_train(tempo::tools::parse_train_args(args));
+      else
+        rc = tempo::tools::run_plot(args);
       return stdout_written(rc);
     } catch (const std::invalid_argument& e) {
       std::fprintf(stderr, "%s%s (see tempo %s --help)\n", isatty(2) ? "\r\033[K" : "", e.what(), cmd.c_str());

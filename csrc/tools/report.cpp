@@ -25,10 +25,14 @@ std::string ratio(double a, double b) {
 std::string xml_text(const std::string& s) {
   std::string out;
   for (const char c : s) {
-    if (c == '&') out += "&amp;";
-    else if (c == '<') out += "&lt;";
-    else if (c == '>') out += "&gt;";
-    else out += c;
+    if (c == '&')
+      out += "&amp;";
+    else if (c == '<')
+      out += "&lt;";
+    else if (c == '>')
+      out += "&gt;";
+    else
+      out += c;
   }
   return out;
 }
@@ -65,17 +69,18 @@ void print_json(const std::vector<BenchResult>& rs) {
   std::printf("[");
   for (size_t i = 0; i < rs.size(); ++i) {
     const auto& r = rs[i];
-    std::printf("%s\n  {\"model\": \"%s\", \"seq\": %lld, \"dtype\": \"%s\", \"device\": \"%s\", \"policy\": \"%s\", "
-                "\"batch\": %lld, \"activation_bytes\": %lld, \"peak_bytes\": %lld, \"train_peak_bytes\": %lld, "
-                "\"optimizer_peak_bytes\": %lld, \"step_ms\": %.3f, "
-                "\"tokens_per_s\": %.3f, \"max_batch\": %s, \"max_batch_tokens_per_s\": %s, "
-                "\"max_batch_spread\": %s, \"layer_bytes_moved\": %lld}",
-                i ? "," : "", r.model.c_str(), (long long)r.seq, r.dtype.c_str(), r.device.c_str(), r.policy.c_str(),
-                (long long)r.batch, (long long)r.activation_bytes, (long long)r.peak_bytes,
-                (long long)r.train_peak_bytes, (long long)r.optimizer_peak_bytes, r.step_ms, r.tokens_per_s,
-                r.max_batch ? std::to_string(*r.max_batch).c_str() : "null",
-                r.max_batch ? std::to_string(r.max_batch_tokens_per_s).c_str() : "null",
-                r.max_batch ? std::to_string(r.max_batch_spread).c_str() : "null", (long long)r.layer_bytes_moved);
+    std::printf(
+        "%s\n  {\"model\": \"%s\", \"seq\": %lld, \"dtype\": \"%s\", \"device\": \"%s\", \"policy\": \"%s\", "
+        "\"batch\": %lld, \"activation_bytes\": %lld, \"peak_bytes\": %lld, \"train_peak_bytes\": %lld, "
+        "\"optimizer_peak_bytes\": %lld, \"step_ms\": %.3f, "
+        "\"tokens_per_s\": %.3f, \"max_batch\": %s, \"max_batch_tokens_per_s\": %s, "
+        "\"max_batch_spread\": %s, \"layer_bytes_moved\": %lld}",
+        i ? "," : "", r.model.c_str(), (long long)r.seq, r.dtype.c_str(), r.device.c_str(), r.policy.c_str(),
+        (long long)r.batch, (long long)r.activation_bytes, (long long)r.peak_bytes, (long long)r.train_peak_bytes,
+        (long long)r.optimizer_peak_bytes, r.step_ms, r.tokens_per_s,
+        r.max_batch ? std::to_string(*r.max_batch).c_str() : "null",
+        r.max_batch ? std::to_string(r.max_batch_tokens_per_s).c_str() : "null",
+        r.max_batch ? std::to_string(r.max_batch_spread).c_str() : "null", (long long)r.layer_bytes_moved);
   }
   std::printf("\n]\n");
 }
@@ -88,9 +93,8 @@ void append_csv(const std::string& path, const std::vector<BenchResult>& rs) {
          "step_ms,tokens_per_s,max_batch,max_batch_tokens_per_s,max_batch_spread,layer_bytes_moved\n";
   for (const auto& r : rs)
     f << r.model << "," << r.seq << "," << r.dtype << "," << r.device << "," << r.policy << "," << r.batch << ","
-      << r.activation_bytes << "," << r.peak_bytes << "," << r.train_peak_bytes << "," << r.optimizer_peak_bytes
-      << "," << r.step_ms << "," << r.tokens_per_s << ","
-      << (r.max_batch ? std::to_string(*r.max_batch) : "") << ","
+      << r.activation_bytes << "," << r.peak_bytes << "," << r.train_peak_bytes << "," << r.optimizer_peak_bytes << ","
+      << r.step_ms << "," << r.tokens_per_s << "," << (r.max_batch ? std::to_string(*r.max_batch) : "") << ","
       << (r.max_batch ? std::to_string(r.max_batch_tokens_per_s) : "") << ","
       << (r.max_batch ? std::to_string(r.max_batch_spread) : "") << "," << r.layer_bytes_moved << "\n";
   tempo::models::append_to_file(path, f.str(), "tempo bench: --csv");
@@ -189,8 +193,8 @@ void write_svg(const std::string& path, const std::vector<BenchResult>& rs, cons
   const bool budget = !rs.empty() && rs[0].max_batch.has_value();
   std::vector<std::string> labels;
   BarChart act{"activation memory after forward (MiB, lower is better)", {}, {}};
-  BarChart tps{budget ? "tokens/s at the largest batch in budget (higher is better)" : "tokens/s (higher is better)",
-               {}, {}};
+  BarChart tps{
+      budget ? "tokens/s at the largest batch in budget (higher is better)" : "tokens/s (higher is better)", {}, {}};
   for (const auto& r : rs) {
     labels.push_back(r.policy);
     act.values.push_back(mib(r.activation_bytes));

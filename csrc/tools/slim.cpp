@@ -76,30 +76,49 @@ SlimOptions parse_slim_args(const std::vector<std::string>& args) {
       if (i + 1 >= args.size()) throw std::invalid_argument("tempo slim: " + k + " needs a value");
       return args[++i];
     };
-    if (k == "--preset") o.preset = value();
-    else if (k == "--seq") o.seq = positive(k, value());
-    else if (k == "--batch") o.batch = positive(k, value());
+    if (k == "--preset")
+      o.preset = value();
+    else if (k == "--seq")
+      o.seq = positive(k, value());
+    else if (k == "--batch")
+      o.batch = positive(k, value());
     else if (k == "--chunks") {
       o.chunks.clear();
       for (const auto& c : split(value())) {
-        if (c == "full") o.chunks.push_back(std::nullopt);
-        else o.chunks.push_back(positive("--chunks", c));
+        if (c == "full")
+          o.chunks.push_back(std::nullopt);
+        else
+          o.chunks.push_back(positive("--chunks", c));
       }
       if (o.chunks.empty()) throw std::invalid_argument("tempo slim: --chunks is empty");
-    } else if (k == "--policies") o.policies = split(value());
-    else if (k == "--layers") o.layers = positive(k, value());
-    else if (k == "--d-model") o.d_model = positive(k, value());
-    else if (k == "--heads") o.heads = positive(k, value());
-    else if (k == "--ffn") o.ffn = positive(k, value());
-    else if (k == "--feature-map") o.feature_map = value();
-    else if (k == "--mode") o.mode = value();
-    else if (k == "--dtype") o.dtype = value();
-    else if (k == "--device") o.device = value();
-    else if (k == "--repeats") o.repeats = static_cast<int>(positive(k, value()));
-    else if (k == "--seed") o.seed = static_cast<uint64_t>(positive(k, value()));
-    else if (k == "--json") o.json = true;
-    else if (k == "--plot") o.plot = value();
-    else throw std::invalid_argument("tempo slim: unknown argument '" + k + "'");
+    } else if (k == "--policies")
+      o.policies = split(value());
+    else if (k == "--layers")
+      o.layers = positive(k, value());
+    else if (k == "--d-model")
+      o.d_model = positive(k, value());
+    else if (k == "--heads")
+      o.heads = positive(k, value());
+    else if (k == "--ffn")
+      o.ffn = positive(k, value());
+    else if (k == "--feature-map")
+      o.feature_map = value();
+    else if (k == "--mode")
+      o.mode = value();
+    else if (k == "--dtype")
+      o.dtype = value();
+    else if (k == "--device")
+      o.device = value();
+    else if (k == "--repeats")
+      o.repeats = static_cast<int>(positive(k, value()));
+    else if (k == "--seed")
+      o.seed = static_cast<uint64_t>(positive(k, value()));
+    else if (k == "--json")
+      o.json = true;
+    else if (k == "--plot")
+      o.plot = value();
+    else
+      throw std::invalid_argument("tempo slim: unknown argument '" + k + "'");
   }
   if (o.seq == 1) throw std::invalid_argument("tempo slim: --seq must be at least 2");
   if (o.dtype != "fp32" && o.dtype != "fp64")
@@ -135,7 +154,8 @@ std::vector<SlimResult> measure_slim(const SlimOptions& o) {
     torch::manual_seed(o.seed);  // the same weights and tokens under every policy
     PerformerLM model(c, MemoryPolicy::parse(policy));
     model->to(device, dtype);
-    const at::Tensor tokens = at::randint(0, c.vocab, {o.batch, c.max_len + 1}, at::TensorOptions(device).dtype(at::kLong));
+    const at::Tensor tokens =
+        at::randint(0, c.vocab, {o.batch, c.max_len + 1}, at::TensorOptions(device).dtype(at::kLong));
     std::vector<at::Tensor> params;
     for (auto& p : model->parameters()) {
       p.mutable_grad() = at::zeros_like(p);  // held before every step: the peaks count the step's own work
@@ -201,19 +221,20 @@ int run_slim(const SlimOptions& o) {
     std::printf("[");
     for (size_t i = 0; i < rows.size(); ++i) {
       const auto& r = rows[i];
-      std::printf("%s\n  {\"preset\": \"%s\", \"policy\": \"%s\", \"seq\": %lld, \"batch\": %lld, \"dtype\": \"%s\", "
-                  "\"device\": \"%s\", \"chunk\": %s, \"peak_bytes\": %lld, \"step_ms\": %.3f, \"loss\": %.9g, "
-                  "\"grad_rel_discrepancy\": %.6g}",
-                  i ? "," : "", r.preset.c_str(), r.policy.c_str(), (long long)r.seq, (long long)r.batch,
-                  r.dtype.c_str(), r.device.c_str(), r.chunk ? std::to_string(*r.chunk).c_str() : "null",
-                  (long long)r.peak_bytes, r.step_ms, r.loss, r.grad_rel_discrepancy);
+      std::printf(
+          "%s\n  {\"preset\": \"%s\", \"policy\": \"%s\", \"seq\": %lld, \"batch\": %lld, \"dtype\": \"%s\", "
+          "\"device\": \"%s\", \"chunk\": %s, \"peak_bytes\": %lld, \"step_ms\": %.3f, \"loss\": %.9g, "
+          "\"grad_rel_discrepancy\": %.6g}",
+          i ? "," : "", r.preset.c_str(), r.policy.c_str(), (long long)r.seq, (long long)r.batch, r.dtype.c_str(),
+          r.device.c_str(), r.chunk ? std::to_string(*r.chunk).c_str() : "null", (long long)r.peak_bytes, r.step_ms,
+          r.loss, r.grad_rel_discrepancy);
     }
     std::printf("\n]\n");
   } else {
-    std::printf("%s, L = %lld, batch %lld, %s, %s (peak: bytes above weights and gradients; discrepancy: relative "
-                "L2 to full backprop)\n",
-                rows[0].preset.c_str(), (long long)rows[0].seq, (long long)rows[0].batch, o.dtype.c_str(),
-                o.device.c_str());
+    std::printf(
+        "%s, L = %lld, batch %lld, %s, %s (peak: bytes above weights and gradients; discrepancy: relative "
+        "L2 to full backprop)\n",
+        rows[0].preset.c_str(), (long long)rows[0].seq, (long long)rows[0].batch, o.dtype.c_str(), o.device.c_str());
     std::printf("%-8s %-8s %14s %8s %12s %8s %13s %12s\n", "policy", "chunk", "peak", "vs full", "step ms", "vs full",
                 "discrepancy", "loss");
     for (const auto& r : rows) {
@@ -233,10 +254,10 @@ int run_slim(const SlimOptions& o) {
       peak.values.push_back(r.peak_bytes / 1048576.0);
       time.values.push_back(r.step_ms);
     }
-    write_bar_charts(o.plot,
-                     "tempo slim: " + rows[0].preset + ", L " + std::to_string(rows[0].seq) + ", " + o.dtype + ", " +
-                         o.device,
-                     labels, {peak, time});
+    write_bar_charts(
+        o.plot,
+        "tempo slim: " + rows[0].preset + ", L " + std::to_string(rows[0].seq) + ", " + o.dtype + ", " + o.device,
+        labels, {peak, time});
     if (!o.json) std::printf("plot written to %s\n", o.plot.c_str());
   }
   return 0;

@@ -15,9 +15,9 @@ struct SlimOptions {
   int64_t seq = 0;  // 0: the preset's length
   int64_t batch = 1;
   std::vector<std::optional<int64_t>> chunks{64, 128, std::nullopt};  // nullopt: full backpropagation
-  std::vector<std::string> policies{"tempo"};                        // eager | tempo (GELU, LayerNorm)
-  int64_t layers = 0, d_model = 0, heads = 0, ffn = 0;              // 0: the preset's
-  std::string feature_map, mode;                                     // empty: the preset's
+  std::vector<std::string> policies{"tempo"};                         // eager | tempo (GELU, LayerNorm)
+  int64_t layers = 0, d_model = 0, heads = 0, ffn = 0;                // 0: the preset's
+  std::string feature_map, mode;                                      // empty: the preset's
   std::string dtype = "fp32", device = "cpu";
   int repeats = 3;
   uint64_t seed = 0;

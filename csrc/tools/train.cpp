@@ -45,8 +45,7 @@ double number(const std::string& flag, const std::string& v) {
     size_t pos = 0;
     x = std::stod(v, &pos);
     ok = pos == v.size() && std::isfinite(x) && x >= 0;
-  } catch (...) {
-  }
+  } catch (...) {}
   if (!ok) throw std::invalid_argument("tempo train: " + flag + " must be a non-negative number, got '" + v + "'");
   return x;
 }
@@ -121,7 +120,8 @@ void print_train_usage(FILE* out) {
                "verifies, exactly (the same losses as a run never interrupted). Defaults: --model bert-base\n"
                "--policy tempo --seq 128 --batch 8 --steps 300 --lr 5e-4 --warmup 30 --weight-decay 0.01\n"
                "--clip 1 --eval-every 50 --save-every 100. --nproc N: N data-parallel processes on this\n"
-               "machine (c10d: Gloo on the CPU, NCCL and a GPU each with --device cuda), each reading its share of every step's batch (--batch is per process);\n"
+               "machine (c10d: Gloo on the CPU, NCCL and a GPU each with --device cuda), each reading its share of "
+               "every step's batch (--batch is per process);\n"
                "across machines, start one per process with torchrun's RANK, WORLD_SIZE, MASTER_ADDR,\n"
                "MASTER_PORT set. Gradients are summed over processes in buckets of --bucket MiB (25),\n"
                "each started during the backward as soon as its gradients are final; --no-overlap sums\n"
@@ -147,43 +147,76 @@ TrainCommand parse_train_args(const std::vector<std::string>& args) {
       if (i + 1 >= args.size()) throw std::invalid_argument("tempo train: " + k + " needs a value");
       return args[++i];
     };
-    if (k == "--model") o.model = value();
-    else if (k == "--objective") o.objective = value();
-    else if (k == "--policy") o.policy = value();
-    else if (k == "--data") o.data = value();
-    else if (k == "--tokenizer") o.tokenizer = value();
-    else if (k == "--vocab") o.vocab = integer(k, value(), 16);
-    else if (k == "--seq") o.seq = integer(k, value(), 2);
-    else if (k == "--batch") o.batch = integer(k, value(), 1);
-    else if (k == "--accum") o.accum = integer(k, value(), 1);
-    else if (k == "--steps") o.steps = integer(k, value(), 1);
-    else if (k == "--warmup") o.warmup = integer(k, value(), 0);
-    else if (k == "--lr") o.lr = number(k, value());
-    else if (k == "--weight-decay") o.weight_decay = number(k, value());
-    else if (k == "--clip") o.clip = number(k, value());
-    else if (k == "--eval-every") o.eval_every = integer(k, value(), 0);
-    else if (k == "--eval-batches") o.eval_batches = integer(k, value(), 1);
-    else if (k == "--save-every") o.save_every = integer(k, value(), 0);
-    else if (k == "--seed") o.seed = static_cast<uint64_t>(integer(k, value(), 0));
-    else if (k == "--dtype") o.dtype = value();
-    else if (k == "--device") o.device = value();
-    else if (k == "--hidden") o.hidden = integer(k, value(), 1);
-    else if (k == "--layers") o.layers = integer(k, value(), 1);
-    else if (k == "--heads") o.heads = integer(k, value(), 1);
-    else if (k == "--intermediate") o.intermediate = integer(k, value(), 1);
-    else if (k == "--positions") o.positions = integer(k, value(), 1);
-    else if (k == "--dropout") o.dropout = number(k, value());
-    else if (k == "--budget") o.budget = parse_bytes(value(), "tempo train");
-    else if (k == "--out") o.out = value();
-    else if (k == "--resume") o.resume = true;
-    else if (k == "--plot") c.plot = value();
-    else if (k == "--nproc") c.nproc = static_cast<int>(integer(k, value(), 1));
+    if (k == "--model")
+      o.model = value();
+    else if (k == "--objective")
+      o.objective = value();
+    else if (k == "--policy")
+      o.policy = value();
+    else if (k == "--data")
+      o.data = value();
+    else if (k == "--tokenizer")
+      o.tokenizer = value();
+    else if (k == "--vocab")
+      o.vocab = integer(k, value(), 16);
+    else if (k == "--seq")
+      o.seq = integer(k, value(), 2);
+    else if (k == "--batch")
+      o.batch = integer(k, value(), 1);
+    else if (k == "--accum")
+      o.accum = integer(k, value(), 1);
+    else if (k == "--steps")
+      o.steps = integer(k, value(), 1);
+    else if (k == "--warmup")
+      o.warmup = integer(k, value(), 0);
+    else if (k == "--lr")
+      o.lr = number(k, value());
+    else if (k == "--weight-decay")
+      o.weight_decay = number(k, value());
+    else if (k == "--clip")
+      o.clip = number(k, value());
+    else if (k == "--eval-every")
+      o.eval_every = integer(k, value(), 0);
+    else if (k == "--eval-batches")
+      o.eval_batches = integer(k, value(), 1);
+    else if (k == "--save-every")
+      o.save_every = integer(k, value(), 0);
+    else if (k == "--seed")
+      o.seed = static_cast<uint64_t>(integer(k, value(), 0));
+    else if (k == "--dtype")
+      o.dtype = value();
+    else if (k == "--device")
+      o.device = value();
+    else if (k == "--hidden")
+      o.hidden = integer(k, value(), 1);
+    else if (k == "--layers")
+      o.layers = integer(k, value(), 1);
+    else if (k == "--heads")
+      o.heads = integer(k, value(), 1);
+    else if (k == "--intermediate")
+      o.intermediate = integer(k, value(), 1);
+    else if (k == "--positions")
+      o.positions = integer(k, value(), 1);
+    else if (k == "--dropout")
+      o.dropout = number(k, value());
+    else if (k == "--budget")
+      o.budget = parse_bytes(value(), "tempo train");
+    else if (k == "--out")
+      o.out = value();
+    else if (k == "--resume")
+      o.resume = true;
+    else if (k == "--plot")
+      c.plot = value();
+    else if (k == "--nproc")
+      c.nproc = static_cast<int>(integer(k, value(), 1));
     else if (k == "--bucket") {
       const double mib = number(k, value());
       if (!(mib > 0)) throw std::invalid_argument("tempo train: --bucket must be a positive number of MiB");
       o.bucket_bytes = std::max<int64_t>(static_cast<int64_t>(mib * 1048576.0), 1);
-    } else if (k == "--no-overlap") o.overlap = false;
-    else throw std::invalid_argument("tempo train: unknown argument '" + k + "'");
+    } else if (k == "--no-overlap")
+      o.overlap = false;
+    else
+      throw std::invalid_argument("tempo train: unknown argument '" + k + "'");
   }
   if (o.lr <= 0) throw std::invalid_argument("tempo train: --lr must be positive");
   if (o.dropout >= 1) throw std::invalid_argument("tempo train: --dropout must be below 1");
@@ -218,8 +251,8 @@ int free_port() {
 // launcher's copy, in either order and possibly after the steps have ended, and only a second
 // signal from the same source counts as a second one.
 tempo::train::StopRequest g_stop;
-constexpr int kFromLauncher = 0x7e3b0;  // sigqueue's value on the launcher's copies
-bool g_speak = true;  // the rank that prints (0)
+constexpr int kFromLauncher = 0x7e3b0;                         // sigqueue's value on the launcher's copies
+bool g_speak = true;                                           // the rank that prints (0)
 volatile sig_atomic_t g_seen_direct = 0, g_seen_launcher = 0;  // the sources of the signals had
 
 void default_action(int sig) {
@@ -232,7 +265,7 @@ void on_stop_signal(int sig, siginfo_t* info, void*) {
   volatile sig_atomic_t& seen = from_launcher ? g_seen_launcher : g_seen_direct;
   if (g_stop.requested != 0) {
     if (seen) return default_action(sig);  // a second signal
-    seen = 1;  // the other copy of the first
+    seen = 1;                              // the other copy of the first
     return;
   }
   if (!g_stop.accepting) return default_action(sig);
@@ -285,14 +318,18 @@ bool stopped_as_asked(int status) {
 int spawn(const TrainCommand& c) {
   if (c.options.device == "cuda") {
     if (!tempo::train::nccl_available())
-      throw std::invalid_argument("tempo train: --device cuda --nproc needs NCCL (this build has none: build against "
-                                  "a CUDA torch whose nvidia-nccl package is installed)");
+      throw std::invalid_argument(
+          "tempo train: --device cuda --nproc needs NCCL (this build has none: build against "
+          "a CUDA torch whose nvidia-nccl package is installed)");
     const auto gpus = static_cast<int>(torch::cuda::device_count());
     if (gpus < c.nproc)
-      throw std::invalid_argument("tempo train: --nproc " + std::to_string(c.nproc) + " on CUDA needs a GPU per process, "
-                                  "this machine has " + std::to_string(gpus));
+      throw std::invalid_argument("tempo train: --nproc " + std::to_string(c.nproc) +
+                                  " on CUDA needs a GPU per process, "
+                                  "this machine has " +
+                                  std::to_string(gpus));
   } else if (!tempo::train::gloo_available()) {
-    throw std::invalid_argument("tempo train: --nproc needs Gloo (this build has none: install libgloo-dev and rebuild)");
+    throw std::invalid_argument(
+        "tempo train: --nproc needs Gloo (this build has none: install libgloo-dev and rebuild)");
   }
   const std::string port = std::to_string(free_port()), world = std::to_string(c.nproc);
   std::vector<std::string> args{"tempo", "train"};
@@ -314,7 +351,7 @@ int spawn(const TrainCommand& c) {
     if (pid == 0) {
       ::prctl(PR_SET_PDEATHSIG, SIGTERM);
       if (::getppid() != launcher) std::_Exit(128 + SIGTERM);  // it died before the line above
-      ::signal(SIGINT, SIG_DFL), ::signal(SIGTERM, SIG_DFL);  // until the worker installs its own
+      ::signal(SIGINT, SIG_DFL), ::signal(SIGTERM, SIG_DFL);   // until the worker installs its own
       ::setenv("RANK", std::to_string(r).c_str(), 1);
       ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
       ::setenv("WORLD_SIZE", world.c_str(), 1);

@@ -12,8 +12,8 @@ namespace tempo::tools {
 
 struct TrainCommand {
   tempo::train::TrainOptions options;
-  std::string plot;  // an SVG of this run's loss curves, written at the end
-  int nproc = 1;     // data-parallel processes started on this machine
+  std::string plot;               // an SVG of this run's loss curves, written at the end
+  int nproc = 1;                  // data-parallel processes started on this machine
   std::vector<std::string> args;  // as given (the children of --nproc get them without --nproc)
 };
 

@@ -75,8 +75,8 @@ void check_like(const at::Tensor& param, const at::Tensor& t, const char* name) 
 }  // namespace
 
 void adamw_update(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
-                  const at::Tensor& exp_avg_sq, const at::Tensor& max_exp_avg_sq, int64_t step, double lr,
-                  double beta1, double beta2, double eps, double weight_decay) {
+                  const at::Tensor& exp_avg_sq, const at::Tensor& max_exp_avg_sq, int64_t step, double lr, double beta1,
+                  double beta2, double eps, double weight_decay) {
   TORCH_CHECK(param.defined() && param.is_floating_point(), "tempo::train::adamw_update: the parameter must be a ",
               "floating-point tensor");
   check_like(param, grad, "grad");
@@ -134,8 +134,8 @@ at::Tensor AdamW::step(LossClosure closure) {
       // amsgrad's maximum: made at its first step (also for state loaded from a run without it)
       if (o.amsgrad() && !s.max_exp_avg_sq().defined()) s.max_exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Preserve));
       s.step(s.step() + 1);
-      adamw_update(p, p.grad(), s.exp_avg(), s.exp_avg_sq(), o.amsgrad() ? s.max_exp_avg_sq() : at::Tensor(),
-                   s.step(), o.lr(), std::get<0>(o.betas()), std::get<1>(o.betas()), o.eps(), o.weight_decay());
+      adamw_update(p, p.grad(), s.exp_avg(), s.exp_avg_sq(), o.amsgrad() ? s.max_exp_avg_sq() : at::Tensor(), s.step(),
+                   o.lr(), std::get<0>(o.betas()), std::get<1>(o.betas()), o.eps(), o.weight_decay());
     }
   }
   return loss;

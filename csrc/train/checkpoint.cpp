@@ -45,8 +45,7 @@ std::vector<std::pair<int64_t, fs::path>> checkpoints(const fs::path& dir) {
     if (e.is_directory() && n.rfind("step-", 0) == 0) {
       try {
         out.emplace_back(std::stoll(n.substr(5)), e.path());
-      } catch (...) {
-      }
+      } catch (...) {}
     }
   }
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first > b.first; });

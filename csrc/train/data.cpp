@@ -26,8 +26,8 @@ uint64_t mix(uint64_t seed, uint64_t x) {  // splitmix64 of the pair: independen
 Corpus split(at::Tensor ids, double share, int64_t min_eval, Corpus c) {
   const int64_t n = ids.numel();
   const int64_t held = std::max<int64_t>(static_cast<int64_t>(n * share), min_eval);
-  TORCH_CHECK(n > held + min_eval, kOp, ": the corpus ", c.source, " has ", n,
-              " tokens: too few to hold out ", held, " for evaluation and train on at least one sequence");
+  TORCH_CHECK(n > held + min_eval, kOp, ": the corpus ", c.source, " has ", n, " tokens: too few to hold out ", held,
+              " for evaluation and train on at least one sequence");
   c.train = ids.narrow(0, 0, n - held);
   c.eval = ids.narrow(0, n - held, held);
   return c;

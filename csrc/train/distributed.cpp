@@ -74,7 +74,8 @@ std::unique_ptr<Communicator> make_gloo_communicator(int rank, int world, const 
 #else
 bool gloo_available() { return false; }
 std::unique_ptr<Communicator> make_gloo_communicator(int, int, const std::string&, int) {
-  TORCH_CHECK(false, "tempo::train: built without Gloo's headers, so no data parallelism "
+  TORCH_CHECK(false,
+              "tempo::train: built without Gloo's headers, so no data parallelism "
               "(install libgloo-dev and rebuild)");
 }
 #endif
@@ -119,7 +120,8 @@ std::unique_ptr<Communicator> make_nccl_communicator(int rank, int world, const 
 #else
 bool nccl_available() { return false; }
 std::unique_ptr<Communicator> make_nccl_communicator(int, int, const std::string&, int, int) {
-  TORCH_CHECK(false, "tempo::train: built without NCCL (a CUDA torch and nccl.h are needed), so no data "
+  TORCH_CHECK(false,
+              "tempo::train: built without NCCL (a CUDA torch and nccl.h are needed), so no data "
               "parallelism on CUDA");
 }
 #endif
@@ -135,8 +137,7 @@ struct GradientFinalHook : torch::autograd::PostAccumulateGradHook {
 };
 }  // namespace
 
-GradientReducer::GradientReducer(std::vector<at::Tensor> params, Communicator& comm, int64_t bucket_bytes,
-                                 bool overlap)
+GradientReducer::GradientReducer(std::vector<at::Tensor> params, Communicator& comm, int64_t bucket_bytes, bool overlap)
     : comm_(comm), bucket_bytes_(std::max<int64_t>(bucket_bytes, 1)), overlap_(overlap) {
   std::unordered_set<const void*> seen;  // a tied weight is listed under each of its names: reduce it once
   for (auto& p : params)
@@ -203,8 +204,7 @@ void GradientReducer::on_gradient_final(size_t i) {
   }
   auto& b = buckets_[bucket_of_[i]];
   ++b.ready;
-  while (next_ < buckets_.size() && buckets_[next_].ready == buckets_[next_].members.size())
-    start(buckets_[next_++]);
+  while (next_ < buckets_.size() && buckets_[next_].ready == buckets_[next_].members.size()) start(buckets_[next_++]);
 }
 
 void GradientReducer::finish() {

@@ -129,7 +129,8 @@ Tokenizer Tokenizer::train(const std::vector<std::string>& files, const std::str
     const std::string space = tempo::models::free_space_note(tmp);
     remove_tmp();
     TORCH_CHECK(false, kOp, ": the SentencePiece model just trained into ", tmp,
-                ".model does not load back (is the disk full?", space.empty() ? "" : " " + space, "): ", loaded.ToString());
+                ".model does not load back (is the disk full?", space.empty() ? "" : " " + space,
+                "): ", loaded.ToString());
   }
   std::error_code ec, vocab_ec;
   fs::rename(tmp + ".vocab", prefix + ".vocab", vocab_ec);  // the pieces as text, for people: not needed to load

@@ -44,9 +44,7 @@ std::string training_what(const std::string& model, int64_t parameters) {
          " parameters, with their gradients and AdamW's two moments)";
 }
 
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 // Autocast to bf16 for the forward (fp32 master weights and optimizer), when asked.
 struct Autocast {
@@ -139,8 +137,7 @@ void truncate_log(const fs::path& log, int64_t step) {
     try {  // a row cut short by a kill is the last one, after the checkpoint: dropped either way
       if (line.find(',') != std::string::npos && std::stoll(line.substr(0, line.find(','))) <= step)
         keep.push_back(line);
-    } catch (const std::exception&) {
-    }
+    } catch (const std::exception&) {}
   }
   in.close();
   std::string text;
@@ -224,14 +221,16 @@ TrainSummary train(const TrainOptions& o, Communicator& comm) {
   // Checkpoints and pretokenized ids are safetensors files: refused at once, not at the first
   // checkpoint after the steps before it have run.
   if (!tempo::models::hf_files_available())
-    user_error("this build has no nlohmann-json, and a run's checkpoints and pretokenized ids are safetensors files "
-               "(install nlohmann-json3-dev and rebuild; on a machine without it, see docs/results/cuda-build.md)");
+    user_error(
+        "this build has no nlohmann-json, and a run's checkpoints and pretokenized ids are safetensors files "
+        "(install nlohmann-json3-dev and rebuild; on a machine without it, see docs/results/cuda-build.md)");
   // ---- options ----
   if (o.out.empty()) user_error("--out DIR is required (the log, checkpoints and tokenizer go there)");
   if (o.seq < 2 || o.batch < 1 || o.accum < 1 || o.steps < 1 || o.warmup < 0 || o.lr <= 0 || o.clip < 0 ||
       o.weight_decay < 0 || o.eval_batches < 1)
-    user_error("--seq >= 2, --batch, --accum, --steps, --eval-batches >= 1, --lr > 0 and --warmup, --clip, "
-               "--weight-decay >= 0 are required");
+    user_error(
+        "--seq >= 2, --batch, --accum, --steps, --eval-batches >= 1, --lr > 0 and --warmup, --clip, "
+        "--weight-decay >= 0 are required");
   if (o.dtype != "fp32" && o.dtype != "bf16") user_error("--dtype must be fp32 or bf16, got '" + o.dtype + "'");
   if (o.device != "cpu" && o.device != "cuda") user_error("--device must be cpu or cuda, got '" + o.device + "'");
   const c10::Device device(o.device == "cuda" ? c10::kCUDA : c10::kCPU);
@@ -254,7 +253,8 @@ TrainSummary train(const TrainOptions& o, Communicator& comm) {
   const auto check_checkpoints = [&] {
     if (o.resume && !fs::exists(ckdir)) user_error("--resume, but " + ckdir.string() + " holds no checkpoint");
     if (!o.resume && fs::exists(ckdir) && !fs::is_empty(ckdir))
-      user_error(out.string() + " already holds checkpoints: add --resume to continue that run, or choose another --out");
+      user_error(out.string() +
+                 " already holds checkpoints: add --resume to continue that run, or choose another --out");
   };
   check_checkpoints();
 
@@ -309,7 +309,7 @@ TrainSummary train(const TrainOptions& o, Communicator& comm) {
   // ---- tokenizer and corpus ----
   Corpus corpus;
   std::string tokenizer_note, data_note;
-  std::string tokenizer_sum;  // "crc32:..." of the SentencePiece model used (none for pretokenized ids)
+  std::string tokenizer_sum;   // "crc32:..." of the SentencePiece model used (none for pretokenized ids)
   bool own_tokenizer = false;  // the run folder's tokenizer.model, made by an earlier run into it
   auto checksum = [](const std::string& path) {
     char b[24];
@@ -356,8 +356,8 @@ TrainSummary train(const TrainOptions& o, Communicator& comm) {
         comm.barrier();
         corpus = tokenize_corpus(files, Tokenizer::load(saved.string()), 0.05, min_eval);
         tokenizer_sum = checksum(saved.string());
-        tokenizer_note = "trained a SentencePiece tokenizer (" + std::to_string(corpus.vocab_size) + " pieces): " +
-                         saved.string();
+        tokenizer_note =
+            "trained a SentencePiece tokenizer (" + std::to_string(corpus.vocab_size) + " pieces): " + saved.string();
       }
     }
   } catch (const c10::Error& e) {
@@ -374,7 +374,8 @@ TrainSummary train(const TrainOptions& o, Communicator& comm) {
       });
       if (model->config().vocab < corpus.vocab_size)
         user_error("the corpus has ids up to " + std::to_string(corpus.vocab_size) + " but " + o.model + " has " +
-                   std::to_string(model->config().vocab) + " embeddings (tokenize with the model's own tokenizer: "
+                   std::to_string(model->config().vocab) +
+                   " embeddings (tokenize with the model's own tokenizer: "
                    "python -m tempo.pretokenize)");
     } else {
       ModelConfig c = planned;
@@ -437,8 +438,9 @@ TrainSummary train(const TrainOptions& o, Communicator& comm) {
     // trained with (a damaged copy still parses) would give other ids for the same text.
     const std::string trained_with = saved_setting(saved, "--tokenizer");
     if (own_tokenizer && !trained_with.empty() && trained_with != tokenizer_sum)
-      user_error("the run's tokenizer " + (out / "tokenizer.model").string() + " is not the one its checkpoint at step " +
-                 std::to_string(start) + " was trained with (" + tokenizer_sum + ", the checkpoint's " + trained_with +
+      user_error("the run's tokenizer " + (out / "tokenizer.model").string() +
+                 " is not the one its checkpoint at step " + std::to_string(start) + " was trained with (" +
+                 tokenizer_sum + ", the checkpoint's " + trained_with +
                  "): damaged? Restore it, or give the original with --tokenizer FILE.model");
     summary.notes.push_back("resumed from step " + std::to_string(start));
     if (o.steps == start)
@@ -454,7 +456,8 @@ TrainSummary train(const TrainOptions& o, Communicator& comm) {
     if (lead && fs::exists(log)) truncate_log(log, start);
   }
   if (lead) {
-    if (!fs::exists(log)) tempo::models::write_file_atomically(log.string(), std::string(kHeader) + "\n", "tempo train");
+    if (!fs::exists(log))
+      tempo::models::write_file_atomically(log.string(), std::string(kHeader) + "\n", "tempo train");
   }
 
   // ---- data ----
@@ -493,7 +496,8 @@ TrainSummary train(const TrainOptions& o, Communicator& comm) {
   // ---- steps ----
   // Data parallel: the gradients summed over ranks in buckets, overlapped with the backward.
   std::unique_ptr<GradientReducer> reducer;
-  if (comm.distributed()) reducer = std::make_unique<GradientReducer>(model->parameters(), comm, o.bucket_bytes, o.overlap);
+  if (comm.distributed())
+    reducer = std::make_unique<GradientReducer>(model->parameters(), comm, o.bucket_bytes, o.overlap);
   const double t_start = now_s();
   int64_t tokens_done = 0;
   int64_t last_saved = start;  // the newest checkpoint's step (0: none)
@@ -516,8 +520,8 @@ TrainSummary train(const TrainOptions& o, Communicator& comm) {
     at::Tensor counts = at::zeros({1}, at::kDouble);
     for (int64_t k = 0; k < o.accum; ++k) {
       const int64_t first = (((step - 1) * o.accum + k) * world + rank) * o.batch;
-      micro.push_back(make_batch(train_windows.batch(first, o.batch), first, mlm, o.seed, corpus.mask_id,
-                                 corpus.vocab_size));
+      micro.push_back(
+          make_batch(train_windows.batch(first, o.batch), first, mlm, o.seed, corpus.mask_id, corpus.vocab_size));
       counts[0] += static_cast<double>(targets_of(micro.back(), mlm));
     }
     std::vector<at::Tensor> c{counts};
@@ -561,8 +565,8 @@ TrainSummary train(const TrainOptions& o, Communicator& comm) {
       opt.step();
     } catch (const c10::OutOfMemoryError&) {  // AdamW's two moments are made at the first step
       if (step == start + 1)
-        user_error("the model's gradients and AdamW's state do not fit" + std::string(o.budget ? " the budget" : " the device") +
-                   " beside its weights");
+        user_error("the model's gradients and AdamW's state do not fit" +
+                   std::string(o.budget ? " the budget" : " the device") + " beside its weights");
       throw;
     }
     if (device.is_cuda()) torch::cuda::synchronize();
@@ -604,10 +608,9 @@ TrainSummary train(const TrainOptions& o, Communicator& comm) {
         last_saved = step;
       }
       summary.stopped = true;
-      summary.notes.push_back("stopped as asked after step " + std::to_string(step) + " of " +
-                              std::to_string(o.steps) + ": " +
-                              (last_saved == step ? "--resume goes on from its checkpoint"
-                                                  : "no checkpoint of it (--save-every 0)"));
+      summary.notes.push_back(
+          "stopped as asked after step " + std::to_string(step) + " of " + std::to_string(o.steps) + ": " +
+          (last_saved == step ? "--resume goes on from its checkpoint" : "no checkpoint of it (--save-every 0)"));
       break;
     }
   }

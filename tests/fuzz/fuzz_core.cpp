@@ -94,19 +94,49 @@ struct Buffer {
   double get(int64_t i) const {
     const unsigned char* b = bytes.data() + i * esize(type);
     switch (type) {
-      case DType::kFloat64: { double v; std::memcpy(&v, b, 8); return v; }
-      case DType::kFloat32: { float v; std::memcpy(&v, b, 4); return v; }
-      case DType::kBFloat16: { bf16_t v; std::memcpy(&v, b, 2); return to_float(v); }
-      default: { fp16_t v; std::memcpy(&v, b, 2); return to_float(v); }
+      case DType::kFloat64: {
+        double v;
+        std::memcpy(&v, b, 8);
+        return v;
+      }
+      case DType::kFloat32: {
+        float v;
+        std::memcpy(&v, b, 4);
+        return v;
+      }
+      case DType::kBFloat16: {
+        bf16_t v;
+        std::memcpy(&v, b, 2);
+        return to_float(v);
+      }
+      default: {
+        fp16_t v;
+        std::memcpy(&v, b, 2);
+        return to_float(v);
+      }
     }
   }
   void set(int64_t i, double x) {
     unsigned char* b = bytes.data() + i * esize(type);
     switch (type) {
-      case DType::kFloat64: std::memcpy(b, &x, 8); break;
-      case DType::kFloat32: { float v = static_cast<float>(x); std::memcpy(b, &v, 4); break; }
-      case DType::kBFloat16: { bf16_t v = from_float<bf16_t>(static_cast<float>(x)); std::memcpy(b, &v, 2); break; }
-      default: { fp16_t v = from_float<fp16_t>(static_cast<float>(x)); std::memcpy(b, &v, 2); break; }
+      case DType::kFloat64:
+        std::memcpy(b, &x, 8);
+        break;
+      case DType::kFloat32: {
+        float v = static_cast<float>(x);
+        std::memcpy(b, &v, 4);
+        break;
+      }
+      case DType::kBFloat16: {
+        bf16_t v = from_float<bf16_t>(static_cast<float>(x));
+        std::memcpy(b, &v, 2);
+        break;
+      }
+      default: {
+        fp16_t v = from_float<fp16_t>(static_cast<float>(x));
+        std::memcpy(b, &v, 2);
+        break;
+      }
     }
   }
   bool finite() const {
@@ -120,10 +150,14 @@ struct Gen {
   FuzzedDataProvider& f;
   int64_t dim(int64_t small) {
     switch (f.ConsumeIntegralInRange(0, 15)) {
-      case 0: return f.ConsumeIntegral<int64_t>();
-      case 1: return -f.ConsumeIntegralInRange<int64_t>(1, 3);
-      case 2: return std::numeric_limits<int64_t>::max() / f.ConsumeIntegralInRange<int64_t>(1, 4096);
-      default: return f.ConsumeIntegralInRange<int64_t>(0, small);
+      case 0:
+        return f.ConsumeIntegral<int64_t>();
+      case 1:
+        return -f.ConsumeIntegralInRange<int64_t>(1, 3);
+      case 2:
+        return std::numeric_limits<int64_t>::max() / f.ConsumeIntegralInRange<int64_t>(1, 4096);
+      default:
+        return f.ConsumeIntegralInRange<int64_t>(0, small);
     }
   }
   DType dtype() {
@@ -132,23 +166,34 @@ struct Gen {
   }
   double prob() {
     switch (f.ConsumeIntegralInRange(0, 11)) {
-      case 0: return std::nan("");
-      case 1: return -f.ConsumeProbability<double>() - 1e-9;
-      case 2: return 1.0 + f.ConsumeProbability<double>() + 1e-9;
-      case 3: return 0.0;
-      case 4: return 1.0;
-      case 5: return 1e-7;
-      default: return f.ConsumeProbability<double>();
+      case 0:
+        return std::nan("");
+      case 1:
+        return -f.ConsumeProbability<double>() - 1e-9;
+      case 2:
+        return 1.0 + f.ConsumeProbability<double>() + 1e-9;
+      case 3:
+        return 0.0;
+      case 4:
+        return 1.0;
+      case 5:
+        return 1e-7;
+      default:
+        return f.ConsumeProbability<double>();
     }
   }
   bool flag() { return f.ConsumeBool(); }
   // A value of finite input: mostly moderate, sometimes zero, large or tiny.
   double value() {
     switch (f.ConsumeIntegralInRange(0, 15)) {
-      case 0: return 0.0;
-      case 1: return f.ConsumeFloatingPointInRange(-6e4, 6e4);
-      case 2: return f.ConsumeFloatingPointInRange(-1e-6, 1e-6);
-      default: return f.ConsumeFloatingPointInRange(-8.0, 8.0);
+      case 0:
+        return 0.0;
+      case 1:
+        return f.ConsumeFloatingPointInRange(-6e4, 6e4);
+      case 2:
+        return f.ConsumeFloatingPointInRange(-1e-6, 1e-6);
+      default:
+        return f.ConsumeFloatingPointInRange(-8.0, 8.0);
     }
   }
   Buffer data(DType t, int64_t n) {
@@ -173,10 +218,14 @@ double tol(DType t) { return t == DType::kFloat64 ? 1e-12 : t == DType::kFloat32
 // The smallest subnormal step of the dtype: the absolute error of rounding a tiny result.
 double tiny(DType t) {
   switch (t) {
-    case DType::kFloat64: return 5e-324;
-    case DType::kFloat32: return 1.5e-45;
-    case DType::kBFloat16: return 9.2e-41;
-    default: return 5.97e-8;  // fp16: 2^-24
+    case DType::kFloat64:
+      return 5e-324;
+    case DType::kFloat32:
+      return 1.5e-45;
+    case DType::kBFloat16:
+      return 9.2e-41;
+    default:
+      return 5.97e-8;  // fp16: 2^-24
   }
 }
 // got equals want rounded to the dtype, within tol: fp16 results past its range are inf, and
@@ -207,10 +256,14 @@ void fuzz_dropout(Gen& g) {
     p.y = one;
     p.mask = one;
     const Status s = detail::validate(p);
-    if (!valid(p.dtype)) expect_refused(s, "dropout forward", "an unknown dtype");
-    else if (bad_p) expect_refused(s, "dropout forward", "p outside [0, 1]");
-    else if (p.numel < 0) expect_refused(s, "dropout forward", "a negative numel");
-    else if (overflowing({p.numel})) expect_refused(s, "dropout forward", "a numel whose byte count overflows");
+    if (!valid(p.dtype))
+      expect_refused(s, "dropout forward", "an unknown dtype");
+    else if (bad_p)
+      expect_refused(s, "dropout forward", "p outside [0, 1]");
+    else if (p.numel < 0)
+      expect_refused(s, "dropout forward", "a negative numel");
+    else if (overflowing({p.numel}))
+      expect_refused(s, "dropout forward", "a numel whose byte count overflows");
     else if (p.mode != DropoutMode::kBits && p.mode != DropoutMode::kPhilox && p.numel > 0)
       expect_refused(s, "dropout forward", "an unknown mode");
     return;
@@ -225,7 +278,8 @@ void fuzz_dropout(Gen& g) {
   Status s = dropout_forward_cpu(p);
   if (!s.ok()) {
     if (s.message().find("dropout forward") == std::string::npos) fail("unnamed refusal: " + s.message());
-    if (n > 0 && p.mode == DropoutMode::kBits && p.p > 0 && p.p < 1 && p.mask) fail("refused a valid call: " + s.message());
+    if (n > 0 && p.mode == DropoutMode::kBits && p.p > 0 && p.p < 1 && p.mask)
+      fail("refused a valid call: " + s.message());
     return;
   }
   // Finite, except where x / (1 - p) passes fp16's range (as x * scale does in torch).
@@ -237,9 +291,9 @@ void fuzz_dropout(Gen& g) {
   for (int64_t i = 0; i < n; ++i) {
     const double want = bit(mask, i) ? x.get(i) * scale : 0.0;
     if (!close(p.dtype, y.get(i), want, tol(p.dtype)))
-      fail("dropout forward: y disagrees with its keep bit at " + std::to_string(i) + " (dtype " +
-           dtype_name(p.dtype) + ", p " + std::to_string(p.p) + ", x " + std::to_string(x.get(i)) + ", y " +
-           std::to_string(y.get(i)) + ", bit " + std::to_string(bit(mask, i)) + ")");
+      fail("dropout forward: y disagrees with its keep bit at " + std::to_string(i) + " (dtype " + dtype_name(p.dtype) +
+           ", p " + std::to_string(p.p) + ", x " + std::to_string(x.get(i)) + ", y " + std::to_string(y.get(i)) +
+           ", bit " + std::to_string(bit(mask, i)) + ")");
   }
   // The philox mode draws the same bits: same output.
   DropoutForwardParams q = p;
@@ -288,11 +342,16 @@ void fuzz_activation(Gen& g) {
     p.bias = with_bias ? one : nullptr;
     p.mask = one;
     const Status s = detail::validate(p);
-    if (!valid(p.dtype)) expect_refused(s, "activation forward", "an unknown dtype");
-    else if (!act_ok) expect_refused(s, "activation forward", "an unknown activation");
-    else if (p.numel < 0) expect_refused(s, "activation forward", "a negative numel");
-    else if (overflowing({p.numel})) expect_refused(s, "activation forward", "a numel whose byte count overflows");
-    else if (with_bias && p.bias_size <= 0 && p.numel > 0) expect_refused(s, "activation forward", "a bias of size <= 0");
+    if (!valid(p.dtype))
+      expect_refused(s, "activation forward", "an unknown dtype");
+    else if (!act_ok)
+      expect_refused(s, "activation forward", "an unknown activation");
+    else if (p.numel < 0)
+      expect_refused(s, "activation forward", "a negative numel");
+    else if (overflowing({p.numel}))
+      expect_refused(s, "activation forward", "a numel whose byte count overflows");
+    else if (with_bias && p.bias_size <= 0 && p.numel > 0)
+      expect_refused(s, "activation forward", "a bias of size <= 0");
     return;
   }
   Buffer x = g.data(p.dtype, n), y(p.dtype, n), bias = g.data(p.dtype, with_bias ? p.bias_size : 0);
@@ -356,10 +415,14 @@ void fuzz_norm(Gen& g) {
     static unsigned char one[8];
     p.x = p.y = p.rstd = one;
     const Status s = detail::validate(p);
-    if (!valid(p.dtype)) expect_refused(s, "norm forward", "an unknown dtype");
-    else if (!kind_ok) expect_refused(s, "norm forward", "an unknown kind");
-    else if (any_negative({p.rows, p.cols})) expect_refused(s, "norm forward", "a negative size");
-    else if (overflowing({p.rows, p.cols})) expect_refused(s, "norm forward", "rows x cols overflowing");
+    if (!valid(p.dtype))
+      expect_refused(s, "norm forward", "an unknown dtype");
+    else if (!kind_ok)
+      expect_refused(s, "norm forward", "an unknown kind");
+    else if (any_negative({p.rows, p.cols}))
+      expect_refused(s, "norm forward", "a negative size");
+    else if (overflowing({p.rows, p.cols}))
+      expect_refused(s, "norm forward", "rows x cols overflowing");
     return;
   }
   const bool with_weight = g.flag(), with_beta = p.kind == NormKind::kLayerNorm && g.flag();
@@ -390,13 +453,15 @@ void fuzz_norm(Gen& g) {
   for (int64_t j = 0; j < p.cols; ++j) {
     const bool rec = norm_column_recoverable(p.dtype, with_weight ? w.get(j) : 1.0, with_beta ? beta.get(j) : 0.0);
     if (!rec) {
-      if (at >= kept || kept_cols[static_cast<size_t>(at)] != j) fail("norm_kept_columns disagrees with the column rule");
+      if (at >= kept || kept_cols[static_cast<size_t>(at)] != j)
+        fail("norm_kept_columns disagrees with the column rule");
       ++at;
     }
   }
   if (at != kept) fail("norm_kept_columns lists a recoverable column");
   std::vector<int32_t> slot(static_cast<size_t>(p.cols), -1);
-  for (int64_t i = 0; i < kept; ++i) slot[static_cast<size_t>(kept_cols[static_cast<size_t>(i)])] = static_cast<int32_t>(i);
+  for (int64_t i = 0; i < kept; ++i)
+    slot[static_cast<size_t>(kept_cols[static_cast<size_t>(i)])] = static_cast<int32_t>(i);
   Buffer kx(math, p.rows * kept);
   p.x = x.data();
   p.y = y.data();
@@ -417,7 +482,8 @@ void fuzz_norm(Gen& g) {
     return;
   }
   // (A constant row with eps ~ 0 gives 0 x inf, as torch's layer_norm does.)
-  if (p.eps >= 1e-12 && !y.finite() && p.dtype != DType::kFloat16) fail("norm forward: non-finite output from finite input");
+  if (p.eps >= 1e-12 && !y.finite() && p.dtype != DType::kFloat16)
+    fail("norm forward: non-finite output from finite input");
   NormBackwardParams b;
   b.kind = p.kind;
   b.dtype = p.dtype;
@@ -471,8 +537,10 @@ void fuzz_attention(Gen& g) {
     p.scores = p.dropped = one;
     p.mask_bits = one;
     const Status s = detail::validate(p);
-    if (!valid(p.dtype)) expect_refused(s, "attention softmax forward", "an unknown dtype");
-    else if (bad_p) expect_refused(s, "attention softmax forward", "p outside [0, 1]");
+    if (!valid(p.dtype))
+      expect_refused(s, "attention softmax forward", "an unknown dtype");
+    else if (bad_p)
+      expect_refused(s, "attention softmax forward", "p outside [0, 1]");
     else if (any_negative({p.batch, p.heads, p.rows, p.cols, p.row_offset, p.seq_q}))
       expect_refused(s, "attention softmax forward", "a negative size or offset");
     else if (overflowing({p.batch, p.heads, p.rows, p.cols}) || overflowing({p.batch, p.heads, p.seq_q, p.cols}))
@@ -522,7 +590,8 @@ void fuzz_attention(Gen& g) {
       if (!(v >= 0.0 && v <= 1.0 + 1e-2)) fail("attention softmax forward: P outside [0, 1]");
       sum += v;
     }
-    if (sum != 0.0 && std::fabs(sum - 1.0) > (narrow ? 2e-2 * std::max<double>(1, static_cast<double>(p.cols) / 64) : 1e-4))
+    if (sum != 0.0 &&
+        std::fabs(sum - 1.0) > (narrow ? 2e-2 * std::max<double>(1, static_cast<double>(p.cols) / 64) : 1e-4))
       fail("attention softmax forward: a row of P sums to " + std::to_string(sum));
   }
   if (p.p > 0 && p.p < 1 && p.mode == DropoutMode::kBits && n > 0) {
@@ -560,8 +629,10 @@ void fuzz_qkv_split(Gen& g) {
     static unsigned char one[8];
     p.z = p.q = p.k = p.v = one;
     const Status s = detail::validate(p);
-    if (!valid(p.dtype)) expect_refused(s, "qkv split forward", "an unknown dtype");
-    else if (any_negative({p.batch, p.seq, p.heads, p.head_dim})) expect_refused(s, "qkv split forward", "a negative size");
+    if (!valid(p.dtype))
+      expect_refused(s, "qkv split forward", "an unknown dtype");
+    else if (any_negative({p.batch, p.seq, p.heads, p.head_dim}))
+      expect_refused(s, "qkv split forward", "a negative size");
     else if (overflowing({p.batch, p.seq, 3, p.heads, p.head_dim}))
       expect_refused(s, "qkv split forward", "sizes whose element count overflows");
     return;
@@ -611,9 +682,12 @@ void fuzz_linear_attention(Gen& g) {
     static unsigned char one[8];
     p.q = p.k = p.v = p.y = p.num_out = p.den_out = one;
     const Status s = detail::validate(p);
-    if (!valid(p.dtype)) expect_refused(s, "linear attention forward", "an unknown dtype");
-    else if (any_negative({p.rows, p.len, p.m, p.d})) expect_refused(s, "linear attention forward", "a negative size");
-    else if (p.m == 0 || p.d == 0) expect_refused(s, "linear attention forward", "an empty feature or value size");
+    if (!valid(p.dtype))
+      expect_refused(s, "linear attention forward", "an unknown dtype");
+    else if (any_negative({p.rows, p.len, p.m, p.d}))
+      expect_refused(s, "linear attention forward", "a negative size");
+    else if (p.m == 0 || p.d == 0)
+      expect_refused(s, "linear attention forward", "an empty feature or value size");
     else if (overflowing({p.rows, p.len, p.m}) || overflowing({p.rows, p.len, p.d}) || overflowing({p.rows, p.m, p.d}))
       expect_refused(s, "linear attention forward", "sizes whose element count overflows");
     return;
@@ -655,12 +729,24 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FuzzedDataProvider f(data, size);
   Gen g{f};
   switch (f.ConsumeIntegralInRange(0, 5)) {
-    case 0: fuzz_dropout(g); break;
-    case 1: fuzz_activation(g); break;
-    case 2: fuzz_norm(g); break;
-    case 3: fuzz_attention(g); break;
-    case 4: fuzz_qkv_split(g); break;
-    default: fuzz_linear_attention(g); break;
+    case 0:
+      fuzz_dropout(g);
+      break;
+    case 1:
+      fuzz_activation(g);
+      break;
+    case 2:
+      fuzz_norm(g);
+      break;
+    case 3:
+      fuzz_attention(g);
+      break;
+    case 4:
+      fuzz_qkv_split(g);
+      break;
+    default:
+      fuzz_linear_attention(g);
+      break;
   }
   return 0;
 }

@@ -15,8 +15,8 @@ namespace {
 std::string message(const tempo::Status& s) { return s.ok() ? std::string() : s.message(); }
 }  // namespace
 
-#define SIMT_API_ENTRY(name, Params)                                                      \
-  std::string name(const void* params) {                                                  \
+#define SIMT_API_ENTRY(name, Params)                                                         \
+  std::string name(const void* params) {                                                     \
     return message(tempo::name##_cuda(*static_cast<const tempo::Params*>(params), nullptr)); \
   }
 SIMT_API_ENTRY(activation_forward, ActivationForwardParams)

@@ -107,12 +107,12 @@ inline cudaError_t cudaStreamIsCapturing(cudaStream_t, cudaStreamCaptureStatus* 
 namespace simt {
 
 struct Fiber {
-  ucontext_t ctx;  // the portable switch (not x86-64)
+  ucontext_t ctx;      // the portable switch (not x86-64)
   void* sp = nullptr;  // the x86-64 switch: the saved stack pointer
   std::vector<char> stack;
   uint3 tid;
   enum State { kReady, kAtBarrier, kAtShuffle, kDone } state = kReady;
-  int line = 0;       // where it waits
+  int line = 0;        // where it waits
   uint64_t value = 0;  // a shuffle's operand, then its result
   int lane_arg = 0;    // a shuffle's xor mask
 };
@@ -329,7 +329,6 @@ inline void run_block(unsigned threads) {
   }
 }
 
-
 constexpr size_t kSharedGuard = 256;
 
 inline void launch(dim3 grid, dim3 block, size_t shared_bytes, const std::function<void()>& body) {
@@ -350,7 +349,8 @@ inline void launch(dim3 grid, dim3 block, size_t shared_bytes, const std::functi
   gridDim = grid;
   blockDim = block;
   for (unsigned t = 0; t < threads; ++t)
-    L.fibers[t].tid = uint3{t % block.x, (t / block.x) % block.y, static_cast<unsigned>(t / (uint64_t{block.x} * block.y))};
+    L.fibers[t].tid =
+        uint3{t % block.x, (t / block.x) % block.y, static_cast<unsigned>(t / (uint64_t{block.x} * block.y))};
   for (unsigned z = 0; z < grid.z; ++z)
     for (unsigned y = 0; y < grid.y; ++y)
       for (unsigned x = 0; x < grid.x; ++x) {

@@ -67,7 +67,9 @@ struct Buf {
     return true;
   }
   // A copy places the elements at its own aligned address (the storage may be aligned otherwise).
-  Buf(const Buf& o) : Buf(o.dtype, o.n, o.shift) { std::memcpy(data(), const_cast<Buf&>(o).data(), n * elem_size(dtype)); }
+  Buf(const Buf& o) : Buf(o.dtype, o.n, o.shift) {
+    std::memcpy(data(), const_cast<Buf&>(o).data(), n * elem_size(dtype));
+  }
   Buf& operator=(const Buf& o) {
     Buf c(o);
     std::swap(raw, c.raw);
@@ -83,20 +85,32 @@ struct Buf {
   double get(int64_t i) {
     void* p = data();
     switch (dtype) {
-      case DType::kFloat32: return static_cast<float*>(p)[i];
-      case DType::kFloat64: return static_cast<double*>(p)[i];
-      case DType::kBFloat16: return math::to_float(static_cast<math::bf16_t*>(p)[i]);
-      case DType::kFloat16: return math::to_float(static_cast<math::fp16_t*>(p)[i]);
+      case DType::kFloat32:
+        return static_cast<float*>(p)[i];
+      case DType::kFloat64:
+        return static_cast<double*>(p)[i];
+      case DType::kBFloat16:
+        return math::to_float(static_cast<math::bf16_t*>(p)[i]);
+      case DType::kFloat16:
+        return math::to_float(static_cast<math::fp16_t*>(p)[i]);
     }
     return 0;
   }
   void set(int64_t i, double v) {
     void* p = data();
     switch (dtype) {
-      case DType::kFloat32: static_cast<float*>(p)[i] = static_cast<float>(v); break;
-      case DType::kFloat64: static_cast<double*>(p)[i] = v; break;
-      case DType::kBFloat16: static_cast<math::bf16_t*>(p)[i] = math::from_float<math::bf16_t>(static_cast<float>(v)); break;
-      case DType::kFloat16: static_cast<math::fp16_t*>(p)[i] = math::from_float<math::fp16_t>(static_cast<float>(v)); break;
+      case DType::kFloat32:
+        static_cast<float*>(p)[i] = static_cast<float>(v);
+        break;
+      case DType::kFloat64:
+        static_cast<double*>(p)[i] = v;
+        break;
+      case DType::kBFloat16:
+        static_cast<math::bf16_t*>(p)[i] = math::from_float<math::bf16_t>(static_cast<float>(v));
+        break;
+      case DType::kFloat16:
+        static_cast<math::fp16_t*>(p)[i] = math::from_float<math::fp16_t>(static_cast<float>(v));
+        break;
     }
   }
   std::vector<double> values() {
@@ -122,10 +136,14 @@ Buf zeros(DType t, int64_t n, int shift = 0) {
 // Units of the dtype's rounding a reordered sum may move a value by, against the tensor's largest.
 double unit(DType t) {
   switch (t) {
-    case DType::kFloat32: return std::ldexp(1.0, -24);
-    case DType::kFloat64: return std::ldexp(1.0, -53);
-    case DType::kBFloat16: return std::ldexp(1.0, -8);
-    case DType::kFloat16: return std::ldexp(1.0, -11);
+    case DType::kFloat32:
+      return std::ldexp(1.0, -24);
+    case DType::kFloat64:
+      return std::ldexp(1.0, -53);
+    case DType::kBFloat16:
+      return std::ldexp(1.0, -8);
+    case DType::kFloat16:
+      return std::ldexp(1.0, -11);
   }
   return 0;
 }
@@ -134,10 +152,14 @@ constexpr double kTol = 64;  // units of the dtype's rounding (16-bit data: its 
 // The spacing of the dtype's subnormal numbers (a rounding flip there moves a value by it).
 double subnormal_step(DType t) {
   switch (t) {
-    case DType::kFloat32: return std::ldexp(1.0, -149);
-    case DType::kFloat64: return 0;
-    case DType::kBFloat16: return std::ldexp(1.0, -133);
-    case DType::kFloat16: return std::ldexp(1.0, -24);
+    case DType::kFloat32:
+      return std::ldexp(1.0, -149);
+    case DType::kFloat64:
+      return 0;
+    case DType::kBFloat16:
+      return std::ldexp(1.0, -133);
+    case DType::kFloat16:
+      return std::ldexp(1.0, -24);
   }
   return 0;
 }
@@ -244,8 +266,8 @@ constexpr double kFp64BackwardUnits = 1e-12 / 0x1p-53;
 // One activation case against the CPU kernel: forward, backward (with the bias gradient when
 // bias_size > 0, which must divide n), and the backward in place.
 void run_activation(tempo::Activation act, DType t, int64_t n, int64_t bias_size, int shift, std::mt19937& gen) {
-  const std::string what = std::string(tempo::activation_name(act)) + " " + tag(t, n) + " shift " +
-                           std::to_string(shift);
+  const std::string what =
+      std::string(tempo::activation_name(act)) + " " + tag(t, n) + " shift " + std::to_string(shift);
   Buf x = randn(t, n, gen, 3.0, shift), bias = randn(t, std::max<int64_t>(bias_size, 1), gen);
   Buf y_cpu = zeros(t, n, shift), y_gpu = zeros(t, n, shift);
   std::vector<uint8_t> m_cpu(tempo::bit_mask_bytes(n)), m_gpu(m_cpu.size(), 0xab);
@@ -304,7 +326,8 @@ void run_activation(tempo::Activation act, DType t, int64_t n, int64_t bias_size
     std::vector<double> carried(bias_size, 0.0);
     if (t == DType::kFloat64)
       for (int64_t i = 0; i < n; ++i)
-        carried[i % bias_size] += kFp64BackwardUnits * unit(t) * std::max(std::fabs(gx_cpu.get(i)), 1.0) + branch_point[i];
+        carried[i % bias_size] +=
+            kFp64BackwardUnits * unit(t) * std::max(std::fabs(gx_cpu.get(i)), 1.0) + branch_point[i];
     Tol tol = column_sum(n / bias_size);
     tol.extra = &carried;
     expect_close(gb_cpu, gb_gpu, tol, what + " bias gradient");
@@ -340,44 +363,45 @@ TEST(SimtCuda, DropoutMatchesTheCpuKernelsBitForBit) {
       for (double p : {0.0, 1e-3, 0.5, 1.0})
         for (auto mode : {tempo::DropoutMode::kBits, tempo::DropoutMode::kPhilox})
           for (int shift : {0, 1}) {  // 1: unaligned, the scalar path
-          if (shift && p != 0.5) continue;
-          const std::string what = tag(t, n) + " p " + std::to_string(p) + (mode == tempo::DropoutMode::kBits ? " bits" : " philox") +
-                                   (shift ? " unaligned" : "");
-          Buf x = randn(t, n, gen, 1.0, shift);
-          Buf y_cpu = zeros(t, n), y_gpu = zeros(t, n, shift);
-          std::vector<uint8_t> m_cpu(tempo::bit_mask_bytes(n)), m_gpu(m_cpu.size(), 0xcd);
-          tempo::DropoutForwardParams f;
-          f.dtype = t;
-          f.x = x.data();
-          f.numel = n;
-          f.p = p;
-          f.mode = mode;
-          f.rng.seed = 1234 + n;
-          f.rng.offset = 77;
-          f.y = y_cpu.data();
-          f.mask = mode == tempo::DropoutMode::kBits ? m_cpu.data() : nullptr;
-          ASSERT_TRUE(tempo::dropout_forward_cpu(f).ok()) << what;
-          f.y = y_gpu.data();
-          f.mask = mode == tempo::DropoutMode::kBits ? m_gpu.data() : nullptr;
-          ASSERT_EQ(simt_api::dropout_forward(&f), "") << what;
-          expect_close(y_cpu, y_gpu, kExact, what + " forward");
-          if (mode == tempo::DropoutMode::kBits && p > 0) expect_same_bytes(m_cpu, m_gpu, what + " bits");
+            if (shift && p != 0.5) continue;
+            const std::string what = tag(t, n) + " p " + std::to_string(p) +
+                                     (mode == tempo::DropoutMode::kBits ? " bits" : " philox") +
+                                     (shift ? " unaligned" : "");
+            Buf x = randn(t, n, gen, 1.0, shift);
+            Buf y_cpu = zeros(t, n), y_gpu = zeros(t, n, shift);
+            std::vector<uint8_t> m_cpu(tempo::bit_mask_bytes(n)), m_gpu(m_cpu.size(), 0xcd);
+            tempo::DropoutForwardParams f;
+            f.dtype = t;
+            f.x = x.data();
+            f.numel = n;
+            f.p = p;
+            f.mode = mode;
+            f.rng.seed = 1234 + n;
+            f.rng.offset = 77;
+            f.y = y_cpu.data();
+            f.mask = mode == tempo::DropoutMode::kBits ? m_cpu.data() : nullptr;
+            ASSERT_TRUE(tempo::dropout_forward_cpu(f).ok()) << what;
+            f.y = y_gpu.data();
+            f.mask = mode == tempo::DropoutMode::kBits ? m_gpu.data() : nullptr;
+            ASSERT_EQ(simt_api::dropout_forward(&f), "") << what;
+            expect_close(y_cpu, y_gpu, kExact, what + " forward");
+            if (mode == tempo::DropoutMode::kBits && p > 0) expect_same_bytes(m_cpu, m_gpu, what + " bits");
 
-          Buf g = randn(t, n, gen, 1.0, shift), gx_cpu = zeros(t, n), gx_gpu = zeros(t, n, shift);
-          tempo::DropoutBackwardParams b;
-          b.dtype = t;
-          b.grad_y = g.data();
-          b.numel = n;
-          b.p = p;
-          b.mode = mode;
-          b.rng = f.rng;
-          b.mask = mode == tempo::DropoutMode::kBits ? m_cpu.data() : nullptr;
-          b.grad_x = gx_cpu.data();
-          ASSERT_TRUE(tempo::dropout_backward_cpu(b).ok()) << what;
-          b.grad_x = gx_gpu.data();
-          ASSERT_EQ(simt_api::dropout_backward(&b), "") << what;
-          expect_close(gx_cpu, gx_gpu, kExact, what + " backward");
-        }
+            Buf g = randn(t, n, gen, 1.0, shift), gx_cpu = zeros(t, n), gx_gpu = zeros(t, n, shift);
+            tempo::DropoutBackwardParams b;
+            b.dtype = t;
+            b.grad_y = g.data();
+            b.numel = n;
+            b.p = p;
+            b.mode = mode;
+            b.rng = f.rng;
+            b.mask = mode == tempo::DropoutMode::kBits ? m_cpu.data() : nullptr;
+            b.grad_x = gx_cpu.data();
+            ASSERT_TRUE(tempo::dropout_backward_cpu(b).ok()) << what;
+            b.grad_x = gx_gpu.data();
+            ASSERT_EQ(simt_api::dropout_backward(&b), "") << what;
+            expect_close(gx_cpu, gx_gpu, kExact, what + " backward");
+          }
 }
 
 // The state a philox-mode backward reads from device memory, and the state read from there.
@@ -447,8 +471,8 @@ void run_norm(const NormCase& c, std::mt19937& gen) {
     for (int64_t j = 0; j < M; j += 3) w.set(j, j % 2 ? 0.0 : -4.8e-33);
   std::vector<int64_t> kept_cols(M);
   const int64_t kept = tempo::norm_kept_columns(t, pt, c.weight ? w.data() : nullptr,
-                                                c.beta && c.kind == tempo::NormKind::kLayerNorm ? be.data() : nullptr, M,
-                                                kept_cols.data());
+                                                c.beta && c.kind == tempo::NormKind::kLayerNorm ? be.data() : nullptr,
+                                                M, kept_cols.data());
   std::vector<int32_t> slot(M, -1);
   for (int64_t k = 0; k < kept; ++k) slot[kept_cols[k]] = static_cast<int32_t>(k);
   if (c.kept) ASSERT_GT(kept, 0) << what;
@@ -530,7 +554,8 @@ void run_norm(const NormCase& c, std::mt19937& gen) {
   // whose values nearly agree has a large rstd): its floor is the largest of those.
   double term = 1.0;
   for (int64_t r = 0; r < R; ++r)
-    for (int64_t j = 0; j < (f.weight ? M : 1); ++j) term = std::max(term, r_cpu.get(r) * (f.weight ? std::fabs(w.get(j)) : 1.0));
+    for (int64_t j = 0; j < (f.weight ? M : 1); ++j)
+      term = std::max(term, r_cpu.get(r) * (f.weight ? std::fabs(w.get(j)) : 1.0));
   expect_close(gx_cpu, gx_gpu, reduction(term), what + " grad x");
   if (f.weight) expect_close(gw_cpu, gw_gpu, column_sum(R), what + " grad weight");
   if (f.beta) expect_close(gbe_cpu, gbe_gpu, column_sum(R), what + " grad beta");
@@ -552,8 +577,17 @@ TEST(SimtCuda, NormsMatchTheCpuKernels) {
       // Widths that are a multiple of 8 take the rows-in-registers kernels (16-byte accesses):
       // 24 and 64 (a partly idle warp), 1024 (1 pack a thread), 8192 (2 packs; the backward's
       // widest), 12288 (the forward's 4 packs; the backward's workspace path).
-      for (auto [R, M] : {std::pair<int64_t, int64_t>{1, 1}, {3, 31}, {5, 300}, {9, 1031}, {600, 24}, {4, 4100},
-                          {2, 8300}, {7, 64}, {5, 1024}, {2, 8192}, {2, 12288}}) {
+      for (auto [R, M] : {std::pair<int64_t, int64_t>{1, 1},
+                          {3, 31},
+                          {5, 300},
+                          {9, 1031},
+                          {600, 24},
+                          {4, 4100},
+                          {2, 8300},
+                          {7, 64},
+                          {5, 1024},
+                          {2, 8192},
+                          {2, 12288}}) {
         if (R == 600 && (fp || t == DType::kFloat64 || t == DType::kFloat16)) continue;
         if (M > 4000 && (fp || t == DType::kFloat64 || t == DType::kFloat16)) continue;
         run_norm({K::kLayerNorm, t, fp, R, M, true, true, false, false, false, 0.0, tempo::DropoutMode::kBits}, gen);
@@ -701,8 +735,10 @@ void run_gated_mlp(tempo::Activation act, DType t, int64_t rows, int64_t cols, b
     b.grad_gate = dg.data();
     b.grad_up = fused ? static_cast<char*>(dg.data()) + cols * elem_size(t) : du.data();
     b.h = h.data();
-    if (cuda) ASSERT_EQ(simt_api::gated_mlp_backward(&b), "") << what;
-    else ASSERT_TRUE(tempo::gated_mlp_backward_cpu(b).ok()) << what;
+    if (cuda)
+      ASSERT_EQ(simt_api::gated_mlp_backward(&b), "") << what;
+    else
+      ASSERT_TRUE(tempo::gated_mlp_backward_cpu(b).ok()) << what;
   };
   run(dgc, duc, hbc, false);
   run(dgg, dug, hbg, true);
@@ -748,9 +784,9 @@ void run_softmax(DType t, SoftmaxShape sh, bool causal, int mask_kind, double p,
   f.rng.seed = 8;
   f.rng.offset = 9;
   const int64_t n = f.rows_total() * f.cols, seq = f.seq();
-  const std::string what = tag(t, n) + (causal ? " causal" : "") + " mask " + std::to_string(mask_kind) +
-                           " p " + std::to_string(p) + (mode == tempo::DropoutMode::kBits ? " bits" : " philox") +
-                           " offset " + std::to_string(sh.row_offset);
+  const std::string what = tag(t, n) + (causal ? " causal" : "") + " mask " + std::to_string(mask_kind) + " p " +
+                           std::to_string(p) + (mode == tempo::DropoutMode::kBits ? " bits" : " philox") + " offset " +
+                           std::to_string(sh.row_offset);
   // Masks: 1 a key-padding mask [batch, 1, 1, cols] broadcast over heads and rows, with
   // one batch's every key masked (rows of P = 0); 2 a full [batch, heads, seq, cols] mask.
   std::vector<float> mask;
@@ -866,9 +902,9 @@ void run_lce(DType t, int64_t rows, int64_t V, double smoothing, int shift, std:
   std::vector<int64_t> labels(rows);
   std::uniform_int_distribution<int64_t> pick(0, V - 1);
   for (int64_t r = 0; r < rows; ++r) labels[r] = r % 5 == 1 ? -100 : r % 7 == 3 ? V + 5 : pick(gen);
-  if (rows > 2) z.set(2 * V + V / 2, NAN);                               // row 2: NaN loss and lse
+  if (rows > 2) z.set(2 * V + V / 2, NAN);  // row 2: NaN loss and lse
   if (rows > 3)
-    for (int64_t j = 0; j < V; ++j) z.set(3 * V + j, -INFINITY);         // row 3: every logit -inf
+    for (int64_t j = 0; j < V; ++j) z.set(3 * V + j, -INFINITY);  // row 3: every logit -inf
   tempo::LinearCrossEntropyForwardParams f;
   f.dtype = t;
   f.rows = rows;
@@ -923,8 +959,8 @@ TEST(SimtCuda, LinearCrossEntropyMatchesTheCpuKernels) {
 // One linear attention case (forward and backward, with or without carried states) against the CPU kernel.
 void run_linear_attention(DType t, int64_t R, int64_t L, int64_t m, int64_t d, bool state_in, std::mt19937& gen) {
   const DType st = tempo::linear_attention_state_dtype(t);
-  const std::string what = tag(t, R * L * m) + " m " + std::to_string(m) + " d " + std::to_string(d) +
-                           (state_in ? " with a state in" : "");
+  const std::string what =
+      tag(t, R * L * m) + " m " + std::to_string(m) + " d " + std::to_string(d) + (state_in ? " with a state in" : "");
   auto positive = [&](int64_t n) {  // feature-mapped queries and keys are non-negative
     Buf b(t, n);
     std::uniform_real_distribution<double> u(0.05, 1.5);
@@ -1029,7 +1065,8 @@ TEST(SimtCuda, RandomBoundarySizesMatchTheCpuKernels) {
   const unsigned seed = env_seed ? static_cast<unsigned>(std::strtoul(env_seed, nullptr, 10)) : 20261203u;
   std::mt19937 gen(seed);
   std::uniform_int_distribution<int> coin(0, 1), dt(0, 3);
-  const tempo::Activation acts[] = {tempo::Activation::kGeluErf, tempo::Activation::kGeluTanh, tempo::Activation::kSilu};
+  const tempo::Activation acts[] = {tempo::Activation::kGeluErf, tempo::Activation::kGeluTanh,
+                                    tempo::Activation::kSilu};
   for (int c = 0; c < 60; ++c) {
     SCOPED_TRACE("case " + std::to_string(c) + " of seed " + std::to_string(seed));
     const DType t = kDTypes[dt(gen)];

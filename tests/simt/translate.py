@@ -31,8 +31,10 @@ def matching(text, i, open_ch, close_ch):
 
 def kernel_start(text, i):
     """Where the kernel expression that ends at text[i] (just before <<<) begins: back over
-    a template argument list and a qualified name."""
+    a template argument list and a qualified name (clang-format may break the line before <<<)."""
     j = i
+    while text[j - 1].isspace():
+        j -= 1
     while True:
         if text[j - 1] == ">":  # template arguments
             depth = 0

@@ -133,7 +133,7 @@ struct Avx512 {
   };
   template <Activation A>
   static Table table() {
-    static const std::array<float, (math::kActDegree + 1) * kPieceSlots> t = [] {
+    static const std::array<float, (math::kActDegree + 1)* kPieceSlots> t = [] {
       std::array<float, (math::kActDegree + 1) * kPieceSlots> out{};
       const float* c = math::act_coef<A>();
       for (int p = 0; p < math::kActPieces; ++p)
@@ -168,9 +168,9 @@ struct Avx512 {
 
 enum class Isa { kScalar, kAvx2, kAvx512 };
 inline Isa best_isa() {
-  static const Isa isa = __builtin_cpu_supports("avx512f")                                     ? Isa::kAvx512
+  static const Isa isa = __builtin_cpu_supports("avx512f")                                   ? Isa::kAvx512
                          : (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) ? Isa::kAvx2
-                                                                                              : Isa::kScalar;
+                                                                                             : Isa::kScalar;
   return isa;
 }
 

@@ -28,7 +28,8 @@ void forward_chunk(const AttentionSoftmaxForwardParams& p, int64_t r0, int64_t r
   const bool dropout = p.p > 0.0;
   const bool block = p.block();
   const int64_t seq_q = p.seq();
-  const uint8_t* bits = dropout && !block ? cpu::draw_chunk_bits(p.rng, p.p, p.mask_bits, r0 * C, r1 * C, local) : nullptr;
+  const uint8_t* bits =
+      dropout && !block ? cpu::draw_chunk_bits(p.rng, p.p, p.mask_bits, r0 * C, r1 * C, local) : nullptr;
   const uint64_t threshold = math::keep_threshold(p.p);
   const DropoutScale dscale(p.p);
   const Acc scale = static_cast<Acc>(p.scale);
@@ -71,8 +72,10 @@ void forward_chunk(const AttentionSoftmaxForwardParams& p, int64_t r0, int64_t r
 #pragma omp simd
     for (int64_t j = 0; j < C; ++j) math::store(s + j, xr[j] * inv);
     if (dropout) {
-      if (block) cpu::keep_flags(p.rng, threshold, (bh * seq_q + i) * C, C, keep.data());
-      else cpu::expand_keep(bits, (r - r0) * C, C, keep.data());
+      if (block)
+        cpu::keep_flags(p.rng, threshold, (bh * seq_q + i) * C, C, keep.data());
+      else
+        cpu::expand_keep(bits, (r - r0) * C, C, keep.data());
       const uint8_t* k = keep.data();
       T* d = dropped + r * C;
 #pragma omp simd
@@ -175,8 +178,7 @@ void qkv_split_forward(const QkvSplitForwardParams& p) {
 template <typename T>
 void qkv_split_backward(const QkvSplitBackwardParams& p) {
   const int64_t S = p.seq, A = p.heads, D = p.head_dim, tokens = p.batch * S, M = p.cols();
-  const T* in[3] = {static_cast<const T*>(p.grad_q), static_cast<const T*>(p.grad_k),
-                    static_cast<const T*>(p.grad_v)};
+  const T* in[3] = {static_cast<const T*>(p.grad_q), static_cast<const T*>(p.grad_k), static_cast<const T*>(p.grad_v)};
   T* dz = static_cast<T*>(p.grad_z);
   const bool parallel = p.numel() >= cpu::kParallelMinElems && tokens > 1;
   const int64_t groups = cpu::reduction_groups(tokens);
@@ -234,8 +236,10 @@ Status attention_softmax_forward_cpu(const AttentionSoftmaxForwardParams& p) {
   math::by_dtype(p.dtype, [&](auto t) {
     using T = decltype(t);
     run_chunks(p, rows_total, [&](int64_t r0, int64_t r1, auto& xf, auto& xd, auto& keep, auto& local) {
-      if constexpr (std::is_same_v<T, double>) forward_chunk<T>(p, r0, r1, xd, keep, local);
-      else forward_chunk<T>(p, r0, r1, xf, keep, local);
+      if constexpr (std::is_same_v<T, double>)
+        forward_chunk<T>(p, r0, r1, xd, keep, local);
+      else
+        forward_chunk<T>(p, r0, r1, xf, keep, local);
     });
   });
   return Status::Ok();
@@ -247,8 +251,10 @@ Status attention_softmax_backward_cpu(const AttentionSoftmaxBackwardParams& p) {
   math::by_dtype(p.dtype, [&](auto t) {
     using T = decltype(t);
     run_chunks(p, p.rows_total(), [&](int64_t r0, int64_t r1, auto& xf, auto& xd, auto& keep, auto& local) {
-      if constexpr (std::is_same_v<T, double>) backward_chunk<T>(p, r0, r1, xd, keep, local);
-      else backward_chunk<T>(p, r0, r1, xf, keep, local);
+      if constexpr (std::is_same_v<T, double>)
+        backward_chunk<T>(p, r0, r1, xd, keep, local);
+      else
+        backward_chunk<T>(p, r0, r1, xf, keep, local);
     });
   });
   return Status::Ok();

@@ -18,8 +18,10 @@ using math::fp16_t;
 // The double evaluation for 16/32-bit data, the C library's for fp64.
 template <Activation A, typename T>
 inline math::GateValue<double> gate_value(double x) {
-  if constexpr (std::is_same_v<T, double>) return math::gate_exact<A>(x);
-  else return math::gate_fast<A>(x);
+  if constexpr (std::is_same_v<T, double>)
+    return math::gate_exact<A>(x);
+  else
+    return math::gate_fast<A>(x);
 }
 
 // Rows per work item: about 16K elements, at least one row.
@@ -93,8 +95,10 @@ Status gated_mlp_backward_cpu(const GatedMlpBackwardParams& p) {
     constexpr Activation A = decltype(a)::value;
     using T = decltype(t);
     run_rows(p, [&](int64_t r0, int64_t r1) {
-      if (p.h) backward_rows<A, T, true>(p, r0, r1);
-      else backward_rows<A, T, false>(p, r0, r1);
+      if (p.h)
+        backward_rows<A, T, true>(p, r0, r1);
+      else
+        backward_rows<A, T, false>(p, r0, r1);
     });
   });
 }

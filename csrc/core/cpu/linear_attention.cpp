@@ -91,10 +91,14 @@ void backward_row(const LinearAttentionBackwardParams& p, int64_t r, std::vector
       for (int64_t j = 0; j < d; ++j) S[i * d + j] += kl[i] * vl[j];
     }
   }
-  if (p.grad_num_out) load_row(static_cast<const St*>(p.grad_num_out) + r * m * d, m * d, G.data());
-  else std::fill(G.begin(), G.end(), 0.0);
-  if (p.grad_den_out) load_row(static_cast<const St*>(p.grad_den_out) + r * m, m, H.data());
-  else std::fill(H.begin(), H.end(), 0.0);
+  if (p.grad_num_out)
+    load_row(static_cast<const St*>(p.grad_num_out) + r * m * d, m * d, G.data());
+  else
+    std::fill(G.begin(), G.end(), 0.0);
+  if (p.grad_den_out)
+    load_row(static_cast<const St*>(p.grad_den_out) + r * m, m, H.data());
+  else
+    std::fill(H.begin(), H.end(), 0.0);
   std::vector<double> n(d), gn(d), gqv(m);
   for (int64_t l = p.len - 1; l >= 0; --l) {
     load_row(q + l * m, m, ql.data());

@@ -219,15 +219,19 @@ void backward_chunk(const NormBackwardParams& p, const Columns<math::acc_t<T>>& 
     // xhat: recovered from y (inv_w = 0 in the kept columns), plus the kept value (0 elsewhere).
     auto xhat = [&](int64_t j) {
       const Acc rec = (math::to_float(yr[j]) - b[j]) * inv_w[j];
-      if constexpr (Kept) return rec + kx[j];
-      else return rec;
+      if constexpr (Kept)
+        return rec + kx[j];
+      else
+        return rec;
     };
     // c1 = mean(gy * xhat), c2 = mean(gy), gy = dy * gamma.
     const auto [c1, c2] = row_sum2<Acc>(
         M,
         [&](int64_t j) {
-          if constexpr (Kept) return math::to_float(dyr[j]) * w[j] * xhat(j);
-          else return math::to_float(dyr[j]) * (math::to_float(yr[j]) - b[j]);
+          if constexpr (Kept)
+            return math::to_float(dyr[j]) * w[j] * xhat(j);
+          else
+            return math::to_float(dyr[j]) * (math::to_float(yr[j]) - b[j]);
         },
         [&](int64_t j) { return math::to_float(dyr[j]) * w[j]; });
     const Acc m1 = static_cast<Acc>(c1 / static_cast<double>(M));
@@ -303,8 +307,10 @@ void backward(const NormBackwardParams& p) {
     double* part = parts.data() + static_cast<size_t>(g) * 3 * M;
     for (int64_t c = c0; c < c1; ++c) {
       const int64_t r1 = std::min(p.rows, (c + 1) * chunk);
-      if (p.kept > 0) backward_chunk<T, true>(p, col, c * chunk, r1, part, acc, keep, local);
-      else backward_chunk<T, false>(p, col, c * chunk, r1, part, acc, keep, local);
+      if (p.kept > 0)
+        backward_chunk<T, true>(p, col, c * chunk, r1, part, acc, keep, local);
+      else
+        backward_chunk<T, false>(p, col, c * chunk, r1, part, acc, keep, local);
     }
   });
   cpu::add_group_partials(parts, groups, 3 * M);

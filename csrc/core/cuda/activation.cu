@@ -20,12 +20,12 @@ namespace {
 using math::acc_t;
 
 using cuda::aligned16;
-using cuda::load8;
-using cuda::Pack8;
-using cuda::store8;
 using cuda::grid_for;
 using cuda::kThreads;
 using cuda::launch_status;
+using cuda::load8;
+using cuda::Pack8;
+using cuda::store8;
 
 // The forward value (activation_f32.h): for fp32 data the float-float fp32 forward (within
 // kF32ForwardUlps, which the fp32 backward's bound needs); for bf16/fp16 the plain fp32 one
@@ -33,8 +33,10 @@ using cuda::launch_status;
 // library's double for fp64.
 template <Activation A, typename T>
 __device__ __forceinline__ float forward_value(float z) {
-  if constexpr (std::is_same_v<T, float>) return math::act_forward_f32<A>(z);
-  else return math::act_forward_plain<A>(z);
+  if constexpr (std::is_same_v<T, float>)
+    return math::act_forward_f32<A>(z);
+  else
+    return math::act_forward_plain<A>(z);
 }
 template <Activation A, typename T>
 __device__ __forceinline__ double forward_value(double z) {

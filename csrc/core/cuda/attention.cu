@@ -28,8 +28,8 @@ __global__ void forward_kernel(AttentionSoftmaxForwardParams p, uint64_t thresho
   for (int64_t r = blockIdx.x; r < rows_total; r += gridDim.x) {
     const int64_t i = p.row_offset + r % p.rows, bh = r / p.rows, b = bh / p.heads, h = bh % p.heads;
     const int64_t e_row = (bh * seq_q + i) * C;  // dropout element index of the row's first entry
-    const float* m = p.attn_mask ? p.attn_mask + b * p.mask_stride[0] + h * p.mask_stride[1] + i * p.mask_stride[2]
-                                 : nullptr;
+    const float* m =
+        p.attn_mask ? p.attn_mask + b * p.mask_stride[0] + h * p.mask_stride[1] + i * p.mask_stride[2] : nullptr;
     T* s = scores + r * C;
     auto logit = [&](int64_t j) {
       if (p.causal && j > i) return neg_inf;
@@ -102,15 +102,16 @@ constexpr int64_t kPack = 8;
 
 template <int TPR, bool Max = false>
 __device__ __forceinline__ float row_reduce(float v, float* shared) {
-  if constexpr (TPR == 32) return cuda::warp_reduce<Max>(v);
-  else return cuda::block_reduce<Max>(v, shared);
+  if constexpr (TPR == 32)
+    return cuda::warp_reduce<Max>(v);
+  else
+    return cuda::block_reduce<Max>(v, shared);
 }
 
 // vec_mask: the additive mask's rows are contiguous and 16-byte aligned (read 8 floats at once).
 template <typename T, int TPR, int V>
-__global__ void __launch_bounds__(cuda::kThreads) forward_rows_kernel(AttentionSoftmaxForwardParams p,
-                                                                      uint64_t threshold, DropoutScale dscale,
-                                                                      bool vec_mask) {
+__global__ void __launch_bounds__(cuda::kThreads)
+    forward_rows_kernel(AttentionSoftmaxForwardParams p, uint64_t threshold, DropoutScale dscale, bool vec_mask) {
   __shared__ float shared[32];
   constexpr int kRowsPerBlock = cuda::kThreads / TPR;
   const int lane = static_cast<int>(threadIdx.x) % TPR;
@@ -126,8 +127,8 @@ __global__ void __launch_bounds__(cuda::kThreads) forward_rows_kernel(AttentionS
     const int64_t r = r0 + slot;
     if (r >= rows_total) continue;  // the same for every thread of the row (a warp, or the block)
     const int64_t i = p.row_offset + r % p.rows, bh = r / p.rows, b = bh / p.heads, h = bh % p.heads;
-    const float* m = p.attn_mask ? p.attn_mask + b * p.mask_stride[0] + h * p.mask_stride[1] + i * p.mask_stride[2]
-                                 : nullptr;
+    const float* m =
+        p.attn_mask ? p.attn_mask + b * p.mask_stride[0] + h * p.mask_stride[1] + i * p.mask_stride[2] : nullptr;
     T* s = static_cast<T*>(p.scores) + r * C;
     float mx = neg_inf;
 #pragma unroll
@@ -191,8 +192,8 @@ __global__ void __launch_bounds__(cuda::kThreads) forward_rows_kernel(AttentionS
 }
 
 template <typename T, int TPR, int V>
-__global__ void __launch_bounds__(cuda::kThreads) backward_rows_kernel(AttentionSoftmaxBackwardParams p,
-                                                                       uint64_t threshold, DropoutScale dscale) {
+__global__ void __launch_bounds__(cuda::kThreads)
+    backward_rows_kernel(AttentionSoftmaxBackwardParams p, uint64_t threshold, DropoutScale dscale) {
   __shared__ float shared[32];
   constexpr int kRowsPerBlock = cuda::kThreads / TPR;
   const int lane = static_cast<int>(threadIdx.x) % TPR;
@@ -225,7 +226,8 @@ __global__ void __launch_bounds__(cuda::kThreads) backward_rows_kernel(Attention
       cuda::load8v(g, pk * kPack, gp[k]);
       cuda::load8v(prow, pk * kPack, pp[k]);
       if (dropout)
-        bits[k] = p.mask_bits ? p.mask_bits[row_byte + pk] : math::keep_byte(rng.seed, rng.offset, row_byte + pk, threshold);
+        bits[k] =
+            p.mask_bits ? p.mask_bits[row_byte + pk] : math::keep_byte(rng.seed, rng.offset, row_byte + pk, threshold);
 #pragma unroll
       for (int q = 0; q < 8; ++q) dot += dp(gp[k], bits[k], q) * math::to_float(pp[k].v[q]);
     }
@@ -236,7 +238,8 @@ __global__ void __launch_bounds__(cuda::kThreads) backward_rows_kernel(Attention
       if (pk >= packs) continue;
       cuda::Pack8<T> out;
 #pragma unroll
-      for (int q = 0; q < 8; ++q) math::store(&out.v[q], scale * math::to_float(pp[k].v[q]) * (dp(gp[k], bits[k], q) - dot));
+      for (int q = 0; q < 8; ++q)
+        math::store(&out.v[q], scale * math::to_float(pp[k].v[q]) * (dp(gp[k], bits[k], q) - dot));
       cuda::store8v(g, pk * kPack, out);
     }
   }
@@ -251,12 +254,18 @@ bool launch_rows(int64_t cols, int64_t rows_total, Launch launch) {
     if (cols % kPack != 0 || cols > 8192) return false;
     auto grid = [&](int rows_per_block) { return cuda::row_grid((rows_total + rows_per_block - 1) / rows_per_block); };
     constexpr int W = 32, B = cuda::kThreads, RW = cuda::kThreads / 32;
-    if (cols <= 8 * W) launch(std::integral_constant<int, W>{}, std::integral_constant<int, 1>{}, grid(RW));
-    else if (cols <= 16 * W) launch(std::integral_constant<int, W>{}, std::integral_constant<int, 2>{}, grid(RW));
-    else if (cols <= 32 * W) launch(std::integral_constant<int, W>{}, std::integral_constant<int, 4>{}, grid(RW));
-    else if (cols <= 8 * B) launch(std::integral_constant<int, B>{}, std::integral_constant<int, 1>{}, grid(1));
-    else if (cols <= 16 * B) launch(std::integral_constant<int, B>{}, std::integral_constant<int, 2>{}, grid(1));
-    else launch(std::integral_constant<int, B>{}, std::integral_constant<int, 4>{}, grid(1));
+    if (cols <= 8 * W)
+      launch(std::integral_constant<int, W>{}, std::integral_constant<int, 1>{}, grid(RW));
+    else if (cols <= 16 * W)
+      launch(std::integral_constant<int, W>{}, std::integral_constant<int, 2>{}, grid(RW));
+    else if (cols <= 32 * W)
+      launch(std::integral_constant<int, W>{}, std::integral_constant<int, 4>{}, grid(RW));
+    else if (cols <= 8 * B)
+      launch(std::integral_constant<int, B>{}, std::integral_constant<int, 1>{}, grid(1));
+    else if (cols <= 16 * B)
+      launch(std::integral_constant<int, B>{}, std::integral_constant<int, 2>{}, grid(1));
+    else
+      launch(std::integral_constant<int, B>{}, std::integral_constant<int, 4>{}, grid(1));
     return true;
   }
 }
@@ -376,8 +385,8 @@ Status qkv_split_backward_cuda(const QkvSplitBackwardParams& p, void* stream) {
       cudaMemsetAsync(p.workspace, 0, sizeof(math::acc_t<T>) * M, st);
     if (p.grad_bias) {
       const auto* parts = static_cast<const math::acc_t<T>*>(p.workspace);
-      cuda::column_group_sums_kernel<T><<<tiles, cuda::kThreads, 0, st>>>(parts, tokens > 0 ? groups : 1, M,
-                                                                         static_cast<T*>(p.grad_bias));
+      cuda::column_group_sums_kernel<T>
+          <<<tiles, cuda::kThreads, 0, st>>>(parts, tokens > 0 ? groups : 1, M, static_cast<T*>(p.grad_bias));
     }
   });
   return cuda::launch_status("qkv split backward");
@@ -396,7 +405,8 @@ Status attention_softmax_forward_cuda(const AttentionSoftmaxForwardParams& p, vo
   math::by_dtype(p.dtype, [&](auto t) {
     using T = decltype(t);
     if (aligned && launch_rows<T>(p.cols, rows_total, [&](auto tpr, auto v, int grid) {
-          forward_rows_kernel<T, decltype(tpr)::value, decltype(v)::value><<<grid, cuda::kThreads, 0, st>>>(p, threshold, dscale, vec_mask);
+          forward_rows_kernel<T, decltype(tpr)::value, decltype(v)::value>
+              <<<grid, cuda::kThreads, 0, st>>>(p, threshold, dscale, vec_mask);
         }))
       return;
     if (p.p > 0.0 && p.mask_bits)
@@ -417,7 +427,8 @@ Status attention_softmax_backward_cuda(const AttentionSoftmaxBackwardParams& p, 
   math::by_dtype(p.dtype, [&](auto t) {
     using T = decltype(t);
     if (aligned && launch_rows<T>(p.cols, p.rows_total(), [&](auto tpr, auto v, int grid) {
-          backward_rows_kernel<T, decltype(tpr)::value, decltype(v)::value><<<grid, cuda::kThreads, 0, st>>>(p, threshold, dscale);
+          backward_rows_kernel<T, decltype(tpr)::value, decltype(v)::value>
+              <<<grid, cuda::kThreads, 0, st>>>(p, threshold, dscale);
         }))
       return;
     backward_kernel<T><<<cuda::row_grid(p.rows_total()), cuda::kThreads, 0, st>>>(p, threshold, dscale);

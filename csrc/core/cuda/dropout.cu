@@ -1,5 +1,6 @@
 // CUDA kernels of dropout: one thread per mask byte (8 elements, moved as 16-byte words when
-// aligned, a scalar tail), grid-stride, 64-bit indexing. The keep bits are the same Philox draws as on the CPU (math/philox.h).
+// aligned, a scalar tail), grid-stride, 64-bit indexing. The keep bits are the same Philox draws as on the CPU
+// (math/philox.h).
 #include "tempo/dropout.h"
 #include "../math/philox.h"
 #include "common.cuh"
@@ -77,8 +78,8 @@ Status dropout_forward_cuda(const DropoutForwardParams& p, void* stream) {
   const int grid = cuda::grid_for(bit_mask_bytes(p.numel));
   const bool vec = cuda::aligned16(p.x) && cuda::aligned16(p.y);
   math::by_dtype(p.dtype, [&](auto t) {
-    dropout_forward_kernel<decltype(t)><<<grid, cuda::kThreads, 0, st>>>(p, math::keep_threshold(p.p),
-                                                                        DropoutScale(p.p), vec);
+    dropout_forward_kernel<decltype(t)>
+        <<<grid, cuda::kThreads, 0, st>>>(p, math::keep_threshold(p.p), DropoutScale(p.p), vec);
   });
   return cuda::launch_status("dropout forward");
 }
@@ -90,8 +91,8 @@ Status dropout_backward_cuda(const DropoutBackwardParams& p, void* stream) {
   const int grid = cuda::grid_for(bit_mask_bytes(p.numel));
   const bool vec = cuda::aligned16(p.grad_y) && cuda::aligned16(p.grad_x);
   math::by_dtype(p.dtype, [&](auto t) {
-    dropout_backward_kernel<decltype(t)><<<grid, cuda::kThreads, 0, st>>>(p, math::keep_threshold(p.p),
-                                                                         DropoutScale(p.p), vec);
+    dropout_backward_kernel<decltype(t)>
+        <<<grid, cuda::kThreads, 0, st>>>(p, math::keep_threshold(p.p), DropoutScale(p.p), vec);
   });
   return cuda::launch_status("dropout backward");
 }

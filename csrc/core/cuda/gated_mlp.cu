@@ -25,8 +25,10 @@ using cuda::store8;
 
 template <Activation A, typename T>
 __device__ __forceinline__ math::GateValue<math::acc_t<T>> gate_value(math::acc_t<T> x) {
-  if constexpr (std::is_same_v<T, double>) return math::gate_exact<A>(x);
-  else return math::gate_f32<A>(x);
+  if constexpr (std::is_same_v<T, double>)
+    return math::gate_exact<A>(x);
+  else
+    return math::gate_f32<A>(x);
 }
 
 // Item i: row i / per_row, columns 8 (i % per_row) onwards.
@@ -111,8 +113,10 @@ Status gated_mlp_forward_cuda(const GatedMlpForwardParams& p, void* stream) {
     auto launch = [&](auto index) {
       gated_mlp_forward_kernel<A, T, decltype(index)><<<grid_for(items), kThreads, 0, st>>>(p, vec);
     };
-    if (small_index(p.rows, p.cols)) launch(uint32_t{});
-    else launch(uint64_t{});
+    if (small_index(p.rows, p.cols))
+      launch(uint32_t{});
+    else
+      launch(uint64_t{});
   });
   return d.ok() ? launch_status("gated_mlp forward") : d;
 }
@@ -125,17 +129,24 @@ Status gated_mlp_backward_cuda(const GatedMlpBackwardParams& p, void* stream) {
   const Status d = dispatch(p.act, p.dtype, [&](auto a, auto t) {
     using T = decltype(t);
     constexpr Activation A = decltype(a)::value;
-    const bool vec = rows_aligned<T>({{p.gate, p.gate_stride}, {p.up, p.up_stride}, {p.grad_h, p.cols},
-                                      {p.grad_gate, p.grad_gate_stride}, {p.grad_up, p.grad_up_stride},
+    const bool vec = rows_aligned<T>({{p.gate, p.gate_stride},
+                                      {p.up, p.up_stride},
+                                      {p.grad_h, p.cols},
+                                      {p.grad_gate, p.grad_gate_stride},
+                                      {p.grad_up, p.grad_up_stride},
                                       {p.h ? p.h : p.grad_h, p.cols}});
     const int grid = grid_for(items);
     auto launch = [&](auto index) {
       using Index = decltype(index);
-      if (p.h) gated_mlp_backward_kernel<A, T, Index, true><<<grid, kThreads, 0, st>>>(p, vec);
-      else gated_mlp_backward_kernel<A, T, Index, false><<<grid, kThreads, 0, st>>>(p, vec);
+      if (p.h)
+        gated_mlp_backward_kernel<A, T, Index, true><<<grid, kThreads, 0, st>>>(p, vec);
+      else
+        gated_mlp_backward_kernel<A, T, Index, false><<<grid, kThreads, 0, st>>>(p, vec);
     };
-    if (small_index(p.rows, p.cols)) launch(uint32_t{});
-    else launch(uint64_t{});
+    if (small_index(p.rows, p.cols))
+      launch(uint32_t{});
+    else
+      launch(uint64_t{});
   });
   return d.ok() ? launch_status("gated_mlp backward") : d;
 }

@@ -164,8 +164,9 @@ __global__ void la_backward_kernel(LinearAttentionBackwardParams p) {
 }
 
 Status shared_fits(int64_t bytes, const char* what) {
-  TEMPO_CORE_CHECK(bytes <= kMaxSharedBytes, std::string(what) + ": the feature size m and value size d are too "
-                                                                 "large for the CUDA kernel's shared memory");
+  TEMPO_CORE_CHECK(bytes <= kMaxSharedBytes, std::string(what) +
+                                                 ": the feature size m and value size d are too "
+                                                 "large for the CUDA kernel's shared memory");
   return Status::Ok();
 }
 
@@ -179,9 +180,8 @@ Status linear_attention_forward_cuda(const LinearAttentionForwardParams& p, void
   s = shared_fits(shared, "causal linear attention forward");
   if (!s.ok()) return s;
   auto st = static_cast<cudaStream_t>(stream);
-  math::by_dtype(p.dtype, [&](auto t) {
-    la_forward_kernel<decltype(t)><<<cuda::row_grid(p.rows), kLaThreads, shared, st>>>(p);
-  });
+  math::by_dtype(
+      p.dtype, [&](auto t) { la_forward_kernel<decltype(t)><<<cuda::row_grid(p.rows), kLaThreads, shared, st>>>(p); });
   return cuda::launch_status("causal linear attention forward");
 }
 
@@ -193,9 +193,8 @@ Status linear_attention_backward_cuda(const LinearAttentionBackwardParams& p, vo
   s = shared_fits(shared, "causal linear attention backward");
   if (!s.ok()) return s;
   auto st = static_cast<cudaStream_t>(stream);
-  math::by_dtype(p.dtype, [&](auto t) {
-    la_backward_kernel<decltype(t)><<<cuda::row_grid(p.rows), kLaThreads, shared, st>>>(p);
-  });
+  math::by_dtype(
+      p.dtype, [&](auto t) { la_backward_kernel<decltype(t)><<<cuda::row_grid(p.rows), kLaThreads, shared, st>>>(p); });
   return cuda::launch_status("causal linear attention backward");
 }
 

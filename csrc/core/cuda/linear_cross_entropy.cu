@@ -32,7 +32,8 @@ struct RowSums {
     const Acc neg_inf = -static_cast<Acc>(INFINITY);
     const Acc mm = m2 > m ? m2 : m;
     if (mm > neg_inf)
-      s = (m > neg_inf ? s * math::exp_shifted<Acc>(m - mm) : Acc(0)) + (m2 > neg_inf ? s2 * math::exp_shifted<Acc>(m2 - mm) : Acc(0));
+      s = (m > neg_inf ? s * math::exp_shifted<Acc>(m - mm) : Acc(0)) +
+          (m2 > neg_inf ? s2 * math::exp_shifted<Acc>(m2 - mm) : Acc(0));
     m = mm;
     zs += zs2;
   }

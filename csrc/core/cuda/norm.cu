@@ -29,7 +29,6 @@ __device__ math::acc_t<T> load_h(const NormForwardParams& p, const PhiloxState& 
   return math::round_to_acc<T>(math::to_float(static_cast<const T*>(p.prologue.residual)[e]) + v);
 }
 
-
 // T: the data's type; P: the parameters' (T, or float with float_params).
 template <typename T, typename P>
 __global__ void norm_forward_kernel(NormForwardParams p, uint64_t threshold, DropoutScale scale) {
@@ -93,7 +92,8 @@ __device__ math::acc_t<T> xhat_at(const NormBackwardParams& p, int64_t r, int64_
 // keeps their dgamma / dbeta / dbias partial sums in registers over the block's rows, storing
 // them once; K = 0 (rows wider than that): the partial sums are added in the workspace.
 template <typename T, typename P, int K>
-__global__ void __launch_bounds__(512) norm_backward_kernel(NormBackwardParams p, uint64_t threshold, DropoutScale scale) {
+__global__ void __launch_bounds__(512)
+    norm_backward_kernel(NormBackwardParams p, uint64_t threshold, DropoutScale scale) {
   using Acc = math::acc_t<T>;
   __shared__ Acc shared[32];
   const PhiloxState rng = cuda::resolve(p.prologue.rng);
@@ -187,12 +187,18 @@ void launch_norm_backward(const NormBackwardParams& q, int groups, uint64_t thre
   const int64_t M = q.cols;
   const int threads = M > 16 * cuda::kThreads ? 2 * cuda::kThreads : cuda::kThreads;
   const int64_t per = (M + threads - 1) / threads;
-  if (per <= 1) norm_backward_kernel<T, P, 1><<<groups, threads, 0, st>>>(q, threshold, scale);
-  else if (per <= 2) norm_backward_kernel<T, P, 2><<<groups, threads, 0, st>>>(q, threshold, scale);
-  else if (per <= 4) norm_backward_kernel<T, P, 4><<<groups, threads, 0, st>>>(q, threshold, scale);
-  else if (per <= 8) norm_backward_kernel<T, P, 8><<<groups, threads, 0, st>>>(q, threshold, scale);
-  else if (per <= 16 && wide16<T, P>(q, groups, threads, threshold, st)) return;  // fp64: the workspace path (K=16 spills)
-  else norm_backward_kernel<T, P, 0><<<groups, cuda::kThreads, 0, st>>>(q, threshold, scale);
+  if (per <= 1)
+    norm_backward_kernel<T, P, 1><<<groups, threads, 0, st>>>(q, threshold, scale);
+  else if (per <= 2)
+    norm_backward_kernel<T, P, 2><<<groups, threads, 0, st>>>(q, threshold, scale);
+  else if (per <= 4)
+    norm_backward_kernel<T, P, 4><<<groups, threads, 0, st>>>(q, threshold, scale);
+  else if (per <= 8)
+    norm_backward_kernel<T, P, 8><<<groups, threads, 0, st>>>(q, threshold, scale);
+  else if (per <= 16 && wide16<T, P>(q, groups, threads, threshold, st))
+    return;  // fp64: the workspace path (K=16 spills)
+  else
+    norm_backward_kernel<T, P, 0><<<groups, cuda::kThreads, 0, st>>>(q, threshold, scale);
 }
 
 template <typename T, typename P>
@@ -211,11 +217,12 @@ __global__ void column_sum_kernel(NormBackwardParams p, int groups) {
     if (which < 2 ? !param : !bias) continue;
     Acc s = 0;
     for (int g = 0; g < groups; ++g) s += ws[static_cast<int64_t>(g) * 3 * M + j];
-    if (which < 2) math::store(param + j % M, s);
-    else math::store(bias + j % M, s);
+    if (which < 2)
+      math::store(param + j % M, s);
+    else
+      math::store(bias + j % M, s);
   }
 }
-
 
 // ---- rows in registers, 16-byte accesses (the fast path) ------------------------------------
 // (__launch_bounds__(512): these kernels launch up to 512 threads, which leaves 128 registers
@@ -234,7 +241,8 @@ template <typename T>
 using Pack = cuda::Pack8<T>;
 
 template <typename T, typename P, int V>
-__global__ void __launch_bounds__(512) norm_forward_rows_kernel(NormForwardParams p, uint64_t threshold, DropoutScale scale) {
+__global__ void __launch_bounds__(512)
+    norm_forward_rows_kernel(NormForwardParams p, uint64_t threshold, DropoutScale scale) {
   using Acc = float;
   __shared__ Acc shared[32];
   const PhiloxState rng = cuda::resolve(p.prologue.rng);
@@ -327,7 +335,8 @@ __global__ void __launch_bounds__(512) norm_forward_rows_kernel(NormForwardParam
 }
 
 template <typename T, typename P, int V>
-__global__ void __launch_bounds__(512) norm_backward_rows_kernel(NormBackwardParams p, uint64_t threshold, DropoutScale scale) {
+__global__ void __launch_bounds__(512)
+    norm_backward_rows_kernel(NormBackwardParams p, uint64_t threshold, DropoutScale scale) {
   using Acc = float;
   __shared__ Acc shared[32];
   const PhiloxState rng = cuda::resolve(p.prologue.rng);
@@ -447,10 +456,9 @@ Status norm_forward_cuda(const NormForwardParams& p, void* stream) {
   const bool dropout = p.prologue.residual && p.prologue.p > 0.0;
   NormForwardParams q = p;
   if (!dropout || p.prologue.mode != DropoutMode::kBits) q.mask = nullptr;  // philox: draw in place
-  const bool fast = p.dtype != DType::kFloat64 && rows_fit(p.cols, 4) && cuda::aligned16(p.x) &&
-                    cuda::aligned16(p.y) && cuda::aligned16(p.weight) && cuda::aligned16(p.beta) &&
-                    cuda::aligned16(p.prologue.residual) && cuda::aligned16(p.prologue.bias) &&
-                    cuda::aligned16(p.kept_slot);
+  const bool fast = p.dtype != DType::kFloat64 && rows_fit(p.cols, 4) && cuda::aligned16(p.x) && cuda::aligned16(p.y) &&
+                    cuda::aligned16(p.weight) && cuda::aligned16(p.beta) && cuda::aligned16(p.prologue.residual) &&
+                    cuda::aligned16(p.prologue.bias) && cuda::aligned16(p.kept_slot);
   if (fast) {
     const int v = rows_v(p.cols), threads = rows_threads(p.cols, v);
     const int grid = cuda::row_grid(p.rows);
@@ -460,12 +468,17 @@ Status norm_forward_cuda(const NormForwardParams& p, void* stream) {
       if constexpr (!std::is_same_v<T, double>) {
         auto go = [&](auto param_tag) {
           using P = decltype(param_tag);
-          if (v == 1) norm_forward_rows_kernel<T, P, 1><<<grid, threads, 0, st>>>(q, threshold, scale);
-          else if (v == 2) norm_forward_rows_kernel<T, P, 2><<<grid, threads, 0, st>>>(q, threshold, scale);
-          else norm_forward_rows_kernel<T, P, 4><<<grid, threads, 0, st>>>(q, threshold, scale);
+          if (v == 1)
+            norm_forward_rows_kernel<T, P, 1><<<grid, threads, 0, st>>>(q, threshold, scale);
+          else if (v == 2)
+            norm_forward_rows_kernel<T, P, 2><<<grid, threads, 0, st>>>(q, threshold, scale);
+          else
+            norm_forward_rows_kernel<T, P, 4><<<grid, threads, 0, st>>>(q, threshold, scale);
         };
-        if (sizeof(T) == 2 && p.float_params) go(float{});
-        else go(T{});
+        if (sizeof(T) == 2 && p.float_params)
+          go(float{});
+        else
+          go(T{});
       }
     });
     return cuda::launch_status("norm forward");
@@ -514,8 +527,10 @@ Status norm_backward_cuda(const NormBackwardParams& p, void* stream) {
           norm_backward_rows_kernel<T, P, 1><<<groups, threads, 0, st>>>(q, threshold, scale);
           column_sum_kernel<T, P><<<cuda::grid_for(3 * p.cols), cuda::kThreads, 0, st>>>(q, groups);
         };
-        if (sizeof(T) == 2 && p.float_params) go(float{});
-        else go(T{});
+        if (sizeof(T) == 2 && p.float_params)
+          go(float{});
+        else
+          go(T{});
       }
     });
     return cuda::launch_status("norm backward");

@@ -250,9 +250,9 @@ TEMPO_HD float div_1_2(float a, float d) {
 #endif
 }
 
-TEMPO_HD float sigmoid_times(float x, float s) {  // x sigma(s), no overflow, no cancellation
+TEMPO_HD float sigmoid_times(float x, float s) {      // x sigma(s), no overflow, no cancellation
   if (s >= 0.0f) return div_1_2(x, 1.0f + expf(-s));  // e^-s in (0, 1]
-  const float e = expf(s);                             // in [0, 1)
+  const float e = expf(s);                            // in [0, 1)
   return div_1_2(x * e, 1.0f + e);
 }
 
@@ -266,7 +266,7 @@ TEMPO_HD float act_forward_plain<Activation::kSilu>(float x) {
 
 template <>
 TEMPO_HD float act_forward_plain<Activation::kGeluTanh>(float x) {
-  if (fabsf(x) > 20.0f) return x > 0.0f ? x : x * 0.0f;  // as the fp32 form; NaN passes below
+  if (fabsf(x) > 20.0f) return x > 0.0f ? x : x * 0.0f;                    // as the fp32 form; NaN passes below
   const float s = 1.5957691216057308f * x * fmaf(0.044715f * x, x, 1.0f);  // 2 a(x)
   return sigmoid_times(x, s);
 }

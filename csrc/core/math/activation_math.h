@@ -142,10 +142,10 @@ struct ActMath<Activation::kSilu> {
 // Coefficient tables: one host copy and, in CUDA translation units, one device copy.
 template <Activation A>
 struct ActCoef;
-#define TEMPO_DEFINE_COEF(ACT, MACRO)                                       \
-  template <>                                                               \
-  struct ActCoef<Activation::ACT> {                                         \
-    static constexpr float kHost[kActPieces * (kActDegree + 1)] = MACRO;    \
+#define TEMPO_DEFINE_COEF(ACT, MACRO)                                    \
+  template <>                                                            \
+  struct ActCoef<Activation::ACT> {                                      \
+    static constexpr float kHost[kActPieces * (kActDegree + 1)] = MACRO; \
   };
 TEMPO_DEFINE_COEF(kGeluErf, TEMPO_GELUERF_COEF)
 TEMPO_DEFINE_COEF(kGeluTanh, TEMPO_GELUTANH_COEF)
@@ -165,10 +165,14 @@ template <Activation A>
 TEMPO_HD const float* act_coef() {
 #if defined(__CUDA_ARCH__)
   // Each activation names its table; one without a table fails to compile.
-  if constexpr (A == Activation::kGeluErf) return kGeluErfCoefDevice;
-  else if constexpr (A == Activation::kGeluTanh) return kGeluTanhCoefDevice;
-  else if constexpr (A == Activation::kSilu) return kSiluCoefDevice;
-  else static_assert(kNoCoefTable<A>, "act_coef: no CUDA coefficient table for this activation");
+  if constexpr (A == Activation::kGeluErf)
+    return kGeluErfCoefDevice;
+  else if constexpr (A == Activation::kGeluTanh)
+    return kGeluTanhCoefDevice;
+  else if constexpr (A == Activation::kSilu)
+    return kSiluCoefDevice;
+  else
+    static_assert(kNoCoefTable<A>, "act_coef: no CUDA coefficient table for this activation");
 #else
   return ActCoef<A>::kHost;
 #endif
@@ -200,7 +204,7 @@ template <Activation A>
 TEMPO_HD float act_grad_from_output(float y, bool right) {
   using T = typename ActMath<A>::Table;
   float d = (y - T::kYStarHi) - T::kYStarLo;  // y - y*, exact near y*
-  d = d > 0.0f ? d : 0.0f;                     // NaN too
+  d = d > 0.0f ? d : 0.0f;                    // NaN too
   const float s = sqrtf(d);
   // Near the minimum: uniform pieces in s (left pieces run from s = kSLo up to 0).
   float t = right ? s * T::kRightInvWidth : (T::kSLo + s) * -T::kLeftInvWidth;
@@ -233,7 +237,7 @@ TEMPO_HD float act_grad_from_output(float y, bool right) {
   for (int k = 1; k <= kActDegree; ++k) g = fmaf(g, u, c[k]);
   g = (tail && beyond) ? (right ? 1.0f : 0.0f) : g;
   const bool finite = fabsf(y) <= 3.402823466e38f;  // false for inf and NaN
-  return finite ? g : (y - y) * 0.0f;                  // NaN
+  return finite ? g : (y - y) * 0.0f;               // NaN
 }
 
 // fp64: Newton on f(x) = y inside a bracket on the chosen branch, bisecting whenever a
@@ -243,7 +247,7 @@ TEMPO_HD double act_grad_from_output(double y, bool right) {
   using M = ActMath<A>;
   using T = typename M::Table;
   if (!(fabs(y) <= 1.7976931348623157e308)) return (y - y) * 0.0;  // NaN for inf and NaN
-  if (y <= T::kYStar) return 0.0;                                   // at the minimum
+  if (y <= T::kYStar) return 0.0;                                  // at the minimum
   double lo, hi;
   if (right) {
     lo = T::kXStar;
@@ -261,7 +265,10 @@ TEMPO_HD double act_grad_from_output(double y, bool right) {
   for (int it = 0; it < 200; ++it) {
     const double r = M::forward(x) - y;
     // On the right branch f increases, on the left it decreases.
-    if ((r > 0.0) == right) hi = x; else lo = x;
+    if ((r > 0.0) == right)
+      hi = x;
+    else
+      lo = x;
     const double d = M::derivative(x);
     double xn = x - r / d;
     if (!(xn > lo && xn < hi)) xn = 0.5 * (lo + hi);
@@ -277,9 +284,15 @@ TEMPO_HD double act_grad_from_output(double y, bool right) {
 template <typename F>
 bool by_activation(Activation act, F&& f) {
   switch (act) {
-    case Activation::kGeluErf: f(std::integral_constant<Activation, Activation::kGeluErf>{}); return true;
-    case Activation::kGeluTanh: f(std::integral_constant<Activation, Activation::kGeluTanh>{}); return true;
-    case Activation::kSilu: f(std::integral_constant<Activation, Activation::kSilu>{}); return true;
+    case Activation::kGeluErf:
+      f(std::integral_constant<Activation, Activation::kGeluErf>{});
+      return true;
+    case Activation::kGeluTanh:
+      f(std::integral_constant<Activation, Activation::kGeluTanh>{});
+      return true;
+    case Activation::kSilu:
+      f(std::integral_constant<Activation, Activation::kSilu>{});
+      return true;
   }
   return false;
 }

@@ -127,10 +127,18 @@ TEMPO_HD acc_t<T> round_to_acc(acc_t<T> v) {
 template <typename F>
 void by_dtype(DType dtype, F&& f) {
   switch (dtype) {
-    case DType::kFloat32: f(float{}); break;
-    case DType::kFloat64: f(double{}); break;
-    case DType::kBFloat16: f(bf16_t{}); break;
-    case DType::kFloat16: f(fp16_t{}); break;
+    case DType::kFloat32:
+      f(float{});
+      break;
+    case DType::kFloat64:
+      f(double{});
+      break;
+    case DType::kBFloat16:
+      f(bf16_t{});
+      break;
+    case DType::kFloat16:
+      f(fp16_t{});
+      break;
   }
 }
 

@@ -1,6 +1,6 @@
 // Autograd kernels of tempo::gelu and tempo::silu: a C++ autograd Function below the
-// Autograd dispatch key (not twice differentiable: a second derivative raises), so the same backward serves LibTorch C++ and Python. It saves the
-// output y (the tensor the next layer keeps anyway) and the 1-bit mask, nothing else.
+// Autograd dispatch key (not twice differentiable: a second derivative raises), so the same backward serves LibTorch
+// C++ and Python. It saves the output y (the tensor the next layer keeps anyway) and the 1-bit mask, nothing else.
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>

@@ -49,6 +49,4 @@ at::Tensor attention_autograd(const at::Tensor& q, const at::Tensor& k, const at
 }  // namespace
 }  // namespace tempo
 
-TORCH_LIBRARY_IMPL(tempo, Autograd, m) {
-  m.impl("attention", tempo::attention_autograd);
-}
+TORCH_LIBRARY_IMPL(tempo, Autograd, m) { m.impl("attention", tempo::attention_autograd); }

@@ -36,12 +36,16 @@ struct MakeNode;
 template <typename T>
 struct MakeNode<std::shared_ptr<T>> {
   template <typename N, typename... A>
-  static std::shared_ptr<T> make(A&&... a) { return std::make_shared<N>(std::forward<A>(a)...); }
+  static std::shared_ptr<T> make(A&&... a) {
+    return std::make_shared<N>(std::forward<A>(a)...);
+  }
 };
 template <typename T>
 struct MakeNode<c10::intrusive_ptr<T>> {
   template <typename N, typename... A>
-  static c10::intrusive_ptr<T> make(A&&... a) { return c10::make_intrusive<N>(std::forward<A>(a)...); }
+  static c10::intrusive_ptr<T> make(A&&... a) {
+    return c10::make_intrusive<N>(std::forward<A>(a)...);
+  }
 };
 
 }  // namespace

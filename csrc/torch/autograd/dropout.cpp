@@ -26,8 +26,8 @@ class DropoutBackwardFunction : public torch::autograd::Function<DropoutBackward
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto s = ctx->get_saved_variables();
-    return {apply(grads[0], s[0], ctx->saved_data["p"].toDouble(), ctx->saved_data["mode"].toStringRef()),
-            at::Tensor(), at::Tensor(), at::Tensor()};
+    return {apply(grads[0], s[0], ctx->saved_data["p"].toDouble(), ctx->saved_data["mode"].toStringRef()), at::Tensor(),
+            at::Tensor(), at::Tensor()};
   }
 };
 

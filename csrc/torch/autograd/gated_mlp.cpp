@@ -33,9 +33,9 @@ class GatedMlpFunction : public torch::autograd::Function<GatedMlpFunction> {
     ctx->save_for_backward({x, gate, up, gate_weight, or_undefined(up_weight), down_weight});
     ctx->saved_data["activation"] = std::string(activation);
     ctx->saved_data["chunk"] = chunk;
-    ctx->saved_data["has_bias"] = c10::List<bool>({gate_bias.has_value() && gate_bias->defined(),
-                                                   up_bias.has_value() && up_bias->defined(),
-                                                   down_bias.has_value() && down_bias->defined()});
+    ctx->saved_data["has_bias"] =
+        c10::List<bool>({gate_bias.has_value() && gate_bias->defined(), up_bias.has_value() && up_bias->defined(),
+                         down_bias.has_value() && down_bias->defined()});
     return y;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {

@@ -17,8 +17,7 @@ using torch::autograd::variable_list;
 class CausalLinearAttentionFunction : public torch::autograd::Function<CausalLinearAttentionFunction> {
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                               const std::optional<at::Tensor>& num, const std::optional<at::Tensor>& den,
-                               double eps) {
+                               const std::optional<at::Tensor>& num, const std::optional<at::Tensor>& den, double eps) {
     at::AutoDispatchBelowADInplaceOrView guard;
     auto [y, num_out, den_out] = causal_linear_attention_forward(q, k, v, num, den, eps);
     const bool has_state = num.has_value() && num->defined();
@@ -32,9 +31,8 @@ class CausalLinearAttentionFunction : public torch::autograd::Function<CausalLin
       const double eps = ctx->saved_data["eps"].toDouble();
       const at::Tensor gy = grads[0].defined() ? grads[0] : at::zeros_like(s[2]);
       auto opt = [](const at::Tensor& t) { return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt; };
-      auto [gq, gk, gv, gnum, gden] =
-          causal_linear_attention_backward(gy, opt(grads[1]), opt(grads[2]), s[0], s[1], s[2], opt(s[3]), opt(s[4]),
-                                           eps);
+      auto [gq, gk, gv, gnum, gden] = causal_linear_attention_backward(gy, opt(grads[1]), opt(grads[2]), s[0], s[1],
+                                                                       s[2], opt(s[3]), opt(s[4]), eps);
       return {gq, gk, gv, gnum, gden, at::Tensor()};
     });
   }

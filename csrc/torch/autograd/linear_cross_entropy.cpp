@@ -47,8 +47,10 @@ class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossE
           ctx->saved_data["softcap"].isNone() ? std::nullopt
                                               : std::optional<double>(ctx->saved_data["softcap"].toDouble()),
           ctx->saved_data["z_loss"].toDouble());
-      return {gh,           gw,           has_bias ? gb : at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
-              at::Tensor(), at::Tensor(), at::Tensor(),                 at::Tensor(), at::Tensor(), at::Tensor()};
+      return {gh,           gw,           has_bias ? gb : at::Tensor(),
+              at::Tensor(), at::Tensor(), at::Tensor(),
+              at::Tensor(), at::Tensor(), at::Tensor(),
+              at::Tensor(), at::Tensor(), at::Tensor()};
     });
   }
 };

@@ -18,9 +18,7 @@ using autograd_impl::once_differentiable;
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-std::optional<at::Tensor> opt(const at::Tensor& t) {
-  return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
-}
+std::optional<at::Tensor> opt(const at::Tensor& t) { return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt; }
 at::Tensor defined_or_empty(const std::optional<at::Tensor>& t) { return t.has_value() ? *t : at::Tensor(); }
 // Absent gradients come from the ops as empty tensors: undefined for autograd.
 at::Tensor grad_or_none(const at::Tensor& g, bool present) { return present ? g : at::Tensor(); }
@@ -50,12 +48,12 @@ const at::Tensor* ptr(const std::optional<at::Tensor>& t) { return t.has_value()
 class LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, at::IntArrayRef shape,
-                            const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
-                            double eps, const std::optional<at::Tensor>& kept_cols) {
+                            const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps,
+                            const std::optional<at::Tensor>& kept_cols) {
     at::AutoDispatchBelowADInplaceOrView guard;
     auto [y, rstd, kept_xhat] = layer_norm_forward(x, shape, weight, bias, eps, kept_cols);
-    ctx->save_for_backward({autograd_impl::saved_output(y), rstd, defined_or_empty(weight), defined_or_empty(bias), defined_or_empty(kept_cols),
-                            kept_xhat});
+    ctx->save_for_backward({autograd_impl::saved_output(y), rstd, defined_or_empty(weight), defined_or_empty(bias),
+                            defined_or_empty(kept_cols), kept_xhat});
     ctx->saved_data["shape"] = shape.vec();
     return y;
   }
@@ -64,8 +62,8 @@ class LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
       const auto s = ctx->get_saved_variables();
       const auto shape = ctx->saved_data["shape"].toIntVector();
       auto [gx, gw, gb] = layer_norm_backward(grads[0], s[0], s[1], shape, opt(s[2]), opt(s[3]), opt(s[4]), opt(s[5]));
-      return {gx, at::Tensor(), grad_or_none(gw, s[2].defined()), grad_or_none(gb, s[3].defined()), at::Tensor(),
-              at::Tensor()};
+      return {gx,           at::Tensor(), grad_or_none(gw, s[2].defined()), grad_or_none(gb, s[3].defined()),
+              at::Tensor(), at::Tensor()};
     });
   }
 };
@@ -77,7 +75,8 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
                             const std::optional<at::Tensor>& kept_cols) {
     at::AutoDispatchBelowADInplaceOrView guard;
     auto [y, rstd, kept_xhat] = rms_norm_forward(x, shape, weight, eps, kept_cols);
-    ctx->save_for_backward({autograd_impl::saved_output(y), rstd, defined_or_empty(weight), defined_or_empty(kept_cols), kept_xhat});
+    ctx->save_for_backward(
+        {autograd_impl::saved_output(y), rstd, defined_or_empty(weight), defined_or_empty(kept_cols), kept_xhat});
     ctx->saved_data["shape"] = shape.vec();
     return y;
   }
@@ -100,8 +99,8 @@ class BiasDropoutAddLayerNormFunction : public torch::autograd::Function<BiasDro
     at::AutoDispatchBelowADInplaceOrView guard;
     auto [y, rstd, keep, kept_xhat] =
         bias_dropout_add_layer_norm_forward(x, bias, residual, p, weight, beta, eps, mode, kept_cols);
-    ctx->save_for_backward({autograd_impl::saved_output(y), rstd, keep, defined_or_empty(weight), defined_or_empty(beta), defined_or_empty(kept_cols),
-                            kept_xhat});
+    ctx->save_for_backward({autograd_impl::saved_output(y), rstd, keep, defined_or_empty(weight),
+                            defined_or_empty(beta), defined_or_empty(kept_cols), kept_xhat});
     ctx->saved_data["p"] = p;
     ctx->saved_data["mode"] = std::string(mode);
     ctx->saved_data["has_bias"] = bias.has_value() && bias->defined();
@@ -135,11 +134,14 @@ at::Tensor layer_norm_autograd(const at::Tensor& x, at::IntArrayRef shape, const
 }
 at::Tensor rms_norm_autograd(const at::Tensor& x, at::IntArrayRef shape, const std::optional<at::Tensor>& weight,
                              std::optional<double> eps, const std::optional<at::Tensor>& kept_cols) {
-  return RmsNormFunction::apply(x, shape, weight, eps, kept_columns(kept_cols, x, weight, std::nullopt, {&x, ptr(weight)}));
+  return RmsNormFunction::apply(x, shape, weight, eps,
+                                kept_columns(kept_cols, x, weight, std::nullopt, {&x, ptr(weight)}));
 }
-at::Tensor bias_dropout_add_layer_norm_autograd(const at::Tensor& x, const std::optional<at::Tensor>& bias, const at::Tensor& residual,
-                          double p, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& beta,
-                          double eps, c10::string_view mode, const std::optional<at::Tensor>& kept_cols) {
+at::Tensor bias_dropout_add_layer_norm_autograd(const at::Tensor& x, const std::optional<at::Tensor>& bias,
+                                                const at::Tensor& residual, double p,
+                                                const std::optional<at::Tensor>& weight,
+                                                const std::optional<at::Tensor>& beta, double eps,
+                                                c10::string_view mode, const std::optional<at::Tensor>& kept_cols) {
   return BiasDropoutAddLayerNormFunction::apply(
       x, bias, residual, p, weight, beta, eps, mode,
       kept_columns(kept_cols, x, weight, beta, {&x, ptr(bias), &residual, ptr(weight), ptr(beta)}));

@@ -44,6 +44,4 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> qkv_split_autograd(const at::Tens
 }  // namespace
 }  // namespace tempo
 
-TORCH_LIBRARY_IMPL(tempo, Autograd, m) {
-  m.impl("qkv_split", tempo::qkv_split_autograd);
-}
+TORCH_LIBRARY_IMPL(tempo, Autograd, m) { m.impl("qkv_split", tempo::qkv_split_autograd); }

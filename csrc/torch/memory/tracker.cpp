@@ -38,8 +38,7 @@ c10::DeviceAllocator* device_allocator(const c10::Device& device) {
 void add(int64_t n) {
   const int64_t now = g_current.fetch_add(n) + n;
   int64_t peak = g_peak.load();
-  while (now > peak && !g_peak.compare_exchange_weak(peak, now)) {
-  }
+  while (now > peak && !g_peak.compare_exchange_weak(peak, now)) {}
 }
 
 // The allocations of the allocator it replaces, by data pointer: the DataPtr handed out has
@@ -91,9 +90,7 @@ class CountingAllocator final : public c10::Allocator {
     return {data, data, &free_block, device};
   }
   c10::DeleterFnPtr raw_deleter() const override { return &free_block; }
-  void copy_data(void* dest, const void* src, std::size_t count) const override {
-    default_copy_data(dest, src, count);
-  }
+  void copy_data(void* dest, const void* src, std::size_t count) const override { default_copy_data(dest, src, count); }
 
  private:
   c10::Allocator* base_;
@@ -132,13 +129,15 @@ void set_limit(const c10::Device& device, int64_t bytes) {
     return;
   }
 #endif
-  TORCH_CHECK(false, "tempo::memory: a memory limit on ", device, " needs tempo's CUDA build (this one has only the CPU's)");
+  TORCH_CHECK(false, "tempo::memory: a memory limit on ", device,
+              " needs tempo's CUDA build (this one has only the CPU's)");
 }
 
 Stats stats(const c10::Device& device) {
   if (device.is_cpu()) {
-    TORCH_CHECK(tracking_cpu(), "tempo::memory: CPU bytes are counted only after track_cpu() "
-                                "(tempo.memory.track() in Python)");
+    TORCH_CHECK(tracking_cpu(),
+                "tempo::memory: CPU bytes are counted only after track_cpu() "
+                "(tempo.memory.track() in Python)");
     return {g_current.load(), g_peak.load()};
   }
   const auto s = device_allocator(device)->getDeviceStats(device.has_index() ? device.index() : 0);

@@ -28,7 +28,8 @@ int64_t tensor_bytes(const at::Tensor& t) {
 }
 
 void for_each_tensor(const c10::IValue& v, const std::function<void(const at::Tensor&)>& f) {
-  if (v.isTensor()) f(v.toTensor());
+  if (v.isTensor())
+    f(v.toTensor());
   else if (v.isTensorList())
     for (const at::Tensor& t : v.toTensorVector()) f(t);
   else if (v.isList())
@@ -50,9 +51,9 @@ struct Frame {
 };
 // In-place operators that overwrite their first operand without reading it.
 bool writes_only_self(const std::string& name) {
-  static const std::unordered_set<std::string> names{"aten::fill_", "aten::zero_", "aten::copy_",
+  static const std::unordered_set<std::string> names{"aten::fill_",    "aten::zero_",   "aten::copy_",
                                                      "aten::uniform_", "aten::normal_", "aten::bernoulli_",
-                                                     "aten::random_", "aten::resize_"};
+                                                     "aten::random_",  "aten::resize_"};
   return names.count(name) > 0;
 }
 thread_local std::vector<Frame> t_frames;

@@ -32,7 +32,6 @@ Activation gelu_kind(c10::string_view approximate, const char* op) {
   TORCH_CHECK(false, op, ": argument 'approximate' must be 'none' or 'tanh', got '", std::string(approximate), "'");
 }
 
-
 std::tuple<at::Tensor, at::Tensor> activation_forward(const at::Tensor& x, const std::optional<at::Tensor>& bias,
                                                       Activation act, const char* op) {
   check_floating(x, op, "x");
@@ -44,10 +43,10 @@ std::tuple<at::Tensor, at::Tensor> activation_forward(const at::Tensor& x, const
     TORCH_CHECK(x.dim() >= 1, op, ": argument 'bias' needs x with at least one dimension, got a scalar x");
     TORCH_CHECK(b.dim() == 1 && b.size(0) == x.size(-1), op, ": argument 'bias' must have shape [", x.size(-1),
                 "] (the last dimension of x), got ", b.sizes());
-    TORCH_CHECK(b.scalar_type() == x.scalar_type(), op, ": argument 'bias' must have the dtype of x (",
-                x.scalar_type(), "), got ", b.scalar_type());
-    TORCH_CHECK(b.device() == x.device(), op, ": argument 'bias' must be on the device of x (", x.device(),
-                "), got ", b.device());
+    TORCH_CHECK(b.scalar_type() == x.scalar_type(), op, ": argument 'bias' must have the dtype of x (", x.scalar_type(),
+                "), got ", b.scalar_type());
+    TORCH_CHECK(b.device() == x.device(), op, ": argument 'bias' must be on the device of x (", x.device(), "), got ",
+                b.device());
   }
   at::Tensor y = at::empty_like(x, at::MemoryFormat::Contiguous);
   at::Tensor mask = at::empty_symint({bit_mask_bytes(x.sym_numel())}, x.options().dtype(at::kByte));
@@ -84,11 +83,12 @@ std::tuple<at::Tensor, at::Tensor> activation_backward(const at::Tensor& grad, c
   TORCH_CHECK(mask.scalar_type() == at::kByte && mask.dim() == 1, op,
               ": argument 'mask' must be a 1-D uint8 tensor of packed bits, got ", mask.scalar_type(), " of shape ",
               mask.sym_sizes());
-  TORCH_CHECK(mask.sym_numel() == bit_mask_bytes(y.sym_numel()), op, ": argument 'mask' must hold ceil(numel(y) / 8) = ",
-              bit_mask_bytes(y.sym_numel()), " bytes, got ", mask.sym_numel());
+  TORCH_CHECK(mask.sym_numel() == bit_mask_bytes(y.sym_numel()), op,
+              ": argument 'mask' must hold ceil(numel(y) / 8) = ", bit_mask_bytes(y.sym_numel()), " bytes, got ",
+              mask.sym_numel());
   TORCH_CHECK(grad.device() == y.device() && mask.device() == y.device(), op,
-              ": arguments 'grad', 'y' and 'mask' must be on one device, got ", grad.device(), ", ", y.device(),
-              ", ", mask.device());
+              ": arguments 'grad', 'y' and 'mask' must be on one device, got ", grad.device(), ", ", y.device(), ", ",
+              mask.device());
   TORCH_CHECK(!bias_grad || y.dim() >= 1, op, ": argument 'bias_grad' needs y with at least one dimension");
   at::Tensor dx = at::empty_like(y, at::MemoryFormat::Contiguous);
   at::Tensor db = bias_grad ? (y.sym_numel() == 0 ? at::zeros_symint({y.sym_size(-1)}, y.options())

@@ -18,7 +18,7 @@ Activation gelu_kind(c10::string_view approximate, const char* op);
 // when x is on the Meta device).
 std::tuple<at::Tensor, at::Tensor> activation_forward(const at::Tensor& x, const std::optional<at::Tensor>& bias,
                                                       Activation act, const char* op);
-at::Tensor activation_backward(const at::Tensor& grad, const at::Tensor& y, const at::Tensor& mask,
-                               Activation act, const char* op);
+at::Tensor activation_backward(const at::Tensor& grad, const at::Tensor& y, const at::Tensor& mask, Activation act,
+                               const char* op);
 
 }  // namespace tempo::torch_impl

@@ -16,26 +16,26 @@
 #include "tempo/attention.h"
 
 TORCH_LIBRARY_FRAGMENT(tempo, m) {
-  m.def("attention(Tensor q, Tensor k, Tensor v, Tensor? attn_mask=None, float dropout_p=0.0, bool causal=False, "
-        "float? scale=None, str mode='bits') -> Tensor",
-        {at::Tag::nondeterministic_seeded});
-  m.def("attention_forward(Tensor q, Tensor k, Tensor v, Tensor? attn_mask, float dropout_p, bool causal, "
-        "float? scale, str mode) -> (Tensor, Tensor, Tensor)",
-        {at::Tag::nondeterministic_seeded});
-  m.def("attention_backward(Tensor grad, Tensor q, Tensor k, Tensor v, Tensor probs, Tensor keep, float dropout_p, "
-        "float? scale, str mode) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "attention(Tensor q, Tensor k, Tensor v, Tensor? attn_mask=None, float dropout_p=0.0, bool causal=False, "
+      "float? scale=None, str mode='bits') -> Tensor",
+      {at::Tag::nondeterministic_seeded});
+  m.def(
+      "attention_forward(Tensor q, Tensor k, Tensor v, Tensor? attn_mask, float dropout_p, bool causal, "
+      "float? scale, str mode) -> (Tensor, Tensor, Tensor)",
+      {at::Tag::nondeterministic_seeded});
+  m.def(
+      "attention_backward(Tensor grad, Tensor q, Tensor k, Tensor v, Tensor probs, Tensor keep, float dropout_p, "
+      "float? scale, str mode) -> (Tensor, Tensor, Tensor)");
 }
 
 namespace tempo {
 namespace {
 using namespace torch_impl;
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward_kernel(const at::Tensor& q, const at::Tensor& k,
-                                                                        const at::Tensor& v,
-                                                                        const std::optional<at::Tensor>& attn_mask,
-                                                                        double dropout_p, bool causal,
-                                                                        std::optional<double> scale,
-                                                                        c10::string_view mode_name) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward_kernel(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& attn_mask,
+    double dropout_p, bool causal, std::optional<double> scale, c10::string_view mode_name) {
   const char* op = "tempo::attention";
   check_qkv(q, k, v, op);
   check_probability(dropout_p, op, "dropout_p");
@@ -54,12 +54,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_forward_kernel(const at
   return {out, probs, keep.keep};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_kernel(const at::Tensor& grad, const at::Tensor& q,
-                                                                         const at::Tensor& k, const at::Tensor& v,
-                                                                         const at::Tensor& probs,
-                                                                         const at::Tensor& keep, double dropout_p,
-                                                                         std::optional<double> scale,
-                                                                         c10::string_view mode_name) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_kernel(
+    const at::Tensor& grad, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& probs,
+    const at::Tensor& keep, double dropout_p, std::optional<double> scale, c10::string_view mode_name) {
   const char* op = "tempo::attention_backward";
   check_qkv(q, k, v, op);
   check_probability(dropout_p, op, "dropout_p");

@@ -32,8 +32,8 @@ inline void check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor
               v.sym_size(1));
   TORCH_CHECK(k.sym_size(3) == q.sym_size(3), op, ": argument 'k' must have the head dim of q (", q.sym_size(3),
               "), got ", k.sym_size(3));
-  TORCH_CHECK(v.sym_size(2) == k.sym_size(2), op, ": argument 'v' must have the sequence length of k (",
-              k.sym_size(2), "), got ", v.sym_size(2));
+  TORCH_CHECK(v.sym_size(2) == k.sym_size(2), op, ": argument 'v' must have the sequence length of k (", k.sym_size(2),
+              "), got ", v.sym_size(2));
 }
 
 inline double scale_of(const at::Tensor& q, std::optional<double> scale) {
@@ -44,19 +44,22 @@ inline double scale_of(const at::Tensor& q, std::optional<double> scale) {
 
 // The mask as additive fp32 values (bool: 0 where true, -inf where false), still in its own
 // (broadcastable) shape, expanded to [B, A, Sq, Sk] by strides.
-inline at::Tensor additive_mask(const at::Tensor& mask, c10::SymIntArrayRef sizes, const c10::Device& device, const char* op) {
+inline at::Tensor additive_mask(const at::Tensor& mask, c10::SymIntArrayRef sizes, const c10::Device& device,
+                                const char* op) {
   TORCH_CHECK(mask.scalar_type() == at::kBool || at::isFloatingType(mask.scalar_type()), op,
               ": argument 'attn_mask' must be bool or floating, got ", mask.scalar_type());
   TORCH_CHECK(mask.device() == device, op, ": argument 'attn_mask' must be on the device of q (", device, "), got ",
               mask.device());
-  TORCH_CHECK(!mask.requires_grad(), op, ": argument 'attn_mask' requires grad; gradients of the mask are not "
+  TORCH_CHECK(!mask.requires_grad(), op,
+              ": argument 'attn_mask' requires grad; gradients of the mask are not "
               "supported (pass a mask without requires_grad, or use backend='eager')");
   TORCH_CHECK(mask.dim() <= 4 && at::is_expandable_to(mask.sym_sizes(), sizes), op, ": argument 'attn_mask' of shape ",
               mask.sym_sizes(), " does not broadcast to [batch, heads, q_len, k_len] = ", sizes);
-  at::Tensor add = mask.scalar_type() == at::kBool
-                       ? at::where(mask, at::zeros({}, mask.options().dtype(at::kFloat)),
-                                   at::full({}, -std::numeric_limits<float>::infinity(), mask.options().dtype(at::kFloat)))
-                       : mask.to(at::kFloat);
+  at::Tensor add =
+      mask.scalar_type() == at::kBool
+          ? at::where(mask, at::zeros({}, mask.options().dtype(at::kFloat)),
+                      at::full({}, -std::numeric_limits<float>::infinity(), mask.options().dtype(at::kFloat)))
+          : mask.to(at::kFloat);
   return add.expand_symint(sizes);
 }
 

@@ -80,7 +80,8 @@ DropoutKeep new_dropout_keep(const at::Tensor& x, double p, DropoutMode mode) {
       auto gen = at::cuda::detail::getDefaultCUDAGenerator(x.device().index());
       std::lock_guard<std::mutex> lock(gen.mutex());
       const at::PhiloxCudaState st = gen.get<at::CUDAGeneratorImpl>()->philox_cuda_state(4);
-      TORCH_CHECK(st.captured_, "tempo dropout: the CUDA generator is not in graph-capture mode while the stream "
+      TORCH_CHECK(st.captured_,
+                  "tempo dropout: the CUDA generator is not in graph-capture mode while the stream "
                   "is being captured");
       k.rng.graph_seed = st.seed_.ptr;
       k.rng.graph_offset = st.offset_.ptr;
@@ -88,9 +89,9 @@ DropoutKeep new_dropout_keep(const at::Tensor& x, double p, DropoutMode mode) {
     }
     if (mode == DropoutMode::kPhilox) {
       // The backward reads the state this replay drew, stored by a recorded kernel.
-      raise_if_error(philox_state_store_cuda(k.rng, reinterpret_cast<uint64_t*>(k.keep.mutable_data_ptr<int64_t>()),
-                                             stream_of(x)),
-                     "tempo dropout");
+      raise_if_error(
+          philox_state_store_cuda(k.rng, reinterpret_cast<uint64_t*>(k.keep.mutable_data_ptr<int64_t>()), stream_of(x)),
+          "tempo dropout");
     }
     return k;
   }
@@ -118,9 +119,10 @@ void read_dropout_keep(const at::Tensor& keep, const at::Tensor& like, double p,
   TORCH_CHECK(keep.device() == like.device(), op, ": argument 'keep' must be on the device of ", like.device(),
               ", got ", keep.device());
   if (mode == DropoutMode::kBits) {
-    TORCH_CHECK(keep.scalar_type() == at::kByte && keep.dim() == 1 && keep.sym_numel() == bit_mask_bytes(like.sym_numel()),
-                op, ": argument 'keep' must hold the ceil(numel / 8) = ", bit_mask_bytes(like.sym_numel()),
-                " uint8 keep bits of the forward, got ", keep.scalar_type(), " of shape ", keep.sym_sizes());
+    TORCH_CHECK(
+        keep.scalar_type() == at::kByte && keep.dim() == 1 && keep.sym_numel() == bit_mask_bytes(like.sym_numel()), op,
+        ": argument 'keep' must hold the ceil(numel / 8) = ", bit_mask_bytes(like.sym_numel()),
+        " uint8 keep bits of the forward, got ", keep.scalar_type(), " of shape ", keep.sym_sizes());
     if (!keep.is_meta()) *mask = keep.const_data_ptr<uint8_t>();
     return;
   }

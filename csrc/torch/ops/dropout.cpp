@@ -45,7 +45,8 @@ std::tuple<at::Tensor, at::Tensor> dropout_forward_kernel(const at::Tensor& x, d
   return {y, k.keep};
 }
 
-at::Tensor dropout_backward_kernel(const at::Tensor& grad, const at::Tensor& keep, double p, c10::string_view mode_name) {
+at::Tensor dropout_backward_kernel(const at::Tensor& grad, const at::Tensor& keep, double p,
+                                   c10::string_view mode_name) {
   const char* op = "tempo::dropout_backward";
   check_floating(grad, op, "grad");
   check_device(grad, op, "grad");

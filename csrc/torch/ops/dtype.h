@@ -14,11 +14,16 @@ inline bool supported_dtype(c10::ScalarType t) {
 
 inline DType to_core_dtype(c10::ScalarType t) {
   switch (t) {
-    case c10::kFloat: return DType::kFloat32;
-    case c10::kDouble: return DType::kFloat64;
-    case c10::kBFloat16: return DType::kBFloat16;
-    case c10::kHalf: return DType::kFloat16;
-    default: TORCH_CHECK(false, "tempo: unsupported dtype ", t);
+    case c10::kFloat:
+      return DType::kFloat32;
+    case c10::kDouble:
+      return DType::kFloat64;
+    case c10::kBFloat16:
+      return DType::kBFloat16;
+    case c10::kHalf:
+      return DType::kFloat16;
+    default:
+      TORCH_CHECK(false, "tempo: unsupported dtype ", t);
   }
 }
 

@@ -17,16 +17,20 @@
 #include "tempo/attention.h"
 
 TORCH_LIBRARY_FRAGMENT(tempo, m) {
-  m.def("fused_attention(Tensor q, Tensor k, Tensor v, Tensor? attn_mask=None, float dropout_p=0.0, "
-        "bool causal=False, float? scale=None, int block_rows=0) -> Tensor",
-        {at::Tag::nondeterministic_seeded});
-  m.def("fused_attention_forward(Tensor q, Tensor k, Tensor v, Tensor? attn_mask, float dropout_p, bool causal, "
-        "float? scale, int block_rows) -> (Tensor, Tensor)",
-        {at::Tag::nondeterministic_seeded});
-  m.def("fused_attention_backward(Tensor grad, Tensor q, Tensor k, Tensor v, Tensor keep, Tensor? attn_mask, "
-        "float dropout_p, bool causal, float? scale, int block_rows) -> (Tensor, Tensor, Tensor)");
-  m.def("fused_attention_backend(Tensor q, Tensor k, Tensor? attn_mask=None, float dropout_p=0.0, "
-        "bool causal=False, int block_rows=0) -> str");
+  m.def(
+      "fused_attention(Tensor q, Tensor k, Tensor v, Tensor? attn_mask=None, float dropout_p=0.0, "
+      "bool causal=False, float? scale=None, int block_rows=0) -> Tensor",
+      {at::Tag::nondeterministic_seeded});
+  m.def(
+      "fused_attention_forward(Tensor q, Tensor k, Tensor v, Tensor? attn_mask, float dropout_p, bool causal, "
+      "float? scale, int block_rows) -> (Tensor, Tensor)",
+      {at::Tag::nondeterministic_seeded});
+  m.def(
+      "fused_attention_backward(Tensor grad, Tensor q, Tensor k, Tensor v, Tensor keep, Tensor? attn_mask, "
+      "float dropout_p, bool causal, float? scale, int block_rows) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "fused_attention_backend(Tensor q, Tensor k, Tensor? attn_mask=None, float dropout_p=0.0, "
+      "bool causal=False, int block_rows=0) -> str");
 }
 
 namespace tempo {
@@ -115,8 +119,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_attention_backward_kernel(
   auto accumulate = [&](at::Tensor& acc, const at::Tensor& a, const at::Tensor& b, bool first) {
     at::Tensor a3 = a.reshape({BA, a.size(2), a.size(3)}), b3 = b.reshape({BA, b.size(2), b.size(3)});
     if (widen) a3 = a3.to(at::kFloat), b3 = b3.to(at::kFloat);
-    if (first) at::bmm_out(acc, a3, b3);
-    else acc.baddbmm_(a3, b3);
+    if (first)
+      at::bmm_out(acc, a3, b3);
+    else
+      acc.baddbmm_(a3, b3);
   };
   for (int64_t i0 = 0; i0 < Sq; i0 += blk) {
     const int64_t n = std::min(blk, Sq - i0);
@@ -144,7 +150,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_attention_backward_kernel(
       prm.p = dropout_p;
       prm.rng = rng;
       run_core(q, prm, attention_softmax_backward_cpu, attention_softmax_backward_cuda, op);
-    note_softmax_backward_traffic(ds);
+      note_softmax_backward_traffic(ds);
     }
     dq.narrow(2, i0, n).copy_(at::matmul(ds, kc));
     accumulate(dk3, ds.transpose(-2, -1), qb, i0 == 0);
@@ -173,8 +179,8 @@ at::Tensor fused_attention(const at::Tensor& q, const at::Tensor& k, const at::T
 
 std::tuple<at::Tensor, at::Tensor> fused_attention_forward(const at::Tensor& q, const at::Tensor& k,
                                                            const at::Tensor& v,
-                                                           const std::optional<at::Tensor>& attn_mask,
-                                                           double dropout_p, bool causal, std::optional<double> scale,
+                                                           const std::optional<at::Tensor>& attn_mask, double dropout_p,
+                                                           bool causal, std::optional<double> scale,
                                                            int64_t block_rows) {
   static const auto& op = op_for<&fused_attention_forward>("tempo::fused_attention_forward");
   return op.call(q, k, v, attn_mask, dropout_p, causal, scale, block_rows);

@@ -17,13 +17,16 @@
 #include "tempo/gated_mlp.h"
 
 TORCH_LIBRARY_FRAGMENT(tempo, m) {
-  m.def("gated_mlp(Tensor x, Tensor gate_weight, Tensor? up_weight, Tensor down_weight, Tensor? gate_bias=None, "
-        "Tensor? up_bias=None, Tensor? down_bias=None, str activation='silu', int chunk=0) -> Tensor");
-  m.def("gated_mlp_forward(Tensor x, Tensor gate_weight, Tensor? up_weight, Tensor down_weight, Tensor? gate_bias, "
-        "Tensor? up_bias, Tensor? down_bias, str activation) -> (Tensor, Tensor, Tensor)");
-  m.def("gated_mlp_backward(Tensor grad, Tensor x, Tensor gate, Tensor up, Tensor gate_weight, Tensor? up_weight, "
-        "Tensor down_weight, bool[3] bias_grad, str activation, int chunk, bool[4] output_mask) -> "
-        "(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def(
+      "gated_mlp(Tensor x, Tensor gate_weight, Tensor? up_weight, Tensor down_weight, Tensor? gate_bias=None, "
+      "Tensor? up_bias=None, Tensor? down_bias=None, str activation='silu', int chunk=0) -> Tensor");
+  m.def(
+      "gated_mlp_forward(Tensor x, Tensor gate_weight, Tensor? up_weight, Tensor down_weight, Tensor? gate_bias, "
+      "Tensor? up_bias, Tensor? down_bias, str activation) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "gated_mlp_backward(Tensor grad, Tensor x, Tensor gate, Tensor up, Tensor gate_weight, Tensor? up_weight, "
+      "Tensor down_weight, bool[3] bias_grad, str activation, int chunk, bool[4] output_mask) -> "
+      "(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
 }
 
 namespace tempo {
@@ -63,16 +66,16 @@ Shape check(const at::Tensor& x, const at::Tensor& gate_weight, const at::Tensor
   const int64_t H = x.size(-1);
   TORCH_CHECK(H > 0, kOp, ": argument 'x' has an empty last dimension");
   check_like(gate_weight, x, kOp, "gate_weight");
-  TORCH_CHECK(gate_weight.dim() == 2 && gate_weight.size(1) == H, kOp, ": argument 'gate_weight' must be [I, ", H,
-              "]", up_weight ? "" : " (or [2 I, H] without up_weight)", " for x [..., ", H, "], got ",
-              gate_weight.sizes());
+  TORCH_CHECK(gate_weight.dim() == 2 && gate_weight.size(1) == H, kOp, ": argument 'gate_weight' must be [I, ", H, "]",
+              up_weight ? "" : " (or [2 I, H] without up_weight)", " for x [..., ", H, "], got ", gate_weight.sizes());
   const bool fused = up_weight == nullptr;
   int64_t I = gate_weight.size(0);
   if (fused) {
     TORCH_CHECK(I % 2 == 0, kOp, ": without up_weight, argument 'gate_weight' is the fused gate_up projection [2 I, ",
                 H, "] and needs an even number of rows, got ", I);
     I /= 2;
-    TORCH_CHECK(!up_bias, kOp, ": argument 'up_bias' needs up_weight (a fused gate_up projection has one bias, "
+    TORCH_CHECK(!up_bias, kOp,
+                ": argument 'up_bias' needs up_weight (a fused gate_up projection has one bias, "
                 "gate_bias [2 I])");
   } else {
     check_like(*up_weight, x, kOp, "up_weight");
@@ -109,11 +112,10 @@ std::vector<c10::SymInt> with_last(const at::Tensor& x, int64_t last) {
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_kernel(
     const at::Tensor& x, const at::Tensor& gate_weight, const std::optional<at::Tensor>& up_weight,
-    const at::Tensor& down_weight, const std::optional<at::Tensor>& gate_bias,
-    const std::optional<at::Tensor>& up_bias, const std::optional<at::Tensor>& down_bias,
-    c10::string_view activation) {
-  const Shape s = check(x, gate_weight, get(up_weight), down_weight, get(gate_bias), get(up_bias), get(down_bias),
-                        activation);
+    const at::Tensor& down_weight, const std::optional<at::Tensor>& gate_bias, const std::optional<at::Tensor>& up_bias,
+    const std::optional<at::Tensor>& down_bias, c10::string_view activation) {
+  const Shape s =
+      check(x, gate_weight, get(up_weight), down_weight, get(gate_bias), get(up_bias), get(down_bias), activation);
   const c10::SymInt rows = x.sym_numel() / s.H;
   if (x.is_meta()) {  // shapes only, symbolic where they are (torch.compile)
     return {at::empty_symint(with_last(x, s.O), x.options()),
@@ -179,9 +181,9 @@ Grads backward_kernel(const at::Tensor& grad, const at::Tensor& x, const at::Ten
               at::IntArrayRef(out_shape), ", got ", grad.sizes());
   check_like(grad, x, bop, "grad");
   const int64_t N = x.numel() / s.H;
-  TORCH_CHECK(gate.dim() == 2 && gate.size(0) == N && gate.size(1) == (fused ? 2 * s.I : s.I) &&
-                  gate.stride(1) == 1,
-              bop, ": argument 'gate' must be the forward's [", N, ", ", fused ? 2 * s.I : s.I, "], got ", gate.sizes());
+  TORCH_CHECK(gate.dim() == 2 && gate.size(0) == N && gate.size(1) == (fused ? 2 * s.I : s.I) && gate.stride(1) == 1,
+              bop, ": argument 'gate' must be the forward's [", N, ", ", fused ? 2 * s.I : s.I, "], got ",
+              gate.sizes());
   TORCH_CHECK(fused || (up.dim() == 2 && up.size(0) == N && up.size(1) == s.I && up.stride(1) == 1), bop,
               ": argument 'up' must be the forward's [", N, ", ", s.I, "], got ", up.sizes());
   check_like(gate, x, bop, "gate");
@@ -193,7 +195,9 @@ Grads backward_kernel(const at::Tensor& grad, const at::Tensor& x, const at::Ten
   const at::Tensor g = fused ? gate.narrow(1, 0, s.I) : gate;
   const at::Tensor u = fused ? gate.narrow(1, s.I, s.I) : up;
   // dx summed over the blocks in the math type (float32 for 16-bit data), rounded once
-  at::Tensor dx_acc = maybe(need_dx, [&] { return at::zeros({N, s.H}, x.options().dtype(low ? at::kFloat : x.scalar_type())); });
+  at::Tensor dx_acc = maybe(need_dx, [&] {
+    return at::zeros({N, s.H}, x.options().dtype(low ? at::kFloat : x.scalar_type()));
+  });
   if (bias_grad[2]) ddb.copy_(dy.sum(0));
   const int64_t C = columns_per_block(chunk, s);
   for (int64_t c0 = 0; c0 < s.I && N > 0; c0 += C) {
@@ -255,9 +259,8 @@ at::Tensor gated_mlp(const at::Tensor& x, const at::Tensor& gate_weight, const s
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gated_mlp_forward(
     const at::Tensor& x, const at::Tensor& gate_weight, const std::optional<at::Tensor>& up_weight,
-    const at::Tensor& down_weight, const std::optional<at::Tensor>& gate_bias,
-    const std::optional<at::Tensor>& up_bias, const std::optional<at::Tensor>& down_bias,
-    c10::string_view activation) {
+    const at::Tensor& down_weight, const std::optional<at::Tensor>& gate_bias, const std::optional<at::Tensor>& up_bias,
+    const std::optional<at::Tensor>& down_bias, c10::string_view activation) {
   static const auto& op = op_for<&gated_mlp_forward>("tempo::gated_mlp_forward");
   return op.call(x, gate_weight, up_weight, down_weight, gate_bias, up_bias, down_bias, activation);
 }

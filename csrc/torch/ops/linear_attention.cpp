@@ -11,14 +11,18 @@
 #include "tempo/linear_attention.h"
 
 TORCH_LIBRARY_FRAGMENT(tempo, m) {
-  m.def("causal_linear_attention(Tensor qf, Tensor kf, Tensor v, Tensor? num=None, Tensor? den=None, "
-        "float eps=1e-6) -> (Tensor, Tensor, Tensor)");
-  m.def("causal_linear_attention_prefix(Tensor qf, Tensor kf, Tensor v, Tensor? num=None, Tensor? den=None, "
-        "float eps=1e-6) -> (Tensor, Tensor, Tensor)");
-  m.def("causal_linear_attention_forward(Tensor qf, Tensor kf, Tensor v, Tensor? num, Tensor? den, float eps) "
-        "-> (Tensor, Tensor, Tensor)");
-  m.def("causal_linear_attention_backward(Tensor grad_y, Tensor? grad_num, Tensor? grad_den, Tensor qf, Tensor kf, "
-        "Tensor v, Tensor? num, Tensor? den, float eps) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def(
+      "causal_linear_attention(Tensor qf, Tensor kf, Tensor v, Tensor? num=None, Tensor? den=None, "
+      "float eps=1e-6) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "causal_linear_attention_prefix(Tensor qf, Tensor kf, Tensor v, Tensor? num=None, Tensor? den=None, "
+      "float eps=1e-6) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "causal_linear_attention_forward(Tensor qf, Tensor kf, Tensor v, Tensor? num, Tensor? den, float eps) "
+      "-> (Tensor, Tensor, Tensor)");
+  m.def(
+      "causal_linear_attention_backward(Tensor grad_y, Tensor? grad_num, Tensor? grad_den, Tensor qf, Tensor kf, "
+      "Tensor v, Tensor? num, Tensor? den, float eps) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
 }
 
 namespace tempo {
@@ -30,9 +34,7 @@ struct Shape {
   int64_t rows = 0, len = 0, m = 0, d = 0;
 };
 
-c10::ScalarType state_type(const at::Tensor& x) {
-  return x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-}
+c10::ScalarType state_type(const at::Tensor& x) { return x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat; }
 
 // Leading dims of q followed by `tail` (symbolic sizes allowed, for Meta / fake tensors).
 c10::SymDimVector state_shape(const at::Tensor& q, std::initializer_list<c10::SymInt> tail) {
@@ -52,8 +54,8 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   TORCH_CHECK(k.sym_sizes() == q.sym_sizes(), op, ": argument 'kf' must have qf's shape ", q.sym_sizes(), ", got ",
               k.sym_sizes());
   TORCH_CHECK(v.dim() == q.dim() && v.sym_sizes().slice(0, q.dim() - 1) == q.sym_sizes().slice(0, q.dim() - 1), op,
-              ": argument 'v' must be [..., C, D] with qf's leading dims and C ", q.sym_sizes().slice(0, q.dim() - 1), ", got ",
-              v.sym_sizes());
+              ": argument 'v' must be [..., C, D] with qf's leading dims and C ", q.sym_sizes().slice(0, q.dim() - 1),
+              ", got ", v.sym_sizes());
   TORCH_CHECK(std::isfinite(eps) && eps >= 0.0, op, ": eps must be finite and >= 0, got ", eps);
   TORCH_CHECK(q.sym_size(-1) > 0 && v.sym_size(-1) > 0, op,
               ": the feature size M and the value size D must be positive");
@@ -61,10 +63,10 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   TORCH_CHECK(has_num == has_den, op, ": num and den come together (both or neither)");
   if (has_num) {
     const auto ns = state_shape(q, {q.sym_size(-1), v.sym_size(-1)}), ds = state_shape(q, {q.sym_size(-1)});
-    TORCH_CHECK(num->sym_sizes() == c10::SymIntArrayRef(ns), op, ": argument 'num' must be [..., M, D] = ",
-                c10::SymIntArrayRef(ns), ", got ", num->sym_sizes());
-    TORCH_CHECK(den->sym_sizes() == c10::SymIntArrayRef(ds), op, ": argument 'den' must be [..., M] = ", c10::SymIntArrayRef(ds),
-                ", got ", den->sym_sizes());
+    TORCH_CHECK(num->sym_sizes() == c10::SymIntArrayRef(ns), op,
+                ": argument 'num' must be [..., M, D] = ", c10::SymIntArrayRef(ns), ", got ", num->sym_sizes());
+    TORCH_CHECK(den->sym_sizes() == c10::SymIntArrayRef(ds), op,
+                ": argument 'den' must be [..., M] = ", c10::SymIntArrayRef(ds), ", got ", den->sym_sizes());
     for (const auto& [t, name] : {std::pair<const at::Tensor*, const char*>{&*num, "num"}, {&*den, "den"}}) {
       TORCH_CHECK(t->scalar_type() == state_type(q), op, ": argument '", name, "' (the state) must be ", state_type(q),
                   " for ", q.scalar_type(), " data, got ", t->scalar_type());
@@ -110,8 +112,8 @@ CoreInputs core_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tenso
   p->d = s.d;
   p->eps = eps;
   if (q.is_cuda()) {
-    in.workspace = at::empty({linear_attention_workspace_bytes(s.rows, s.m, s.d, backward)},
-                             q.options().dtype(at::kByte));
+    in.workspace =
+        at::empty({linear_attention_workspace_bytes(s.rows, s.m, s.d, backward)}, q.options().dtype(at::kByte));
     p->workspace = in.workspace.mutable_data_ptr();
   }
   return in;
@@ -149,19 +151,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_
   const char* op = "tempo::causal_linear_attention_backward";
   check_inputs(q, k, v, num, den, eps, op);
   check_like(grad_y, v, op, "grad_y");
-  TORCH_CHECK(grad_y.sym_sizes() == v.sym_sizes(), op, ": argument 'grad_y' must have v's shape ", v.sym_sizes(), ", got ",
-              grad_y.sym_sizes());
+  TORCH_CHECK(grad_y.sym_sizes() == v.sym_sizes(), op, ": argument 'grad_y' must have v's shape ", v.sym_sizes(),
+              ", got ", grad_y.sym_sizes());
   const bool has_state = num.has_value() && num->defined();
   const auto ns = state_shape(q, {q.sym_size(-1), v.sym_size(-1)}), ds = state_shape(q, {q.sym_size(-1)});
   for (const auto* g : {&grad_num, &grad_den}) {
     if (g->has_value() && (*g)->defined()) {
       const at::Tensor& t = **g;
       const auto& want = g == &grad_num ? ns : ds;
-      TORCH_CHECK(t.scalar_type() == state_type(q) && t.device() == q.device() &&
-                      t.sym_sizes() == c10::SymIntArrayRef(want),
-                  op, ": argument '", g == &grad_num ? "grad_num" : "grad_den", "' must be like the state (",
-                  state_type(q), " ", c10::SymIntArrayRef(want), " on ", q.device(), "), got ", t.scalar_type(), " ",
-                  t.sym_sizes(), " on ", t.device());
+      TORCH_CHECK(
+          t.scalar_type() == state_type(q) && t.device() == q.device() && t.sym_sizes() == c10::SymIntArrayRef(want),
+          op, ": argument '", g == &grad_num ? "grad_num" : "grad_den", "' must be like the state (", state_type(q),
+          " ", c10::SymIntArrayRef(want), " on ", q.device(), "), got ", t.scalar_type(), " ", t.sym_sizes(), " on ",
+          t.device());
     }
   }
   at::Tensor gq = at::empty_like(q, at::MemoryFormat::Contiguous);
@@ -206,16 +208,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> no_grad_kernel(const at::Tensor& 
   return forward_kernel(q, k, v, num, den, eps);
 }
 
-// The prefix-sum mode in torch ops (tempo::causal_linear_attention_prefix): S_l = num + cumsum_l(k_l v_l^T), z_l = den + cumsum_l(k_l).
-std::tuple<at::Tensor, at::Tensor, at::Tensor> prefix_sum(const at::Tensor& q, const at::Tensor& k,
-                                                          const at::Tensor& v, const std::optional<at::Tensor>& num,
+// The prefix-sum mode in torch ops (tempo::causal_linear_attention_prefix): S_l = num + cumsum_l(k_l v_l^T), z_l = den
+// + cumsum_l(k_l).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> prefix_sum(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                          const std::optional<at::Tensor>& num,
                                                           const std::optional<at::Tensor>& den, double eps) {
   const char* op = "tempo::causal_linear_attention";
   check_inputs(q, k, v, num, den, eps, op);
   const auto st = state_type(q);
   const at::Tensor qs = q.to(st), ks = k.to(st), vs = v.to(st);
   at::Tensor S = at::cumsum(ks.unsqueeze(-1) * vs.unsqueeze(-2), -3);  // [..., C, M, D]
-  at::Tensor z = at::cumsum(ks, -2);                                    // [..., C, M]
+  at::Tensor z = at::cumsum(ks, -2);                                   // [..., C, M]
   const bool has_state = num.has_value() && num->defined();
   if (has_state) {
     S = S + num->unsqueeze(-3);
@@ -229,7 +232,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> prefix_sum(const at::Tensor& q, c
     num_out = S.select(-3, -1);
     den_out = z.select(-2, -1);
   } else {
-    num_out = has_state ? *num : at::zeros_symint(state_shape(q, {q.sym_size(-1), v.sym_size(-1)}), q.options().dtype(st));
+    num_out =
+        has_state ? *num : at::zeros_symint(state_shape(q, {q.sym_size(-1), v.sym_size(-1)}), q.options().dtype(st));
     den_out = has_state ? *den : at::zeros_symint(state_shape(q, {q.sym_size(-1)}), q.options().dtype(st));
   }
   return {y, num_out, den_out};
@@ -256,12 +260,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> causal_linear_attention(const at:
   return op.call(qf, kf, v, num, den, eps);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> causal_linear_attention_forward(const at::Tensor& qf,
-                                                                               const at::Tensor& kf,
-                                                                               const at::Tensor& v,
-                                                                               const std::optional<at::Tensor>& num,
-                                                                               const std::optional<at::Tensor>& den,
-                                                                               double eps) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> causal_linear_attention_forward(
+    const at::Tensor& qf, const at::Tensor& kf, const at::Tensor& v, const std::optional<at::Tensor>& num,
+    const std::optional<at::Tensor>& den, double eps) {
   static const auto& op = op_for<&causal_linear_attention_forward>("tempo::causal_linear_attention_forward");
   return op.call(qf, kf, v, num, den, eps);
 }
@@ -277,9 +278,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> causal_li
 }  // namespace tempo
 
 // The prefix-sum mode decomposes into torch ops: autograd differentiates those.
-TORCH_LIBRARY_IMPL(tempo, CompositeImplicitAutograd, m) {
-  m.impl("causal_linear_attention_prefix", tempo::prefix_sum);
-}
+TORCH_LIBRARY_IMPL(tempo, CompositeImplicitAutograd, m) { m.impl("causal_linear_attention_prefix", tempo::prefix_sum); }
 
 TORCH_LIBRARY_IMPL(tempo, CompositeExplicitAutograd, m) {
   m.impl("causal_linear_attention", tempo::no_grad_kernel);

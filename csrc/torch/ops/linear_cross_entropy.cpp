@@ -19,17 +19,21 @@
 #include "tempo/linear_cross_entropy.h"
 
 TORCH_LIBRARY_FRAGMENT(tempo, m) {
-  m.def("linear_cross_entropy(Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, int ignore_index=-100, "
-        "float label_smoothing=0.0, str reduction='mean', int chunk=0, ScalarType? dtype=None, float logit_scale=1.0, "
-        "float? softcap=None, float z_loss=0.0) -> Tensor");
-  m.def("linear_cross_entropy_forward(Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, int ignore_index, "
-        "float label_smoothing, str reduction, int chunk, ScalarType? dtype=None, float logit_scale=1.0, "
-        "float? softcap=None, float z_loss=0.0) -> (Tensor, Tensor)");
-  m.def("linear_cross_entropy_backward(Tensor grad, Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, "
-        "Tensor lse, int ignore_index, float label_smoothing, str reduction, int chunk, float logit_scale=1.0, "
-        "float? softcap=None, float z_loss=0.0) -> (Tensor, Tensor, Tensor)");
-  m.def("linear_cross_entropy_stats(Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, int ignore_index=-100, "
-        "float temperature=1.0, float logit_scale=1.0, float? softcap=None, int chunk=0) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "linear_cross_entropy(Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, int ignore_index=-100, "
+      "float label_smoothing=0.0, str reduction='mean', int chunk=0, ScalarType? dtype=None, float logit_scale=1.0, "
+      "float? softcap=None, float z_loss=0.0) -> Tensor");
+  m.def(
+      "linear_cross_entropy_forward(Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, int ignore_index, "
+      "float label_smoothing, str reduction, int chunk, ScalarType? dtype=None, float logit_scale=1.0, "
+      "float? softcap=None, float z_loss=0.0) -> (Tensor, Tensor)");
+  m.def(
+      "linear_cross_entropy_backward(Tensor grad, Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, "
+      "Tensor lse, int ignore_index, float label_smoothing, str reduction, int chunk, float logit_scale=1.0, "
+      "float? softcap=None, float z_loss=0.0) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "linear_cross_entropy_stats(Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, int ignore_index=-100, "
+      "float temperature=1.0, float logit_scale=1.0, float? softcap=None, int chunk=0) -> (Tensor, Tensor, Tensor)");
 }
 
 namespace tempo {
@@ -47,8 +51,9 @@ Reduction reduction_of(c10::string_view r) {
 }
 
 // Checks shapes, dtypes and devices; returns (N, H, V).
-std::tuple<int64_t, int64_t, int64_t> check(const at::Tensor& h, const at::Tensor& w, const std::optional<at::Tensor>& b,
-                                            const at::Tensor& labels, double smoothing, const char* op = kOp) {
+std::tuple<int64_t, int64_t, int64_t> check(const at::Tensor& h, const at::Tensor& w,
+                                            const std::optional<at::Tensor>& b, const at::Tensor& labels,
+                                            double smoothing, const char* op = kOp) {
   check_device(h, op, "hidden");
   check_device(w, op, "weight");
   TORCH_CHECK(h.is_floating_point(), op, ": argument 'hidden' must be floating point, got ", h.scalar_type());
@@ -59,14 +64,13 @@ std::tuple<int64_t, int64_t, int64_t> check(const at::Tensor& h, const at::Tenso
               ": argument 'weight' must have hidden's dtype and device (", h.scalar_type(), ", ", h.device(), "), got ",
               w.scalar_type(), ", ", w.device());
   if (b.has_value() && b->defined())
-    TORCH_CHECK(b->dim() == 1 && b->size(0) == w.size(0) && b->scalar_type() == h.scalar_type() &&
-                    b->device() == h.device(),
-                op, ": argument 'bias' must be [", w.size(0), "] like weight, got ", b->sizes(), " ", b->scalar_type());
+    TORCH_CHECK(
+        b->dim() == 1 && b->size(0) == w.size(0) && b->scalar_type() == h.scalar_type() && b->device() == h.device(),
+        op, ": argument 'bias' must be [", w.size(0), "] like weight, got ", b->sizes(), " ", b->scalar_type());
   TORCH_CHECK(labels.scalar_type() == at::kLong, op, ": argument 'labels' must be int64, got ", labels.scalar_type());
   TORCH_CHECK(labels.device() == h.device(), op, ": argument 'labels' must be on hidden's device ", h.device());
   const int64_t N = h.numel() / std::max<int64_t>(h.size(-1), 1);
-  TORCH_CHECK(labels.numel() == N && labels.dim() == h.dim() - 1 &&
-                  labels.sizes() == h.sizes().slice(0, h.dim() - 1),
+  TORCH_CHECK(labels.numel() == N && labels.dim() == h.dim() - 1 && labels.sizes() == h.sizes().slice(0, h.dim() - 1),
               op, ": argument 'labels' must have hidden's leading shape ", h.sizes().slice(0, h.dim() - 1), ", got ",
               labels.sizes());
   TORCH_CHECK(smoothing >= 0.0 && smoothing <= 1.0, op, ": label_smoothing must be in [0, 1], got ", smoothing);
@@ -81,8 +85,9 @@ void check_labels(const at::Tensor& labels, int64_t V, int64_t ignore) {
     // On CUDA the result is not read on the host (no synchronisation, and a CUDA graph
     // capture could not): a device-side assert, as torch's cross_entropy makes (the kernels
     // clamp the labels, so nothing is read out of bounds before it fires).
-    at::_assert_async(bad.any().logical_not(), "tempo::linear_cross_entropy: a label is outside [0, vocabulary) and "
-                                                "is not ignore_index");
+    at::_assert_async(bad.any().logical_not(),
+                      "tempo::linear_cross_entropy: a label is outside [0, vocabulary) and "
+                      "is not ignore_index");
     return;
   }
   if (bad.any().item<bool>()) {
@@ -127,8 +132,10 @@ struct LogitOptions {
 
 LogitOptions logit_options(double scale, std::optional<double> cap, double z_loss, const char* op) {
   TORCH_CHECK(std::isfinite(scale) && scale != 0.0, op, ": logit_scale must be finite and nonzero, got ", scale);
-  TORCH_CHECK(!cap.has_value() || (std::isfinite(*cap) && *cap > 0.0), op, ": softcap must be positive and finite, "
-              "got ", cap.value_or(0.0));
+  TORCH_CHECK(!cap.has_value() || (std::isfinite(*cap) && *cap > 0.0), op,
+              ": softcap must be positive and finite, "
+              "got ",
+              cap.value_or(0.0));
   TORCH_CHECK(std::isfinite(z_loss) && z_loss >= 0.0, op, ": z_loss must be >= 0 and finite, got ", z_loss);
   return {scale, cap, z_loss};
 }
@@ -215,10 +222,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_kernel(
   const char* bop = "tempo::linear_cross_entropy_backward";
   TORCH_CHECK(grad.is_floating_point(), bop, ": argument 'grad' must be floating point, got ", grad.scalar_type());
   const auto math_t = hidden.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  TORCH_CHECK(lse.scalar_type() == math_t, bop, ": argument 'lse' must be the forward's ", math_t,
-              " log-sum-exp, got ", lse.scalar_type());
-  for (const auto& [t, name] : {std::pair<const at::Tensor*, const char*>{&weight, "weight"}, {&labels, "labels"},
-                                {&grad, "grad"}, {&lse, "lse"}})
+  TORCH_CHECK(lse.scalar_type() == math_t, bop, ": argument 'lse' must be the forward's ", math_t, " log-sum-exp, got ",
+              lse.scalar_type());
+  for (const auto& [t, name] : {std::pair<const at::Tensor*, const char*>{&weight, "weight"},
+                                {&labels, "labels"},
+                                {&grad, "grad"},
+                                {&lse, "lse"}})
     TORCH_CHECK(t->device() == hidden.device(), bop, ": argument '", name, "' must be on hidden's device (",
                 hidden.device(), "), got ", t->device());
   if (hidden.is_meta())
@@ -342,13 +351,10 @@ at::Tensor composite(const at::Tensor& hidden, const at::Tensor& weight, const s
 
 }  // namespace
 
-std::tuple<at::Tensor, at::Tensor> linear_cross_entropy_forward(const at::Tensor& hidden, const at::Tensor& weight,
-                                                                const std::optional<at::Tensor>& bias,
-                                                                const at::Tensor& labels, int64_t ignore_index,
-                                                                double label_smoothing, c10::string_view reduction,
-                                                                int64_t chunk, std::optional<at::ScalarType> dtype,
-                                                                double logit_scale, std::optional<double> softcap,
-                                                                double z_loss) {
+std::tuple<at::Tensor, at::Tensor> linear_cross_entropy_forward(
+    const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias, const at::Tensor& labels,
+    int64_t ignore_index, double label_smoothing, c10::string_view reduction, int64_t chunk,
+    std::optional<at::ScalarType> dtype, double logit_scale, std::optional<double> softcap, double z_loss) {
   static const auto& op = op_for<&linear_cross_entropy_forward>("tempo::linear_cross_entropy_forward");
   return op.call(hidden, weight, bias, labels, ignore_index, label_smoothing, reduction, chunk, dtype, logit_scale,
                  softcap, z_loss);
@@ -359,23 +365,23 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_backward(
     const at::Tensor& labels, const at::Tensor& lse, int64_t ignore_index, double label_smoothing,
     c10::string_view reduction, int64_t chunk, double logit_scale, std::optional<double> softcap, double z_loss) {
   static const auto& op = op_for<&linear_cross_entropy_backward>("tempo::linear_cross_entropy_backward");
-  return op.call(grad, hidden, weight, bias, labels, lse, ignore_index, label_smoothing, reduction, chunk,
-                 logit_scale, softcap, z_loss);
+  return op.call(grad, hidden, weight, bias, labels, lse, ignore_index, label_smoothing, reduction, chunk, logit_scale,
+                 softcap, z_loss);
 }
 
-at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                                const at::Tensor& labels, int64_t ignore_index, double label_smoothing,
-                                c10::string_view reduction, int64_t chunk, std::optional<at::ScalarType> dtype,
-                                double logit_scale, std::optional<double> softcap, double z_loss) {
+at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight,
+                                const std::optional<at::Tensor>& bias, const at::Tensor& labels, int64_t ignore_index,
+                                double label_smoothing, c10::string_view reduction, int64_t chunk,
+                                std::optional<at::ScalarType> dtype, double logit_scale, std::optional<double> softcap,
+                                double z_loss) {
   static const auto& op = op_for<&linear_cross_entropy>("tempo::linear_cross_entropy");
   return op.call(hidden, weight, bias, labels, ignore_index, label_smoothing, reduction, chunk, dtype, logit_scale,
                  softcap, z_loss);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_stats(
-    const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-    const at::Tensor& labels, int64_t ignore_index, double temperature, double logit_scale,
-    std::optional<double> softcap, int64_t chunk) {
+    const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias, const at::Tensor& labels,
+    int64_t ignore_index, double temperature, double logit_scale, std::optional<double> softcap, int64_t chunk) {
   static const auto& op = op_for<&linear_cross_entropy_stats>("tempo::linear_cross_entropy_stats");
   return op.call(hidden, weight, bias, labels, ignore_index, temperature, logit_scale, softcap, chunk);
 }

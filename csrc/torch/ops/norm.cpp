@@ -21,29 +21,39 @@ TORCH_LIBRARY_FRAGMENT(tempo, m) {
   // kept_cols (norm_kept_columns(weight, bias)) may be passed in; when absent the autograd
   // kernel computes it. Under torch.compile pass it (tempo.layer_norm does): it has a
   // data-dependent size, which the compiled graph must see as the output of its own op.
-  m.def("layer_norm(Tensor x, int[] normalized_shape, Tensor? weight=None, Tensor? bias=None, float eps=1e-05, "
-        "Tensor? kept_cols=None) -> Tensor");
+  m.def(
+      "layer_norm(Tensor x, int[] normalized_shape, Tensor? weight=None, Tensor? bias=None, float eps=1e-05, "
+      "Tensor? kept_cols=None) -> Tensor");
   // dtype: the data's (x's), when the parameters are float32 under bfloat16/float16 data.
   m.def("norm_kept_columns(Tensor? weight, Tensor? bias, ScalarType? dtype=None) -> Tensor");
   m.def("norm_kept_slots(Tensor? weight, Tensor? bias, ScalarType? dtype=None) -> Tensor");
-  m.def("layer_norm_forward(Tensor x, int[] normalized_shape, Tensor? weight, Tensor? bias, float eps, "
-        "Tensor? kept_cols=None) -> (Tensor, Tensor, Tensor)");
-  m.def("layer_norm_backward(Tensor grad, Tensor y, Tensor rstd, int[] normalized_shape, Tensor? weight, Tensor? bias, "
-        "Tensor? kept_cols=None, Tensor? kept_xhat=None) -> (Tensor, Tensor, Tensor)");
-  m.def("rms_norm(Tensor x, int[] normalized_shape, Tensor? weight=None, float? eps=None, Tensor? kept_cols=None) "
-        "-> Tensor");
-  m.def("rms_norm_forward(Tensor x, int[] normalized_shape, Tensor? weight, float? eps, Tensor? kept_cols=None) "
-        "-> (Tensor, Tensor, Tensor)");
-  m.def("rms_norm_backward(Tensor grad, Tensor y, Tensor rstd, int[] normalized_shape, Tensor? weight, "
-        "Tensor? kept_cols=None, Tensor? kept_xhat=None) -> (Tensor, Tensor)");
-  m.def("bias_dropout_add_layer_norm(Tensor x, Tensor? bias, Tensor residual, float p, Tensor? weight, Tensor? beta, "
-        "float eps=1e-05, str mode='bits', Tensor? kept_cols=None) -> Tensor", {at::Tag::nondeterministic_seeded});
-  m.def("bias_dropout_add_layer_norm_forward(Tensor x, Tensor? bias, Tensor residual, float p, Tensor? weight, "
-        "Tensor? beta, float eps, str mode, Tensor? kept_cols=None) -> (Tensor, Tensor, Tensor, Tensor)",
-        {at::Tag::nondeterministic_seeded});
-  m.def("bias_dropout_add_layer_norm_backward(Tensor grad, Tensor y, Tensor rstd, Tensor keep, float p, str mode, "
-        "Tensor? weight, Tensor? beta, bool has_bias, Tensor? kept_cols=None, Tensor? kept_xhat=None) "
-        "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def(
+      "layer_norm_forward(Tensor x, int[] normalized_shape, Tensor? weight, Tensor? bias, float eps, "
+      "Tensor? kept_cols=None) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "layer_norm_backward(Tensor grad, Tensor y, Tensor rstd, int[] normalized_shape, Tensor? weight, Tensor? bias, "
+      "Tensor? kept_cols=None, Tensor? kept_xhat=None) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "rms_norm(Tensor x, int[] normalized_shape, Tensor? weight=None, float? eps=None, Tensor? kept_cols=None) "
+      "-> Tensor");
+  m.def(
+      "rms_norm_forward(Tensor x, int[] normalized_shape, Tensor? weight, float? eps, Tensor? kept_cols=None) "
+      "-> (Tensor, Tensor, Tensor)");
+  m.def(
+      "rms_norm_backward(Tensor grad, Tensor y, Tensor rstd, int[] normalized_shape, Tensor? weight, "
+      "Tensor? kept_cols=None, Tensor? kept_xhat=None) -> (Tensor, Tensor)");
+  m.def(
+      "bias_dropout_add_layer_norm(Tensor x, Tensor? bias, Tensor residual, float p, Tensor? weight, Tensor? beta, "
+      "float eps=1e-05, str mode='bits', Tensor? kept_cols=None) -> Tensor",
+      {at::Tag::nondeterministic_seeded});
+  m.def(
+      "bias_dropout_add_layer_norm_forward(Tensor x, Tensor? bias, Tensor residual, float p, Tensor? weight, "
+      "Tensor? beta, float eps, str mode, Tensor? kept_cols=None) -> (Tensor, Tensor, Tensor, Tensor)",
+      {at::Tag::nondeterministic_seeded});
+  m.def(
+      "bias_dropout_add_layer_norm_backward(Tensor grad, Tensor y, Tensor rstd, Tensor keep, float p, str mode, "
+      "Tensor? weight, Tensor? beta, bool has_bias, Tensor? kept_cols=None, Tensor? kept_xhat=None) "
+      "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
 }
 
 namespace tempo {
@@ -56,8 +66,7 @@ const at::Tensor* get(const std::optional<at::Tensor>& t) { return t.has_value()
 std::pair<c10::SymInt, int64_t> rows_cols(const at::Tensor& x, at::IntArrayRef shape, const char* op) {
   TORCH_CHECK(!shape.empty(), op, ": argument 'normalized_shape' must not be empty");
   const int64_t k = static_cast<int64_t>(shape.size());
-  TORCH_CHECK(x.dim() >= k, op, ": argument 'normalized_shape' ", shape, " has more dimensions than x ",
-              x.sym_sizes());
+  TORCH_CHECK(x.dim() >= k, op, ": argument 'normalized_shape' ", shape, " has more dimensions than x ", x.sym_sizes());
   int64_t cols = 1;
   for (int64_t i = 0; i < k; ++i) {
     TORCH_CHECK(x.sym_size(x.dim() - k + i) == shape[i], op, ": argument 'normalized_shape' ", shape,
@@ -92,8 +101,8 @@ bool float_params(const at::Tensor* w, const at::Tensor* b, const at::Tensor& x)
   return ref && ref->scalar_type() == at::kFloat && low_precision(x.scalar_type());
 }
 
-bool check_norm_params(const at::Tensor* w, const at::Tensor* b, const at::Tensor& x, const char* op,
-                       const char* w_arg, const char* b_arg) {
+bool check_norm_params(const at::Tensor* w, const at::Tensor* b, const at::Tensor& x, const char* op, const char* w_arg,
+                       const char* b_arg) {
   const at::Tensor* ref = w ? w : b;
   if (!ref) return false;
   const bool fp = float_params(w, b, x);
@@ -234,9 +243,9 @@ at::Tensor kept_columns_kernel(const std::optional<at::Tensor>& weight, const st
   const at::Tensor wc = w ? w->contiguous().cpu() : at::Tensor();
   const at::Tensor bc = b ? b->contiguous().cpu() : at::Tensor();
   at::Tensor idx = at::empty({cols}, at::TensorOptions().dtype(at::kLong));
-  const int64_t k = norm_kept_columns(to_core_dtype(data), to_core_dtype(ref.scalar_type()),
-                                      w ? wc.const_data_ptr() : nullptr, b ? bc.const_data_ptr() : nullptr, cols,
-                                      idx.mutable_data_ptr<int64_t>());
+  const int64_t k =
+      norm_kept_columns(to_core_dtype(data), to_core_dtype(ref.scalar_type()), w ? wc.const_data_ptr() : nullptr,
+                        b ? bc.const_data_ptr() : nullptr, cols, idx.mutable_data_ptr<int64_t>());
   return idx.narrow(0, 0, k).clone().to(ref.device());
 }
 
@@ -273,8 +282,8 @@ void check_kept_xhat(const at::Tensor* kept_cols, const at::Tensor* kept_xhat, c
                      const at::Tensor& y, const char* op) {
   if (!kept_cols) return;
   TORCH_CHECK(kept_xhat, op, ": argument 'kept_xhat' is needed with kept_cols");
-  TORCH_CHECK(kept_xhat->scalar_type() == acc_type(y) && kept_xhat->device() == y.device() && kept_xhat->dim() == 2,
-              op, ": argument 'kept_xhat' must be a 2-D ", acc_type(y), " tensor on ", y.device(), ", got ",
+  TORCH_CHECK(kept_xhat->scalar_type() == acc_type(y) && kept_xhat->device() == y.device() && kept_xhat->dim() == 2, op,
+              ": argument 'kept_xhat' must be a 2-D ", acc_type(y), " tensor on ", y.device(), ", got ",
               kept_xhat->scalar_type(), " of shape ", kept_xhat->sym_sizes());
   if (y.is_meta()) return;  // sizes may be symbolic
   TORCH_CHECK(kept_xhat->size(0) == rows.expect_int() && kept_xhat->size(1) == kept_cols->numel(), op,
@@ -295,17 +304,17 @@ struct ForwardOut {
 };
 
 // Forward of either norm, with or without the prologue (arguments checked by the caller).
-ForwardOut norm_forward(NormKind kind, const at::Tensor& x, const c10::SymInt& rows, int64_t cols,
-                        const at::Tensor* w, const at::Tensor* b, double eps, const at::Tensor* kept_cols,
-                        const PrologueArgs* pro, const char* op) {
+ForwardOut norm_forward(NormKind kind, const at::Tensor& x, const c10::SymInt& rows, int64_t cols, const at::Tensor* w,
+                        const at::Tensor* b, double eps, const at::Tensor* kept_cols, const PrologueArgs* pro,
+                        const char* op) {
   TORCH_CHECK(eps >= 0.0, op, ": argument 'eps' must be non-negative, got ", eps);
   ForwardOut out;
   out.y = at::empty_like(x, at::MemoryFormat::Contiguous);
   out.rstd = at::empty_symint({rows}, x.options().dtype(acc_type(x)));
   const at::Tensor slot = kept_slot(kept_cols, cols, x, op);
   const int64_t kept = slot.defined() ? kept_cols->numel() : 0;
-  out.kept_xhat = at::empty_symint({rows, kept_cols ? kept_cols->sym_size(0) : c10::SymInt(0)},
-                                   x.options().dtype(acc_type(x)));
+  out.kept_xhat =
+      at::empty_symint({rows, kept_cols ? kept_cols->sym_size(0) : c10::SymInt(0)}, x.options().dtype(acc_type(x)));
   DropoutKeep k;
   if (pro) out.keep = (k = new_dropout_keep(x, pro->p, pro->mode)).keep;
   if (x.is_meta() || x.numel() == 0) return out;
@@ -361,8 +370,8 @@ struct BackwardOut {
 
 BackwardOut norm_backward(NormKind kind, const at::Tensor& grad, const at::Tensor& y, const at::Tensor& rstd,
                           int64_t cols, const at::Tensor* w, const at::Tensor* b, const NormPrologue* prologue,
-                          bool has_bias, const uint8_t* mask, const at::Tensor* kept_cols,
-                          const at::Tensor* kept_xhat, const char* op) {
+                          bool has_bias, const uint8_t* mask, const at::Tensor* kept_cols, const at::Tensor* kept_xhat,
+                          const char* op) {
   check_floating(grad, op, "grad");
   check_floating(y, op, "y");
   check_device(y, op, "y");
@@ -537,7 +546,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bias_dropout_add_laye
   check_param_shape(get(weight), shape, op, "weight");
   check_param_shape(get(beta), shape, op, "beta");
   const c10::SymInt rows = x.sym_numel() / std::max<int64_t>(cols, 1);
-  ForwardOut o = norm_forward(NormKind::kLayerNorm, x, rows, cols, get(weight), get(beta), eps, get(kept_cols), &pro, op);
+  ForwardOut o =
+      norm_forward(NormKind::kLayerNorm, x, rows, cols, get(weight), get(beta), eps, get(kept_cols), &pro, op);
   return {o.y, o.rstd, o.keep, o.kept_xhat};
 }
 
@@ -556,7 +566,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> bias_drop
   const uint8_t* mask = nullptr;
   read_dropout_keep(keep, y, p, pr.mode, op, &mask, &pr.rng);
   const int64_t cols = y.sym_size(-1).guard_int(__FILE__, __LINE__);
-  for (const auto& [t, name] : {std::pair<const at::Tensor*, const char*>{get(weight), "weight"}, {get(beta), "beta"}}) {
+  for (const auto& [t, name] :
+       {std::pair<const at::Tensor*, const char*>{get(weight), "weight"}, {get(beta), "beta"}}) {
     if (!t) continue;
     TORCH_CHECK(t->dim() == 1 && t->sym_size(0) == cols, op, ": argument '", name, "' must have shape [", cols,
                 "], got ", t->sym_sizes());
@@ -566,10 +577,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> bias_drop
   return {o.dx, o.dbias, o.dres, o.dw, o.dbeta};
 }
 
-at::Tensor bias_dropout_add_layer_norm_kernel(const at::Tensor& x, const std::optional<at::Tensor>& bias, const at::Tensor& residual,
-                        double p, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& beta,
-                        double eps, c10::string_view mode, const std::optional<at::Tensor>&) {
-  return std::get<0>(bias_dropout_add_layer_norm_forward_kernel(x, bias, residual, p, weight, beta, eps, mode, std::nullopt));
+at::Tensor bias_dropout_add_layer_norm_kernel(const at::Tensor& x, const std::optional<at::Tensor>& bias,
+                                              const at::Tensor& residual, double p,
+                                              const std::optional<at::Tensor>& weight,
+                                              const std::optional<at::Tensor>& beta, double eps, c10::string_view mode,
+                                              const std::optional<at::Tensor>&) {
+  return std::get<0>(
+      bias_dropout_add_layer_norm_forward_kernel(x, bias, residual, p, weight, beta, eps, mode, std::nullopt));
 }
 
 }  // namespace
@@ -596,10 +610,10 @@ at::Tensor bias_dropout_add_layer_norm(const at::Tensor& x, const std::optional<
                                        const std::optional<at::Tensor>& beta, double eps, c10::string_view mode,
                                        bool train) {
   check_probability(p, "tempo::bias_dropout_add_layer_norm", "p");
-  static auto op = op_handle<at::Tensor(const at::Tensor&, const std::optional<at::Tensor>&, const at::Tensor&, double,
-                                        const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, double,
-                                        c10::string_view, const std::optional<at::Tensor>&)>(
-      "tempo::bias_dropout_add_layer_norm");
+  static auto op =
+      op_handle<at::Tensor(const at::Tensor&, const std::optional<at::Tensor>&, const at::Tensor&, double,
+                           const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, double, c10::string_view,
+                           const std::optional<at::Tensor>&)>("tempo::bias_dropout_add_layer_norm");
   return op.call(x, bias, residual, train ? p : 0.0, weight, beta, eps, mode, std::nullopt);
 }
 

@@ -21,15 +21,14 @@ namespace {
 using namespace torch_impl;
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> qkv_split_kernel(const at::Tensor& z,
-                                                                const std::optional<at::Tensor>& bias,
-                                                                int64_t heads) {
+                                                                const std::optional<at::Tensor>& bias, int64_t heads) {
   const char* op = "tempo::qkv_split";
   check_floating(z, op, "z");
   check_device(z, op, "z");
   TORCH_CHECK(z.dim() == 3, op, ": argument 'z' must be [batch, seq, 3 hidden], got ", z.sym_sizes());
   TORCH_CHECK(heads > 0, op, ": argument 'heads' must be positive, got ", heads);
-  TORCH_CHECK(z.sym_size(2) % (3 * heads) == 0, op, ": argument 'z' must have a last dimension divisible by 3 heads = ",
-              3 * heads, ", got ", z.sym_size(2));
+  TORCH_CHECK(z.sym_size(2) % (3 * heads) == 0, op,
+              ": argument 'z' must have a last dimension divisible by 3 heads = ", 3 * heads, ", got ", z.sym_size(2));
   const bool has_bias = bias.has_value() && bias->defined();
   if (has_bias) {
     check_like(*bias, z, op, "bias");
@@ -67,9 +66,9 @@ std::tuple<at::Tensor, at::Tensor> qkv_split_backward_kernel(const at::Tensor& g
   check_device(grad_q, op, "grad_q");
   check_like(grad_k, grad_q, op, "grad_k");
   check_like(grad_v, grad_q, op, "grad_v");
-  TORCH_CHECK(grad_q.dim() == 4 && grad_k.sym_sizes() == grad_q.sym_sizes() &&
-                  grad_v.sym_sizes() == grad_q.sym_sizes(),
-              op, ": arguments 'grad_q', 'grad_k' and 'grad_v' must be [batch, heads, seq, head_dim] of one shape, got ",
+  TORCH_CHECK(grad_q.dim() == 4 && grad_k.sym_sizes() == grad_q.sym_sizes() && grad_v.sym_sizes() == grad_q.sym_sizes(),
+              op,
+              ": arguments 'grad_q', 'grad_k' and 'grad_v' must be [batch, heads, seq, head_dim] of one shape, got ",
               grad_q.sym_sizes(), ", ", grad_k.sym_sizes(), ", ", grad_v.sym_sizes());
   const c10::SymInt B = grad_q.sym_size(0), A = grad_q.sym_size(1), S = grad_q.sym_size(2), D = grad_q.sym_size(3);
   const c10::SymInt cols = 3 * A * D;

@@ -19,16 +19,20 @@ using tempo::DType;
 // ---- independent references ------------------------------------------------------------------
 double ref_f(Activation a, double x) {
   switch (a) {
-    case Activation::kGeluErf: return 0.5 * x * std::erfc(-x / std::sqrt(2.0));
+    case Activation::kGeluErf:
+      return 0.5 * x * std::erfc(-x / std::sqrt(2.0));
     // 0.5 (1 + tanh(a)) written as 1 / (1 + e^{-2a}) so that the reference does not cancel for x << 0.
-    case Activation::kGeluTanh: return x / (1 + std::exp(-2 * std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
-    case Activation::kSilu: return x / (1 + std::exp(-x));
+    case Activation::kGeluTanh:
+      return x / (1 + std::exp(-2 * std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
+    case Activation::kSilu:
+      return x / (1 + std::exp(-x));
   }
   return 0;
 }
 double ref_df(Activation a, double x) {
   switch (a) {
-    case Activation::kGeluErf: return 0.5 * std::erfc(-x / std::sqrt(2.0)) + x * std::exp(-x * x / 2) / std::sqrt(2 * M_PI);
+    case Activation::kGeluErf:
+      return 0.5 * std::erfc(-x / std::sqrt(2.0)) + x * std::exp(-x * x / 2) / std::sqrt(2 * M_PI);
     case Activation::kGeluTanh: {
       const double c = std::sqrt(2 / M_PI), t = std::tanh(c * (x + 0.044715 * x * x * x));
       return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * c * (1 + 3 * 0.044715 * x * x);
@@ -44,9 +48,12 @@ double ref_d2f(Activation a, double x) { return (ref_df(a, x + 1e-5) - ref_df(a,
 // Argmins from the design notes (independent of the generated tables).
 double ref_xstar(Activation a) {
   switch (a) {
-    case Activation::kGeluErf: return -0.7517915246935645;
-    case Activation::kGeluTanh: return -0.7524614224867321;
-    case Activation::kSilu: return -1.2784645439248923;
+    case Activation::kGeluErf:
+      return -0.7517915246935645;
+    case Activation::kGeluTanh:
+      return -0.7524614224867321;
+    case Activation::kSilu:
+      return -1.2784645439248923;
   }
   return 0;
 }
@@ -54,10 +61,14 @@ double ref_xstar(Activation a) {
 // ---- element types as raw bits ---------------------------------------------------------------
 int mantissa_bits(DType d) {
   switch (d) {
-    case DType::kFloat32: return 24;
-    case DType::kFloat64: return 53;
-    case DType::kBFloat16: return 8;
-    case DType::kFloat16: return 11;
+    case DType::kFloat32:
+      return 24;
+    case DType::kFloat64:
+      return 53;
+    case DType::kBFloat16:
+      return 8;
+    case DType::kFloat16:
+      return 11;
   }
   return 0;
 }
@@ -103,9 +114,12 @@ std::vector<unsigned char> encode(DType d, const std::vector<double>& v) {
         uint16_t h;
         const double a = std::fabs(v[i]);
         const uint16_t sign = std::signbit(v[i]) ? 0x8000 : 0;
-        if (std::isnan(v[i])) h = 0x7e00;
-        else if (std::isinf(v[i])) h = sign | 0x7c00;
-        else if (a < std::ldexp(1.0, -14)) h = sign | static_cast<uint16_t>(a / std::ldexp(1.0, -24));
+        if (std::isnan(v[i]))
+          h = 0x7e00;
+        else if (std::isinf(v[i]))
+          h = sign | 0x7c00;
+        else if (a < std::ldexp(1.0, -14))
+          h = sign | static_cast<uint16_t>(a / std::ldexp(1.0, -24));
         else {
           const int e = static_cast<int>(std::floor(std::log2(a)));
           const uint16_t m = static_cast<uint16_t>((a / std::ldexp(1.0, e) - 1) * 1024);
@@ -138,9 +152,12 @@ std::vector<double> decode(DType d, const std::vector<unsigned char>& b) {
       } else {
         const int e = (h >> 10) & 0x1f, m = h & 0x3ff;
         const double s = (h & 0x8000) ? -1 : 1;
-        if (e == 0) out[i] = s * m * std::ldexp(1.0, -24);
-        else if (e == 31) out[i] = m ? std::numeric_limits<double>::quiet_NaN() : s * INFINITY;
-        else out[i] = s * (1 + m / 1024.0) * std::ldexp(1.0, e - 15);
+        if (e == 0)
+          out[i] = s * m * std::ldexp(1.0, -24);
+        else if (e == 31)
+          out[i] = m ? std::numeric_limits<double>::quiet_NaN() : s * INFINITY;
+        else
+          out[i] = s * (1 + m / 1024.0) * std::ldexp(1.0, e - 15);
       }
     }
   }
@@ -214,8 +231,8 @@ TEST(ActivationCore, ForwardMatchesReferenceWithinOneRounding) {
         // In the left tail f is ill-conditioned (relative condition number ~x^2, ~|x|^3 for
         // the tanh form): one rounding inside either formula moves the value by that much.
         tol += std::fabs(ref) * (1 + x[i] * x[i] + std::fabs(x[i] * x[i] * x[i])) * 4e-16;
-        ASSERT_LE(std::fabs(r.y[i] - ref), tol) << tempo::activation_name(a) << " " << tempo::dtype_name(d)
-                                                << " x=" << x[i];
+        ASSERT_LE(std::fabs(r.y[i] - ref), tol)
+            << tempo::activation_name(a) << " " << tempo::dtype_name(d) << " x=" << x[i];
       }
     }
   }
@@ -278,8 +295,8 @@ TEST(ActivationCore, SimdPathsMatchScalar) {
           if (std::isnan(scalar.dx[i])) {
             ASSERT_TRUE(std::isnan(simd.dx[i])) << "level " << level << " x=" << x[i];
           } else {
-            ASSERT_EQ(simd.dx[i], scalar.dx[i]) << tempo::activation_name(a) << " " << tempo::dtype_name(d)
-                                                << " level " << level << " x=" << x[i];
+            ASSERT_EQ(simd.dx[i], scalar.dx[i])
+                << tempo::activation_name(a) << " " << tempo::dtype_name(d) << " level " << level << " x=" << x[i];
           }
         }
       }
@@ -393,8 +410,10 @@ TEST(ActivationCore, Fp32ArithmeticForwardWithinItsStatedUlps) {
       std::frexp(r, &e);
       const double ulp = sub ? std::ldexp(1.0, -149) : std::ldexp(1.0, e - 24);
       const double err = std::fabs(static_cast<double>(y) - ref) / ulp;
-      if (sub) worst_sub = std::max(worst_sub, err);
-      else if (err > worst) worst = err, worst_x = x;
+      if (sub)
+        worst_sub = std::max(worst_sub, err);
+      else if (err > worst)
+        worst = err, worst_x = x;
     }
     EXPECT_LE(worst, bound) << "activation " << static_cast<int>(a) << " at x = " << worst_x;
     EXPECT_LE(worst_sub, 1.0) << "activation " << static_cast<int>(a);
@@ -417,7 +436,8 @@ TEST(ActivationCore, Fp32ArithmeticForwardWithinItsStatedUlps) {
       const double b = exact != 0 ? std::min(std::fabs(ref_d2f(a, x)) * uy / std::fabs(exact), cap) : cap;
       const double lim = 2 * b + 2 * half_ulp(DType::kFloat32, exact) + 1e-6;
       worst_ratio = std::max(worst_ratio, std::fabs(g - exact) / lim);
-      ASSERT_LE(std::fabs(g - exact), lim) << tempo::activation_name(a) << " x=" << x << " g=" << g << " exact " << exact;
+      ASSERT_LE(std::fabs(g - exact), lim)
+          << tempo::activation_name(a) << " x=" << x << " g=" << g << " exact " << exact;
     }
     std::printf("%-26s fp32 forward: worst %.3f ulp (normal), %.3f (subnormal); gradient error / widened bound %.3f\n",
                 tempo::activation_name(a), worst, worst_sub, worst_ratio);

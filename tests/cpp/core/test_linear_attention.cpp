@@ -17,8 +17,15 @@ constexpr double kEps = 1e-6;
 
 struct Problem {
   std::vector<double> q, k, v, num0, den0, gy, gnum, gden;
-  Problem() : q(R * L * M), k(R * L * M), v(R * L * D), num0(R * M * D), den0(R * M), gy(R * L * D),
-              gnum(R * M * D), gden(R * M) {
+  Problem()
+      : q(R * L * M),
+        k(R * L * M),
+        v(R * L * D),
+        num0(R * M * D),
+        den0(R * M),
+        gy(R * L * D),
+        gnum(R * M * D),
+        gden(R * M) {
     std::mt19937 gen(3);
     std::uniform_real_distribution<double> pos(0.05, 1.0);
     std::normal_distribution<double> nd;
@@ -33,7 +40,8 @@ struct Problem {
   }
 };
 
-// y by the quadratic formula: y_l = (num0^T q_l + sum_{i<=l} (k_i . q_l) v_i) / (den0 . q_l + sum_{i<=l} k_i . q_l + eps).
+// y by the quadratic formula: y_l = (num0^T q_l + sum_{i<=l} (k_i . q_l) v_i) / (den0 . q_l + sum_{i<=l} k_i . q_l +
+// eps).
 std::vector<double> reference_y(const Problem& p) {
   std::vector<double> y(R * L * D);
   for (int64_t r = 0; r < R; ++r)

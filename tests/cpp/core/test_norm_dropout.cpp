@@ -171,12 +171,30 @@ struct Fp64Norm {
   int64_t kept = 0;
 
   Fp64Norm(bool layer_, bool prologue_, int64_t R_, int64_t M_, unsigned seed)
-      : layer(layer_), prologue(prologue_), R(R_), M(M_), p(prologue_ ? 0.25 : 0.0), x(R * M), res(R * M), g(R * M),
-        pb(M), w(M), b(M), y(R * M), rstd(R), dx(R * M), dres(R * M), dw(M), db(M), dpb(M),
-        mask(tempo::bit_mask_bytes(R * M)), slot(M, -1) {
+      : layer(layer_),
+        prologue(prologue_),
+        R(R_),
+        M(M_),
+        p(prologue_ ? 0.25 : 0.0),
+        x(R * M),
+        res(R * M),
+        g(R * M),
+        pb(M),
+        w(M),
+        b(M),
+        y(R * M),
+        rstd(R),
+        dx(R * M),
+        dres(R * M),
+        dw(M),
+        db(M),
+        dpb(M),
+        mask(tempo::bit_mask_bytes(R * M)),
+        slot(M, -1) {
     std::mt19937 gen(seed);
     std::normal_distribution<double> nd;
-    for (auto* v : {&x, &res, &g, &pb}) for (auto& e : *v) e = nd(gen);
+    for (auto* v : {&x, &res, &g, &pb})
+      for (auto& e : *v) e = nd(gen);
     for (int64_t j = 0; j < M; ++j) {
       w[j] = 1 + 0.3 * nd(gen);
       b[j] = 0.1 * nd(gen);
@@ -281,14 +299,14 @@ TEST(NormCore, ColumnRule) {
   using tempo::norm_column_recoverable;
   EXPECT_TRUE(norm_column_recoverable(DType::kFloat32, 1.0, 16.0));
   EXPECT_FALSE(norm_column_recoverable(DType::kFloat32, 1.0, 16.5));
-  EXPECT_TRUE(norm_column_recoverable(DType::kFloat32, -4.8e-33, 1e-32));   // MiniLM's tiny gammas: recoverable
+  EXPECT_TRUE(norm_column_recoverable(DType::kFloat32, -4.8e-33, 1e-32));  // MiniLM's tiny gammas: recoverable
   EXPECT_FALSE(norm_column_recoverable(DType::kFloat32, 1e-39, 0.0));      // subnormal in fp32
   EXPECT_TRUE(norm_column_recoverable(DType::kFloat64, 1e-39, 0.0));
   EXPECT_FALSE(norm_column_recoverable(DType::kFloat64, 0.0, 0.0));
   EXPECT_FALSE(norm_column_recoverable(DType::kFloat64, -0.0, 0.0));
   EXPECT_FALSE(norm_column_recoverable(DType::kFloat64, std::nan(""), 0.0));
   EXPECT_FALSE(norm_column_recoverable(DType::kFloat64, 1.0, INFINITY));
-  EXPECT_FALSE(norm_column_recoverable(DType::kFloat16, 1e-5, 0.0));       // subnormal in fp16
+  EXPECT_FALSE(norm_column_recoverable(DType::kFloat16, 1e-5, 0.0));  // subnormal in fp16
   EXPECT_FALSE(norm_column_recoverable(DType::kBFloat16, 0.5, 0.6));
   EXPECT_TRUE(norm_column_recoverable(DType::kBFloat16, -0.5, 0.5));
   const std::vector<double> w{1.0, 0.0, 1e-300, 1e-3, -2.0}, b{0.0, 0.0, 0.0, 10.0, 1e3};

@@ -83,7 +83,9 @@ int main(int argc, char** argv) {
       save_pretrained(m, argv[3]);
       return 0;
     }
-    std::fprintf(stderr, "usage: pretrained_tool hidden DIR POLICY IN OUT | grads DIR POLICY_A POLICY_B IN | save DIR OUT_DIR | make ARCH OUT_DIR\n");
+    std::fprintf(stderr,
+                 "usage: pretrained_tool hidden DIR POLICY IN OUT | grads DIR POLICY_A POLICY_B IN | save DIR OUT_DIR "
+                 "| make ARCH OUT_DIR\n");
     return 2;
   } catch (const c10::Error& e) {
     std::fprintf(stderr, "%s\n", e.what_without_backtrace());

@@ -33,9 +33,11 @@ TEST(ActivationTorch, AutogradMatchesATenFloat64) {
       auto w = torch::randn({37, 13}, torch::kFloat64);
       std::optional<at::Tensor> bias = with_bias ? std::optional<at::Tensor>(b) : std::nullopt;
       auto y1 = c.tempo(x, bias);
-      auto g1 = torch::autograd::grad({(y1 * w).sum()}, with_bias ? std::vector<at::Tensor>{x, b} : std::vector<at::Tensor>{x});
+      auto g1 = torch::autograd::grad({(y1 * w).sum()},
+                                      with_bias ? std::vector<at::Tensor>{x, b} : std::vector<at::Tensor>{x});
       auto y2 = c.reference(x, bias);
-      auto g2 = torch::autograd::grad({(y2 * w).sum()}, with_bias ? std::vector<at::Tensor>{x, b} : std::vector<at::Tensor>{x});
+      auto g2 = torch::autograd::grad({(y2 * w).sum()},
+                                      with_bias ? std::vector<at::Tensor>{x, b} : std::vector<at::Tensor>{x});
       EXPECT_TRUE(torch::allclose(y1, y2, 1e-12, 1e-14)) << c.name;
       for (size_t i = 0; i < g1.size(); ++i)
         EXPECT_TRUE(torch::allclose(g1[i], g2[i], 1e-8, 1e-9)) << c.name << " grad " << i;
@@ -66,7 +68,8 @@ TEST(ActivationTorch, ModulesAreDropIn) {
   tempo::nn::GELU gelu_tanh(tempo::nn::GELUOptions("tanh"));
   tempo::nn::SiLU silu;
   EXPECT_TRUE(torch::allclose(gelu(x), torch::nn::GELU()(x), 1e-5, 1e-6));
-  EXPECT_TRUE(torch::allclose(gelu_tanh(x), torch::nn::GELU(torch::nn::GELUOptions().approximate("tanh"))(x), 1e-5, 1e-6));
+  EXPECT_TRUE(
+      torch::allclose(gelu_tanh(x), torch::nn::GELU(torch::nn::GELUOptions().approximate("tanh"))(x), 1e-5, 1e-6));
   EXPECT_TRUE(torch::allclose(silu(x), torch::nn::SiLU()(x), 1e-5, 1e-6));
   torch::nn::Sequential mlp(torch::nn::Linear(16, 32), gelu, torch::nn::Linear(32, 4));
   mlp->forward(x).sum().backward();

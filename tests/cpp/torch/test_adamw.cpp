@@ -59,7 +59,8 @@ std::vector<float> values(const at::Tensor& t) {
 // where a square root's last bit shows), some exact zeros.
 at::Tensor gradient(const at::Tensor& p, int64_t s) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(1000 + s);
-  at::Tensor g = at::randn(p.sizes(), gen, at::kFloat) * at::pow(10.0, at::randint(-8, 2, p.sizes(), gen).to(at::kFloat));
+  at::Tensor g =
+      at::randn(p.sizes(), gen, at::kFloat) * at::pow(10.0, at::randint(-8, 2, p.sizes(), gen).to(at::kFloat));
   return g.masked_fill_(at::rand(p.sizes(), gen) < 0.05, 0).to(p.scalar_type());
 }
 
@@ -105,8 +106,8 @@ TEST(AdamW, EachStepIsIeeeFloatArithmeticBitwise) {
         const auto got = values(ps[i]);
         size_t differ = 0;
         for (size_t k = 0; k < got.size(); ++k) differ += got[k] != rp[i][k];
-        EXPECT_EQ(differ, 0u) << "amsgrad " << amsgrad << ", step " << s << ", parameter " << i << " ("
-                              << got.size() << " elements)";
+        EXPECT_EQ(differ, 0u) << "amsgrad " << amsgrad << ", step " << s << ", parameter " << i << " (" << got.size()
+                              << " elements)";
       }
     }
   }
@@ -153,7 +154,8 @@ TEST(AdamW, BitwiseTheSameAtAnyThreadCount) {
   for (const int n : {2, 3}) {
     at::set_num_threads(n);
     const auto many = run<AdamW>(init, Hyper{}, 4);
-    for (size_t i = 0; i < init.size(); ++i) EXPECT_TRUE(at::equal(one[i], many[i])) << n << " threads, parameter " << i;
+    for (size_t i = 0; i < init.size(); ++i)
+      EXPECT_TRUE(at::equal(one[i], many[i])) << n << " threads, parameter " << i;
   }
   at::set_num_threads(before);
 }

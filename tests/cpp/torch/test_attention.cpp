@@ -44,11 +44,11 @@ TEST(AttentionTorch, DropoutUsesTheForwardBits) {
   auto q = torch::randn({1, 2, 9, 8}, opts).requires_grad_();
   const double p = 0.25;
   torch::manual_seed(7);
-  auto [out, P, bits] = tempo::attention_forward(q.detach(), q.detach(), q.detach(), std::nullopt, p, false,
-                                                 std::nullopt, "bits");
+  auto [out, P, bits] =
+      tempo::attention_forward(q.detach(), q.detach(), q.detach(), std::nullopt, p, false, std::nullopt, "bits");
   auto shifts = torch::arange(8, torch::kUInt8);
-  auto keep = bits.unsqueeze(1).bitwise_right_shift(shifts).bitwise_and(1).flatten().slice(0, 0, P.numel()).view(
-      P.sizes());
+  auto keep =
+      bits.unsqueeze(1).bitwise_right_shift(shifts).bitwise_and(1).flatten().slice(0, 0, P.numel()).view(P.sizes());
   torch::manual_seed(7);
   auto o1 = tempo::attention(q, q, q, std::nullopt, p);
   auto o2 = reference(q, q, q, torch::ones({1}, torch::kBool), false, keep.to(torch::kFloat64), p);

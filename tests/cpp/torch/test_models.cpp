@@ -87,7 +87,7 @@ TEST(MemoryTracker, TrafficOfKnownOpsIsTheirOperandsAndResults) {
     int64_t backward = 0, forward = 0;
     for (const auto& o : scope.ops()) (o.phase == "backward" ? backward : forward) += o.read + o.written;
     EXPECT_EQ(forward, 4000 + 4000 + 4000 + 4);  // p * p (p read once, the product written), its sum
-    EXPECT_GE(backward, 2 * 4000);  // the gradient 2 p g: p read and the gradient written at least
+    EXPECT_GE(backward, 2 * 4000);               // the gradient 2 p g: p read and the gradient written at least
   }
   EXPECT_THROW(
       {
@@ -197,10 +197,11 @@ TEST(Models, PerLayerActivationBytesMatchTheModel) {
     const int64_t tempo_b = layer_bytes("tempo", S);
     const int64_t fused = layer_bytes("tempo-sdpa", S);
     const int64_t ckpt = layer_bytes("checkpoint", S);
-    std::printf("bert-large S=%lld per-layer bytes: eager %lld (model %.0f), tempo %lld (model %.0f), "
-                "tempo-sdpa %lld (model %.0f), checkpoint %lld (model %.0f)\n",
-                (long long)S, (long long)eager, expect_eager, (long long)tempo_b, expect_tempo, (long long)fused,
-                expect_fused, (long long)ckpt, expect_ckpt);
+    std::printf(
+        "bert-large S=%lld per-layer bytes: eager %lld (model %.0f), tempo %lld (model %.0f), "
+        "tempo-sdpa %lld (model %.0f), checkpoint %lld (model %.0f)\n",
+        (long long)S, (long long)eager, expect_eager, (long long)tempo_b, expect_tempo, (long long)fused, expect_fused,
+        (long long)ckpt, expect_ckpt);
     EXPECT_NEAR(eager / expect_eager, 1.0, 0.03) << S;
     EXPECT_NEAR(tempo_b / expect_tempo, 1.0, 0.03) << S;
     EXPECT_NEAR(fused / expect_fused, 1.0, 0.03) << S;
@@ -321,7 +322,8 @@ TEST(Models, AModelTheHostCannotHoldIsRefusedBeforeAllocating) {
     const std::string what = e.what_without_backtrace();
     EXPECT_NE(what.find("TransformerModel: bert-base (1000000 layers, hidden 768, " +
                         std::to_string(c.parameter_count()) + " parameters) needs "),
-              std::string::npos) << what;
+              std::string::npos)
+        << what;
     EXPECT_NE(what.find("this host can still allocate"), std::string::npos) << what;
   }
   c.layers = 1LL << 50;  // absurd sizes are an invalid config, not an overflow
@@ -340,7 +342,10 @@ std::vector<double> trajectory(const ModelConfig& c, const std::string& policy, 
                                bool train_mode) {
   torch::manual_seed(0);
   auto m = tempo::models::make_model(c, MemoryPolicy::parse(policy));
-  if (train_mode) m->train(); else m->eval();
+  if (train_mode)
+    m->train();
+  else
+    m->eval();
   torch::optim::AdamW opt(m->parameters(), torch::optim::AdamWOptions(1e-3).weight_decay(0.01));
   std::vector<double> losses;
   torch::manual_seed(1);
@@ -563,8 +568,8 @@ TEST(Models, MixedPrecisionTempoStaysWithinBf16sOwnDeviation) {
       for (const char* policy : {"tempo", "tempo-fused"}) {
         const auto t = mixed_curve(c, policy, mode);
         const double dev = worst_rel(t, eager);
-        std::printf("| %s | %s | %s | %.4f -> %.4f | %.2e | %.2e | %.2e |\n", preset, mode, policy, t.front(),
-                    t.back(), dev, own, worst_rel(t, ref));
+        std::printf("| %s | %s | %s | %.4f -> %.4f | %.2e | %.2e | %.2e |\n", preset, mode, policy, t.front(), t.back(),
+                    dev, own, worst_rel(t, ref));
         EXPECT_LE(dev, std::max(2 * own, 0.01)) << preset << " " << mode << " " << policy;
       }
     }

@@ -105,8 +105,12 @@ TEST(SecondDerivatives, DropoutIsTwiceDifferentiable) {
     auto v = torch::randn({5, 7}, torch::kFloat64);
     torch::manual_seed(11);
     auto keep = tempo::dropout(torch::ones({5, 7}, torch::kFloat64), 0.3, true, mode);  // 0 or 1/(1-p)
-    auto ours = hvp([&](const at::Tensor& t) { torch::manual_seed(11); return tempo::dropout(t, 0.3, true, mode); },
-                    x, v);
+    auto ours = hvp(
+        [&](const at::Tensor& t) {
+          torch::manual_seed(11);
+          return tempo::dropout(t, 0.3, true, mode);
+        },
+        x, v);
     auto ref = hvp([&](const at::Tensor& t) { return t * keep; }, x, v);
     EXPECT_TRUE(torch::allclose(ours, ref, 1e-12, 1e-12)) << mode;
     EXPECT_GT(ours.abs().sum().item<double>(), 0.0);

@@ -219,8 +219,10 @@ TEST(Slim, ClearErrors) {
     const at::Tensor w = at::ones({1, 19}).index_put_({0, 5}, bad);
     for (int full = 0; full < 2; ++full) {
       try {
-        if (full) tempo::slim::full_loss_and_backward(m, t, w);
-        else tempo::slim::loss_and_backward(m, t, 4, w);
+        if (full)
+          tempo::slim::full_loss_and_backward(m, t, w);
+        else
+          tempo::slim::loss_and_backward(m, t, 4, w);
         ADD_FAILURE() << "no error for a weight of " << bad;
       } catch (const c10::Error& e) {
         EXPECT_NE(std::string(e.what()).find("loss_weight must be finite and >= 0"), std::string::npos) << e.what();

@@ -11,7 +11,6 @@ enum class Activation : int32_t { kGeluErf = 0, kGeluTanh = 1, kSilu = 2 };
 
 const char* activation_name(Activation act);
 
-
 struct ActivationForwardParams {
   Activation act = Activation::kGeluErf;
   DType dtype = DType::kFloat32;
@@ -26,7 +25,7 @@ struct ActivationForwardParams {
 struct ActivationBackwardParams {
   Activation act = Activation::kGeluErf;
   DType dtype = DType::kFloat32;
-  const void* y = nullptr;       // the forward output
+  const void* y = nullptr;        // the forward output
   const uint8_t* mask = nullptr;  // the forward mask
   const void* grad_y = nullptr;
   void* grad_x = nullptr;  // out: grad_y * f'(f^-1(y, m)); may alias grad_y

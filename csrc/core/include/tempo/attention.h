@@ -25,10 +25,10 @@ struct AttentionSoftmaxParams {
   int64_t batch = 0, heads = 0, rows = 0, cols = 0;
   int64_t row_offset = 0, seq_q = 0;
   double scale = 1.0;
-  bool causal = false;              // mask j > i (top-left aligned, as torch's is_causal)
-  double p = 0.0;                   // dropout probability
+  bool causal = false;  // mask j > i (top-left aligned, as torch's is_causal)
+  double p = 0.0;       // dropout probability
   DropoutMode mode = DropoutMode::kBits;
-  PhiloxState rng;                  // keep bit of element ((b A + h) seq_q + i) cols + j
+  PhiloxState rng;  // keep bit of element ((b A + h) seq_q + i) cols + j
 
   TEMPO_HD int64_t rows_total() const { return batch * heads * rows; }
   TEMPO_HD int64_t seq() const { return seq_q > 0 ? seq_q : rows; }
@@ -36,10 +36,10 @@ struct AttentionSoftmaxParams {
 };
 
 struct AttentionSoftmaxForwardParams : AttentionSoftmaxParams {
-  void* scores = nullptr;           // in: q k^T, rows_total x cols, contiguous; out: P
-  void* dropped = nullptr;          // out when p > 0: P * keep / (1 - p)
-  uint8_t* mask_bits = nullptr;     // out when p > 0 in bits mode: bit_mask_bytes(rows_total * cols)
-  const float* attn_mask = nullptr; // optional additive fp32 mask
+  void* scores = nullptr;                 // in: q k^T, rows_total x cols, contiguous; out: P
+  void* dropped = nullptr;                // out when p > 0: P * keep / (1 - p)
+  uint8_t* mask_bits = nullptr;           // out when p > 0 in bits mode: bit_mask_bytes(rows_total * cols)
+  const float* attn_mask = nullptr;       // optional additive fp32 mask
   int64_t mask_stride[4] = {0, 0, 0, 0};  // element (b, h, i, j) at b s0 + h s1 + i s2 + j s3
 };
 
@@ -73,8 +73,8 @@ struct QkvSplitBackwardParams : QkvSplitParams {
   const void* grad_q = nullptr;
   const void* grad_k = nullptr;
   const void* grad_v = nullptr;
-  void* grad_z = nullptr;      // out
-  void* grad_bias = nullptr;   // out, optional: cols(), accumulated in double (CPU) / the math type (CUDA)
+  void* grad_z = nullptr;     // out
+  void* grad_bias = nullptr;  // out, optional: cols(), accumulated in double (CPU) / the math type (CUDA)
   // Scratch of the CUDA bias gradient: qkv_split_workspace_elems(batch seq, cols) elements of
   // the math type (fp32, fp64 for fp64 data).
   void* workspace = nullptr;

@@ -81,16 +81,16 @@ bool cuda_stream_capturing(void* stream);
 // declares its own, beside its validation:
 //   TEMPO_CUDA_UNAVAILABLE(norm_forward_cuda, NormForwardParams, "norm forward")
 #if defined(TEMPO_WITH_CUDA) && !TEMPO_WITH_CUDA
-#define TEMPO_CUDA_UNAVAILABLE(fn, Params, what)                                              \
-  Status fn(const Params&, void*) {                                                           \
-    return Status::Error(std::string(what) + ": this build of tempo has no CUDA kernels");    \
+#define TEMPO_CUDA_UNAVAILABLE(fn, Params, what)                                           \
+  Status fn(const Params&, void*) {                                                        \
+    return Status::Error(std::string(what) + ": this build of tempo has no CUDA kernels"); \
   }
 #else
 #define TEMPO_CUDA_UNAVAILABLE(fn, Params, what)
 #endif
 
 // Validation inside the core: return an error Status instead of asserting.
-#define TEMPO_CORE_CHECK(cond, msg)                                \
-  do {                                                             \
-    if (!(cond)) return ::tempo::Status::Error(std::string(msg));  \
+#define TEMPO_CORE_CHECK(cond, msg)                               \
+  do {                                                            \
+    if (!(cond)) return ::tempo::Status::Error(std::string(msg)); \
   } while (0)

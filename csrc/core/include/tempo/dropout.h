@@ -25,8 +25,8 @@ enum class DropoutMode : int32_t { kBits = 0, kPhilox = 1 };
 struct PhiloxState {
   uint64_t seed = 0;
   uint64_t offset = 0;
-  const uint64_t* device = nullptr;  // CUDA only: {seed, offset} in device memory
-  const int64_t* graph_seed = nullptr;    // CUDA only, in graph capture: see above
+  const uint64_t* device = nullptr;     // CUDA only: {seed, offset} in device memory
+  const int64_t* graph_seed = nullptr;  // CUDA only, in graph capture: see above
   const int64_t* graph_offset = nullptr;
   uint64_t graph_offset_add = 0;
 };
@@ -40,7 +40,6 @@ constexpr uint64_t kGraphSeedDomain = 0x74656d706f647270ULL;  // "tempodrp"
 // in device memory (stream order): the state a philox-mode backward reads from `device`.
 // Under graph capture the write is recorded, so each replay stores that replay's state.
 Status philox_state_store_cuda(const PhiloxState& rng, uint64_t* out, void* stream);
-
 
 struct DropoutForwardParams {
   DType dtype = DType::kFloat32;
@@ -56,7 +55,7 @@ struct DropoutForwardParams {
 struct DropoutBackwardParams {
   DType dtype = DType::kFloat32;
   const void* grad_y = nullptr;
-  void* grad_x = nullptr;         // out: grad_y * keep / (1 - p); may alias grad_y
+  void* grad_x = nullptr;  // out: grad_y * keep / (1 - p); may alias grad_y
   DropoutMode mode = DropoutMode::kBits;
   const uint8_t* mask = nullptr;  // bits mode: the forward's bits; philox mode: null (drawn from rng)
   double p = 0.5;

@@ -17,11 +17,11 @@
 namespace tempo {
 
 struct LinearCrossEntropyParams {
-  DType dtype = DType::kFloat32;   // the logits'; lse, loss and scale are in its math type
-  int64_t rows = 0, vocab = 0;     // the chunk: rows x vocab logits, contiguous
+  DType dtype = DType::kFloat32;    // the logits'; lse, loss and scale are in its math type
+  int64_t rows = 0, vocab = 0;      // the chunk: rows x vocab logits, contiguous
   const int64_t* labels = nullptr;  // rows
   int64_t ignore_index = -100;
-  double smoothing = 0.0;          // in [0, 1]
+  double smoothing = 0.0;  // in [0, 1]
 };
 
 struct LinearCrossEntropyForwardParams : LinearCrossEntropyParams {

@@ -72,19 +72,19 @@ struct NormBackwardParams {
   DType dtype = DType::kFloat32;
   const void* grad_y = nullptr;
   const void* y = nullptr;
-  const void* rstd = nullptr;     // fp32 (fp64 for fp64 data)
+  const void* rstd = nullptr;  // fp32 (fp64 for fp64 data)
   const void* weight = nullptr;
   const void* beta = nullptr;
   bool float_params = false;  // weight, beta, grad_weight and grad_beta are float32 (16-bit data only)
   // The prologue's p, mode and rng as in the forward (residual and bias are not read): it is
   // enabled by grad_residual, its bias gradient by grad_bias.
   NormPrologue prologue;
-  const uint8_t* mask = nullptr;   // the forward's dropout bits (bits mode)
-  void* grad_x = nullptr;          // out: rows x cols
-  void* grad_weight = nullptr;     // out when weight: cols
-  void* grad_beta = nullptr;       // out when beta: cols
-  void* grad_residual = nullptr;   // out, enables the prologue: rows x cols (the gradient of h)
-  void* grad_bias = nullptr;   // out, optional with the prologue: cols
+  const uint8_t* mask = nullptr;  // the forward's dropout bits (bits mode)
+  void* grad_x = nullptr;         // out: rows x cols
+  void* grad_weight = nullptr;    // out when weight: cols
+  void* grad_beta = nullptr;      // out when beta: cols
+  void* grad_residual = nullptr;  // out, enables the prologue: rows x cols (the gradient of h)
+  void* grad_bias = nullptr;      // out, optional with the prologue: cols
   // The forward's kept columns and their xhat (as NormForwardParams), read here.
   const int32_t* kept_slot = nullptr;
   int64_t kept = 0;

@@ -94,7 +94,7 @@ class TrafficScope {
   ~TrafficScope();
   TrafficScope(const TrafficScope&) = delete;
   TrafficScope& operator=(const TrafficScope&) = delete;
-  void set_phase(std::string phase);  // the label of the ops that follow
+  void set_phase(std::string phase);   // the label of the ops that follow
   std::vector<OpTraffic> ops() const;  // by (phase, op), in the order first seen
   int64_t total() const;               // read + written over every op
 

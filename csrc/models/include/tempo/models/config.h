@@ -21,12 +21,12 @@ struct ModelConfig {
   int64_t heads = 12;
   int64_t intermediate = 3072;
   int64_t max_positions = 512;
-  int64_t type_vocab = 2;     // BERT token types (RoBERTa: 1; GPT-2, LLaMA: none)
-  int64_t pad_id = 0;         // RoBERTa: 1 (positions start after it)
-  int64_t num_labels = 2;     // sequence-classification head
-  double dropout = 0.1;       // hidden dropout
+  int64_t type_vocab = 2;  // BERT token types (RoBERTa: 1; GPT-2, LLaMA: none)
+  int64_t pad_id = 0;      // RoBERTa: 1 (positions start after it)
+  int64_t num_labels = 2;  // sequence-classification head
+  double dropout = 0.1;    // hidden dropout
   double attention_dropout = 0.1;
-  double eps = 1e-12;         // norm epsilon
+  double eps = 1e-12;  // norm epsilon
   double rope_theta = 10000.0;
 
   // bert-base, bert-large, roberta-base, roberta-large, gpt2, gpt2-medium, gpt2-large,
@@ -68,7 +68,7 @@ struct MemoryPolicy {
   bool inplace_norm = false;        // LayerNorm, RMSNorm
   bool bit_dropout = false;         // hidden dropout keeps 1 bit per element
   bool checkpoint = false;
-  bool fused_head = false;          // LM head + loss by tempo::linear_cross_entropy (no logits kept)
+  bool fused_head = false;  // LM head + loss by tempo::linear_cross_entropy (no logits kept)
   // The Data Movement paper's fused layer kernels: projections without their bias add, the bias
   // fused into what follows (q/k/v: tempo::qkv_split; fc1: the activation; out and fc2: the
   // bias-dropout-residual-LayerNorm), the bias gradients summed in those kernels' backward.

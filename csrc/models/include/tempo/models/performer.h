@@ -24,8 +24,8 @@ namespace tempo::models {
 struct PerformerConfig {
   std::string name = "custom";
   int64_t d_model = 256, layers = 1, ffn = 1024, heads = 4;
-  int64_t max_len = 512;  // positions the model accepts (its sinusoids are computed, not learned)
-  int64_t vocab = 256;    // bytes
+  int64_t max_len = 512;            // positions the model accepts (its sinusoids are computed, not learned)
+  int64_t vocab = 256;              // bytes
   std::string feature_map = "sqr";  // relu | elu | sqr | favor
   int64_t features = 0;             // FAVOR+'s M (0: the head dim)
   std::string mode = "iterative";   // the attention op's mode: iterative | prefix

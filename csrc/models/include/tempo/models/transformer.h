@@ -52,7 +52,7 @@ class TransformerLayerImpl : public torch::nn::Cloneable<TransformerLayerImpl> {
   void reset() override;
   tempo::nn::SelfAttention attention{nullptr};
   torch::nn::Linear fc1{nullptr}, fc2{nullptr}, gate{nullptr};  // gate: SwiGLU only
-  std::shared_ptr<torch::nn::Module> norm1, norm2;                // LayerNorm or RMSNorm
+  std::shared_ptr<torch::nn::Module> norm1, norm2;              // LayerNorm or RMSNorm
 
  private:
   at::Tensor norm(int which, const at::Tensor& x) const;

@@ -45,7 +45,7 @@ struct CausalLinearAttentionOptions {
   TORCH_ARG(std::string, feature_map) = "sqr";  // relu | elu | sqr | favor
   TORCH_ARG(int64_t, features) = 0;             // FAVOR+'s M (0: the head dim)
   TORCH_ARG(double, eps) = 1e-6;
-  TORCH_ARG(std::string, mode) = "iterative";   // iterative | prefix (see tempo/ops/linear_attention.h)
+  TORCH_ARG(std::string, mode) = "iterative";  // iterative | prefix (see tempo/ops/linear_attention.h)
 };
 
 // x [B, L, d_model] and the state before x (undefined: zeros) -> (y [B, L, d_model], the state

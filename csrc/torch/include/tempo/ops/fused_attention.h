@@ -26,8 +26,8 @@ bool fused_attention_uses_sdpa(const at::Tensor& q, const at::Tensor& k, const s
 // (out, state)
 std::tuple<at::Tensor, at::Tensor> fused_attention_forward(const at::Tensor& q, const at::Tensor& k,
                                                            const at::Tensor& v,
-                                                           const std::optional<at::Tensor>& attn_mask,
-                                                           double dropout_p, bool causal, std::optional<double> scale,
+                                                           const std::optional<at::Tensor>& attn_mask, double dropout_p,
+                                                           bool causal, std::optional<double> scale,
                                                            int64_t block_rows);
 // (dq, dk, dv)
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_attention_backward(

@@ -36,9 +36,8 @@ at::Tensor gated_mlp(const at::Tensor& x, const at::Tensor& gate_weight, const s
 // up_weight, down_weight) or bias_grad (gate, up, down) says it is not needed.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gated_mlp_forward(
     const at::Tensor& x, const at::Tensor& gate_weight, const std::optional<at::Tensor>& up_weight,
-    const at::Tensor& down_weight, const std::optional<at::Tensor>& gate_bias,
-    const std::optional<at::Tensor>& up_bias, const std::optional<at::Tensor>& down_bias,
-    c10::string_view activation);
+    const at::Tensor& down_weight, const std::optional<at::Tensor>& gate_bias, const std::optional<at::Tensor>& up_bias,
+    const std::optional<at::Tensor>& down_bias, c10::string_view activation);
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> gated_mlp_backward(
     const at::Tensor& grad, const at::Tensor& x, const at::Tensor& gate, const at::Tensor& up,
     const at::Tensor& gate_weight, const std::optional<at::Tensor>& up_weight, const at::Tensor& down_weight,

@@ -24,8 +24,9 @@ namespace tempo {
 // tanh(logit_scale z / softcap) (Gemma 2/3's final_logit_softcapping; Cohere's logit_scale,
 // Granite's 1 / logits_scaling), the gradient through both. z_loss: z_loss lse^2 added to each
 // row's loss (not to ignored rows), lse the log-sum-exp of z'.
-at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                                const at::Tensor& labels, int64_t ignore_index = -100, double label_smoothing = 0.0,
+at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight,
+                                const std::optional<at::Tensor>& bias, const at::Tensor& labels,
+                                int64_t ignore_index = -100, double label_smoothing = 0.0,
                                 c10::string_view reduction = "mean", int64_t chunk = 0,
                                 std::optional<at::ScalarType> dtype = std::nullopt, double logit_scale = 1.0,
                                 std::optional<double> softcap = std::nullopt, double z_loss = 0.0);
@@ -34,15 +35,11 @@ at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weig
 // grad_weight, grad_bias (undefined without a bias)). The backward's softmax is exp(logits - lse) on
 // CUDA; on the CPU it is ATen's softmax kernel on the recomputed logits (lse's shape is checked),
 // since at::exp there (MKL's VML) was seen to give one tensor other last bits from call to call.
-std::tuple<at::Tensor, at::Tensor> linear_cross_entropy_forward(const at::Tensor& hidden, const at::Tensor& weight,
-                                                                const std::optional<at::Tensor>& bias,
-                                                                const at::Tensor& labels, int64_t ignore_index,
-                                                                double label_smoothing, c10::string_view reduction,
-                                                                int64_t chunk,
-                                                                std::optional<at::ScalarType> dtype = std::nullopt,
-                                                                double logit_scale = 1.0,
-                                                                std::optional<double> softcap = std::nullopt,
-                                                                double z_loss = 0.0);
+std::tuple<at::Tensor, at::Tensor> linear_cross_entropy_forward(
+    const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias, const at::Tensor& labels,
+    int64_t ignore_index, double label_smoothing, c10::string_view reduction, int64_t chunk,
+    std::optional<at::ScalarType> dtype = std::nullopt, double logit_scale = 1.0,
+    std::optional<double> softcap = std::nullopt, double z_loss = 0.0);
 std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_backward(
     const at::Tensor& grad, const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
     const at::Tensor& labels, const at::Tensor& lse, int64_t ignore_index, double label_smoothing,
@@ -54,8 +51,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_backward(
 // ignored; the entropy of softmax(z' / temperature), every row; whether the label is the arg max,
 // false where ignored), each of the labels' shape, in the math type (bool for the last).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_stats(
-    const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-    const at::Tensor& labels, int64_t ignore_index = -100, double temperature = 1.0, double logit_scale = 1.0,
+    const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias, const at::Tensor& labels,
+    int64_t ignore_index = -100, double temperature = 1.0, double logit_scale = 1.0,
     std::optional<double> softcap = std::nullopt, int64_t chunk = 0);
 
 }  // namespace tempo

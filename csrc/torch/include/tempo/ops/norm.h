@@ -21,8 +21,7 @@ at::Tensor rms_norm(const at::Tensor& x, at::IntArrayRef normalized_shape,
 // LayerNorm(residual + dropout(x + bias)) over the last dimension, in one pass; keeps y,
 // rstd and the dropout bits ("bits") or the Philox state ("philox"). !train or p = 0: no dropout.
 at::Tensor bias_dropout_add_layer_norm(const at::Tensor& x, const std::optional<at::Tensor>& bias,
-                                       const at::Tensor& residual, double p,
-                                       const std::optional<at::Tensor>& weight,
+                                       const at::Tensor& residual, double p, const std::optional<at::Tensor>& weight,
                                        const std::optional<at::Tensor>& beta, double eps = 1e-5,
                                        c10::string_view mode = "bits", bool train = true);
 
@@ -49,16 +48,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_forward(
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward(
     const at::Tensor& grad, const at::Tensor& y, const at::Tensor& rstd, at::IntArrayRef normalized_shape,
     const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
-    const std::optional<at::Tensor>& kept_cols = std::nullopt, const std::optional<at::Tensor>& kept_xhat = std::nullopt);
+    const std::optional<at::Tensor>& kept_cols = std::nullopt,
+    const std::optional<at::Tensor>& kept_xhat = std::nullopt);
 // (y, rstd, kept_xhat)
 std::tuple<at::Tensor, at::Tensor, at::Tensor> rms_norm_forward(
     const at::Tensor& x, at::IntArrayRef normalized_shape, const std::optional<at::Tensor>& weight,
     std::optional<double> eps, const std::optional<at::Tensor>& kept_cols = std::nullopt);
 // (grad_x, grad_weight)
-std::tuple<at::Tensor, at::Tensor> rms_norm_backward(
-    const at::Tensor& grad, const at::Tensor& y, const at::Tensor& rstd, at::IntArrayRef normalized_shape,
-    const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& kept_cols = std::nullopt,
-    const std::optional<at::Tensor>& kept_xhat = std::nullopt);
+std::tuple<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& grad, const at::Tensor& y,
+                                                     const at::Tensor& rstd, at::IntArrayRef normalized_shape,
+                                                     const std::optional<at::Tensor>& weight,
+                                                     const std::optional<at::Tensor>& kept_cols = std::nullopt,
+                                                     const std::optional<at::Tensor>& kept_xhat = std::nullopt);
 // (y, rstd, keep, kept_xhat): keep as for dropout_forward (empty for p = 0)
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bias_dropout_add_layer_norm_forward(
     const at::Tensor& x, const std::optional<at::Tensor>& bias, const at::Tensor& residual, double p,

@@ -30,7 +30,7 @@ class AdamW : public torch::optim::AdamW {
 //   param -= lr / (1 - beta1^step) * exp_avg / (sqrt(exp_avg_sq) / sqrt(1 - beta2^step) + eps)
 // All tensors on one device, of the parameter's shape and dtype; clear errors otherwise.
 void adamw_update(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
-                  const at::Tensor& exp_avg_sq, const at::Tensor& max_exp_avg_sq, int64_t step, double lr,
-                  double beta1, double beta2, double eps, double weight_decay);
+                  const at::Tensor& exp_avg_sq, const at::Tensor& max_exp_avg_sq, int64_t step, double lr, double beta1,
+                  double beta2, double eps, double weight_decay);
 
 }  // namespace tempo::train

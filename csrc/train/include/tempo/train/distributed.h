@@ -99,8 +99,8 @@ class GradientReducer {
   bool armed_ = false;
   std::vector<size_t> final_order_;  // the order gradients became final on the first step
   std::vector<Bucket> buckets_;
-  std::vector<size_t> bucket_of_;    // parameter index -> bucket (SIZE_MAX: not in any)
-  size_t next_ = 0;                  // the next bucket to start
+  std::vector<size_t> bucket_of_;  // parameter index -> bucket (SIZE_MAX: not in any)
+  size_t next_ = 0;                // the next bucket to start
   size_t started_in_backward_ = 0;
   std::mutex mutex_;
 };

@@ -32,21 +32,21 @@ struct StopRequest {
 struct TrainOptions {
   std::string model = "bert-base";  // a preset, or a Hugging Face folder (config.json + safetensors)
   int64_t hidden = 0, layers = 0, heads = 0, intermediate = 0, positions = 0;  // preset overrides (0: keep)
-  double dropout = -1;        // hidden and attention dropout (< 0: the model's)
-  std::string objective;      // mlm | clm (empty: the architecture's)
+  double dropout = -1;    // hidden and attention dropout (< 0: the model's)
+  std::string objective;  // mlm | clm (empty: the architecture's)
   std::string policy = "tempo";
-  std::string data;           // a text file or directory, or pretokenized .safetensors
+  std::string data;                 // a text file or directory, or pretokenized .safetensors
   std::string tokenizer = "train";  // "train" (SentencePiece on the corpus) or a .model file
-  int64_t vocab = 8000;       // pieces of a trained tokenizer
+  int64_t vocab = 8000;             // pieces of a trained tokenizer
   int64_t seq = 128, batch = 8, accum = 1, steps = 300, warmup = 30;
   double lr = 5e-4, weight_decay = 0.01, clip = 1.0;
   int64_t eval_every = 50, save_every = 100, eval_batches = 8;
   uint64_t seed = 0;
   std::string dtype = "fp32", device = "cpu";
-  int64_t budget = 0;         // bytes on the device (0: none): a batch past it does not fit
+  int64_t budget = 0;  // bytes on the device (0: none): a batch past it does not fit
   std::string out;
   bool resume = false;
-  bool progress = false;      // a progress line on stderr
+  bool progress = false;  // a progress line on stderr
   // Data parallel: gradients summed in buckets of about this many bytes, each started from
   // inside the last backward of a step as soon as its gradients are final (overlap), or all
   // after it (no overlap).
@@ -60,7 +60,7 @@ struct TrainSummary {
   double first_loss = 0, last_loss = 0, first_eval = std::nan(""), last_eval = std::nan("");  // NaN: not evaluated
   double tokens_per_s = 0;
   int64_t peak_bytes = 0;
-  bool stopped = false;  // ended early by a StopRequest, after last_step
+  bool stopped = false;            // ended early by a StopRequest, after last_step
   std::vector<std::string> notes;  // what happened beyond the steps (resumed from, skipped damaged checkpoints)
 };
 
