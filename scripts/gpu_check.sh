@@ -159,7 +159,7 @@ tests() {
     "$PYTHON" -m pytest -q -rfs --durations=10 "${workers[@]}" tests/python/test_activation.py tests/python/test_dropout.py \
     tests/python/test_norm.py tests/python/test_attention.py tests/python/test_memory.py \
     tests/python/test_linear_attention.py tests/python/test_linear_cross_entropy.py \
-    tests/python/test_fused_kernels.py tests/python/test_gated_mlp.py -k "$filter" --junitxml="$OUT/pytest.xml" || rc=1
+    tests/python/test_fused_kernels.py tests/python/test_qkv_split.py tests/python/test_gated_mlp.py -k "$filter" --junitxml="$OUT/pytest.xml" || rc=1
   return $rc
 }
 

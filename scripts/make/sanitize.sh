@@ -38,5 +38,5 @@ fi
 "$ASAN_BUILD/tempo_core_tests"
 LD_PRELOAD="$(g++ -print-file-name=libasan.so) $(g++ -print-file-name=libubsan.so)" \
   TEMPO_LIBRARY="$(realpath -s -m "$ASAN_BUILD")/lib/libtempo_torch.so" PYTHONPATH=python "$PYTHON" -m pytest -q -x \
-  -p no:cacheprovider tests/python/test_validation_audit.py tests/python/test_fused_kernels.py \
+  -p no:cacheprovider tests/python/test_validation_audit.py tests/python/test_fused_kernels.py tests/python/test_qkv_split.py \
   tests/python/test_determinism.py tests/python/test_dropout.py

@@ -57,6 +57,10 @@ def test_cmake_takes_the_op_sources_from_the_registry():
     with open(os.path.join(ROOT, "CMakeLists.txt")) as f:
         text = f.read()
     assert "include(cmake/TempoOps.cmake)" in text
+    for name in sorted(os.listdir(os.path.join(ROOT, "cmake"))):
+        if name.endswith(".cmake") and name != "TempoOps.cmake":
+            with open(os.path.join(ROOT, "cmake", name)) as f:
+                text += f.read()
     # a file's own compile options (activation.cu's --fmad=false) may name it; no source list does
     text = "\n".join(line for line in text.splitlines() if "set_source_files_properties" not in line)
     for unit in registry.UNITS:
@@ -113,3 +117,20 @@ def test_the_library_never_imports_its_applications():
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0 and r.stdout.strip() == "[]", (r.stdout, r.stderr[-2000:])
+
+
+def test_cuda_kernels_follow_one_naming_rule():
+    """Every CUDA kernel in csrc/core/cuda/<unit>.cu is <unit or one of its ops>_<what>_kernel."""
+    folder = os.path.join(ROOT, "csrc", "core", "cuda")
+    for name in sorted(os.listdir(folder)):
+        if not name.endswith(".cu"):
+            continue
+        unit = name[:-3]
+        # qkv_split's core kernels share attention's core files (its torch layer has its own)
+        hosted = ("qkv_split",) if unit == "attention" else ()
+        prefixes = (unit,) + hosted + tuple(n for n in registry.NAMES if registry.OPS[n]["unit"] == unit)
+        with open(os.path.join(folder, name)) as f:
+            kernels = re.findall(r"__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s+)?(\w+)", f.read())
+        assert kernels, name
+        for k in kernels:
+            assert k.endswith("_kernel") and k.startswith(tuple(p + "_" for p in prefixes)), (name, k)

@@ -334,10 +334,9 @@ Status norm_backward_cpu(const NormBackwardParams& p) {
   if (!s.ok()) return s;
   if (p.rows * p.cols == 0) {
     // No rows: the parameter gradients are zero.
-    const NormBackwardParams& q = p;
     auto zero = [&](void* out, DType dtype) {
       if (!out) return;
-      const int64_t bytes = q.cols * (dtype == DType::kFloat64 ? 8 : dtype == DType::kFloat32 ? 4 : 2);
+      const int64_t bytes = p.cols * (dtype == DType::kFloat64 ? 8 : dtype == DType::kFloat32 ? 4 : 2);
       std::fill(static_cast<uint8_t*>(out), static_cast<uint8_t*>(out) + bytes, uint8_t{0});
     };
     const DType param_dtype = p.float_params ? DType::kFloat32 : p.dtype;

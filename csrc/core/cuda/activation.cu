@@ -44,7 +44,7 @@ __device__ __forceinline__ double forward_value(double z) {
 }
 
 template <Activation A, typename T>
-__global__ void forward_kernel(ActivationForwardParams p, bool vec) {
+__global__ void activation_forward_kernel(ActivationForwardParams p, bool vec) {
   using Acc = acc_t<T>;
   const T* x = static_cast<const T*>(p.x);
   const T* bias = static_cast<const T*>(p.bias);
@@ -74,7 +74,7 @@ __global__ void forward_kernel(ActivationForwardParams p, bool vec) {
 }
 
 template <Activation A, typename T>
-__global__ void backward_kernel(ActivationBackwardParams p, bool vec) {
+__global__ void activation_backward_kernel(ActivationBackwardParams p, bool vec) {
   const T* y = static_cast<const T*>(p.y);
   const T* dy = static_cast<const T*>(p.grad_y);
   T* dx = static_cast<T*>(p.grad_x);
@@ -99,7 +99,7 @@ __global__ void backward_kernel(ActivationBackwardParams p, bool vec) {
 // one column (coalesced across the warp), walks its group's rows storing grad_x and adding it
 // up, and writes its partial sum; column_group_sums_kernel then adds the groups in order.
 template <Activation A, typename T>
-__global__ void backward_bias_kernel(ActivationBackwardParams p, int64_t rows_per_group) {
+__global__ void activation_backward_bias_kernel(ActivationBackwardParams p, int64_t rows_per_group) {
   using Acc = acc_t<T>;
   const T* y = static_cast<const T*>(p.y);
   const T* dy = static_cast<const T*>(p.grad_y);
@@ -136,7 +136,7 @@ Status activation_forward_cuda(const ActivationForwardParams& p, void* stream) {
   const int64_t bytes = bit_mask_bytes(p.numel);
   auto st = static_cast<cudaStream_t>(stream);
   const Status d = dispatch(p.act, p.dtype, [&](auto act_tag, auto t) {
-    forward_kernel<decltype(act_tag)::value, decltype(t)><<<grid_for(bytes), kThreads, 0, st>>>(p, vec);
+    activation_forward_kernel<decltype(act_tag)::value, decltype(t)><<<grid_for(bytes), kThreads, 0, st>>>(p, vec);
   });
   return d.ok() ? launch_status("activation forward") : d;
 }
@@ -153,7 +153,7 @@ Status activation_backward_cuda(const ActivationBackwardParams& p, void* stream)
     const dim3 grid(static_cast<unsigned>((M + kThreads - 1) / kThreads), static_cast<unsigned>(groups));
     const Status d = dispatch(p.act, p.dtype, [&](auto act_tag, auto t) {
       using T = decltype(t);
-      backward_bias_kernel<decltype(act_tag)::value, T><<<grid, kThreads, 0, st>>>(p, per_group);
+      activation_backward_bias_kernel<decltype(act_tag)::value, T><<<grid, kThreads, 0, st>>>(p, per_group);
       const auto* parts = static_cast<const acc_t<T>*>(p.workspace);
       cuda::column_group_sums_kernel<T><<<grid.x, kThreads, 0, st>>>(parts, groups, M, static_cast<T*>(p.grad_bias));
     });
@@ -162,7 +162,7 @@ Status activation_backward_cuda(const ActivationBackwardParams& p, void* stream)
   const bool vec = aligned16(p.y) && aligned16(p.grad_y) && aligned16(p.grad_x);
   const int64_t bytes = bit_mask_bytes(p.numel);
   const Status d = dispatch(p.act, p.dtype, [&](auto act_tag, auto t) {
-    backward_kernel<decltype(act_tag)::value, decltype(t)><<<grid_for(bytes), kThreads, 0, st>>>(p, vec);
+    activation_backward_kernel<decltype(act_tag)::value, decltype(t)><<<grid_for(bytes), kThreads, 0, st>>>(p, vec);
   });
   return d.ok() ? launch_status("activation backward") : d;
 }

@@ -1,5 +1,5 @@
 // CUDA kernels of the attention softmax: rows kept in registers with 16-byte accesses where the
-// width and alignment allow (forward_rows_kernel, backward_rows_kernel), else one block per row
+// width and alignment allow (attention_forward_rows_kernel, attention_backward_rows_kernel), else one block per row
 // reading the row from memory in each pass (the general kernels: fp64, widths not a multiple of
 // 8 or above 8192); the same per-element math and Philox draws as the CPU kernels.
 #include <cfloat>
@@ -16,7 +16,7 @@ namespace tempo {
 namespace {
 
 template <typename T>
-__global__ void forward_kernel(AttentionSoftmaxForwardParams p, uint64_t threshold, DropoutScale dscale) {
+__global__ void attention_forward_kernel(AttentionSoftmaxForwardParams p, uint64_t threshold, DropoutScale dscale) {
   using Acc = math::acc_t<T>;
   __shared__ Acc shared[32];
   const PhiloxState rng = cuda::resolve(p.rng);
@@ -63,7 +63,7 @@ __global__ void forward_kernel(AttentionSoftmaxForwardParams p, uint64_t thresho
 }
 
 template <typename T>
-__global__ void backward_kernel(AttentionSoftmaxBackwardParams p, uint64_t threshold, DropoutScale dscale) {
+__global__ void attention_backward_kernel(AttentionSoftmaxBackwardParams p, uint64_t threshold, DropoutScale dscale) {
   using Acc = math::acc_t<T>;
   __shared__ Acc shared[32];
   const PhiloxState rng = cuda::resolve(p.rng);
@@ -111,7 +111,8 @@ __device__ __forceinline__ float row_reduce(float v, float* shared) {
 // vec_mask: the additive mask's rows are contiguous and 16-byte aligned (read 8 floats at once).
 template <typename T, int TPR, int V>
 __global__ void __launch_bounds__(cuda::kThreads)
-    forward_rows_kernel(AttentionSoftmaxForwardParams p, uint64_t threshold, DropoutScale dscale, bool vec_mask) {
+    attention_forward_rows_kernel(AttentionSoftmaxForwardParams p, uint64_t threshold, DropoutScale dscale,
+                                  bool vec_mask) {
   __shared__ float shared[32];
   constexpr int kRowsPerBlock = cuda::kThreads / TPR;
   const int lane = static_cast<int>(threadIdx.x) % TPR;
@@ -193,7 +194,7 @@ __global__ void __launch_bounds__(cuda::kThreads)
 
 template <typename T, int TPR, int V>
 __global__ void __launch_bounds__(cuda::kThreads)
-    backward_rows_kernel(AttentionSoftmaxBackwardParams p, uint64_t threshold, DropoutScale dscale) {
+    attention_backward_rows_kernel(AttentionSoftmaxBackwardParams p, uint64_t threshold, DropoutScale dscale) {
   __shared__ float shared[32];
   constexpr int kRowsPerBlock = cuda::kThreads / TPR;
   const int lane = static_cast<int>(threadIdx.x) % TPR;
@@ -405,14 +406,14 @@ Status attention_softmax_forward_cuda(const AttentionSoftmaxForwardParams& p, vo
   math::by_dtype(p.dtype, [&](auto t) {
     using T = decltype(t);
     if (aligned && launch_rows<T>(p.cols, rows_total, [&](auto tpr, auto v, int grid) {
-          forward_rows_kernel<T, decltype(tpr)::value, decltype(v)::value>
+          attention_forward_rows_kernel<T, decltype(tpr)::value, decltype(v)::value>
               <<<grid, cuda::kThreads, 0, st>>>(p, threshold, dscale, vec_mask);
         }))
       return;
     if (p.p > 0.0 && p.mask_bits)
       cuda::keep_bits_kernel<<<cuda::grid_for(bit_mask_bytes(rows_total * p.cols)), cuda::kThreads, 0, st>>>(
           p.rng, p.mask_bits, rows_total * p.cols, threshold);
-    forward_kernel<T><<<cuda::row_grid(rows_total), cuda::kThreads, 0, st>>>(p, threshold, dscale);
+    attention_forward_kernel<T><<<cuda::row_grid(rows_total), cuda::kThreads, 0, st>>>(p, threshold, dscale);
   });
   return cuda::launch_status("attention softmax forward");
 }
@@ -427,11 +428,11 @@ Status attention_softmax_backward_cuda(const AttentionSoftmaxBackwardParams& p, 
   math::by_dtype(p.dtype, [&](auto t) {
     using T = decltype(t);
     if (aligned && launch_rows<T>(p.cols, p.rows_total(), [&](auto tpr, auto v, int grid) {
-          backward_rows_kernel<T, decltype(tpr)::value, decltype(v)::value>
+          attention_backward_rows_kernel<T, decltype(tpr)::value, decltype(v)::value>
               <<<grid, cuda::kThreads, 0, st>>>(p, threshold, dscale);
         }))
       return;
-    backward_kernel<T><<<cuda::row_grid(p.rows_total()), cuda::kThreads, 0, st>>>(p, threshold, dscale);
+    attention_backward_kernel<T><<<cuda::row_grid(p.rows_total()), cuda::kThreads, 0, st>>>(p, threshold, dscale);
   });
   return cuda::launch_status("attention softmax backward");
 }

@@ -48,7 +48,7 @@ __global__ void dropout_backward_kernel(DropoutBackwardParams p, uint64_t thresh
   }
 }
 
-__global__ void philox_state_store_kernel(PhiloxState rng, uint64_t* out) {
+__global__ void dropout_philox_state_store_kernel(PhiloxState rng, uint64_t* out) {
   const PhiloxState s = cuda::resolve(rng);
   out[0] = s.seed;
   out[1] = s.offset;
@@ -58,7 +58,7 @@ __global__ void philox_state_store_kernel(PhiloxState rng, uint64_t* out) {
 
 Status philox_state_store_cuda(const PhiloxState& rng, uint64_t* out, void* stream) {
   if (!out) return Status::Error("philox state store: out must be non-null");
-  philox_state_store_kernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(rng, out);
+  dropout_philox_state_store_kernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(rng, out);
   return cuda::launch_status("philox state store");
 }
 

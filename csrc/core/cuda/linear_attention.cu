@@ -28,7 +28,7 @@ __device__ void load_or_zero(const void* src, int64_t offset, int64_t n, double*
 }
 
 template <typename T>
-__global__ void la_forward_kernel(LinearAttentionForwardParams p) {
+__global__ void linear_attention_forward_kernel(LinearAttentionForwardParams p) {
   using St = state_t<T>;
   extern __shared__ double sh[];
   const int64_t m = p.m, d = p.d;
@@ -74,7 +74,7 @@ __global__ void la_forward_kernel(LinearAttentionForwardParams p) {
 }
 
 template <typename T>
-__global__ void la_backward_kernel(LinearAttentionBackwardParams p) {
+__global__ void linear_attention_backward_kernel(LinearAttentionBackwardParams p) {
   using St = state_t<T>;
   extern __shared__ double sh[];
   const int64_t m = p.m, d = p.d;
@@ -180,8 +180,9 @@ Status linear_attention_forward_cuda(const LinearAttentionForwardParams& p, void
   s = shared_fits(shared, "causal linear attention forward");
   if (!s.ok()) return s;
   auto st = static_cast<cudaStream_t>(stream);
-  math::by_dtype(
-      p.dtype, [&](auto t) { la_forward_kernel<decltype(t)><<<cuda::row_grid(p.rows), kLaThreads, shared, st>>>(p); });
+  math::by_dtype(p.dtype, [&](auto t) {
+    linear_attention_forward_kernel<decltype(t)><<<cuda::row_grid(p.rows), kLaThreads, shared, st>>>(p);
+  });
   return cuda::launch_status("causal linear attention forward");
 }
 
@@ -193,8 +194,9 @@ Status linear_attention_backward_cuda(const LinearAttentionBackwardParams& p, vo
   s = shared_fits(shared, "causal linear attention backward");
   if (!s.ok()) return s;
   auto st = static_cast<cudaStream_t>(stream);
-  math::by_dtype(
-      p.dtype, [&](auto t) { la_backward_kernel<decltype(t)><<<cuda::row_grid(p.rows), kLaThreads, shared, st>>>(p); });
+  math::by_dtype(p.dtype, [&](auto t) {
+    linear_attention_backward_kernel<decltype(t)><<<cuda::row_grid(p.rows), kLaThreads, shared, st>>>(p);
+  });
   return cuda::launch_status("causal linear attention backward");
 }
 

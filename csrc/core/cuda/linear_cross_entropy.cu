@@ -40,7 +40,7 @@ struct RowSums {
 };
 
 template <typename T>
-__global__ void forward_kernel(LinearCrossEntropyForwardParams p, bool vec) {
+__global__ void linear_cross_entropy_forward_kernel(LinearCrossEntropyForwardParams p, bool vec) {
   using Acc = math::acc_t<T>;
   __shared__ Acc sm[32], ss[32], sz[32];
   const int64_t V = p.vocab;
@@ -99,7 +99,7 @@ __global__ void forward_kernel(LinearCrossEntropyForwardParams p, bool vec) {
 }
 
 template <typename T>
-__global__ void backward_kernel(LinearCrossEntropyBackwardParams p, bool vec) {
+__global__ void linear_cross_entropy_backward_kernel(LinearCrossEntropyBackwardParams p, bool vec) {
   using Acc = math::acc_t<T>;
   const int64_t V = p.vocab;
   const Acc eps = static_cast<Acc>(p.smoothing);
@@ -140,7 +140,8 @@ Status linear_cross_entropy_forward_cuda(const LinearCrossEntropyForwardParams& 
   auto st = static_cast<cudaStream_t>(stream);
   math::by_dtype(p.dtype, [&](auto t) {
     using T = decltype(t);
-    forward_kernel<T><<<cuda::row_grid(p.rows), 2 * cuda::kThreads, 0, st>>>(p, vectorised<T>(p.logits, p.vocab));
+    linear_cross_entropy_forward_kernel<T>
+        <<<cuda::row_grid(p.rows), 2 * cuda::kThreads, 0, st>>>(p, vectorised<T>(p.logits, p.vocab));
   });
   return cuda::launch_status("linear cross entropy forward");
 }
@@ -151,7 +152,8 @@ Status linear_cross_entropy_backward_cuda(const LinearCrossEntropyBackwardParams
   auto st = static_cast<cudaStream_t>(stream);
   math::by_dtype(p.dtype, [&](auto t) {
     using T = decltype(t);
-    backward_kernel<T><<<cuda::row_grid(p.rows), 2 * cuda::kThreads, 0, st>>>(p, vectorised<T>(p.logits, p.vocab));
+    linear_cross_entropy_backward_kernel<T>
+        <<<cuda::row_grid(p.rows), 2 * cuda::kThreads, 0, st>>>(p, vectorised<T>(p.logits, p.vocab));
   });
   return cuda::launch_status("linear cross entropy backward");
 }

@@ -170,9 +170,9 @@ __global__ void __launch_bounds__(512)
 
 // K = 16, for 16/32-bit data only; false (nothing launched) for fp64.
 template <typename T, typename P>
-bool wide16(const NormBackwardParams& q, int groups, int threads, uint64_t threshold, cudaStream_t st) {
+bool launch_backward_k16(const NormBackwardParams& p, int groups, int threads, uint64_t threshold, cudaStream_t st) {
   if constexpr (sizeof(T) <= 4) {
-    norm_backward_kernel<T, P, 16><<<groups, threads, 0, st>>>(q, threshold, DropoutScale(q.prologue.p));
+    norm_backward_kernel<T, P, 16><<<groups, threads, 0, st>>>(p, threshold, DropoutScale(p.prologue.p));
     return true;
   } else {
     return false;
@@ -182,27 +182,27 @@ bool wide16(const NormBackwardParams& q, int groups, int threads, uint64_t thres
 // The backward's launch: K columns per thread in registers for rows up to 16 x 512 wide
 // (256 threads up to 4096 columns, 512 above), the workspace path beyond.
 template <typename T, typename P>
-void launch_norm_backward(const NormBackwardParams& q, int groups, uint64_t threshold, cudaStream_t st) {
-  const DropoutScale scale(q.prologue.p);
-  const int64_t M = q.cols;
+void launch_norm_backward(const NormBackwardParams& p, int groups, uint64_t threshold, cudaStream_t st) {
+  const DropoutScale scale(p.prologue.p);
+  const int64_t M = p.cols;
   const int threads = M > 16 * cuda::kThreads ? 2 * cuda::kThreads : cuda::kThreads;
   const int64_t per = (M + threads - 1) / threads;
   if (per <= 1)
-    norm_backward_kernel<T, P, 1><<<groups, threads, 0, st>>>(q, threshold, scale);
+    norm_backward_kernel<T, P, 1><<<groups, threads, 0, st>>>(p, threshold, scale);
   else if (per <= 2)
-    norm_backward_kernel<T, P, 2><<<groups, threads, 0, st>>>(q, threshold, scale);
+    norm_backward_kernel<T, P, 2><<<groups, threads, 0, st>>>(p, threshold, scale);
   else if (per <= 4)
-    norm_backward_kernel<T, P, 4><<<groups, threads, 0, st>>>(q, threshold, scale);
+    norm_backward_kernel<T, P, 4><<<groups, threads, 0, st>>>(p, threshold, scale);
   else if (per <= 8)
-    norm_backward_kernel<T, P, 8><<<groups, threads, 0, st>>>(q, threshold, scale);
-  else if (per <= 16 && wide16<T, P>(q, groups, threads, threshold, st))
+    norm_backward_kernel<T, P, 8><<<groups, threads, 0, st>>>(p, threshold, scale);
+  else if (per <= 16 && launch_backward_k16<T, P>(p, groups, threads, threshold, st))
     return;  // fp64: the workspace path (K=16 spills)
   else
-    norm_backward_kernel<T, P, 0><<<groups, cuda::kThreads, 0, st>>>(q, threshold, scale);
+    norm_backward_kernel<T, P, 0><<<groups, cuda::kThreads, 0, st>>>(p, threshold, scale);
 }
 
 template <typename T, typename P>
-__global__ void column_sum_kernel(NormBackwardParams p, int groups) {
+__global__ void norm_column_sum_kernel(NormBackwardParams p, int groups) {
   using Acc = math::acc_t<T>;
   const int64_t M = p.cols;
   const Acc* ws = static_cast<const Acc*>(p.workspace);
@@ -454,8 +454,8 @@ Status norm_forward_cuda(const NormForwardParams& p, void* stream) {
   auto st = static_cast<cudaStream_t>(stream);
   const uint64_t threshold = math::keep_threshold(p.prologue.p);
   const bool dropout = p.prologue.residual && p.prologue.p > 0.0;
-  NormForwardParams q = p;
-  if (!dropout || p.prologue.mode != DropoutMode::kBits) q.mask = nullptr;  // philox: draw in place
+  NormForwardParams launched = p;
+  if (!dropout || p.prologue.mode != DropoutMode::kBits) launched.mask = nullptr;  // philox: draw in place
   const bool fast = p.dtype != DType::kFloat64 && rows_fit(p.cols, 4) && cuda::aligned16(p.x) && cuda::aligned16(p.y) &&
                     cuda::aligned16(p.weight) && cuda::aligned16(p.beta) && cuda::aligned16(p.prologue.residual) &&
                     cuda::aligned16(p.prologue.bias) && cuda::aligned16(p.kept_slot);
@@ -469,11 +469,11 @@ Status norm_forward_cuda(const NormForwardParams& p, void* stream) {
         auto go = [&](auto param_tag) {
           using P = decltype(param_tag);
           if (v == 1)
-            norm_forward_rows_kernel<T, P, 1><<<grid, threads, 0, st>>>(q, threshold, scale);
+            norm_forward_rows_kernel<T, P, 1><<<grid, threads, 0, st>>>(launched, threshold, scale);
           else if (v == 2)
-            norm_forward_rows_kernel<T, P, 2><<<grid, threads, 0, st>>>(q, threshold, scale);
+            norm_forward_rows_kernel<T, P, 2><<<grid, threads, 0, st>>>(launched, threshold, scale);
           else
-            norm_forward_rows_kernel<T, P, 4><<<grid, threads, 0, st>>>(q, threshold, scale);
+            norm_forward_rows_kernel<T, P, 4><<<grid, threads, 0, st>>>(launched, threshold, scale);
         };
         if (sizeof(T) == 2 && p.float_params)
           go(float{});
@@ -483,20 +483,20 @@ Status norm_forward_cuda(const NormForwardParams& p, void* stream) {
     });
     return cuda::launch_status("norm forward");
   }
-  if (q.mask) {
+  if (launched.mask) {
     cuda::keep_bits_kernel<<<cuda::grid_for(bit_mask_bytes(p.rows * p.cols)), cuda::kThreads, 0, st>>>(
-        p.prologue.rng, q.mask, p.rows * p.cols, threshold);
+        p.prologue.rng, launched.mask, p.rows * p.cols, threshold);
   }
   const int grid = cuda::row_grid(p.rows);
   math::by_dtype(p.dtype, [&](auto t) {
     using T = decltype(t);
     if constexpr (sizeof(T) == 2) {  // float_params: 16-bit data only (validated)
       if (p.float_params) {
-        norm_forward_kernel<T, float><<<grid, cuda::kThreads, 0, st>>>(q, threshold, DropoutScale(p.prologue.p));
+        norm_forward_kernel<T, float><<<grid, cuda::kThreads, 0, st>>>(launched, threshold, DropoutScale(p.prologue.p));
         return;
       }
     }
-    norm_forward_kernel<T, T><<<grid, cuda::kThreads, 0, st>>>(q, threshold, DropoutScale(p.prologue.p));
+    norm_forward_kernel<T, T><<<grid, cuda::kThreads, 0, st>>>(launched, threshold, DropoutScale(p.prologue.p));
   });
   return cuda::launch_status("norm forward");
 }
@@ -508,8 +508,8 @@ Status norm_backward_cuda(const NormBackwardParams& p, void* stream) {
   TEMPO_CORE_CHECK(p.workspace, "norm backward: the CUDA backward needs its workspace");
   auto st = static_cast<cudaStream_t>(stream);
   const uint64_t threshold = math::keep_threshold(p.prologue.p);
-  NormBackwardParams q = p;
-  if (!(p.grad_residual && p.prologue.p > 0.0 && p.prologue.mode == DropoutMode::kBits)) q.mask = nullptr;
+  NormBackwardParams launched = p;
+  if (!(p.grad_residual && p.prologue.p > 0.0 && p.prologue.mode == DropoutMode::kBits)) launched.mask = nullptr;
   const int groups = static_cast<int>(std::max<int64_t>(1, std::min(p.rows, kNormBackwardGroups)));
   // Rows up to 4096 wide (one pack a thread): with two, ptxas spills under the 128 registers
   // that 512 threads leave; wider rows take the K-column kernel below (no spill).
@@ -524,8 +524,8 @@ Status norm_backward_cuda(const NormBackwardParams& p, void* stream) {
       if constexpr (!std::is_same_v<T, double>) {
         auto go = [&](auto param_tag) {
           using P = decltype(param_tag);
-          norm_backward_rows_kernel<T, P, 1><<<groups, threads, 0, st>>>(q, threshold, scale);
-          column_sum_kernel<T, P><<<cuda::grid_for(3 * p.cols), cuda::kThreads, 0, st>>>(q, groups);
+          norm_backward_rows_kernel<T, P, 1><<<groups, threads, 0, st>>>(launched, threshold, scale);
+          norm_column_sum_kernel<T, P><<<cuda::grid_for(3 * p.cols), cuda::kThreads, 0, st>>>(launched, groups);
         };
         if (sizeof(T) == 2 && p.float_params)
           go(float{});
@@ -539,13 +539,13 @@ Status norm_backward_cuda(const NormBackwardParams& p, void* stream) {
     using T = decltype(t);
     if constexpr (sizeof(T) == 2) {  // float_params: 16-bit data only (validated)
       if (p.float_params) {
-        launch_norm_backward<T, float>(q, groups, threshold, st);
-        column_sum_kernel<T, float><<<cuda::grid_for(3 * p.cols), cuda::kThreads, 0, st>>>(q, groups);
+        launch_norm_backward<T, float>(launched, groups, threshold, st);
+        norm_column_sum_kernel<T, float><<<cuda::grid_for(3 * p.cols), cuda::kThreads, 0, st>>>(launched, groups);
         return;
       }
     }
-    launch_norm_backward<T, T>(q, groups, threshold, st);
-    column_sum_kernel<T, T><<<cuda::grid_for(3 * p.cols), cuda::kThreads, 0, st>>>(q, groups);
+    launch_norm_backward<T, T>(launched, groups, threshold, st);
+    norm_column_sum_kernel<T, T><<<cuda::grid_for(3 * p.cols), cuda::kThreads, 0, st>>>(launched, groups);
   });
   return cuda::launch_status("norm backward");
 }

@@ -71,10 +71,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_kernel(
               op, ": argument 'grad' must have the shape of the output, got ", grad.sym_sizes());
   const double sc = scale_of(q, scale);
   const at::Tensor pc = probs.contiguous();
-  AttentionSoftmaxBackwardParams prm;
+  AttentionSoftmaxBackwardParams params;
   DropoutBackwardParams drop;
-  prm.mode = drop.mode = mode;
-  read_dropout_keep(keep, pc, dropout_p, mode, op, &prm.mask_bits, &prm.rng);
+  params.mode = drop.mode = mode;
+  read_dropout_keep(keep, pc, dropout_p, mode, op, &params.mask_bits, &params.rng);
   c10::OptionalDeviceGuard guard(q.device());
   const bool real = !q.is_meta() && pc.numel() > 0;
   // dv = P_d^T dO, with P_d recomputed from P and the bits (sub-layer dropout recomputation).
@@ -85,8 +85,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_kernel(
       drop.dtype = to_core_dtype(q.scalar_type());
       drop.grad_y = pc.const_data_ptr();
       drop.grad_x = pd.mutable_data_ptr();
-      drop.mask = prm.mask_bits;
-      drop.rng = prm.rng;
+      drop.mask = params.mask_bits;
+      drop.rng = params.rng;
       drop.p = dropout_p;
       drop.numel = pc.numel();
       run_core(q, drop, dropout_backward_cpu, dropout_backward_cuda, op);
@@ -100,16 +100,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_kernel(
   // dS from the output-only softmax backward, in place over dO v^T.
   at::Tensor ds = at::matmul(grad, v.transpose(-2, -1)).contiguous();
   if (real) {
-    prm.dtype = to_core_dtype(q.scalar_type());
-    prm.grad = ds.mutable_data_ptr();
-    prm.probs = pc.const_data_ptr();
-    prm.batch = pc.size(0);
-    prm.heads = pc.size(1);
-    prm.rows = pc.size(2);
-    prm.cols = pc.size(3);
-    prm.scale = sc;
-    prm.p = dropout_p;
-    run_core(q, prm, attention_softmax_backward_cpu, attention_softmax_backward_cuda, op);
+    params.dtype = to_core_dtype(q.scalar_type());
+    params.grad = ds.mutable_data_ptr();
+    params.probs = pc.const_data_ptr();
+    params.batch = pc.size(0);
+    params.heads = pc.size(1);
+    params.rows = pc.size(2);
+    params.cols = pc.size(3);
+    params.scale = sc;
+    params.p = dropout_p;
+    run_core(q, params, attention_softmax_backward_cpu, attention_softmax_backward_cuda, op);
     note_softmax_backward_traffic(ds);
   }
   at::Tensor dq = at::matmul(ds, k);

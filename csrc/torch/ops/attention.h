@@ -70,27 +70,27 @@ inline void softmax_forward(const at::Tensor& scores, const at::Tensor& dropped,
                             const at::Tensor& q, int64_t row_offset, double scale, bool causal, double p,
                             DropoutMode mode, uint8_t* mask_bits, const PhiloxState& rng, const char* op) {
   if (q.is_meta() || scores.numel() == 0) return;
-  AttentionSoftmaxForwardParams prm;
-  prm.dtype = to_core_dtype(q.scalar_type());
-  prm.scores = scores.mutable_data_ptr();
-  prm.dropped = dropped.defined() ? dropped.mutable_data_ptr() : nullptr;
-  prm.mode = mode;
-  prm.mask_bits = mask_bits;
+  AttentionSoftmaxForwardParams params;
+  params.dtype = to_core_dtype(q.scalar_type());
+  params.scores = scores.mutable_data_ptr();
+  params.dropped = dropped.defined() ? dropped.mutable_data_ptr() : nullptr;
+  params.mode = mode;
+  params.mask_bits = mask_bits;
   if (mask.defined()) {
-    prm.attn_mask = mask.const_data_ptr<float>();
-    for (int d = 0; d < 4; ++d) prm.mask_stride[d] = mask.stride(d);
+    params.attn_mask = mask.const_data_ptr<float>();
+    for (int d = 0; d < 4; ++d) params.mask_stride[d] = mask.stride(d);
   }
-  prm.batch = scores.size(0);
-  prm.heads = scores.size(1);
-  prm.rows = scores.size(2);
-  prm.cols = scores.size(3);
-  prm.row_offset = row_offset;
-  prm.seq_q = q.size(2);
-  prm.scale = scale;
-  prm.causal = causal;
-  prm.p = p;
-  prm.rng = rng;
-  run_core(q, prm, attention_softmax_forward_cpu, attention_softmax_forward_cuda, op);
+  params.batch = scores.size(0);
+  params.heads = scores.size(1);
+  params.rows = scores.size(2);
+  params.cols = scores.size(3);
+  params.row_offset = row_offset;
+  params.seq_q = q.size(2);
+  params.scale = scale;
+  params.causal = causal;
+  params.p = p;
+  params.rng = rng;
+  run_core(q, params, attention_softmax_forward_cpu, attention_softmax_forward_cuda, op);
   // Data movement (tempo::memory::TrafficScope): S read, P written over it, P_d beside it.
   const int64_t bytes = scores.numel() * static_cast<int64_t>(scores.element_size());
   memory::note_traffic("tempo core: attention softmax (+ dropout)", bytes, dropped.defined() ? 2 * bytes : bytes);

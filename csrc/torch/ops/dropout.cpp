@@ -32,16 +32,16 @@ std::tuple<at::Tensor, at::Tensor> dropout_forward_kernel(const at::Tensor& x, d
   if (x.is_meta() || x.numel() == 0) return {y, k.keep};
   c10::OptionalDeviceGuard guard(x.device());
   const at::Tensor xc = x.contiguous();
-  DropoutForwardParams prm;
-  prm.dtype = to_core_dtype(x.scalar_type());
-  prm.x = xc.const_data_ptr();
-  prm.y = y.mutable_data_ptr();
-  prm.mode = mode;
-  prm.mask = k.mask;
-  prm.p = p;
-  prm.rng = k.rng;
-  prm.numel = x.numel();
-  run_core(x, prm, dropout_forward_cpu, dropout_forward_cuda, op);
+  DropoutForwardParams params;
+  params.dtype = to_core_dtype(x.scalar_type());
+  params.x = xc.const_data_ptr();
+  params.y = y.mutable_data_ptr();
+  params.mode = mode;
+  params.mask = k.mask;
+  params.p = p;
+  params.rng = k.rng;
+  params.numel = x.numel();
+  run_core(x, params, dropout_forward_cpu, dropout_forward_cuda, op);
   return {y, k.keep};
 }
 
@@ -52,19 +52,19 @@ at::Tensor dropout_backward_kernel(const at::Tensor& grad, const at::Tensor& kee
   check_device(grad, op, "grad");
   check_probability(p, op, "p");
   const DropoutMode mode = dropout_mode(mode_name, op);
-  DropoutBackwardParams prm;
-  prm.mode = mode;
-  read_dropout_keep(keep, grad, p, mode, op, &prm.mask, &prm.rng);
+  DropoutBackwardParams params;
+  params.mode = mode;
+  read_dropout_keep(keep, grad, p, mode, op, &params.mask, &params.rng);
   at::Tensor dx = at::empty_like(grad, at::MemoryFormat::Contiguous);
   if (grad.is_meta() || grad.numel() == 0) return dx;
   c10::OptionalDeviceGuard guard(grad.device());
   const at::Tensor gc = grad.contiguous();
-  prm.dtype = to_core_dtype(grad.scalar_type());
-  prm.grad_y = gc.const_data_ptr();
-  prm.grad_x = dx.mutable_data_ptr();
-  prm.p = p;
-  prm.numel = grad.numel();
-  run_core(grad, prm, dropout_backward_cpu, dropout_backward_cuda, op);
+  params.dtype = to_core_dtype(grad.scalar_type());
+  params.grad_y = gc.const_data_ptr();
+  params.grad_x = dx.mutable_data_ptr();
+  params.p = p;
+  params.numel = grad.numel();
+  run_core(grad, params, dropout_backward_cpu, dropout_backward_cuda, op);
   return dx;
 }
 

@@ -135,21 +135,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_attention_backward_kernel(
     d.reset();
     at::Tensor ds = at::matmul(gb, vt).contiguous();
     if (ds.numel() > 0) {
-      AttentionSoftmaxBackwardParams prm;
-      prm.dtype = to_core_dtype(q.scalar_type());
-      prm.grad = ds.mutable_data_ptr();
-      prm.probs = s.const_data_ptr();
-      prm.mode = DropoutMode::kPhilox;
-      prm.batch = ds.size(0);
-      prm.heads = ds.size(1);
-      prm.cols = ds.size(3);
-      prm.rows = n;
-      prm.row_offset = i0;
-      prm.seq_q = Sq;
-      prm.scale = sc;
-      prm.p = dropout_p;
-      prm.rng = rng;
-      run_core(q, prm, attention_softmax_backward_cpu, attention_softmax_backward_cuda, op);
+      AttentionSoftmaxBackwardParams params;
+      params.dtype = to_core_dtype(q.scalar_type());
+      params.grad = ds.mutable_data_ptr();
+      params.probs = s.const_data_ptr();
+      params.mode = DropoutMode::kPhilox;
+      params.batch = ds.size(0);
+      params.heads = ds.size(1);
+      params.cols = ds.size(3);
+      params.rows = n;
+      params.row_offset = i0;
+      params.seq_q = Sq;
+      params.scale = sc;
+      params.p = dropout_p;
+      params.rng = rng;
+      run_core(q, params, attention_softmax_backward_cpu, attention_softmax_backward_cuda, op);
       note_softmax_backward_traffic(ds);
     }
     dq.narrow(2, i0, n).copy_(at::matmul(ds, kc));

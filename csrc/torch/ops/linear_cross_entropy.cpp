@@ -111,14 +111,14 @@ int64_t rows_per_chunk(int64_t chunk, int64_t V, int64_t N, const at::Tensor& hi
 
 // The core's parameters every pass shares, for `n` rows from r0.
 template <typename P>
-void fill_rows(P& prm, const at::Tensor& z, const at::Tensor& y, int64_t r0, int64_t n, int64_t V, int64_t ignore,
+void fill_rows(P& params, const at::Tensor& z, const at::Tensor& y, int64_t r0, int64_t n, int64_t V, int64_t ignore,
                double smoothing) {
-  prm.dtype = to_core_dtype(z.scalar_type());
-  prm.rows = n;
-  prm.vocab = V;
-  prm.labels = y.const_data_ptr<int64_t>() + r0;
-  prm.ignore_index = ignore;
-  prm.smoothing = smoothing;
+  params.dtype = to_core_dtype(z.scalar_type());
+  params.rows = n;
+  params.vocab = V;
+  params.labels = y.const_data_ptr<int64_t>() + r0;
+  params.ignore_index = ignore;
+  params.smoothing = smoothing;
 }
 
 // What the model does to its logits before the loss, z' = cap tanh(scale z / cap) (Gemma 2/3's
@@ -189,12 +189,12 @@ std::tuple<at::Tensor, at::Tensor> forward_kernel(const at::Tensor& hidden, cons
       const int64_t n = std::min(C, N - r0);
       at::Tensor z = at::linear(h.narrow(0, r0, n), weight, b).contiguous();  // [n, V], hidden's dtype
       transform_logits(z, opts);
-      LinearCrossEntropyForwardParams prm;
-      fill_rows(prm, z, y, r0, n, V, ignore, smoothing);
-      prm.logits = z.const_data_ptr();
-      prm.lse = lse.narrow(0, r0, n).mutable_data_ptr();
-      prm.loss = rows.narrow(0, r0, n).mutable_data_ptr();
-      run_core(z, prm, linear_cross_entropy_forward_cpu, linear_cross_entropy_forward_cuda, kOp);
+      LinearCrossEntropyForwardParams params;
+      fill_rows(params, z, y, r0, n, V, ignore, smoothing);
+      params.logits = z.const_data_ptr();
+      params.lse = lse.narrow(0, r0, n).mutable_data_ptr();
+      params.loss = rows.narrow(0, r0, n).mutable_data_ptr();
+      run_core(z, params, linear_cross_entropy_forward_cpu, linear_cross_entropy_forward_cuda, kOp);
     }
     if (opts.z_loss > 0.0)  // the rows not ignored
       rows.add_(lse.square().mul_(opts.z_loss).mul_(y.ne(ignore).to(math_t)));
@@ -276,12 +276,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_kernel(
     const at::Tensor hc = h.narrow(0, r0, n);
     at::Tensor dz = at::linear(hc, weight, b).contiguous();  // the logits again, made their gradient in place
     const at::Tensor t = transform_logits(dz, opts);
-    LinearCrossEntropyBackwardParams prm;
-    fill_rows(prm, dz, y, r0, n, V, ignore, smoothing);
-    prm.logits = dz.mutable_data_ptr();
-    prm.lse = lse_c.narrow(0, r0, n).const_data_ptr();
-    prm.scale = kernel_scale.narrow(0, r0, n).const_data_ptr();
-    run_core(dz, prm, linear_cross_entropy_backward_cpu, linear_cross_entropy_backward_cuda, bop);
+    LinearCrossEntropyBackwardParams params;
+    fill_rows(params, dz, y, r0, n, V, ignore, smoothing);
+    params.logits = dz.mutable_data_ptr();
+    params.lse = lse_c.narrow(0, r0, n).const_data_ptr();
+    params.scale = kernel_scale.narrow(0, r0, n).const_data_ptr();
+    run_core(dz, params, linear_cross_entropy_backward_cpu, linear_cross_entropy_backward_cuda, bop);
     if (z_extra.defined()) {  // + s 2 z_loss lse ((1 - eps) onehot(y) + eps / V)
       const at::Tensor extra = z_extra.narrow(0, r0, n).unsqueeze(1);
       if (smoothing > 0.0) dz.add_((extra * (smoothing / V)).to(dz.scalar_type()));
