@@ -12,7 +12,8 @@
 #              $BUILD (default build)
 #   2. bandwidth  each op's forward and backward beside torch's and Liger-Kernel's op, as time
 #              and a share of a device-to-device copy (benchmarks/op_bandwidth.py; 3 widths,
-#              bf16/fp32/fp16); layer: one bert-large encoder layer in bf16 per policy;
+#              bf16/fp32/fp16); heads: the LM head beside torch's chunked loss and Liger's
+#              (benchmarks/lm_head.py); layer: one bert-large encoder layer in bf16 per policy;
 #              frontier: python -m tempo.frontier, LLaMA-1B and gpt2-medium in bf16 autocast, each
 #              method's largest batch and tokens/s per budget beside sdpa, checkpointing,
 #              torch.compile (with its memory budget) and Liger-Kernel
@@ -206,6 +207,18 @@ bandwidth() {
     --csv "$OUT/bandwidth.csv" --json "$OUT/bandwidth.json"
 }
 
+# The LM head beside PyTorch's chunked F.linear_cross_entropy, the plain loss and Liger-Kernel's
+# fused linear cross entropy (benchmarks/lm_head.py: held after the forward, peak, time), fp32, at
+# LLaMA-1B's hidden size and the vocabularies of LLaMA-2, LLaMA-3 and Gemma.
+heads() {
+  local size=(--vocab 32000,128256,256000 --rows 4096,16384 --hidden 2048 --steps 3)
+  [ $DRY = 1 ] && size=(--vocab 512,1000 --rows 64 --hidden 32 --steps 1)
+  local site
+  site=$(liger_site)
+  TEMPO_LIBRARY="$BUILD/lib/libtempo_torch.so" PYTHONPATH="$PWD/python${site:+:$site}" \
+    "$PYTHON" benchmarks/lm_head.py --device $DEVICE "${size[@]}" --json "$OUT/lm_head.json"
+}
+
 # The memory-vs-throughput frontier (python -m tempo.frontier, issue 45) in bf16 autocast: the
 # LLaMA-style 1B at S=2048, then gpt2-medium at S=1024, methods in the order of what a user would
 # pick first; each model's call stops starting (method, budget) pairs at its time limit, and
@@ -314,6 +327,7 @@ step build 240 build
 if [ -x "$BUILD/tempo" ]; then
   # The kernels' speed first (issue 43), then their correctness under the sanitizer, then the rest.
   step bandwidth 150 bandwidth
+  step heads 60 heads
   step layer 60 layer
   step frontier 200 frontier
   step sanitize 90 sanitize
