@@ -88,6 +88,43 @@ def _cfg(name, tied):
         return transformers.InternVLForConditionalGeneration, transformers.InternVLConfig(
             text_config=dict(llama_like, model_type="qwen2"), image_token_id=319, tie_word_embeddings=tied,
             vision_config=dict(small_vision, image_size=[16, 16], patch_size=[8, 8]))
+    if name == "llama4":
+        return transformers.Llama4ForCausalLM, transformers.Llama4TextConfig(
+            **llama_like, head_dim=16, num_local_experts=2, num_experts_per_tok=1, intermediate_size_mlp=128,
+            interleave_moe_layer_step=1)
+    if name == "gpt_oss":
+        return transformers.GptOssForCausalLM, transformers.GptOssConfig(
+            **llama_like, head_dim=16, num_local_experts=2, num_experts_per_tok=1, sliding_window=8,
+            layer_types=["sliding_attention", "full_attention"])
+    if name == "qwen3_next":  # gated delta-rule layers beside attention, experts
+        return transformers.Qwen3NextForCausalLM, transformers.Qwen3NextConfig(
+            **llama_like, head_dim=16, num_experts=2, num_experts_per_tok=1, moe_intermediate_size=32,
+            shared_expert_intermediate_size=32, linear_num_value_heads=2, linear_num_key_heads=2,
+            linear_key_head_dim=16, linear_value_head_dim=16, layer_types=["linear_attention", "full_attention"])
+    if name == "olmo3":
+        return transformers.Olmo3ForCausalLM, transformers.Olmo3Config(**llama_like, sliding_window=8)
+    if name == "glm4_moe":
+        return transformers.Glm4MoeForCausalLM, transformers.Glm4MoeConfig(
+            **llama_like, head_dim=16, n_routed_experts=2, num_experts_per_tok=1, moe_intermediate_size=32,
+            first_k_dense_replace=1, n_group=1, topk_group=1)
+    if name == "falcon_h1":  # Mamba-2 mixers beside attention; a head multiplier
+        return transformers.FalconH1ForCausalLM, transformers.FalconH1Config(
+            **llama_like, head_dim=16, mamba_d_ssm=64, mamba_n_heads=4, mamba_d_head=16, mamba_d_state=8,
+            mamba_n_groups=1, mamba_chunk_size=8, lm_head_multiplier=0.5)
+    if name in ("qwen3_vl", "glm4v"):
+        rope = {"rope_type": "default", "mrope_section": [2, 3, 3]}
+        vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=4,
+                      spatial_merge_size=2)
+        if name == "qwen3_vl":
+            return transformers.Qwen3VLForConditionalGeneration, transformers.Qwen3VLConfig(
+                text_config=dict(llama_like, head_dim=16, rope_scaling=rope), **common,
+                vision_config=dict(vision, deepstack_visual_indexes=[0]))
+        return transformers.Glm4vForConditionalGeneration, transformers.Glm4vConfig(
+            text_config=dict(llama_like, rope_scaling=rope), vision_config=vision, **common)
+    if name == "smolvlm":
+        return transformers.SmolVLMForConditionalGeneration, transformers.SmolVLMConfig(
+            text_config=dict(llama_like, model_type="llama"), vision_config=dict(small_vision, image_size=16, patch_size=8),
+            image_token_id=319, **common)
     if name == "gpt2":
         return transformers.GPT2LMHeadModel, transformers.GPT2Config(
             n_layer=2, n_embd=64, n_head=4, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **common)
@@ -120,7 +157,8 @@ def _cfg(name, tied):
 
 CAUSAL = ["llama", "mistral", "qwen2", "qwen3", "gemma", "phi3", "gpt2", "gpt_neox", "opt", "falcon", "gemma2", "gemma3",
           "cohere", "granite", "mixtral", "qwen2_moe", "qwen2_vl", "qwen2_5_vl", "llava", "olmo", "glm4", "smollm3",
-          "mllama_text", "mllama", "gemma3_mm", "paligemma", "internvl"]
+          "mllama_text", "mllama", "gemma3_mm", "paligemma", "internvl", "llama4", "gpt_oss", "qwen3_next", "olmo3",
+          "glm4_moe", "falcon_h1", "qwen3_vl", "glm4v", "smolvlm"]
 MASKED = ["bert", "roberta", "xlm_roberta", "distilbert", "electra", "albert"]
 FAMILIES = CAUSAL + MASKED
 

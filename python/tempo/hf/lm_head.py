@@ -45,18 +45,21 @@ FAMILIES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3
             "Gemma2ForCausalLM", "Gemma3ForCausalLM", "CohereForCausalLM", "Cohere2ForCausalLM", "GraniteForCausalLM",
             "GraniteMoeForCausalLM", "Olmo2ForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM",
             "Qwen3MoeForCausalLM", "OlmoeForCausalLM", "OlmoForCausalLM", "Glm4ForCausalLM", "SmolLM3ForCausalLM",
-            "MllamaForCausalLM",
+            "MllamaForCausalLM", "Olmo3ForCausalLM", "Llama4ForCausalLM", "GptOssForCausalLM", "Qwen3NextForCausalLM",
+            "Glm4MoeForCausalLM", "FalconH1ForCausalLM",
             # multimodal: the text model's hidden states, its head, its loss function (images go in before)
             "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration", "LlavaForConditionalGeneration",
             "Gemma3ForConditionalGeneration", "PaliGemmaForConditionalGeneration", "MllamaForConditionalGeneration",
-            "InternVLForConditionalGeneration")
+            "InternVLForConditionalGeneration", "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration",
+            "Glm4vForConditionalGeneration", "SmolVLMForConditionalGeneration")
 # Masked-LM classes whose forward is transform -> head -> CrossEntropyLoss()(logits.view(-1, V), labels.view(-1)).
 MASKED_FAMILIES = ("BertForMaskedLM", "RobertaForMaskedLM", "XLMRobertaForMaskedLM", "DistilBertForMaskedLM",
                    "ElectraForMaskedLM", "AlbertForMaskedLM")
 # Config fields that transform the logits between the head and the loss: (name, the value that does
-# nothing). A scale (Cohere's logit_scale, Granite's 1 / logits_scaling) the model applies to what the
-# head passes through, the hidden states, which is the same; the soft-capping (Gemma 2/3) is not linear,
-# so the patched forward turns it off in the model for the call and tempo.linear_cross_entropy applies it.
+# nothing). A scale (Cohere's logit_scale, Granite's 1 / logits_scaling, Falcon-H1's lm_head_multiplier)
+# the model applies to what the head passes through, the hidden states, which is the same; the
+# soft-capping (Gemma 2/3) is not linear, so the patched forward turns it off in the model for the call
+# and tempo.linear_cross_entropy applies it.
 _LOGIT_TRANSFORMS = (("final_logit_softcapping", None), ("logit_scale", 1.0), ("logits_scaling", 1.0))
 _SOFTCAP = "final_logit_softcapping"
 # Multimodal classes whose forward soft-caps with their text config's value (Gemma 3's multimodal
