@@ -101,6 +101,11 @@ def _cfg(name, tied):
             **llama_like, head_dim=16, num_experts=2, num_experts_per_tok=1, moe_intermediate_size=32,
             shared_expert_intermediate_size=32, linear_num_value_heads=2, linear_num_key_heads=2,
             linear_key_head_dim=16, linear_value_head_dim=16, layer_types=["linear_attention", "full_attention"])
+    if name == "gemma3n":  # soft-capping in a config that validates its fields
+        return transformers.Gemma3nForCausalLM, transformers.Gemma3nTextConfig(
+            **llama_like, head_dim=16, vocab_size_per_layer_input=320, hidden_size_per_layer_input=8,
+            sliding_window=8, layer_types=["sliding_attention", "full_attention"], final_logit_softcapping=3.0,
+            num_kv_shared_layers=0, laurel_rank=4, altup_num_inputs=2, activation_sparsity_pattern=[0.0, 0.0])
     if name == "olmo3":
         return transformers.Olmo3ForCausalLM, transformers.Olmo3Config(**llama_like, sliding_window=8)
     if name == "glm4_moe":
@@ -158,7 +163,7 @@ def _cfg(name, tied):
 CAUSAL = ["llama", "mistral", "qwen2", "qwen3", "gemma", "phi3", "gpt2", "gpt_neox", "opt", "falcon", "gemma2", "gemma3",
           "cohere", "granite", "mixtral", "qwen2_moe", "qwen2_vl", "qwen2_5_vl", "llava", "olmo", "glm4", "smollm3",
           "mllama_text", "mllama", "gemma3_mm", "paligemma", "internvl", "llama4", "gpt_oss", "qwen3_next", "olmo3",
-          "glm4_moe", "falcon_h1", "qwen3_vl", "glm4v", "smolvlm"]
+          "glm4_moe", "falcon_h1", "qwen3_vl", "glm4v", "smolvlm", "gemma3n"]
 MASKED = ["bert", "roberta", "xlm_roberta", "distilbert", "electra", "albert"]
 FAMILIES = CAUSAL + MASKED
 

@@ -46,7 +46,7 @@ FAMILIES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3
             "GraniteMoeForCausalLM", "Olmo2ForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM",
             "Qwen3MoeForCausalLM", "OlmoeForCausalLM", "OlmoForCausalLM", "Glm4ForCausalLM", "SmolLM3ForCausalLM",
             "MllamaForCausalLM", "Olmo3ForCausalLM", "Llama4ForCausalLM", "GptOssForCausalLM", "Qwen3NextForCausalLM",
-            "Glm4MoeForCausalLM", "FalconH1ForCausalLM",
+            "Glm4MoeForCausalLM", "FalconH1ForCausalLM", "Gemma3nForCausalLM",
             # multimodal: the text model's hidden states, its head, its loss function (images go in before)
             "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration", "LlavaForConditionalGeneration",
             "Gemma3ForConditionalGeneration", "PaliGemmaForConditionalGeneration", "MllamaForConditionalGeneration",
@@ -241,11 +241,27 @@ def _config_set(config, field, value):
         yield
         return
     before = getattr(config, field)
-    setattr(config, field, value)
+    _set(config, field, value)
     try:
         yield
     finally:
-        setattr(config, field, before)
+        _set(config, field, before)
+
+
+def _set(config, field, value):
+    """config.field = value, past a config class that validates its fields (Gemma 3n's takes no
+    None for final_logit_softcapping: the patched call turns it off all the same)."""
+    try:
+        setattr(config, field, value)
+    except (TypeError, ValueError, *_STRICT):
+        object.__setattr__(config, field, value)
+
+
+try:  # the error a validating (strict dataclass) config raises
+    from huggingface_hub.errors import StrictDataclassError
+    _STRICT = (StrictDataclassError,)
+except ImportError:
+    _STRICT = ()
 
 
 _MISSING = object()
