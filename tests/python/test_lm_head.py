@@ -106,6 +106,27 @@ def _cfg(name, tied):
             **llama_like, head_dim=16, vocab_size_per_layer_input=320, hidden_size_per_layer_input=8,
             sliding_window=8, layer_types=["sliding_attention", "full_attention"], final_logit_softcapping=3.0,
             num_kv_shared_layers=0, laurel_rank=4, altup_num_inputs=2, activation_sparsity_pattern=[0.0, 0.0])
+    if name in ("hunyuan_dense", "hunyuan_moe", "exaone4"):
+        if name == "hunyuan_dense":
+            return transformers.HunYuanDenseV1ForCausalLM, transformers.HunYuanDenseV1Config(**llama_like, head_dim=16)
+        if name == "hunyuan_moe":
+            return transformers.HunYuanMoEV1ForCausalLM, transformers.HunYuanMoEV1Config(
+                **llama_like, head_dim=16, num_experts=2, moe_topk=1)
+        return transformers.Exaone4ForCausalLM, transformers.Exaone4Config(**llama_like, sliding_window=8)
+    if name == "glm4v_moe":
+        return transformers.Glm4vMoeForConditionalGeneration, transformers.Glm4vMoeConfig(
+            text_config=dict(llama_like, head_dim=16, n_routed_experts=2, num_experts_per_tok=1, moe_intermediate_size=32,
+                             first_k_dense_replace=1, n_group=1, topk_group=1,
+                             rope_scaling={"rope_type": "default", "mrope_section": [1, 1, 2]}),
+            vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
+                               patch_size=4, spatial_merge_size=2), **common)
+    if name == "llama4_mm":  # the multimodal model: its language model's logits, its own loss
+        return transformers.Llama4ForConditionalGeneration, transformers.Llama4Config(
+            text_config=dict(llama_like, head_dim=16, num_local_experts=2, num_experts_per_tok=1,
+                             intermediate_size_mlp=128, interleave_moe_layer_step=1),
+            vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                               image_size=16, patch_size=8, vision_output_dim=64, projector_input_dim=64,
+                               projector_output_dim=64), image_token_index=319, tie_word_embeddings=tied)
     if name == "olmo3":
         return transformers.Olmo3ForCausalLM, transformers.Olmo3Config(**llama_like, sliding_window=8)
     if name == "glm4_moe":
@@ -163,7 +184,8 @@ def _cfg(name, tied):
 CAUSAL = ["llama", "mistral", "qwen2", "qwen3", "gemma", "phi3", "gpt2", "gpt_neox", "opt", "falcon", "gemma2", "gemma3",
           "cohere", "granite", "mixtral", "qwen2_moe", "qwen2_vl", "qwen2_5_vl", "llava", "olmo", "glm4", "smollm3",
           "mllama_text", "mllama", "gemma3_mm", "paligemma", "internvl", "llama4", "gpt_oss", "qwen3_next", "olmo3",
-          "glm4_moe", "falcon_h1", "qwen3_vl", "glm4v", "smolvlm", "gemma3n"]
+          "glm4_moe", "falcon_h1", "qwen3_vl", "glm4v", "smolvlm", "gemma3n", "hunyuan_dense", "hunyuan_moe", "exaone4",
+          "glm4v_moe", "llama4_mm"]
 MASKED = ["bert", "roberta", "xlm_roberta", "distilbert", "electra", "albert"]
 FAMILIES = CAUSAL + MASKED
 

@@ -46,12 +46,14 @@ FAMILIES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3
             "GraniteMoeForCausalLM", "Olmo2ForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM",
             "Qwen3MoeForCausalLM", "OlmoeForCausalLM", "OlmoForCausalLM", "Glm4ForCausalLM", "SmolLM3ForCausalLM",
             "MllamaForCausalLM", "Olmo3ForCausalLM", "Llama4ForCausalLM", "GptOssForCausalLM", "Qwen3NextForCausalLM",
-            "Glm4MoeForCausalLM", "FalconH1ForCausalLM", "Gemma3nForCausalLM",
+            "Glm4MoeForCausalLM", "FalconH1ForCausalLM", "Gemma3nForCausalLM", "HunYuanDenseV1ForCausalLM",
+            "HunYuanMoEV1ForCausalLM", "Exaone4ForCausalLM",
             # multimodal: the text model's hidden states, its head, its loss function (images go in before)
             "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration", "LlavaForConditionalGeneration",
             "Gemma3ForConditionalGeneration", "PaliGemmaForConditionalGeneration", "MllamaForConditionalGeneration",
             "InternVLForConditionalGeneration", "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration",
-            "Glm4vForConditionalGeneration", "SmolVLMForConditionalGeneration")
+            "Glm4vForConditionalGeneration", "SmolVLMForConditionalGeneration", "Glm4vMoeForConditionalGeneration",
+            "Llama4ForConditionalGeneration")
 # Masked-LM classes whose forward is transform -> head -> CrossEntropyLoss()(logits.view(-1, V), labels.view(-1)).
 MASKED_FAMILIES = ("BertForMaskedLM", "RobertaForMaskedLM", "XLMRobertaForMaskedLM", "DistilBertForMaskedLM",
                    "ElectraForMaskedLM", "AlbertForMaskedLM")
