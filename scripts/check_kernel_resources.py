@@ -24,7 +24,8 @@ from check_fp64_sass import INSTRUCTION, demangle, find_cuobjdump  # noqa: E402
 RES = re.compile(r"Function (\S+):\s*REG:(\d+)\s+STACK:(\d+)\s+SHARED:(\d+)\s+LOCAL:(\d+)")
 # Kernels that must move 16-byte words: (object file stem, kernel name substring)
 VECTORISED = [("activation.cu", "forward_kernel"), ("activation.cu", "backward_kernel<"),
-              ("dropout.cu", "dropout_"), ("norm.cu", "_rows_kernel<"), ("attention.cu", "_rows_kernel<"),
+              ("dropout.cu", "dropout_forward_kernel<"), ("dropout.cu", "dropout_backward_kernel<"),
+              ("norm.cu", "_rows_kernel<"), ("attention.cu", "_rows_kernel<"),
               ("attention.cu", "_packs_kernel<"),
               ("linear_cross_entropy.cu", "backward_kernel<"), ("gated_mlp.cu", "gated_mlp_")]
 
