@@ -310,7 +310,7 @@ bench_hf() {
 }
 
 export DRY OUT PYTHON BUILD DEVICE JOBS
-export -f build tests graphs train liger_site bandwidth frontier sanitize sync layer bench_cpp bench_hf
+export -f build tests graphs train liger_site bandwidth heads frontier sanitize sync layer bench_cpp bench_hf
 
 if [ $DRY = 1 ]; then
   B1=6MiB; B2=8MiB; M1=bert-base; M2=gpt2
