@@ -209,22 +209,16 @@ std::string changed_settings(const std::string& saved, const std::string& now) {
   return out;
 }
 
-}  // namespace
+// ---- train()'s sections ------------------------------------------------------------------
 
-double learning_rate(int64_t step, int64_t warmup, int64_t steps, double lr) {
-  if (warmup > 0 && step <= warmup) return lr * static_cast<double>(step) / static_cast<double>(warmup);
-  if (steps <= warmup) return lr;
-  return lr * std::max(0.0, static_cast<double>(steps - step) / static_cast<double>(steps - warmup));
-}
-
-TrainSummary train(const TrainOptions& o, Communicator& comm) {
+// The options, checked; the device they name (with tempo's CPU accounting, and the budget set).
+c10::Device check_options(const TrainOptions& o) {
   // Checkpoints and pretokenized ids are safetensors files: refused at once, not at the first
   // checkpoint after the steps before it have run.
   if (!tempo::models::hf_files_available())
     user_error(
         "this build has no nlohmann-json, and a run's checkpoints and pretokenized ids are safetensors files "
         "(install nlohmann-json3-dev and rebuild; on a machine without it, see docs/results/cuda-build.md)");
-  // ---- options ----
   if (o.out.empty()) user_error("--out DIR is required (the log, checkpoints and tokenizer go there)");
   if (o.seq < 2 || o.batch < 1 || o.accum < 1 || o.steps < 1 || o.warmup < 0 || o.lr <= 0 || o.clip < 0 ||
       o.weight_decay < 0 || o.eval_batches < 1)
@@ -243,23 +237,56 @@ TrainSummary train(const TrainOptions& o, Communicator& comm) {
       user_error(e.what_without_backtrace());
     }
   }
-  const fs::path out(o.out), ckdir = out / "checkpoints", log = out / "log.csv";
-  if (fs::exists(out) && !fs::is_directory(out)) user_error("--out " + o.out + " is a file, not a folder");
-  const bool lead = comm.rank() == 0;
-  // The lead locks the run's folder before it looks at its checkpoints (a folder that does not
-  // exist yet is locked once made, and looked at again).
-  std::unique_ptr<FolderLock> folder_lock;
-  if (lead && fs::is_directory(out)) folder_lock = std::make_unique<FolderLock>(out);
-  const auto check_checkpoints = [&] {
-    if (o.resume && !fs::exists(ckdir)) user_error("--resume, but " + ckdir.string() + " holds no checkpoint");
-    if (!o.resume && fs::exists(ckdir) && !fs::is_empty(ckdir))
+  return device;
+}
+
+// The run's folder (--out): its checkpoints and log. The lead locks it before it looks at its
+// checkpoints (a folder that does not exist yet is locked once made, and looked at again).
+struct RunFolder {
+  fs::path out, ckdir, log;
+  bool lead, resume;
+  std::unique_ptr<FolderLock> lock;
+
+  RunFolder(const TrainOptions& o, bool lead_rank)
+      : out(o.out), ckdir(out / "checkpoints"), log(out / "log.csv"), lead(lead_rank), resume(o.resume) {
+    if (fs::exists(out) && !fs::is_directory(out)) user_error("--out " + o.out + " is a file, not a folder");
+    if (lead && fs::is_directory(out)) lock = std::make_unique<FolderLock>(out);
+    check_checkpoints();
+  }
+
+  void check_checkpoints() const {
+    if (resume && !fs::exists(ckdir)) user_error("--resume, but " + ckdir.string() + " holds no checkpoint");
+    if (!resume && fs::exists(ckdir) && !fs::is_empty(ckdir))
       user_error(out.string() +
                  " already holds checkpoints: add --resume to continue that run, or choose another --out");
-  };
-  check_checkpoints();
+  }
 
-  // ---- the policy and the model's config: checked before the corpus is read (a tokenizer
-  // trained on it takes a while), so a mistyped option fails at once ----
+  // Made, writable, locked (now, if it was not there before).
+  void open() {
+    if (!lead) return;
+    std::error_code ec;
+    fs::create_directories(out, ec);
+    if (ec) user_error("cannot make the run folder --out " + out.string() + ": " + ec.message());
+    if (::access(out.c_str(), W_OK) != 0)
+      user_error("cannot write in the run folder --out " + out.string() + ": " + std::strerror(errno));
+    if (!lock) {
+      lock = std::make_unique<FolderLock>(out);
+      check_checkpoints();
+    }
+  }
+};
+
+// The memory policy and the model's config, checked before the corpus is read (a tokenizer
+// trained on it takes a while), so that a mistyped option fails at once.
+struct Plan {
+  MemoryPolicy policy;
+  bool folder;  // --model is a Hugging Face folder (else a preset)
+  ModelConfig planned;
+  std::string objective;
+  bool mlm;
+};
+
+Plan plan_model(const TrainOptions& o) {
   const MemoryPolicy policy = [&] {
     try {
       return MemoryPolicy::parse(o.policy);
@@ -293,24 +320,22 @@ TrainSummary train(const TrainOptions& o, Communicator& comm) {
     user_error("--seq " + std::to_string(o.seq) + " is longer than the model's " + std::to_string(max_seq) +
                " positions");
 
-  // ---- the run's folder: made, writable, locked (now, if it was not there before) ----
-  if (lead) {
-    std::error_code ec;
-    fs::create_directories(out, ec);
-    if (ec) user_error("cannot make the run folder --out " + out.string() + ": " + ec.message());
-    if (::access(out.c_str(), W_OK) != 0)
-      user_error("cannot write in the run folder --out " + out.string() + ": " + std::strerror(errno));
-    if (!folder_lock) {
-      folder_lock = std::make_unique<FolderLock>(out);
-      check_checkpoints();
-    }
-  }
+  return Plan{policy, folder, planned, objective, mlm};
+}
 
-  // ---- tokenizer and corpus ----
+// The tokenized corpus and what the run says of it.
+struct CorpusSetup {
   Corpus corpus;
   std::string tokenizer_note, data_note;
   std::string tokenizer_sum;   // "crc32:..." of the SentencePiece model used (none for pretokenized ids)
   bool own_tokenizer = false;  // the run folder's tokenizer.model, made by an earlier run into it
+};
+
+CorpusSetup load_corpus(const TrainOptions& o, const fs::path& out, bool lead, Communicator& comm) {
+  CorpusSetup r;
+  Corpus& corpus = r.corpus;
+  std::string &tokenizer_note = r.tokenizer_note, &data_note = r.data_note, &tokenizer_sum = r.tokenizer_sum;
+  bool& own_tokenizer = r.own_tokenizer;
   auto checksum = [](const std::string& path) {
     char b[24];
     std::snprintf(b, sizeof b, "crc32:%08x", tempo::train::file_crc32(path));
@@ -364,7 +389,15 @@ TrainSummary train(const TrainOptions& o, Communicator& comm) {
     user_error(e.what_without_backtrace());
   }
 
-  // ---- the model ----
+  return r;
+}
+
+// The model (a preset or a folder's), on the device, in training mode; refused when it cannot
+// train in the memory there is.
+TransformerModel build_model(const TrainOptions& o, const Plan& plan, const Corpus& corpus, const c10::Device& device) {
+  const bool folder = plan.folder, mlm = plan.mlm;
+  const ModelConfig& planned = plan.planned;
+  const MemoryPolicy& policy = plan.policy;
   TransformerModel model{nullptr};
   torch::manual_seed(o.seed);  // fresh heads and weights, then dropout: the same under every policy
   try {
@@ -408,7 +441,11 @@ TrainSummary train(const TrainOptions& o, Communicator& comm) {
     }
   }
 
-  // ---- optimizer: no weight decay on biases and norms ----
+  return model;
+}
+
+// AdamW's parameter groups: no weight decay on biases and norms.
+std::vector<torch::optim::OptimizerParamGroup> parameter_groups(TransformerModel& model, const TrainOptions& o) {
   std::vector<at::Tensor> decay, no_decay;
   for (const auto& p : model->named_parameters()) (is_norm_or_bias(p.key()) ? no_decay : decay).push_back(p.value());
   std::vector<torch::optim::OptimizerParamGroup> groups;
@@ -416,14 +453,18 @@ TrainSummary train(const TrainOptions& o, Communicator& comm) {
                                  torch::optim::AdamWOptions(o.lr).weight_decay(o.weight_decay).eps(1e-6)));
   groups.emplace_back(no_decay, std::make_unique<torch::optim::AdamWOptions>(
                                     torch::optim::AdamWOptions(o.lr).weight_decay(0.0).eps(1e-6)));
-  AdamW opt(std::move(groups), torch::optim::AdamWOptions(o.lr));  // tempo's: the same bits on every run
 
-  // ---- resume ----
-  TrainSummary summary;
-  if (!data_note.empty()) summary.notes.push_back(data_note);
-  if (!tokenizer_note.empty()) summary.notes.push_back(tokenizer_note);
+  return groups;
+}
+
+// With --resume: the checkpoint's weights and optimizer state loaded, its step returned, what
+// changed noted; the log started (or cut back to the checkpoint's step).
+int64_t resume_run(const TrainOptions& o, const RunFolder& run, const CorpusSetup& setup, const std::string& settings,
+                   TransformerModel& model, AdamW& opt, TrainSummary& summary) {
+  const fs::path &out = run.out, &ckdir = run.ckdir, &log = run.log;
+  const bool lead = run.lead, own_tokenizer = setup.own_tokenizer;
+  const std::string& tokenizer_sum = setup.tokenizer_sum;
   int64_t start = 0;
-  const std::string settings = run_settings(o, objective, comm.world(), tokenizer_sum, corpus);
   if (o.resume) {
     std::vector<std::string> skipped;
     std::string saved;
@@ -459,6 +500,36 @@ TrainSummary train(const TrainOptions& o, Communicator& comm) {
     if (!fs::exists(log))
       tempo::models::write_file_atomically(log.string(), std::string(kHeader) + "\n", "tempo train");
   }
+
+  return start;
+}
+
+}  // namespace
+
+double learning_rate(int64_t step, int64_t warmup, int64_t steps, double lr) {
+  if (warmup > 0 && step <= warmup) return lr * static_cast<double>(step) / static_cast<double>(warmup);
+  if (steps <= warmup) return lr;
+  return lr * std::max(0.0, static_cast<double>(steps - step) / static_cast<double>(steps - warmup));
+}
+
+TrainSummary train(const TrainOptions& o, Communicator& comm) {
+  const c10::Device device = check_options(o);
+  const bool lead = comm.rank() == 0;
+  RunFolder run(o, lead);
+  const Plan plan = plan_model(o);
+  run.open();
+  const CorpusSetup setup = load_corpus(o, run.out, lead, comm);
+  TransformerModel model = build_model(o, plan, setup.corpus, device);
+  AdamW opt(parameter_groups(model, o), torch::optim::AdamWOptions(o.lr));  // tempo's: the same bits on every run
+
+  TrainSummary summary;
+  if (!setup.data_note.empty()) summary.notes.push_back(setup.data_note);
+  if (!setup.tokenizer_note.empty()) summary.notes.push_back(setup.tokenizer_note);
+  const std::string settings = run_settings(o, plan.objective, comm.world(), setup.tokenizer_sum, setup.corpus);
+  const int64_t start = resume_run(o, run, setup, settings, model, opt, summary);
+  const Corpus& corpus = setup.corpus;
+  const bool mlm = plan.mlm;
+  const fs::path &ckdir = run.ckdir, &log = run.log;
 
   // ---- data ----
   Windows train_windows(corpus.train, o.seq, o.seed, /*shuffle=*/true);
