@@ -1,6 +1,7 @@
 # The op registry (csrc/ops.json) as CMake lists: every list of sources by op is read from it.
 #   TEMPO_CORE_OPS          the units with core files (csrc/core/<u>.cpp, cpu/<u>.cpp, cuda/<u>.cu)
-#   TEMPO_TORCH_OP_SOURCES  csrc/torch/ops/<u>.cpp and csrc/torch/autograd/<u>.cpp of the torch units
+#   TEMPO_TORCH_OP_SOURCES  csrc/torch/ops/<u>.cpp and csrc/torch/autograd/<u>.cpp of the torch units,
+#                           and csrc/torch/ops/<helper>.cpp of their helpers
 #   TEMPO_NN_OP_SOURCES     csrc/nn/<u>.cpp of the nn units
 #   TEMPO_OP_NAMES          the public ops' names
 # A unit's file that is missing fails the configure, naming it.
@@ -37,6 +38,23 @@ foreach(i RANGE ${_last})
     endforeach()
   endforeach()
 endforeach()
+# helpers: a unit's further files in the torch layer (csrc/torch/ops/<helper>.cpp)
+string(JSON _helpers_n ERROR_VARIABLE _no_helpers LENGTH "${_tempo_registry}" helpers)
+if(NOT _no_helpers AND _helpers_n GREATER 0)
+  math(EXPR _last "${_helpers_n} - 1")
+  foreach(i RANGE ${_last})
+    string(JSON _unit MEMBER "${_tempo_registry}" helpers ${i})
+    string(JSON _files_n LENGTH "${_tempo_registry}" helpers ${_unit})
+    math(EXPR _files_last "${_files_n} - 1")
+    foreach(j RANGE ${_files_last})
+      string(JSON _helper GET "${_tempo_registry}" helpers ${_unit} ${j})
+      if(NOT EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/csrc/torch/ops/${_helper}.cpp)
+        message(FATAL_ERROR "csrc/ops.json: helper ${_helper} of unit ${_unit}: no csrc/torch/ops/${_helper}.cpp")
+      endif()
+      list(APPEND TEMPO_TORCH_OP_SOURCES csrc/torch/ops/${_helper}.cpp)
+    endforeach()
+  endforeach()
+endif()
 string(JSON _ops_n LENGTH "${_tempo_registry}" ops)
 math(EXPR _last "${_ops_n} - 1")
 foreach(i RANGE ${_last})

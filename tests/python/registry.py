@@ -10,6 +10,7 @@ with open(os.path.join(ROOT, "csrc", "ops.json")) as _f:
     _REGISTRY = json.load(_f)
 
 UNITS = _REGISTRY["units"]  # unit -> the layers with files of its name
+HELPERS = _REGISTRY.get("helpers", {})  # unit -> its further torch-layer files
 OPS = {op["name"]: op for op in _REGISTRY["ops"]}
 NAMES = sorted(OPS)
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}

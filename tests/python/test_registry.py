@@ -50,6 +50,11 @@ def test_the_units_are_exactly_the_per_layer_files():
         for pattern in patterns:
             folder, ext = os.path.dirname(pattern), os.path.splitext(pattern)[1]
             found = {os.path.splitext(f)[0] for f in os.listdir(os.path.join(ROOT, folder)) if f.endswith(ext)}
+            if folder == "csrc/torch/ops":  # and the units' helpers, each of its unit's name
+                helpers = {h for u, hs in registry.HELPERS.items() for h in hs}
+                assert all(h.startswith(u + "_") for u, hs in registry.HELPERS.items() for h in hs)
+                assert helpers <= found, sorted(helpers - found)
+                found -= helpers
             assert found - NOT_UNITS == units, (pattern, sorted(found - NOT_UNITS - units), sorted(units - found))
 
 

@@ -9,6 +9,11 @@
 
 namespace tempo::torch_impl {
 
+// The tensor an optional argument holds, or nullptr (absent or undefined).
+inline const at::Tensor* get(const std::optional<at::Tensor>& t) {
+  return t.has_value() && t->defined() ? &*t : nullptr;
+}
+
 // x is defined and float32, float64, bfloat16 or float16; errors name op and argument.
 void check_floating(const at::Tensor& t, const char* op, const char* arg);
 // t is on a CPU, CUDA or Meta device.

@@ -47,8 +47,6 @@ struct Shape {
   Activation act;
 };
 
-const at::Tensor* get(const std::optional<at::Tensor>& t) { return t.has_value() && t->defined() ? &*t : nullptr; }
-
 void check_vector(const at::Tensor* b, int64_t n, const at::Tensor& x, const char* arg) {
   if (!b) return;
   check_like(*b, x, kOp, arg);
