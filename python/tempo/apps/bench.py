@@ -32,7 +32,8 @@ import torch
 from .. import memory
 from .._measure import check_outputs, fits, format_bytes, heap_frozen, largest_batch, parse_bytes
 from ..hf import ATTENTION, AttentionNotComputed, optimize, restore
-from .runner import SIZES, Unavailable, build_model, enable_checkpointing, liger_function, synthetic_batch, train_step
+from .runner import (SIZES, Unavailable, build_model, chosen, enable_checkpointing, liger_function, synthetic_batch,
+                     train_step)
 
 POLICIES = ("eager", "sdpa", "checkpoint", "compile", "tempo", "tempo-sdpa", "tempo-auto", "liger")
 FIELDS = ("model", "seq", "dtype", "device", "policy", "batch", "activation_bytes", "peak_bytes", "train_peak_bytes",
@@ -358,10 +359,7 @@ def parser():
 
 def main(argv=None):
     args = parser().parse_args(argv)
-    args.policies = [s for s in args.policies.split(",") if s]
-    bad = [s for s in args.policies if s not in POLICIES]
-    if bad or not args.policies:
-        parser().error("unknown policy %s; known: %s" % (bad, ", ".join(POLICIES)))
+    args.policies = chosen(parser(), args.policies, POLICIES, "policy")
     if args.vocab is not None and (args.vocab < 2 or os.path.isdir(args.model)):
         parser().error("--vocab must be at least 2, and applies to a preset, not a folder")
     if args.seq < 2 or args.batch < 1 or args.steps < 1:

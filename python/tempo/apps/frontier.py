@@ -62,7 +62,8 @@ from .._measure import check_outputs, fits, free, heap_frozen, largest_batch, pa
 from ..hf import optimize, restore
 from ..hf.lm_head import set_head_loss
 from .frontier_report import is_tempo, print_table, summary, write_svg
-from .runner import SIZES, Unavailable, build_model, enable_checkpointing, liger_function, synthetic_batch, train_step
+from .runner import (SIZES, Unavailable, build_model, chosen, enable_checkpointing, liger_function, synthetic_batch,
+                     train_step)
 
 PEERS = ("eager", "sdpa", "sdpa+ckpt", "sdpa+ckpt+offload", "compile", "compile-mem0.5", "compile-mem0.2")
 TORCH_LCE = "+torch-lce"
@@ -393,10 +394,7 @@ def parser():
 
 def main(argv=None):
     args = parser().parse_args(argv)
-    args.methods = [s for s in args.methods.split(",") if s]
-    bad = [s for s in args.methods if s not in METHODS]
-    if bad or not args.methods:
-        parser().error("unknown method %s; known: %s" % (bad, ", ".join(METHODS)))
+    args.methods = chosen(parser(), args.methods, METHODS, "method")
     if args.seq < 2 or args.steps < 1 or args.loss_steps < 0 or args.loss_batch < 1 or args.max_batch < 1:
         parser().error("--seq must be at least 2, --steps, --loss-batch and --max-batch at least 1, --loss-steps >= 0")
     if args.seq_step < 2 or args.max_seq < args.seq_step:

@@ -159,3 +159,13 @@ def train_step(run, opt, batch, device, autocast=contextlib.nullcontext):
     return {"activation_bytes": activation, "train_peak_bytes": train_abs - base,
             "optimizer_peak_bytes": opt_abs - base, "peak_bytes": max(train_abs, opt_abs), "step_ms": ms,
             "loss": value}
+
+
+def chosen(parser, text, known, what):
+    """The comma-separated names in `text`, each one of `known`; else the parser's usage error
+    naming them (what: "policy", "method")."""
+    names = [s for s in text.split(",") if s]
+    bad = [s for s in names if s not in known]
+    if bad or not names:
+        parser.error("unknown %s %s; known: %s" % (what, bad, ", ".join(known)))
+    return names
