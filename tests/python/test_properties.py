@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 
 import tempo
-import registry  # noqa: E402  (tests/python: the op registry)
+import registry  # tests/python/registry.py: the op registry
 from reference import VARIANTS, exact, forward_ulps, half_ulp, recovery_bound
 
 CASES = int(os.environ.get("TEMPO_PROPERTY_CASES", "300"))

@@ -37,6 +37,12 @@ import torch.nn.functional as F
 
 from .. import ops
 
+try:  # the error a config that validates its fields (a strict dataclass: Gemma 3n's) raises
+    from huggingface_hub.errors import StrictDataclassError
+    _STRICT = (StrictDataclassError,)
+except ImportError:
+    _STRICT = ()
+
 # Causal-LM classes whose forward is head -> loss_function, checked by tests/python/test_lm_head.py; some
 # transform the logits between the two (_LOGIT_TRANSFORMS), and the mixtures of experts add their router's
 # auxiliary loss to the loss function's after it (unchanged).
@@ -258,12 +264,6 @@ def _set(config, field, value):
     except (TypeError, ValueError, *_STRICT):
         object.__setattr__(config, field, value)
 
-
-try:  # the error a validating (strict dataclass) config raises
-    from huggingface_hub.errors import StrictDataclassError
-    _STRICT = (StrictDataclassError,)
-except ImportError:
-    _STRICT = ()
 
 
 _MISSING = object()
