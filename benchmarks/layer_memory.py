@@ -2,7 +2,9 @@
 """Bytes a decoder layer keeps for backward and the step time, per method, on LLaMA-, Qwen2- and
 Gemma-shaped Hugging Face models and the pretrained MiniLM (CPU, fp32): sdpa, tempo.optimize
 without and with the gated MLP, activation checkpointing, torch.compile at its default
-activation budget and at 0.5 and 0.2, and tempo under each of those budgets. Every method has
+activation budget and at 0.5 and 0.2, and tempo under each of those budgets; tempo with
+checkpointing, and tempo whose gated MLPs recompute up(x) or gate(x) and up(x)
+(mlp_recompute). Every method has
 tempo's LM head (the logits are never formed), as in issue 54's table, so the layers alone
 differ.
 
@@ -39,8 +41,9 @@ FAMILIES = {
     "minilm": None,  # the pretrained all-MiniLM-L6-v2 as a masked LM (its first L layers)
 }
 BUDGETS = {"": None, "-mem0.5": 0.5, "-mem0.2": 0.2}
-METHODS = (["sdpa", "tempo-no-gated-mlp", "tempo", "tempo-fused", "ckpt"] + ["compile" + b for b in BUDGETS]
-           + ["tempo+compile" + b for b in BUDGETS])
+RECOMPUTE = {"tempo+recompute-up": "up", "tempo+recompute-gate_up": "gate_up"}  # tempo.optimize(mlp_recompute=...)
+METHODS = (["sdpa", "tempo-no-gated-mlp", "tempo", "tempo-fused", "ckpt", "tempo+ckpt"] + list(RECOMPUTE)
+           + ["compile" + b for b in BUDGETS] + ["tempo+compile" + b for b in BUDGETS])
 
 
 def build(family, layers):
@@ -63,10 +66,11 @@ def prepare(model, method, backend):
     """(the callable that trains, the activation budget its compilation needs or None)."""
     if method.startswith("tempo"):
         techniques = [t for t in tempo.hf.rules.TECHNIQUES if t != "gated_mlp"] if "no-gated" in method else "all"
-        tempo.optimize(model, techniques=techniques, attention="fused" if method == "tempo-fused" else "sdpa")
+        tempo.optimize(model, techniques=techniques, attention="fused" if method == "tempo-fused" else "sdpa",
+                       mlp_recompute=RECOMPUTE.get(method, "product"))
     else:
         tempo.optimize(model, techniques="lm_head")
-    if method == "ckpt":
+    if method.endswith("ckpt"):
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     if "compile" in method:
         return torch.compile(model, backend=backend), BUDGETS[method[method.index("compile") + len("compile"):]]

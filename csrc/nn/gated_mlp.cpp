@@ -18,6 +18,9 @@ GatedMLPImpl::GatedMLPImpl(GatedMLPOptions options_) : options(std::move(options
               "tempo::nn::GatedMLP: hidden and intermediate must be positive, got ", options.hidden(), " and ",
               options.intermediate());
   TORCH_CHECK(options.chunk() >= 0, "tempo::nn::GatedMLP: chunk must be >= 0 (0: automatic), got ", options.chunk());
+  const auto& r = options.recompute();
+  TORCH_CHECK(r == "product" || r == "up" || r == "gate_up",
+              "tempo::nn::GatedMLP: argument 'recompute' must be 'product', 'up' or 'gate_up', got '", r, "'");
   reset();
 }
 
@@ -40,12 +43,14 @@ at::Tensor GatedMLPImpl::forward(const at::Tensor& x) {
   return tempo::gated_mlp(x, gate->weight, options.fused() ? std::nullopt : optional_of(up_proj->weight),
                           down_proj->weight, optional_of(gate->bias),
                           options.fused() ? std::nullopt : optional_of(up_proj->bias), optional_of(down_proj->bias),
-                          options.activation(), options.chunk());
+                          options.activation(), options.chunk(), options.recompute());
 }
 
 void GatedMLPImpl::pretty_print(std::ostream& stream) const {
   stream << "tempo::nn::GatedMLP(hidden=" << options.hidden() << ", intermediate=" << options.intermediate()
-         << ", activation=" << options.activation() << ", fused=" << (options.fused() ? "true" : "false") << ")";
+         << ", activation=" << options.activation() << ", fused=" << (options.fused() ? "true" : "false");
+  if (options.recompute() != "product") stream << ", recompute=" << options.recompute();
+  stream << ")";
 }
 
 }  // namespace tempo::nn

@@ -147,16 +147,18 @@ def causal_linear_attention(qf: torch.Tensor, kf: torch.Tensor, v: torch.Tensor,
 def gated_mlp(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: Optional[torch.Tensor],
               down_weight: torch.Tensor, gate_bias: Optional[torch.Tensor] = None,
               up_bias: Optional[torch.Tensor] = None, down_bias: Optional[torch.Tensor] = None,
-              activation: str = "silu", chunk: int = 0) -> torch.Tensor:
+              activation: str = "silu", chunk: int = 0, recompute: str = "product") -> torch.Tensor:
     """F.linear(act(F.linear(x, gate_weight, gate_bias)) * F.linear(x, up_weight, up_bias), down_weight,
     down_bias): the gated MLP of LLaMA, Mistral, Qwen (SwiGLU, activation "silu") and Gemma (GeGLU,
     "gelu_tanh"; "gelu" is the erf form). up_weight None: gate_weight is one fused gate_up
     projection [2 I, H], the gate's rows first (Phi-3). The backward keeps x, gate(x) and up(x), not
     act(gate) or their product: it recomputes the product in blocks of `chunk` intermediate columns
     (0: automatic, blocks of H columns rounded up to 64, each block's tensors no larger than x),
-    recomputing no matmul."""
+    recomputing no matmul. recompute: what the backward recomputes, "product" (the product only),
+    "up" (also up(x), one of the forward's three GEMMs, block by block: gate(x) alone kept) or
+    "gate_up" (also gate(x), two GEMMs: nothing of the intermediate width kept)."""
     return torch.ops.tempo.gated_mlp(x, gate_weight, up_weight, down_weight, gate_bias, up_bias, down_bias, activation,
-                                     chunk)
+                                     chunk, recompute)
 
 
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,

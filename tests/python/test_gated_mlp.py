@@ -107,8 +107,8 @@ def test_gate_and_up_gradients_within_the_stated_bound(act):
     g = torch.linspace(-30, 30, n, dtype=torch.float64).float().reshape(1, n)
     u, dh = _rand(1, n, seed=2), _rand(1, n, seed=3)
     eye = torch.eye(n)
-    out = torch.ops.tempo.gated_mlp_backward(dh, torch.ones(1, n), g, u, eye, eye, eye, [True, True, False], act, 0,
-                                             [False] * 4)
+    out = torch.ops.tempo.gated_mlp_backward(dh, torch.ones(1, n), g, u, eye, eye, eye, None, None,
+                                             [True, True, False], act, 0, [False] * 4)
     dgate, dup = out[4].double(), out[5].double()
     g64, u64, dh64 = g.double().flatten(), u.double().flatten(), dh.double().flatten()
     d1, d2 = _derivative_terms(act, g64)
@@ -179,6 +179,128 @@ def test_blocked_backward_bounds_its_transient():
     assert peaks[64] <= peaks[I] - 3 * N * I * 4, peaks
 
 
+# ---- recompute: one or two GEMMs for one or two I-wide tensors fewer ----------------------------
+
+KEPT_I_WIDE = {"product": 2, "up": 1, "gate_up": 0}
+
+
+@pytest.mark.parametrize("recompute", list(KEPT_I_WIDE))
+@pytest.mark.parametrize("fused", [False, True])
+def test_recompute_keeps_one_or_no_intermediate_tensor_exactly(fused, recompute):
+    """recompute "up" keeps x and gate(x) (fused: a [rows, I] copy of the gate half, the
+    [rows, 2 I] projection freed), "gate_up" x alone: exact bytes, biases (parameters) not counted."""
+    N, H, I = 24, 16, 40
+    x = _rand(2, 12, H, seed=4).requires_grad_()
+    wg = torch.nn.Parameter(_rand(2 * I if fused else I, H, seed=5))
+    wu = None if fused else torch.nn.Parameter(_rand(I, H, seed=6))
+    wd = torch.nn.Parameter(_rand(H, I, seed=7))
+    bg = torch.nn.Parameter(_rand(wg.shape[0], seed=8))
+    bu = None if fused else torch.nn.Parameter(_rand(I, seed=9))
+    params = [p for p in (wg, wu, wd, bg, bu) if p is not None]
+    ours, _ = saved_bytes(lambda: tempo.gated_mlp(x, wg, wu, wd, bg, bu, recompute=recompute), params)
+    assert ours == 4 * (N * H + KEPT_I_WIDE[recompute] * N * I)
+
+
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("recompute", ["up", "gate_up"])
+@pytest.mark.parametrize("fused", [False, True])
+def test_recompute_gives_the_float64_gradients(fused, recompute, act):
+    """In float64, with every bias and blocks of 7 of 40 columns (the last short): the output and
+    every gradient within 1e-12 of the composition's, as without recomputing."""
+    H, I = 16, 40
+    leaves = [_rand(3, 5, H, seed=40, dtype=torch.float64), _rand(2 * I if fused else I, H, seed=41, scale=0.3,
+                                                                   dtype=torch.float64),
+              None if fused else _rand(I, H, seed=42, scale=0.3, dtype=torch.float64),
+              _rand(H, I, seed=43, scale=0.2, dtype=torch.float64),
+              _rand(2 * I if fused else I, seed=44, dtype=torch.float64),
+              None if fused else _rand(I, seed=45, dtype=torch.float64), _rand(H, seed=46, dtype=torch.float64)]
+    leaves = [t.requires_grad_() if t is not None else None for t in leaves]
+    given = [t for t in leaves if t is not None]
+    dy = _rand(3, 5, H, seed=47, dtype=torch.float64)
+    ours = tempo.gated_mlp(*leaves, activation=act, chunk=7, recompute=recompute)
+    ref = reference(*leaves, act=act)
+    assert _rel(ours, ref) < 1e-13
+    for a, b in zip(torch.autograd.grad(ours, given, dy), torch.autograd.grad(ref, given, dy)):
+        assert _rel(a, b) < 1e-12
+
+
+def test_recompute_keeps_the_transient_bounded():
+    """Recomputing up(x) and gate(x) block by block adds two [rows, block] tensors to the
+    backward's transient, not two [rows, I] ones: with blocks of 64 of 1024 columns the peak
+    over what the forward left is within 2 [rows, 64] blocks of recompute="product"'s."""
+    N, H, I = 2048, 64, 1024
+    x = _rand(N, H, seed=15).requires_grad_()
+    w = [torch.nn.Parameter(_rand(I, H, seed=16, scale=0.1)), torch.nn.Parameter(_rand(I, H, seed=17, scale=0.1)),
+         torch.nn.Parameter(_rand(H, I, seed=18, scale=0.1))]
+    peaks = {}
+    for recompute in ("product", "gate_up"):
+        y = tempo.gated_mlp(x, *w, chunk=64, recompute=recompute)
+        with tempo.memory.Scope() as scope:
+            y.sum().backward()
+        peaks[recompute] = scope.peak
+        x.grad = None
+        for p in w:
+            p.grad = None
+        del y
+    assert peaks["gate_up"] <= peaks["product"] + 2 * N * 64 * 4, peaks
+
+
+@pytest.mark.parametrize("recompute", ["up", "gate_up"])
+@pytest.mark.parametrize("family", ["llama", "phi3"])
+def test_optimize_with_mlp_recompute_matches_and_keeps_less(family, recompute):
+    """tempo.optimize(mlp_recompute=...) on LLaMA and Phi-3 (fused gate_up): the unpatched
+    model's loss and gradients (within 1e-5), one (two) [tokens, I] tensors per layer fewer held
+    after the forward than tempo.optimize's default, the report naming it, restore undoing it."""
+    if family == "llama":
+        ref = _llama()
+    else:
+        torch.manual_seed(0)
+        ref = T.Phi3ForCausalLM(T.Phi3Config(hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+                                             num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
+                                             pad_token_id=0)).train()
+    base = tempo.optimize(copy.deepcopy(ref))
+    ours = tempo.optimize(copy.deepcopy(ref), mlp_recompute=recompute)
+    loss_ref, _, grads_ref = _step(ref)
+    _, held_base, _ = _step(base)
+    loss, held, grads = _step(ours)
+    assert abs(loss.item() - loss_ref.item()) < 1e-5
+    for n, g in grads_ref.items():
+        assert _rel(grads[n], g) < 1e-5, n
+    tokens, layers, I = 2 * 20, 2, 176
+    assert held_base - held == (2 - KEPT_I_WIDE[recompute]) * layers * tokens * I * 4
+    rows = [r for r in tempo.report(ours).rows if r[2] == "gated_mlp"]
+    assert len(rows) == layers and all(r[3] == "patched (recompute: %s)" % recompute for r in rows)
+    tempo.restore(ours)
+    assert not any("_tempo_mlp_recompute" in m.__dict__ for m in ours.modules())
+
+
+def test_recompute_compiles_fullgraph():
+    """torch.compile(fullgraph=True) of tempo.nn.GatedMLP(recompute="gate_up"): eager's gradients."""
+    torch.manual_seed(0)
+    m = tempo.nn.GatedMLP(32, 80, "silu", bias=True, fused=True, recompute="gate_up")
+    eager = copy.deepcopy(m)
+    compiled = torch.compile(m, backend="aot_eager", fullgraph=True)
+    x = _rand(2, 9, 32, seed=48)
+    a, b = eager(x), compiled(x)
+    torch.testing.assert_close(b, a)
+    a.square().sum().backward()
+    b.square().sum().backward()
+    for (n, p), q in zip(eager.named_parameters(), m.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, msg=n)
+
+
+def test_unknown_recompute_is_refused_in_every_layer():
+    x, w = _rand(3, 8, seed=30), _rand(6, 8, seed=31)
+    with pytest.raises(RuntimeError, match="tempo::gated_mlp: argument 'recompute' must be 'product', 'up' or"):
+        tempo.gated_mlp(x, w, w, w.t(), recompute="down")
+    with pytest.raises(RuntimeError, match="argument 'recompute' must be"):
+        tempo.gated_mlp(x.requires_grad_(), w, w, w.t(), recompute="down")
+    with pytest.raises(ValueError, match="tempo.nn.GatedMLP: recompute must be one of"):
+        tempo.nn.GatedMLP(8, 6, recompute="down")
+    with pytest.raises(ValueError, match="tempo.optimize: mlp_recompute: recompute must be one of"):
+        tempo.optimize(_llama(), mlp_recompute="all")
+
+
 # ---- the pretrained MiniLM's weights ------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -196,14 +318,16 @@ def minilm_mlp():
             layers[1].intermediate.dense.bias.detach(), layers[0].output.dense.bias.detach())
 
 
+@pytest.mark.parametrize("recompute", list(KEPT_I_WIDE))
 @pytest.mark.parametrize("act", ACTS)
-def test_pretrained_minilm_weights_within_twice_torchs_error(minilm_mlp, act):
+def test_pretrained_minilm_weights_within_twice_torchs_error(minilm_mlp, act, recompute):
     """Output and every gradient (x, three weights, three biases) against float64: within twice
-    the fp32 composition's own error (+1e-7 relative), with 3 blocks in the backward."""
+    the fp32 composition's own error (+1e-7 relative), with 3 blocks in the backward, recomputing
+    the product alone or the projections too."""
     dy = _rand(*minilm_mlp[0].shape[:-1], 384, seed=19)
     leaves = [t.clone().requires_grad_() for t in minilm_mlp]
     exact_leaves = [t.double().requires_grad_() for t in minilm_mlp]
-    ours = tempo.gated_mlp(*leaves, activation=act, chunk=512)
+    ours = tempo.gated_mlp(*leaves, activation=act, chunk=512, recompute=recompute)
     torch_leaves = [t.clone().requires_grad_() for t in minilm_mlp]
     theirs = reference(*torch_leaves, act=act)
     exact = reference(*exact_leaves, act=act)

@@ -93,7 +93,8 @@ def _valid_calls():
     calls["gated_mlp"] = ((x, wg, wu, wd, bg, bu, bd, "silu", 0), gmlp)
     calls["gated_mlp_forward"] = ((x, wg, wu, wd, bg, bu, bd, "silu"), gmlp)
     _, gate, up = torch.ops.tempo.gated_mlp_forward(x, wg, wu, wd, bg, bu, bd, "silu")
-    calls["gated_mlp_backward"] = ((r(4, 8), x, gate, up, wg, wu, wd, [True, True, True], "silu", 0, [True] * 4),
+    calls["gated_mlp_backward"] = ((r(4, 8), x, gate, up, wg, wu, wd, None, None, [True, True, True], "silu", 0,
+                                    [True] * 4),
                                    {"grad": "shape", "gate": "shape", "up": "shape", "gate_weight": "shape",
                                     "up_weight": "shape", "down_weight": "shape"})
     return calls

@@ -1,6 +1,8 @@
 // Autograd kernel of tempo::gated_mlp: saves x, gate(x) and up(x) (the fused projection's one
 // [rows, 2 I] output), never act(gate) or the product h; the backward recomputes h block by
-// block (ops/gated_mlp.cpp). Not twice differentiable: a second derivative raises.
+// block (ops/gated_mlp.cpp). recompute "up" saves gate(x) only (fused: a copy of its half, the
+// projection freed), "gate_up" neither; the backward then recomputes them from x, block by
+// block, with the biases it saves for that. Not twice differentiable: a second derivative raises.
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
@@ -25,12 +27,24 @@ class GatedMlpFunction : public torch::autograd::Function<GatedMlpFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& gate_weight,
                             const std::optional<at::Tensor>& up_weight, const at::Tensor& down_weight,
                             const std::optional<at::Tensor>& gate_bias, const std::optional<at::Tensor>& up_bias,
-                            const std::optional<at::Tensor>& down_bias, c10::string_view activation, int64_t chunk) {
+                            const std::optional<at::Tensor>& down_bias, c10::string_view activation, int64_t chunk,
+                            c10::string_view recompute) {
     at::AutoDispatchBelowADInplaceOrView guard;
     TORCH_CHECK(chunk >= 0, "tempo::gated_mlp: chunk must be >= 0 (0: automatic), got ", chunk);
+    const GatedMlpRecompute what = gated_mlp_recompute(recompute);
     auto [y, gate, up] =
         gated_mlp_forward(x, gate_weight, up_weight, down_weight, gate_bias, up_bias, down_bias, activation);
-    ctx->save_for_backward({x, gate, up, gate_weight, or_undefined(up_weight), down_weight});
+    const bool fused = !up_weight.has_value() || !up_weight->defined();
+    if (what == GatedMlpRecompute::kGateUp) {
+      gate = up = at::Tensor();
+    } else if (what == GatedMlpRecompute::kUp) {
+      up = at::Tensor();
+      if (fused) gate = gate.narrow(1, 0, gate.size(1) / 2).contiguous();  // the gate half; the projection freed
+    }
+    const bool recomputes = what != GatedMlpRecompute::kProduct;
+    ctx->save_for_backward({x, gate, up, gate_weight, or_undefined(up_weight), down_weight,
+                            recomputes ? or_undefined(gate_bias) : at::Tensor(),
+                            recomputes ? or_undefined(up_bias) : at::Tensor()});
     ctx->saved_data["activation"] = std::string(activation);
     ctx->saved_data["chunk"] = chunk;
     ctx->saved_data["has_bias"] =
@@ -53,9 +67,10 @@ class GatedMlpFunction : public torch::autograd::Function<GatedMlpFunction> {
       std::array<bool, 3> bias_grad{};
       for (size_t i = 0; i < 3; ++i) bias_grad[i] = needs(has_bias[i]);
       auto [dx, dgw, duw, ddw, dgb, dub, ddb] =
-          gated_mlp_backward(grads[0], s[0], s[1], s[2], s[3], optional_of(s[4]), s[5], bias_grad,
+          gated_mlp_backward(grads[0], s[0], optional_of(s[1]), optional_of(s[2]), s[3], optional_of(s[4]), s[5],
+                             optional_of(s[6]), optional_of(s[7]), bias_grad,
                              ctx->saved_data["activation"].toStringRef(), ctx->saved_data["chunk"].toInt(), mask);
-      return {dx, dgw, duw, ddw, dgb, dub, ddb, at::Tensor(), at::Tensor()};
+      return {dx, dgw, duw, ddw, dgb, dub, ddb, at::Tensor(), at::Tensor(), at::Tensor()};
     });
   }
 };
@@ -63,9 +78,10 @@ class GatedMlpFunction : public torch::autograd::Function<GatedMlpFunction> {
 at::Tensor gated_mlp_autograd(const at::Tensor& x, const at::Tensor& gate_weight,
                               const std::optional<at::Tensor>& up_weight, const at::Tensor& down_weight,
                               const std::optional<at::Tensor>& gate_bias, const std::optional<at::Tensor>& up_bias,
-                              const std::optional<at::Tensor>& down_bias, c10::string_view activation, int64_t chunk) {
+                              const std::optional<at::Tensor>& down_bias, c10::string_view activation, int64_t chunk,
+                              c10::string_view recompute) {
   return GatedMlpFunction::apply(x, gate_weight, up_weight, down_weight, gate_bias, up_bias, down_bias, activation,
-                                 chunk);
+                                 chunk, recompute);
 }
 
 }  // namespace

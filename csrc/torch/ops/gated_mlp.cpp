@@ -19,13 +19,15 @@
 TORCH_LIBRARY_FRAGMENT(tempo, m) {
   m.def(
       "gated_mlp(Tensor x, Tensor gate_weight, Tensor? up_weight, Tensor down_weight, Tensor? gate_bias=None, "
-      "Tensor? up_bias=None, Tensor? down_bias=None, str activation='silu', int chunk=0) -> Tensor");
+      "Tensor? up_bias=None, Tensor? down_bias=None, str activation='silu', int chunk=0, str recompute='product') -> "
+      "Tensor");
   m.def(
       "gated_mlp_forward(Tensor x, Tensor gate_weight, Tensor? up_weight, Tensor down_weight, Tensor? gate_bias, "
       "Tensor? up_bias, Tensor? down_bias, str activation) -> (Tensor, Tensor, Tensor)");
   m.def(
-      "gated_mlp_backward(Tensor grad, Tensor x, Tensor gate, Tensor up, Tensor gate_weight, Tensor? up_weight, "
-      "Tensor down_weight, bool[3] bias_grad, str activation, int chunk, bool[4] output_mask) -> "
+      "gated_mlp_backward(Tensor grad, Tensor x, Tensor? gate, Tensor? up, Tensor gate_weight, Tensor? up_weight, "
+      "Tensor down_weight, Tensor? gate_bias, Tensor? up_bias, bool[3] bias_grad, str activation, int chunk, "
+      "bool[4] output_mask) -> "
       "(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
 }
 
@@ -150,12 +152,25 @@ int64_t columns_per_block(int64_t chunk, const Shape& s) {
 
 using Grads = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
-Grads backward_kernel(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& gate, const at::Tensor& up,
-                      const at::Tensor& gate_weight, const std::optional<at::Tensor>& up_weight,
-                      const at::Tensor& down_weight, std::array<bool, 3> bias_grad, c10::string_view activation,
-                      int64_t chunk, std::array<bool, 4> output_mask) {
+// A block of columns [c0, c0 + n) of the gate or up projection's output: the kept tensor's
+// columns where the forward's output was kept, else recomputed from x (one GEMM, the forward's
+// own for those rows of the weight).
+at::Tensor block_of(const at::Tensor& kept, const at::Tensor& x2, const at::Tensor& weight,
+                    const std::optional<at::Tensor>& bias, int64_t row0, int64_t c0, int64_t n) {
+  if (kept.defined()) return kept.narrow(1, c0, n);
+  const std::optional<at::Tensor> b =
+      bias.has_value() && bias->defined() ? std::optional<at::Tensor>(bias->narrow(0, row0 + c0, n)) : std::nullopt;
+  return at::linear(x2, weight.narrow(0, row0 + c0, n), b);
+}
+
+Grads backward_kernel(const at::Tensor& grad, const at::Tensor& x, const std::optional<at::Tensor>& gate_kept,
+                      const std::optional<at::Tensor>& up_kept, const at::Tensor& gate_weight,
+                      const std::optional<at::Tensor>& up_weight, const at::Tensor& down_weight,
+                      const std::optional<at::Tensor>& gate_bias, const std::optional<at::Tensor>& up_bias,
+                      std::array<bool, 3> bias_grad, c10::string_view activation, int64_t chunk,
+                      std::array<bool, 4> output_mask) {
   const char* bop = "tempo::gated_mlp_backward";
-  const Shape s = check(x, gate_weight, get(up_weight), down_weight, nullptr, nullptr, nullptr, activation);
+  const Shape s = check(x, gate_weight, get(up_weight), down_weight, get(gate_bias), get(up_bias), nullptr, activation);
   TORCH_CHECK(chunk >= 0, bop, ": chunk must be >= 0 (0: automatic), got ", chunk);
   const bool fused = s.fused;
   bias_grad[1] = bias_grad[1] && !fused;  // a fused projection's one bias is gate_bias
@@ -179,19 +194,29 @@ Grads backward_kernel(const at::Tensor& grad, const at::Tensor& x, const at::Ten
               at::IntArrayRef(out_shape), ", got ", grad.sizes());
   check_like(grad, x, bop, "grad");
   const int64_t N = x.numel() / s.H;
-  TORCH_CHECK(gate.dim() == 2 && gate.size(0) == N && gate.size(1) == (fused ? 2 * s.I : s.I) && gate.stride(1) == 1,
-              bop, ": argument 'gate' must be the forward's [", N, ", ", fused ? 2 * s.I : s.I, "], got ",
-              gate.sizes());
-  TORCH_CHECK(fused || (up.dim() == 2 && up.size(0) == N && up.size(1) == s.I && up.stride(1) == 1), bop,
-              ": argument 'up' must be the forward's [", N, ", ", s.I, "], got ", up.sizes());
-  check_like(gate, x, bop, "gate");
-  if (!fused) check_like(up, x, bop, "up");
+  // What the forward kept: gate [N, I] and up [N, I]; fused, the whole projection [N, 2 I] or its
+  // gate half [N, I]; absent (or empty) where the backward recomputes it from x.
+  const at::Tensor gate = gate_kept.has_value() && gate_kept->numel() > 0 ? *gate_kept : at::Tensor();
+  const at::Tensor up = up_kept.has_value() && up_kept->numel() > 0 ? *up_kept : at::Tensor();
+  const bool whole = fused && gate.defined() && gate.dim() == 2 && gate.size(1) == 2 * s.I;
+  TORCH_CHECK(!gate.defined() ||
+                  (gate.dim() == 2 && gate.size(0) == N && (gate.size(1) == s.I || whole) && gate.stride(1) == 1),
+              bop, ": argument 'gate' must be the forward's [", N, ", ", s.I, "]",
+              fused ? " (or the fused projection's [rows, 2 I])" : "", " or absent, got ", gate.sizes());
+  TORCH_CHECK(!(fused && up.defined()), bop, ": argument 'up' must be absent with a fused gate_up projection");
+  TORCH_CHECK(!up.defined() || (up.dim() == 2 && up.size(0) == N && up.size(1) == s.I && up.stride(1) == 1), bop,
+              ": argument 'up' must be the forward's [", N, ", ", s.I, "] or absent, got ", up.sizes());
+  if (gate.defined()) check_like(gate, x, bop, "gate");
+  if (up.defined()) check_like(up, x, bop, "up");
   c10::OptionalDeviceGuard guard(x.device());
   const bool low = x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf;
   const at::Tensor dy = grad.reshape({N, s.O}).contiguous();
   const at::Tensor x2 = x.reshape({N, s.H});
-  const at::Tensor g = fused ? gate.narrow(1, 0, s.I) : gate;
-  const at::Tensor u = fused ? gate.narrow(1, s.I, s.I) : up;
+  const at::Tensor g = whole ? gate.narrow(1, 0, s.I) : gate;
+  const at::Tensor u = whole ? gate.narrow(1, s.I, s.I) : up;
+  const at::Tensor& wu_all = fused ? gate_weight : *up_weight;
+  const std::optional<at::Tensor>& ub_all = fused ? gate_bias : up_bias;
+  const int64_t up_row0 = fused ? s.I : 0;  // a fused projection's up rows are I rows further
   // dx summed over the blocks in the math type (float32 for 16-bit data), rounded once
   at::Tensor dx_acc = maybe(need_dx, [&] {
     return at::zeros({N, s.H}, x.options().dtype(low ? at::kFloat : x.scalar_type()));
@@ -201,19 +226,21 @@ Grads backward_kernel(const at::Tensor& grad, const at::Tensor& x, const at::Ten
   for (int64_t c0 = 0; c0 < s.I && N > 0; c0 += C) {
     const int64_t n = std::min(C, s.I - c0);
     const at::Tensor dh = at::mm(dy, down_weight.narrow(1, c0, n));  // [N, n]
+    const at::Tensor g_block = block_of(g, x2, gate_weight, gate_bias, 0, c0, n);
+    const at::Tensor u_block = block_of(u, x2, wu_all, ub_all, up_row0, c0, n);
     at::Tensor dg = at::empty({N, n}, x.options()), du = at::empty({N, n}, x.options());
     at::Tensor h = maybe(need_ddown, [&] { return at::empty({N, n}, x.options()); });
     GatedMlpBackwardParams p;
-    fill_gate_up(p, s, g.narrow(1, c0, n), u.narrow(1, c0, n), N);
+    fill_gate_up(p, s, g_block, u_block, N);
     p.grad_h = dh.const_data_ptr();
     p.grad_gate = dg.mutable_data_ptr();
     p.grad_up = du.mutable_data_ptr();
     p.grad_gate_stride = p.grad_up_stride = n;
     p.h = need_ddown ? h.mutable_data_ptr() : nullptr;
     run_core(x, p, gated_mlp_backward_cpu, gated_mlp_backward_cuda, bop);
-    // rows [c0, c0 + n) of the gate and up weights (fused: up's are I rows further), columns of down's
+    // rows [c0, c0 + n) of the gate and up weights, columns of down's
     const at::Tensor wg = gate_weight.narrow(0, c0, n);
-    const at::Tensor wu = fused ? gate_weight.narrow(0, s.I + c0, n) : up_weight->narrow(0, c0, n);
+    const at::Tensor wu = wu_all.narrow(0, up_row0 + c0, n);
     if (need_ddown) ddw.narrow(1, c0, n).copy_(at::mm(dy.t(), h));
     if (need_dgate) dgw.narrow(0, c0, n).copy_(at::mm(dg.t(), x2));
     if (fused && need_dgate) dgw.narrow(0, s.I + c0, n).copy_(at::mm(du.t(), x2));
@@ -238,8 +265,9 @@ Grads backward_kernel(const at::Tensor& grad, const at::Tensor& x, const at::Ten
 at::Tensor composite(const at::Tensor& x, const at::Tensor& gate_weight, const std::optional<at::Tensor>& up_weight,
                      const at::Tensor& down_weight, const std::optional<at::Tensor>& gate_bias,
                      const std::optional<at::Tensor>& up_bias, const std::optional<at::Tensor>& down_bias,
-                     c10::string_view activation, int64_t chunk) {
+                     c10::string_view activation, int64_t chunk, c10::string_view recompute) {
   TORCH_CHECK(chunk >= 0, kOp, ": chunk must be >= 0 (0: automatic), got ", chunk);
+  gated_mlp_recompute(recompute);  // checked on every path
   return std::get<0>(forward_kernel(x, gate_weight, up_weight, down_weight, gate_bias, up_bias, down_bias, activation));
 }
 
@@ -247,12 +275,20 @@ at::Tensor composite(const at::Tensor& x, const at::Tensor& gate_weight, const s
 
 // ---- C++ API: through the dispatcher, so autograd and every backend apply ------------------
 
+GatedMlpRecompute gated_mlp_recompute(c10::string_view recompute) {
+  if (recompute == "product") return GatedMlpRecompute::kProduct;
+  if (recompute == "up") return GatedMlpRecompute::kUp;
+  if (recompute == "gate_up") return GatedMlpRecompute::kGateUp;
+  TORCH_CHECK(false, kOp, ": argument 'recompute' must be 'product', 'up' or 'gate_up', got '", std::string(recompute),
+              "'");
+}
+
 at::Tensor gated_mlp(const at::Tensor& x, const at::Tensor& gate_weight, const std::optional<at::Tensor>& up_weight,
                      const at::Tensor& down_weight, const std::optional<at::Tensor>& gate_bias,
                      const std::optional<at::Tensor>& up_bias, const std::optional<at::Tensor>& down_bias,
-                     c10::string_view activation, int64_t chunk) {
+                     c10::string_view activation, int64_t chunk, c10::string_view recompute) {
   static const auto& op = op_for<&gated_mlp>("tempo::gated_mlp");
-  return op.call(x, gate_weight, up_weight, down_weight, gate_bias, up_bias, down_bias, activation, chunk);
+  return op.call(x, gate_weight, up_weight, down_weight, gate_bias, up_bias, down_bias, activation, chunk, recompute);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gated_mlp_forward(
@@ -263,12 +299,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gated_mlp_forward(
   return op.call(x, gate_weight, up_weight, down_weight, gate_bias, up_bias, down_bias, activation);
 }
 
-Grads gated_mlp_backward(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& gate, const at::Tensor& up,
-                         const at::Tensor& gate_weight, const std::optional<at::Tensor>& up_weight,
-                         const at::Tensor& down_weight, std::array<bool, 3> bias_grad, c10::string_view activation,
-                         int64_t chunk, std::array<bool, 4> output_mask) {
+Grads gated_mlp_backward(const at::Tensor& grad, const at::Tensor& x, const std::optional<at::Tensor>& gate,
+                         const std::optional<at::Tensor>& up, const at::Tensor& gate_weight,
+                         const std::optional<at::Tensor>& up_weight, const at::Tensor& down_weight,
+                         const std::optional<at::Tensor>& gate_bias, const std::optional<at::Tensor>& up_bias,
+                         std::array<bool, 3> bias_grad, c10::string_view activation, int64_t chunk,
+                         std::array<bool, 4> output_mask) {
   static const auto& op = op_for<&gated_mlp_backward>("tempo::gated_mlp_backward");
-  return op.call(grad, x, gate, up, gate_weight, up_weight, down_weight, bias_grad, activation, chunk, output_mask);
+  return op.call(grad, x, gate, up, gate_weight, up_weight, down_weight, gate_bias, up_bias, bias_grad, activation,
+                 chunk, output_mask);
 }
 
 }  // namespace tempo

@@ -21,6 +21,9 @@ Methods (each on a fresh model from the same seed, one after the other in this p
   tempo              tempo.optimize(attention="auto"): the attention that keeps the fewest bytes
   tempo+compile      tempo-sdpa under torch.compile; -mem0.5 / -mem0.2 with those budgets
   tempo+ckpt         tempo-sdpa with activation checkpointing of every layer
+  tempo+recompute-up tempo-sdpa whose gated MLPs keep gate(x) alone and recompute up(x) in the
+                     backward (tempo.optimize(mlp_recompute="up"): one GEMM of the MLP's three);
+                     tempo+recompute-gate_up: both recomputed, nothing intermediate-wide kept
   tempo+liger        Liger's RoPE and SwiGLU/GEGLU with tempo's norms, LM head and attention="auto"
                      (the two never patch the same module)
   tempo-auto         Auto-Tempo (tempo.auto, method "fast") decides under each budget
@@ -69,7 +72,7 @@ PEERS = ("eager", "sdpa", "sdpa+ckpt", "sdpa+ckpt+offload", "compile", "compile-
 TORCH_LCE = "+torch-lce"
 METHODS = PEERS + tuple(p + TORCH_LCE for p in PEERS) + (
     "liger", "tempo-sdpa", "tempo", "tempo+compile", "tempo+compile-mem0.5", "tempo+compile-mem0.2", "tempo+ckpt",
-    "tempo+liger", "tempo-auto")
+    "tempo+liger", "tempo-auto", "tempo+recompute-up", "tempo+recompute-gate_up")
 PRECISIONS = ("autocast-bf16", "bf16", "fp32")
 FIELDS = ("model", "axis", "seq", "precision", "device", "method", "budget", "budget_bytes", "max_batch", "max_seq",
           "tokens_per_s",
@@ -149,7 +152,8 @@ def method_applied(name, model, compile_backend):
             optimize(model, techniques="lm_head")
             set_head_loss(model, torch_chunked_lce)
         if is_tempo(name) and name != "tempo-auto":  # tempo-auto decides under each budget
-            optimize(model, attention="auto" if name in ("tempo", "tempo+liger") else "sdpa")
+            optimize(model, attention="auto" if name in ("tempo", "tempo+liger") else "sdpa",
+                     mlp_recompute=name.split("+recompute-", 1)[1] if "+recompute-" in name else "product")
         if "+ckpt" in name and not enable_checkpointing(model):
             raise Unavailable("%s does not support gradient checkpointing" % type(model).__name__)
         compiled, budget = compile_budget(name)

@@ -10,14 +10,16 @@ def is_tempo(method):
 
 
 def recomputes_matmuls(method):
-    """Whether the method recomputes matmuls in its backward: checkpointing, and the compiler
-    under an activation budget (at its default budget the partitioner recomputes none)."""
-    return "ckpt" in method or "-mem" in method
+    """Whether the method recomputes matmuls in its backward: checkpointing, the compiler under
+    an activation budget (at its default budget the partitioner recomputes none), and tempo's
+    gated MLPs with mlp_recompute (one or two of the MLP's projections)."""
+    return "ckpt" in method or "-mem" in method or "+recompute-" in method
 
 
 def seq_summary(rows):
     """--axis seq: per budget, tempo's longest sequence against the longest of the methods that
-    recompute no matmul, and tempo + checkpointing against the peers' checkpointing."""
+    recompute no matmul, tempo recomputing its gated MLPs' projections (mlp_recompute) against the
+    same, and tempo + checkpointing against the peers' checkpointing."""
     lines = []
     for label in dict.fromkeys(r["budget"] for r in rows):
         at = {r["method"]: r["max_seq"] or 0 for r in rows if r["budget"] == label}
@@ -27,9 +29,12 @@ def seq_summary(rows):
             return max(chosen, key=at.get) if chosen else None
         ours = best(lambda m: is_tempo(m) and not recomputes_matmuls(m))
         peer = best(lambda m: not is_tempo(m) and not recomputes_matmuls(m))
+        ours_mlp = best(lambda m: "+recompute-" in m)
         ours_ckpt, peer_ckpt = best(lambda m: m == "tempo+ckpt"), best(lambda m: not is_tempo(m) and "ckpt" in m)
         parts = []
-        for name, a, b in (("without recomputing a matmul", ours, peer), ("with checkpointing", ours_ckpt, peer_ckpt)):
+        for name, a, b in (("without recomputing a matmul", ours, peer),
+                           ("recomputing the gated MLP's projections alone", ours_mlp, peer),
+                           ("with checkpointing", ours_ckpt, peer_ckpt)):
             if a and b:
                 parts.append("%s: tempo's %s %d tokens vs %s %d (%s)" % (
                     name, a, at[a], b, at[b], "%.2fx" % (at[a] / at[b]) if at[b] else "the peer fits none"))

@@ -97,7 +97,8 @@ def gated_mlp_forward(self, x):
     act = gated_activation(self.act_fn)
     if act is None:
         return original_forward(self, x)
-    return tnn.gated_mlp.gated_mlp(x, self.gate_proj, self.up_proj, self.down_proj, act)
+    return tnn.gated_mlp.gated_mlp(x, self.gate_proj, self.up_proj, self.down_proj, act,
+                                   recompute=getattr(self, "_tempo_mlp_recompute", "product"))
 
 
 def fused_gated_mlp_forward(self, hidden_states):
@@ -105,7 +106,8 @@ def fused_gated_mlp_forward(self, hidden_states):
     act = gated_activation(self.activation_fn)
     if act is None:
         return original_forward(self, hidden_states)
-    return tnn.gated_mlp.fused_gated_mlp(hidden_states, self.gate_up_proj, self.down_proj, act)
+    return tnn.gated_mlp.fused_gated_mlp(hidden_states, self.gate_up_proj, self.down_proj, act,
+                                         recompute=getattr(self, "_tempo_mlp_recompute", "product"))
 
 
 def gated_experts_forward(self, hidden_states, top_k_index, top_k_weights):
@@ -126,7 +128,7 @@ def gated_experts_forward(self, hidden_states, top_k_index, top_k_weights):
             continue
         top_k_pos, token = torch.where(expert_mask[expert])
         y = ops.gated_mlp(hidden_states[token], self.gate_up_proj[expert], None, self.down_proj[expert],
-                          activation=act)
+                          activation=act, recompute=getattr(self, "_tempo_mlp_recompute", "product"))
         out.index_add_(0, token, (y * top_k_weights[token, top_k_pos, None]).to(out.dtype))
     return out
 

@@ -13,6 +13,7 @@ import warnings
 import torch
 
 from . import lm_head as _lm_head
+from ..nn.gated_mlp import check_recompute
 from .attention import (ATTENTION, AttentionRegistered, attention_configs, auto_attention, register_attention,
                         set_attention, transformers_models, uses_attention_registry)
 from .patching import is_patched, subclass
@@ -49,7 +50,7 @@ def _warn_on_untested_transformers():
 
 
 def optimize(model: torch.nn.Module, techniques="all", attention: str = "keep", modules=None,
-             fused: bool = False) -> torch.nn.Module:
+             fused: bool = False, mlp_recompute: str = "product") -> torch.nn.Module:
     """Patches `model` in place with tempo's layers and returns it.
 
     techniques: "all", or one or a list of "gelu", "silu", "layer_norm", "rms_norm", "dropout",
@@ -67,6 +68,10 @@ def optimize(model: torch.nn.Module, techniques="all", attention: str = "keep", 
     on each one inside `model` (a user's module around a BertModel, a SentenceTransformer).
     fused: also the Data Movement paper's bias fusions, "qkv_split" and "bias_gelu" (BERT and
     RoBERTa; see FUSED_TECHNIQUES), which may also be named in techniques.
+    mlp_recompute: what the gated MLPs' backward recomputes: "product" (act(gate) * up only: no matmul
+    recomputed), "up" (also up(x): one of the MLP's three forward GEMMs, for one intermediate-wide
+    tensor fewer kept) or "gate_up" (two GEMMs; nothing intermediate-wide kept): for longer sequences
+    in the same memory (tempo.gated_mlp; with wrapped projections, LoRA, the product only).
     modules: None (everywhere), a module path or a list of them (a module and everything under it,
     e.g. "bert.encoder.layer.0"), or a callable path -> bool; outside them nothing is patched
     (attention, set model-wide, is not limited by it).
@@ -91,6 +96,7 @@ def optimize(model: torch.nn.Module, techniques="all", attention: str = "keep", 
     if unknown:
         raise ValueError("tempo.optimize: unknown technique(s) %s; known: %s" % (
             sorted(unknown), ", ".join(TECHNIQUES + FUSED_TECHNIQUES)))
+    check_recompute(mlp_recompute, "tempo.optimize: mlp_recompute")
     if attention != "keep" and attention not in ATTENTION:
         raise ValueError("tempo.optimize: unknown attention %r; known: keep, %s" % (attention, ", ".join(ATTENTION)))
     if not isinstance(model, torch.nn.Module):
@@ -208,6 +214,9 @@ def optimize(model: torch.nn.Module, techniques="all", attention: str = "keep", 
                     continue
                 if rule[0] == "gated_mlp":  # so does the gated MLP's; its projections stay as they are
                     done.update(id(getattr(child, n)) for n in ("act_fn", "activation_fn") if hasattr(child, n))
+                    if mlp_recompute != "product":
+                        child.__dict__["_tempo_mlp_recompute"] = mlp_recompute
+                        rows[-1] = rows[-1][:3] + ("patched (recompute: %s)" % mlp_recompute,)
             elif not ours:
                 lname = type(child).__name__.lower()
                 other = rules_for(child, set(TECHNIQUES))
@@ -259,5 +268,6 @@ def restore(model: torch.nn.Module) -> torch.nn.Module:
         else:
             _, module, cls = entry
             module.__class__ = cls
+            module.__dict__.pop("_tempo_mlp_recompute", None)
     model.__dict__.pop("_tempo_report", None)
     return model

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from .. import ops
 
 ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
+RECOMPUTE = ("product", "up", "gate_up")
 _TORCH_FUNCTION = {"silu": F.silu, "gelu": F.gelu, "gelu_tanh": functools.partial(F.gelu, approximate="tanh")}
 
 
@@ -68,17 +69,19 @@ class GatedMLP(torch.nn.Module):
 
     hidden, intermediate: the widths; activation "silu" (SwiGLU), "gelu_tanh" or "gelu" (GeGLU);
     bias: the projections' biases; fused: one gate_up_proj Linear [2 intermediate, hidden] (the
-    gate's rows first) instead of gate_proj and up_proj; chunk: tempo.gated_mlp's backward block."""
+    gate's rows first) instead of gate_proj and up_proj; chunk: tempo.gated_mlp's backward block;
+    recompute: what its backward recomputes ("product", "up", "gate_up": tempo.gated_mlp)."""
 
     def __init__(self, hidden: int, intermediate: int, activation: str = "silu", bias: bool = False,
-                 fused: bool = False, chunk: int = 0, device=None, dtype=None) -> None:
+                 fused: bool = False, chunk: int = 0, recompute: str = "product", device=None, dtype=None) -> None:
         super().__init__()
         if activation not in ACTIVATIONS:
             raise ValueError("tempo.nn.GatedMLP: activation must be one of %s, got %r" % (ACTIVATIONS, activation))
         if not (isinstance(chunk, int) and chunk >= 0):
             raise ValueError("tempo.nn.GatedMLP: chunk must be an int >= 0 (0: automatic), got %r" % (chunk,))
+        check_recompute(recompute, "tempo.nn.GatedMLP")
         kw = {"bias": bias, "device": device, "dtype": dtype}
-        self.activation, self.fused, self.chunk = activation, fused, chunk
+        self.activation, self.fused, self.chunk, self.recompute = activation, fused, chunk, recompute
         if fused:
             self.gate_up_proj = torch.nn.Linear(hidden, 2 * intermediate, **kw)
         else:
@@ -87,27 +90,35 @@ class GatedMLP(torch.nn.Module):
         self.down_proj = torch.nn.Linear(intermediate, hidden, **kw)
 
     def extra_repr(self) -> str:
-        return "activation=%r, fused=%s" % (self.activation, self.fused)
+        more = "" if self.recompute == "product" else ", recompute=%r" % self.recompute
+        return "activation=%r, fused=%s%s" % (self.activation, self.fused, more)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fused:
-            return fused_gated_mlp(x, self.gate_up_proj, self.down_proj, self.activation, self.chunk)
-        return gated_mlp(x, self.gate_proj, self.up_proj, self.down_proj, self.activation, self.chunk)
+            return fused_gated_mlp(x, self.gate_up_proj, self.down_proj, self.activation, self.chunk, self.recompute)
+        return gated_mlp(x, self.gate_proj, self.up_proj, self.down_proj, self.activation, self.chunk,
+                         self.recompute)
 
 
-def gated_mlp(x, gate_proj, up_proj, down_proj, activation, chunk=0):
+def check_recompute(recompute, who):
+    if recompute not in RECOMPUTE:
+        raise ValueError("%s: recompute must be one of %s, got %r" % (who, RECOMPUTE, recompute))
+
+
+def gated_mlp(x, gate_proj, up_proj, down_proj, activation, chunk=0, recompute="product"):
     """The gated MLP of three projection modules: tempo.gated_mlp where all three are plain
-    Linear modules, else the modules called as they are with recompute_gated's saving."""
+    Linear modules, else the modules called as they are with recompute_gated's saving (which
+    keeps gate and up whatever `recompute` asks: a wrapped projection is not re-run)."""
     if _plain(gate_proj, up_proj, down_proj):
         return ops.gated_mlp(x, gate_proj.weight, up_proj.weight, down_proj.weight, gate_proj.bias, up_proj.bias,
-                             down_proj.bias, activation, chunk)
+                             down_proj.bias, activation, chunk, recompute)
     return recompute_gated(gate_proj(x), up_proj(x), activation, down_proj)
 
 
-def fused_gated_mlp(x, gate_up_proj, down_proj, activation, chunk=0):
+def fused_gated_mlp(x, gate_up_proj, down_proj, activation, chunk=0, recompute="product"):
     """The same with one gate_up projection (its output's first half is the gate)."""
     if _plain(gate_up_proj, down_proj):
         return ops.gated_mlp(x, gate_up_proj.weight, None, down_proj.weight, gate_up_proj.bias, None, down_proj.bias,
-                             activation, chunk)
+                             activation, chunk, recompute)
     gate, up = gate_up_proj(x).chunk(2, dim=-1)
     return recompute_gated(gate, up, activation, down_proj)

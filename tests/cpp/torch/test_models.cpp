@@ -236,40 +236,45 @@ TEST(Models, SwiGLUUnderTempoKeepsGateAndUpOnly) {
 }
 
 TEST(Models, GatedMLPModuleMatchesTheComposition) {
-  // tempo::nn::GatedMLP (separate and fused projections, every activation) against the torch
-  // composition in float64: output and every parameter's gradient.
+  // tempo::nn::GatedMLP (separate and fused projections, every activation, each recompute
+  // option) against the torch composition in float64: output and every parameter's gradient.
   for (const char* act : {"silu", "gelu", "gelu_tanh"}) {
     for (bool fused : {false, true}) {
-      torch::manual_seed(1);
-      tempo::nn::GatedMLP m(tempo::nn::GatedMLPOptions(24, 40).activation(act).bias(true).fused(fused).chunk(16));
-      m->to(at::kDouble);
-      const at::Tensor x = at::randn({3, 5, 24}, at::kDouble);
-      const at::Tensor y = m->forward(x);
-      const torch::nn::Linear& gp = fused ? m->gate_up_proj : m->gate_proj;
-      auto grads_of = [&](const at::Tensor& out) {
-        for (auto& p : m->parameters()) p.mutable_grad() = at::Tensor();
-        out.square().sum().backward();
-        std::vector<at::Tensor> g;
-        for (auto& p : m->parameters()) g.push_back(p.grad().clone());
-        return g;
-      };
-      const auto ours = grads_of(y);
-      at::Tensor g, u;
-      if (fused) {
-        auto parts = at::linear(x, gp->weight, gp->bias).chunk(2, -1);
-        g = parts[0], u = parts[1];
-      } else {
-        g = at::linear(x, gp->weight, gp->bias), u = at::linear(x, m->up_proj->weight, m->up_proj->bias);
+      for (const char* recompute : {"product", "up", "gate_up"}) {
+        torch::manual_seed(1);
+        tempo::nn::GatedMLP m(
+            tempo::nn::GatedMLPOptions(24, 40).activation(act).bias(true).fused(fused).chunk(16).recompute(recompute));
+        m->to(at::kDouble);
+        const at::Tensor x = at::randn({3, 5, 24}, at::kDouble);
+        const at::Tensor y = m->forward(x);
+        const torch::nn::Linear& gp = fused ? m->gate_up_proj : m->gate_proj;
+        auto grads_of = [&](const at::Tensor& out) {
+          for (auto& p : m->parameters()) p.mutable_grad() = at::Tensor();
+          out.square().sum().backward();
+          std::vector<at::Tensor> g;
+          for (auto& p : m->parameters()) g.push_back(p.grad().clone());
+          return g;
+        };
+        const auto ours = grads_of(y);
+        at::Tensor g, u;
+        if (fused) {
+          auto parts = at::linear(x, gp->weight, gp->bias).chunk(2, -1);
+          g = parts[0], u = parts[1];
+        } else {
+          g = at::linear(x, gp->weight, gp->bias), u = at::linear(x, m->up_proj->weight, m->up_proj->bias);
+        }
+        const std::string a(act);
+        const at::Tensor f = a == "silu" ? at::silu(g) : at::gelu(g, a == "gelu" ? "none" : "tanh");
+        const at::Tensor ref = at::linear(f * u, m->down_proj->weight, m->down_proj->bias);
+        EXPECT_LT((y - ref).abs().max().item<double>(), 1e-12) << act << " fused " << fused;
+        const auto theirs = grads_of(ref);
+        for (size_t i = 0; i < ours.size(); ++i)
+          EXPECT_LT((ours[i] - theirs[i]).abs().max().item<double>(), 1e-11)
+              << act << " fused " << fused << " " << recompute << " " << i;
       }
-      const std::string a(act);
-      const at::Tensor f = a == "silu" ? at::silu(g) : at::gelu(g, a == "gelu" ? "none" : "tanh");
-      const at::Tensor ref = at::linear(f * u, m->down_proj->weight, m->down_proj->bias);
-      EXPECT_LT((y - ref).abs().max().item<double>(), 1e-12) << act << " fused " << fused;
-      const auto theirs = grads_of(ref);
-      for (size_t i = 0; i < ours.size(); ++i)
-        EXPECT_LT((ours[i] - theirs[i]).abs().max().item<double>(), 1e-11) << act << " fused " << fused << " " << i;
     }
   }
+  EXPECT_THROW(tempo::nn::GatedMLP(tempo::nn::GatedMLPOptions(8, 16).recompute("down")), c10::Error);
 }
 
 TEST(Models, BadConfigGivesClearErrors) {

@@ -22,16 +22,24 @@ namespace tempo {
 // down_weight [O, I]; biases [I] (gate's: [2 I] when fused; up_bias only with up_weight) and [O];
 // activation "silu", "gelu" or "gelu_tanh"; chunk: intermediate columns per backward block
 // (0: automatic, blocks of H columns rounded up to 64: each block's [rows, chunk] tensors no
-// larger than x).
+// larger than x); recompute: "product" (h only: no matmul recomputed), "up" (also up(x), one
+// GEMM of the forward's three) or "gate_up" (also gate(x): two).
 // Returns [..., O]. Every tensor has x's dtype and device (under autocast: the autocast dtype).
 at::Tensor gated_mlp(const at::Tensor& x, const at::Tensor& gate_weight, const std::optional<at::Tensor>& up_weight,
                      const at::Tensor& down_weight, const std::optional<at::Tensor>& gate_bias = std::nullopt,
                      const std::optional<at::Tensor>& up_bias = std::nullopt,
                      const std::optional<at::Tensor>& down_bias = std::nullopt, c10::string_view activation = "silu",
-                     int64_t chunk = 0);
+                     int64_t chunk = 0, c10::string_view recompute = "product");
+
+// What the backward recomputes besides the product h; gated_mlp_recompute names it (and raises
+// on another name).
+enum class GatedMlpRecompute { kProduct, kUp, kGateUp };
+GatedMlpRecompute gated_mlp_recompute(c10::string_view recompute);
 
 // The ops behind it. forward -> (y, gate [rows, I] (fused: the whole [rows, 2 I] projection),
-// up [rows, I] (fused: empty)); backward -> (dx, d gate_weight, d up_weight, d down_weight,
+// up [rows, I] (fused: empty)); backward (gate and up: what the forward kept, absent where it is
+// recomputed from x; fused: the [rows, 2 I] projection, its gate half [rows, I] or absent;
+// gate_bias and up_bias: used only to recompute) -> (dx, d gate_weight, d up_weight, d down_weight,
 // d gate_bias, d up_bias, d down_bias), a gradient undefined where output_mask (x, gate_weight,
 // up_weight, down_weight) or bias_grad (gate, up, down) says it is not needed.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gated_mlp_forward(
@@ -39,8 +47,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gated_mlp_forward(
     const at::Tensor& down_weight, const std::optional<at::Tensor>& gate_bias, const std::optional<at::Tensor>& up_bias,
     const std::optional<at::Tensor>& down_bias, c10::string_view activation);
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> gated_mlp_backward(
-    const at::Tensor& grad, const at::Tensor& x, const at::Tensor& gate, const at::Tensor& up,
-    const at::Tensor& gate_weight, const std::optional<at::Tensor>& up_weight, const at::Tensor& down_weight,
+    const at::Tensor& grad, const at::Tensor& x, const std::optional<at::Tensor>& gate,
+    const std::optional<at::Tensor>& up, const at::Tensor& gate_weight, const std::optional<at::Tensor>& up_weight,
+    const at::Tensor& down_weight, const std::optional<at::Tensor>& gate_bias, const std::optional<at::Tensor>& up_bias,
     std::array<bool, 3> bias_grad, c10::string_view activation, int64_t chunk, std::array<bool, 4> output_mask);
 
 }  // namespace tempo
