@@ -26,50 +26,20 @@ def dropout(x: torch.Tensor, p: float = 0.5, training: bool = True, mode: str = 
     return torch.ops.tempo.dropout(x, p, mode)
 
 
-_LOW_PRECISION = (torch.bfloat16, torch.float16)
-
-
-def _kept_columns(x, weight, bias, *tensors):
-    """The norm's kept columns (see norm_kept_columns) when a backward will run, else None.
-    Computed here rather than inside the op so that torch.compile sees its data-dependent
-    size as the output of an op of its own. Parameters the op rejects (unlike x in device,
-    in dtype other than x's or float32 under a 16-bit x): None, and the op says why. Under
-    autocast None too: the op computes them after autocast's casts."""
-    params = [t for t in (weight, bias) if t is not None]
-    if not params or any(t.device != x.device or t.dtype != params[0].dtype for t in params):
-        return None
-    if params[0].dtype != x.dtype and not (params[0].dtype == torch.float32 and x.dtype in _LOW_PRECISION):
-        return None
-    if x.device.type in ("cpu", "cuda") and torch.is_autocast_enabled(x.device.type):
-        return None
-    if not torch.is_grad_enabled() or not any(t is not None and t.requires_grad for t in (x,) + tensors):
-        return None
-    if torch.compiler.is_compiling():
-        # A size fixed by the width (-1-padded slots, as CUDA decides them): the data-dependent size
-        # of norm_kept_columns would break the graph at every norm on the CPU, so that the compiler
-        # could neither fuse nor recompute across it (one more column than the slots hold: the
-        # backward names it, docs/python.md)
-        return torch.ops.tempo.norm_kept_slots(weight, bias, x.dtype)
-    return torch.ops.tempo.norm_kept_columns(weight, bias, x.dtype)
-
-
-
 def layer_norm(x: torch.Tensor, normalized_shape, weight: Optional[torch.Tensor] = None,
                bias: Optional[torch.Tensor] = None, eps: float = 1e-5) -> torch.Tensor:
     """As torch.nn.functional.layer_norm; the backward keeps y and one rstd per row, not x
     (and xhat of the rare columns whose gamma and beta make recovery from y inexact).
     weight and bias: of x's dtype, or float32 for a bfloat16/float16 x (as torch's CPU
     layer_norm takes them)."""
-    kept = _kept_columns(x, weight, bias, weight, bias)
-    return torch.ops.tempo.layer_norm(x, _shape(normalized_shape), weight, bias, eps, kept)
+    return torch.ops.tempo.layer_norm(x, _shape(normalized_shape), weight, bias, eps)
 
 
 def rms_norm(x: torch.Tensor, normalized_shape, weight: Optional[torch.Tensor] = None,
              eps: Optional[float] = None) -> torch.Tensor:
     """As torch.nn.functional.rms_norm; the backward keeps y and one rstd per row, not x
     (and xhat of the rare columns whose gamma makes recovery from y inexact)."""
-    kept = _kept_columns(x, weight, None, weight)
-    return torch.ops.tempo.rms_norm(x, _shape(normalized_shape), weight, eps, kept)
+    return torch.ops.tempo.rms_norm(x, _shape(normalized_shape), weight, eps)
 
 
 def bias_dropout_add_layer_norm(x: torch.Tensor, bias: Optional[torch.Tensor], residual: torch.Tensor, p: float,
@@ -77,9 +47,8 @@ def bias_dropout_add_layer_norm(x: torch.Tensor, bias: Optional[torch.Tensor], r
                                 mode: str = "bits", training: bool = True) -> torch.Tensor:
     """layer_norm(residual + dropout(x + bias)) over the last dimension in one pass; keeps y,
     rstd and the dropout bits (or Philox state)."""
-    kept = _kept_columns(x, weight, beta, bias, residual, weight, beta)
     return torch.ops.tempo.bias_dropout_add_layer_norm(x, bias, residual, p if training else 0.0, weight, beta, eps,
-                                                       mode, kept)
+                                                       mode)
 
 
 def _shape(normalized_shape):

@@ -777,3 +777,42 @@ def test_norms_with_padded_kept_slots_are_exact(op):
     want = torch.autograd.grad(y2, [x2, w2] + ([b2] if b2 is not None else []), g)
     for a, r in zip(got, want):
         torch.testing.assert_close(a, r, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm", "bias_dropout_add_layer_norm"])
+def test_when_columns_are_kept_is_decided_once_in_the_op(op):
+    """tempo's Python passes no kept columns; the op's autograd kernel decides
+    (norm_kept_columns_for): the exact columns in eager, the fixed-width slots where the graph is
+    traced (make_fx over fake tensors, as torch.compile traces it), none without a backward."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    cols = 64
+    w = torch.rand(cols) + 0.5
+    w[[3, 7]] = 0.0
+    b = torch.randn(cols)
+
+    def f(x, w, b):
+        if op == "layer_norm":
+            return tempo.layer_norm(x, cols, w, b)
+        if op == "rms_norm":
+            return tempo.rms_norm(x, cols, w)
+        return tempo.bias_dropout_add_layer_norm(x, None, x, 0.0, w, b)
+
+    x = torch.randn(5, cols, requires_grad=True)
+    targets = {str(n.target) for n in make_fx(f, tracing_mode="fake")(x, w, b).graph.nodes}
+    assert "tempo.norm_kept_slots.default" in targets and "tempo.norm_kept_columns.default" not in targets
+    calls = []
+
+    def counting():
+        class Count(torch.utils._python_dispatch.TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                calls.append(str(func))
+                return func(*args, **(kwargs or {}))
+        return Count()
+
+    with counting():
+        f(x, w, b)
+    assert calls.count("tempo.norm_kept_columns.default") == 1 and "tempo.norm_kept_slots.default" not in calls
+    calls.clear()
+    with torch.no_grad(), counting():
+        f(x, w, b)
+    assert not [c for c in calls if "kept" in c]

@@ -23,24 +23,15 @@ at::Tensor defined_or_empty(const std::optional<at::Tensor>& t) { return t.has_v
 // Absent gradients come from the ops as empty tensors: undefined for autograd.
 at::Tensor grad_or_none(const at::Tensor& g, bool present) { return present ? g : at::Tensor(); }
 
-// The kept columns: as passed in, else computed when a backward will run (none without
-// parameters; none for parameters the op rejects by name: unlike x in device, or in dtype
-// other than x's or float32 under a bfloat16/float16 x).
+// The kept columns: as passed in, else norm_kept_columns_for's (tempo/ops/norm.h: the one home
+// of when a norm keeps columns).
 std::optional<at::Tensor> kept_columns(const std::optional<at::Tensor>& given, const at::Tensor& x,
                                        const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& beta,
                                        std::initializer_list<const at::Tensor*> inputs) {
   if (given.has_value() && given->defined()) return given;
-  const bool w = weight.has_value() && weight->defined(), b = beta.has_value() && beta->defined();
-  if (!w && !b) return std::nullopt;
-  const at::ScalarType pt = (w ? *weight : *beta).scalar_type();
-  const bool low = x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf;
-  if (pt != x.scalar_type() && !(pt == at::kFloat && low)) return std::nullopt;
-  for (const auto* p : {w ? &*weight : nullptr, b ? &*beta : nullptr})
-    if (p && (p->device() != x.device() || p->scalar_type() != pt)) return std::nullopt;
   bool backward = false;
   for (const at::Tensor* t : inputs) backward = backward || (t && t->defined() && t->requires_grad());
-  if (!backward || !at::GradMode::is_enabled()) return std::nullopt;
-  return norm_kept_columns(w ? weight : std::nullopt, b ? beta : std::nullopt, x.scalar_type());
+  return norm_kept_columns_for(x, weight, beta, backward && at::GradMode::is_enabled());
 }
 
 const at::Tensor* ptr(const std::optional<at::Tensor>& t) { return t.has_value() ? &*t : nullptr; }

@@ -198,6 +198,28 @@ at::Tensor norm_kept_columns(const std::optional<at::Tensor>& weight, const std:
   return op.call(weight, bias, dtype);
 }
 
+at::Tensor norm_kept_slots(const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+                           std::optional<at::ScalarType> dtype) {
+  static const auto op = op_for<&norm_kept_slots>("tempo::norm_kept_slots");
+  return op.call(weight, bias, dtype);
+}
+
+std::optional<at::Tensor> norm_kept_columns_for(const at::Tensor& x, const std::optional<at::Tensor>& weight,
+                                                const std::optional<at::Tensor>& beta, bool backward) {
+  const bool w = weight.has_value() && weight->defined(), b = beta.has_value() && beta->defined();
+  if (!w && !b) return std::nullopt;
+  const at::ScalarType pt = (w ? *weight : *beta).scalar_type();
+  if (pt != x.scalar_type() && !(pt == at::kFloat && torch_impl::low_precision(x.scalar_type()))) return std::nullopt;
+  for (const auto* p : {w ? &*weight : nullptr, b ? &*beta : nullptr})
+    if (p && (p->device() != x.device() || p->scalar_type() != pt)) return std::nullopt;
+  if (!backward) return std::nullopt;
+  const std::optional<at::Tensor> wo = w ? weight : std::nullopt, bo = b ? beta : std::nullopt;
+  const bool traced =
+      x.is_meta() ||
+      x.key_set().has_any(c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::Functionalize}));
+  return traced ? norm_kept_slots(wo, bo, x.scalar_type()) : norm_kept_columns(wo, bo, x.scalar_type());
+}
+
 }  // namespace tempo
 
 TORCH_LIBRARY_IMPL(tempo, CompositeExplicitAutograd, m) {

@@ -40,6 +40,18 @@ at::Tensor bias_dropout_add_layer_norm(const at::Tensor& x, const std::optional<
 // enter unrounded, and their gradients come back in float32.
 at::Tensor norm_kept_columns(const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
                              std::optional<at::ScalarType> dtype = std::nullopt);
+// The same in a fixed number of slots for the width, padded with -1 (what CUDA computes, on
+// every device): a size that does not depend on the values.
+at::Tensor norm_kept_slots(const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+                           std::optional<at::ScalarType> dtype = std::nullopt);
+// The one home of when a norm keeps columns (the autograd kernels call it for a forward given
+// no kept_cols; Python passes none): nothing without parameters, for parameters the op rejects
+// (unlike x in device, or of a dtype other than x's or float32 under a 16-bit x: the op then
+// names them), or when no backward will run (`backward`: grad mode on and an input requiring
+// it); norm_kept_slots for a traced x (meta, fake or functional tensors: torch.compile, make_fx),
+// so the graph holds no data-dependent size; else norm_kept_columns.
+std::optional<at::Tensor> norm_kept_columns_for(const at::Tensor& x, const std::optional<at::Tensor>& weight,
+                                                const std::optional<at::Tensor>& beta, bool backward);
 // (y, rstd, kept_xhat)
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_forward(
     const at::Tensor& x, at::IntArrayRef normalized_shape, const std::optional<at::Tensor>& weight,
