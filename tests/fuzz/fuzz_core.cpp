@@ -21,6 +21,7 @@
 
 #include "tempo/activation.h"
 #include "tempo/attention.h"
+#include "tempo/qkv_split.h"
 #include "tempo/dropout.h"
 #include "tempo/linear_attention.h"
 #include "tempo/norm.h"

@@ -158,25 +158,33 @@ def test_every_backward_block_size_gives_the_same_gradients(dtype):
             assert _rel(a, b) < tol, (chunk, _rel(a, b))
 
 
-def test_blocked_backward_bounds_its_transient():
-    """The backward's peak over what the forward left, measured by tempo's counting allocator:
-    blocks of 64 of the 1024 intermediate columns hold [rows, 64] transients where one block
-    holds four [rows, 1024] ones (h, dh, dgate, dup): at least three of those fewer."""
-    N, H, I = 2048, 64, 1024
-    x = _rand(N, H, seed=15).requires_grad_()
-    w = [torch.nn.Parameter(_rand(I, H, seed=16, scale=0.1)), torch.nn.Parameter(_rand(I, H, seed=17, scale=0.1)),
-         torch.nn.Parameter(_rand(H, I, seed=18, scale=0.1))]
+def test_blocked_backward_transient_does_not_grow_with_the_rows():
+    """The backward's peak over what the forward left, by tempo's counting allocator: blocks of
+    H columns and at most 2^20 / H rows, so from 4096 rows (one block) to 16384 (four) the peak
+    grows by dx's rows (H floats a row) alone, where blocks of all rows would add 4-6 [rows, H]
+    transients (h, dh, dgate, dup; gate and up when recomputed). The forward's by y and what it
+    keeps alone (its blocks: 2^20 / I rows)."""
+    H, I = 256, 512
     peaks = {}
-    for chunk in (I, 64):
-        y = tempo.gated_mlp(x, *w, chunk=chunk)
-        with tempo.memory.Scope() as scope:
-            y.sum().backward()
-        peaks[chunk] = scope.peak
-        x.grad = None
-        for p in w:
-            p.grad = None
-        del y
-    assert peaks[64] <= peaks[I] - 3 * N * I * 4, peaks
+    for recompute in ("product", "gate_up"):
+        for N in (4096, 16384):
+            x = _rand(N, H, seed=15).requires_grad_()
+            w = [torch.nn.Parameter(_rand(I, H, seed=16, scale=0.1)),
+                 torch.nn.Parameter(_rand(I, H, seed=17, scale=0.1)), torch.nn.Parameter(_rand(H, I, seed=18, scale=0.1))]
+            with tempo.memory.Scope() as forward:
+                y = tempo.gated_mlp(x, *w, recompute=recompute)
+            dy = torch.ones_like(y)
+            with tempo.memory.Scope() as scope:
+                y.backward(dy)
+            peaks[recompute, N] = scope.peak, forward.peak
+            del x, w, y, dy
+        grown = peaks[recompute, 16384][0] - peaks[recompute, 4096][0]
+        assert grown <= (16384 - 4096) * H * 4 + 65536, (recompute, grown, peaks)
+        # the forward: y and what is kept (gate and up, or nothing) grow with the rows, not h or a
+        # recomputed projection (blocks of 2048 rows)
+        grown = peaks[recompute, 16384][1] - peaks[recompute, 4096][1]
+        kept = KEPT_I_WIDE[recompute] * I
+        assert grown <= (16384 - 4096) * (H + kept) * 4 + 65536, (recompute, grown, peaks)
 
 
 # ---- recompute: one or two GEMMs for one or two I-wide tensors fewer ----------------------------
@@ -226,8 +234,9 @@ def test_recompute_gives_the_float64_gradients(fused, recompute, act):
 
 def test_recompute_keeps_the_transient_bounded():
     """Recomputing up(x) and gate(x) block by block adds two [rows, block] tensors to the
-    backward's transient, not two [rows, I] ones: with blocks of 64 of 1024 columns the peak
-    over what the forward left is within 2 [rows, 64] blocks of recompute="product"'s."""
+    backward's transient, not two [rows, I] ones: with blocks of 64 of 1024 columns (all 2048
+    rows in one block) the peak over what the forward left is within 2 [rows, 64] blocks of
+    recompute="product"'s."""
     N, H, I = 2048, 64, 1024
     x = _rand(N, H, seed=15).requires_grad_()
     w = [torch.nn.Parameter(_rand(I, H, seed=16, scale=0.1)), torch.nn.Parameter(_rand(I, H, seed=17, scale=0.1)),

@@ -4,6 +4,7 @@
 #include "cuda_runtime.h"
 #include "tempo/activation.h"
 #include "tempo/attention.h"
+#include "tempo/qkv_split.h"
 #include "tempo/dropout.h"
 #include "tempo/gated_mlp.h"
 #include "tempo/linear_attention.h"

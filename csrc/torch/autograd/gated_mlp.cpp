@@ -1,8 +1,8 @@
 // Autograd kernel of tempo::gated_mlp: saves x, gate(x) and up(x) (the fused projection's one
 // [rows, 2 I] output), never act(gate) or the product h; the backward recomputes h block by
-// block (ops/gated_mlp.cpp). recompute "up" saves gate(x) only (fused: a copy of its half, the
-// projection freed), "gate_up" neither; the backward then recomputes them from x, block by
-// block, with the biases it saves for that. Not twice differentiable: a second derivative raises.
+// block (ops/gated_mlp.cpp). recompute "up" saves gate(x) only, "gate_up" neither (the forward
+// makes them block by block and keeps none whole); the backward then recomputes them from x,
+// block by block, with the biases it saves for that. Not twice differentiable: a second derivative raises.
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
@@ -31,17 +31,10 @@ class GatedMlpFunction : public torch::autograd::Function<GatedMlpFunction> {
                             c10::string_view recompute) {
     at::AutoDispatchBelowADInplaceOrView guard;
     TORCH_CHECK(chunk >= 0, "tempo::gated_mlp: chunk must be >= 0 (0: automatic), got ", chunk);
-    const GatedMlpRecompute what = gated_mlp_recompute(recompute);
+    const bool recomputes = gated_mlp_recompute(recompute) != GatedMlpRecompute::kProduct;
+    // what is recomputed comes back empty (never made whole), and is saved as such
     auto [y, gate, up] =
-        gated_mlp_forward(x, gate_weight, up_weight, down_weight, gate_bias, up_bias, down_bias, activation);
-    const bool fused = !up_weight.has_value() || !up_weight->defined();
-    if (what == GatedMlpRecompute::kGateUp) {
-      gate = up = at::Tensor();
-    } else if (what == GatedMlpRecompute::kUp) {
-      up = at::Tensor();
-      if (fused) gate = gate.narrow(1, 0, gate.size(1) / 2).contiguous();  // the gate half; the projection freed
-    }
-    const bool recomputes = what != GatedMlpRecompute::kProduct;
+        gated_mlp_forward(x, gate_weight, up_weight, down_weight, gate_bias, up_bias, down_bias, activation, recompute);
     ctx->save_for_backward({x, gate, up, gate_weight, or_undefined(up_weight), down_weight,
                             recomputes ? or_undefined(gate_bias) : at::Tensor(),
                             recomputes ? or_undefined(up_bias) : at::Tensor()});

@@ -23,7 +23,7 @@ TORCH_LIBRARY_FRAGMENT(tempo, m) {
       "Tensor");
   m.def(
       "gated_mlp_forward(Tensor x, Tensor gate_weight, Tensor? up_weight, Tensor down_weight, Tensor? gate_bias, "
-      "Tensor? up_bias, Tensor? down_bias, str activation) -> (Tensor, Tensor, Tensor)");
+      "Tensor? up_bias, Tensor? down_bias, str activation, str recompute='product') -> (Tensor, Tensor, Tensor)");
   m.def(
       "gated_mlp_backward(Tensor grad, Tensor x, Tensor? gate, Tensor? up, Tensor gate_weight, Tensor? up_weight, "
       "Tensor down_weight, Tensor? gate_bias, Tensor? up_bias, bool[3] bias_grad, str activation, int chunk, "
@@ -110,47 +110,19 @@ std::vector<c10::SymInt> with_last(const at::Tensor& x, int64_t last) {
   return shape;
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_kernel(
-    const at::Tensor& x, const at::Tensor& gate_weight, const std::optional<at::Tensor>& up_weight,
-    const at::Tensor& down_weight, const std::optional<at::Tensor>& gate_bias, const std::optional<at::Tensor>& up_bias,
-    const std::optional<at::Tensor>& down_bias, c10::string_view activation) {
-  const Shape s =
-      check(x, gate_weight, get(up_weight), down_weight, get(gate_bias), get(up_bias), get(down_bias), activation);
-  const c10::SymInt rows = x.sym_numel() / s.H;
-  if (x.is_meta()) {  // shapes only, symbolic where they are (torch.compile)
-    return {at::empty_symint(with_last(x, s.O), x.options()),
-            at::empty_symint({rows, c10::SymInt(s.fused ? 2 * s.I : s.I)}, x.options()),
-            s.fused ? at::empty({0}, x.options()) : at::empty_symint({rows, c10::SymInt(s.I)}, x.options())};
-  }
-  c10::OptionalDeviceGuard guard(x.device());
-  const int64_t N = rows.expect_int();
-  const at::Tensor x2 = x.reshape({N, s.H});
-  const at::Tensor gate = at::linear(x2, gate_weight, gate_bias).contiguous();
-  const at::Tensor up = s.fused ? at::empty({0}, x.options()) : at::linear(x2, *up_weight, up_bias).contiguous();
-  const at::Tensor g = s.fused ? gate.narrow(1, 0, s.I) : gate;
-  const at::Tensor u = s.fused ? gate.narrow(1, s.I, s.I) : up;
-  at::Tensor h = at::empty({N, s.I}, x.options());
-  if (N > 0) {
-    GatedMlpForwardParams p;
-    fill_gate_up(p, s, g, u, N);
-    p.h = h.mutable_data_ptr();
-    run_core(x, p, gated_mlp_forward_cpu, gated_mlp_forward_cuda, kOp);
-  }
-  at::Tensor y = at::linear(h, down_weight, down_bias).view_symint(with_last(x, s.O));
-  return {y, gate, up};
-}
-
-// Intermediate columns per backward block: `chunk`, or blocks whose [rows, block] tensors are
-// no larger than x (H columns, rounded up to a multiple of 64): the backward's four transients
-// (h, dh, dgate, dup of a block) then hold 4 x's worth, where one block of all I columns would
-// hold 4 I / H of it (11 x's at LLaMA's I = 2.7 H), and each block's GEMMs stay as wide as the
-// model's own (N x H by H x block).
+// The blocks: the backward takes `chunk` intermediate columns at a time (0: H rounded up to a
+// multiple of 64, so each block's GEMMs stay as wide as the model's own, N x H by H x block),
+// the forward all I; both take rows in blocks of 2^20 / columns (at least 1024, so that each
+// GEMM still reads its weights for many rows): the transients of a block (h, dh, dgate, dup,
+// and gate and up where they are recomputed) then stay bounded whatever the sequence length,
+// where blocks of all N rows would hold 4-6 x's worth (7 KB a token at H 256). Each
+// weight-gradient block sums its row blocks' GEMMs in the math type (float32 for 16-bit data)
+// and is rounded once.
 int64_t columns_per_block(int64_t chunk, const Shape& s) {
   if (chunk > 0) return std::min(chunk, s.I);
   return std::min(s.I, (s.H + 63) / 64 * 64);
 }
-
-using Grads = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+int64_t rows_per_block(int64_t columns) { return std::max<int64_t>(1024, (int64_t{1} << 20) / columns / 64 * 64); }
 
 // A block of columns [c0, c0 + n) of the gate or up projection's output: the kept tensor's
 // columns where the forward's output was kept, else recomputed from x (one GEMM, the forward's
@@ -162,6 +134,63 @@ at::Tensor block_of(const at::Tensor& kept, const at::Tensor& x2, const at::Tens
       bias.has_value() && bias->defined() ? std::optional<at::Tensor>(bias->narrow(0, row0 + c0, n)) : std::nullopt;
   return at::linear(x2, weight.narrow(0, row0 + c0, n), b);
 }
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_kernel(
+    const at::Tensor& x, const at::Tensor& gate_weight, const std::optional<at::Tensor>& up_weight,
+    const at::Tensor& down_weight, const std::optional<at::Tensor>& gate_bias, const std::optional<at::Tensor>& up_bias,
+    const std::optional<at::Tensor>& down_bias, c10::string_view activation, c10::string_view recompute) {
+  const Shape s =
+      check(x, gate_weight, get(up_weight), down_weight, get(gate_bias), get(up_bias), get(down_bias), activation);
+  const GatedMlpRecompute what = gated_mlp_recompute(recompute);
+  const bool keep_gate = what != GatedMlpRecompute::kGateUp, keep_up = what == GatedMlpRecompute::kProduct;
+  const bool whole = s.fused && keep_up;  // the fused projection's [rows, 2 I] output kept as it is
+  const c10::SymInt rows = x.sym_numel() / s.H;
+  const at::Tensor none = at::empty({0}, x.options());
+  if (x.is_meta()) {  // shapes only, symbolic where they are (torch.compile)
+    return {at::empty_symint(with_last(x, s.O), x.options()),
+            keep_gate ? at::empty_symint({rows, c10::SymInt(whole ? 2 * s.I : s.I)}, x.options()) : none,
+            keep_up && !s.fused ? at::empty_symint({rows, c10::SymInt(s.I)}, x.options()) : none};
+  }
+  c10::OptionalDeviceGuard guard(x.device());
+  const int64_t N = rows.expect_int();
+  const at::Tensor x2 = x.reshape({N, s.H});
+  const at::Tensor& wu_all = s.fused ? gate_weight : *up_weight;
+  const std::optional<at::Tensor>& ub_all = s.fused ? gate_bias : up_bias;
+  const int64_t up_row0 = s.fused ? s.I : 0;
+  // the kept projections, whole; a recomputed one only block by block below
+  at::Tensor gate = none, up = none;
+  if (whole) {
+    gate = at::linear(x2, gate_weight, gate_bias).contiguous();
+  } else {
+    if (keep_gate) gate = block_of(at::Tensor(), x2, gate_weight, gate_bias, 0, 0, s.I).contiguous();
+    if (keep_up) up = at::linear(x2, *up_weight, up_bias).contiguous();
+  }
+  const at::Tensor g = whole ? gate.narrow(1, 0, s.I) : keep_gate ? gate : at::Tensor();
+  const at::Tensor u = whole ? gate.narrow(1, s.I, s.I) : keep_up ? up : at::Tensor();
+  const int64_t R = rows_per_block(s.I);
+  at::Tensor y = N > R ? at::empty({N, s.O}, x.options()) : at::Tensor();
+  for (int64_t r0 = 0; r0 < N || (N == 0 && r0 == 0); r0 += R) {
+    const int64_t m = std::min(R, N - r0);
+    const at::Tensor xr = x2.narrow(0, r0, m);
+    const at::Tensor gr = block_of(g.defined() ? g.narrow(0, r0, m) : g, xr, gate_weight, gate_bias, 0, 0, s.I);
+    const at::Tensor ur = block_of(u.defined() ? u.narrow(0, r0, m) : u, xr, wu_all, ub_all, up_row0, 0, s.I);
+    at::Tensor h = at::empty({m, s.I}, x.options());
+    if (m > 0) {
+      GatedMlpForwardParams p;
+      fill_gate_up(p, s, gr, ur, m);
+      p.h = h.mutable_data_ptr();
+      run_core(x, p, gated_mlp_forward_cpu, gated_mlp_forward_cuda, kOp);
+    }
+    at::Tensor yr = at::linear(h, down_weight, down_bias);
+    if (y.defined())
+      y.narrow(0, r0, m).copy_(yr);
+    else
+      y = yr;
+  }
+  return {y.view_symint(with_last(x, s.O)), gate, up};
+}
+
+using Grads = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
 Grads backward_kernel(const at::Tensor& grad, const at::Tensor& x, const std::optional<at::Tensor>& gate_kept,
                       const std::optional<at::Tensor>& up_kept, const at::Tensor& gate_weight,
@@ -222,36 +251,54 @@ Grads backward_kernel(const at::Tensor& grad, const at::Tensor& x, const std::op
     return at::zeros({N, s.H}, x.options().dtype(low ? at::kFloat : x.scalar_type()));
   });
   if (bias_grad[2]) ddb.copy_(dy.sum(0));
-  const int64_t C = columns_per_block(chunk, s);
+  const int64_t C = columns_per_block(chunk, s), R = rows_per_block(C);
+  const at::TensorOptions math = x.options().dtype(low ? at::kFloat : x.scalar_type());
   for (int64_t c0 = 0; c0 < s.I && N > 0; c0 += C) {
     const int64_t n = std::min(C, s.I - c0);
-    const at::Tensor dh = at::mm(dy, down_weight.narrow(1, c0, n));  // [N, n]
-    const at::Tensor g_block = block_of(g, x2, gate_weight, gate_bias, 0, c0, n);
-    const at::Tensor u_block = block_of(u, x2, wu_all, ub_all, up_row0, c0, n);
-    at::Tensor dg = at::empty({N, n}, x.options()), du = at::empty({N, n}, x.options());
-    at::Tensor h = maybe(need_ddown, [&] { return at::empty({N, n}, x.options()); });
-    GatedMlpBackwardParams p;
-    fill_gate_up(p, s, g_block, u_block, N);
-    p.grad_h = dh.const_data_ptr();
-    p.grad_gate = dg.mutable_data_ptr();
-    p.grad_up = du.mutable_data_ptr();
-    p.grad_gate_stride = p.grad_up_stride = n;
-    p.h = need_ddown ? h.mutable_data_ptr() : nullptr;
-    run_core(x, p, gated_mlp_backward_cpu, gated_mlp_backward_cuda, bop);
-    // rows [c0, c0 + n) of the gate and up weights, columns of down's
+    // rows [c0, c0 + n) of the gate and up weights (fused: up's are I rows further), columns of down's
     const at::Tensor wg = gate_weight.narrow(0, c0, n);
     const at::Tensor wu = wu_all.narrow(0, up_row0 + c0, n);
-    if (need_ddown) ddw.narrow(1, c0, n).copy_(at::mm(dy.t(), h));
-    if (need_dgate) dgw.narrow(0, c0, n).copy_(at::mm(dg.t(), x2));
-    if (fused && need_dgate) dgw.narrow(0, s.I + c0, n).copy_(at::mm(du.t(), x2));
-    if (need_dup_w) duw.narrow(0, c0, n).copy_(at::mm(du.t(), x2));
-    if (bias_grad[0]) dgb.narrow(0, c0, n).copy_(dg.sum(0));
-    if (bias_grad[0] && fused) dgb.narrow(0, s.I + c0, n).copy_(du.sum(0));
-    if (bias_grad[1]) dub.narrow(0, c0, n).copy_(du.sum(0));
-    if (need_dx) {
-      add_matmul(dx_acc, dg, wg, low);
-      add_matmul(dx_acc, du, wu, low);
+    const at::Tensor wd = down_weight.narrow(1, c0, n);
+    // this column block's weight and bias gradients, summed over the row blocks in the math type
+    at::Tensor acc_g = maybe(need_dgate, [&] { return at::zeros({n, s.H}, math); });
+    at::Tensor acc_u = maybe(need_dup_w || (fused && need_dgate), [&] { return at::zeros({n, s.H}, math); });
+    at::Tensor acc_d = maybe(need_ddown, [&] { return at::zeros({s.O, n}, math); });
+    at::Tensor acc_gb = maybe(bias_grad[0], [&] { return at::zeros({n}, math); });
+    at::Tensor acc_ub = maybe(bias_grad[1] || (fused && bias_grad[0]), [&] { return at::zeros({n}, math); });
+    for (int64_t r0 = 0; r0 < N; r0 += R) {
+      const int64_t m = std::min(R, N - r0);
+      const at::Tensor xr = x2.narrow(0, r0, m), dyr = dy.narrow(0, r0, m);
+      const at::Tensor dh = at::mm(dyr, wd);  // [m, n]
+      const at::Tensor g_block = block_of(g.defined() ? g.narrow(0, r0, m) : g, xr, gate_weight, gate_bias, 0, c0, n);
+      const at::Tensor u_block = block_of(u.defined() ? u.narrow(0, r0, m) : u, xr, wu_all, ub_all, up_row0, c0, n);
+      at::Tensor dg = at::empty({m, n}, x.options()), du = at::empty({m, n}, x.options());
+      at::Tensor h = maybe(need_ddown, [&] { return at::empty({m, n}, x.options()); });
+      GatedMlpBackwardParams p;
+      fill_gate_up(p, s, g_block, u_block, m);
+      p.grad_h = dh.const_data_ptr();
+      p.grad_gate = dg.mutable_data_ptr();
+      p.grad_up = du.mutable_data_ptr();
+      p.grad_gate_stride = p.grad_up_stride = n;
+      p.h = need_ddown ? h.mutable_data_ptr() : nullptr;
+      run_core(x, p, gated_mlp_backward_cpu, gated_mlp_backward_cuda, bop);
+      if (acc_d.defined()) add_matmul(acc_d, dyr.t(), h, low);
+      if (acc_g.defined()) add_matmul(acc_g, dg.t(), xr, low);
+      if (acc_u.defined()) add_matmul(acc_u, du.t(), xr, low);
+      if (acc_gb.defined()) acc_gb.add_(dg.sum(0, false, acc_gb.scalar_type()));
+      if (acc_ub.defined()) acc_ub.add_(du.sum(0, false, acc_ub.scalar_type()));
+      if (need_dx) {
+        at::Tensor dxr = dx_acc.narrow(0, r0, m);
+        add_matmul(dxr, dg, wg, low);
+        add_matmul(dxr, du, wu, low);
+      }
     }
+    if (need_ddown) ddw.narrow(1, c0, n).copy_(acc_d);
+    if (need_dgate) dgw.narrow(0, c0, n).copy_(acc_g);
+    if (fused && need_dgate) dgw.narrow(0, s.I + c0, n).copy_(acc_u);
+    if (need_dup_w) duw.narrow(0, c0, n).copy_(acc_u);
+    if (bias_grad[0]) dgb.narrow(0, c0, n).copy_(acc_gb);
+    if (bias_grad[0] && fused) dgb.narrow(0, s.I + c0, n).copy_(acc_ub);
+    if (bias_grad[1]) dub.narrow(0, c0, n).copy_(acc_ub);
   }
   if (N == 0) {  // no rows: every weight gradient is 0
     for (at::Tensor* t : {&dgw, &duw, &ddw})
@@ -268,7 +315,8 @@ at::Tensor composite(const at::Tensor& x, const at::Tensor& gate_weight, const s
                      c10::string_view activation, int64_t chunk, c10::string_view recompute) {
   TORCH_CHECK(chunk >= 0, kOp, ": chunk must be >= 0 (0: automatic), got ", chunk);
   gated_mlp_recompute(recompute);  // checked on every path
-  return std::get<0>(forward_kernel(x, gate_weight, up_weight, down_weight, gate_bias, up_bias, down_bias, activation));
+  return std::get<0>(
+      forward_kernel(x, gate_weight, up_weight, down_weight, gate_bias, up_bias, down_bias, activation, "gate_up"));
 }
 
 }  // namespace
@@ -294,9 +342,9 @@ at::Tensor gated_mlp(const at::Tensor& x, const at::Tensor& gate_weight, const s
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gated_mlp_forward(
     const at::Tensor& x, const at::Tensor& gate_weight, const std::optional<at::Tensor>& up_weight,
     const at::Tensor& down_weight, const std::optional<at::Tensor>& gate_bias, const std::optional<at::Tensor>& up_bias,
-    const std::optional<at::Tensor>& down_bias, c10::string_view activation) {
+    const std::optional<at::Tensor>& down_bias, c10::string_view activation, c10::string_view recompute) {
   static const auto& op = op_for<&gated_mlp_forward>("tempo::gated_mlp_forward");
-  return op.call(x, gate_weight, up_weight, down_weight, gate_bias, up_bias, down_bias, activation);
+  return op.call(x, gate_weight, up_weight, down_weight, gate_bias, up_bias, down_bias, activation, recompute);
 }
 
 Grads gated_mlp_backward(const at::Tensor& grad, const at::Tensor& x, const std::optional<at::Tensor>& gate,

@@ -9,7 +9,7 @@
 
 #include "common.h"
 #include "dtype.h"
-#include "tempo/attention.h"
+#include "tempo/qkv_split.h"
 
 TORCH_LIBRARY_FRAGMENT(tempo, m) {
   m.def("qkv_split(Tensor z, Tensor? bias, int heads) -> (Tensor, Tensor, Tensor)");
