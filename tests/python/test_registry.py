@@ -131,11 +131,23 @@ def test_cuda_kernels_follow_one_naming_rule():
         if not name.endswith(".cu"):
             continue
         unit = name[:-3]
-        # qkv_split's core kernels share attention's core files (its torch layer has its own)
-        hosted = ("qkv_split",) if unit == "attention" else ()
-        prefixes = (unit,) + hosted + tuple(n for n in registry.NAMES if registry.OPS[n]["unit"] == unit)
+        prefixes = (unit,) + tuple(n for n in registry.NAMES if registry.OPS[n]["unit"] == unit)
         with open(os.path.join(folder, name)) as f:
             kernels = re.findall(r"__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s+)?(\w+)", f.read())
         assert kernels, name
         for k in kernels:
             assert k.endswith("_kernel") and k.startswith(tuple(p + "_" for p in prefixes)), (name, k)
+
+
+def test_no_python_module_of_the_package_is_over_450_lines():
+    """The package stays readable: no module of python/tempo over 450 lines (an application or a
+    concern that grows gets a module of its own)."""
+    long = []
+    for folder, _, files in os.walk(os.path.join(ROOT, "python", "tempo")):
+        for name in files:
+            if name.endswith(".py"):
+                with open(os.path.join(folder, name)) as f:
+                    n = sum(1 for _ in f)
+                if n > 450:
+                    long.append((os.path.relpath(os.path.join(folder, name), ROOT), n))
+    assert not long, long

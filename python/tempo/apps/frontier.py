@@ -21,9 +21,8 @@ Methods (each on a fresh model from the same seed, one after the other in this p
   tempo              tempo.optimize(attention="auto"): the attention that keeps the fewest bytes
   tempo+compile      tempo-sdpa under torch.compile; -mem0.5 / -mem0.2 with those budgets
   tempo+ckpt         tempo-sdpa with activation checkpointing of every layer
-  tempo+recompute-up tempo-sdpa whose gated MLPs keep gate(x) alone and recompute up(x) in the
-                     backward (tempo.optimize(mlp_recompute="up"): one GEMM of the MLP's three);
-                     tempo+recompute-gate_up: both recomputed, nothing intermediate-wide kept
+  tempo+recompute-up tempo-sdpa with tempo.optimize(mlp_recompute="up"): gated MLPs recompute up(x);
+                     tempo+recompute-gate_up: gate(x) and up(x), nothing intermediate-wide kept
   tempo+liger        Liger's RoPE and SwiGLU/GEGLU with tempo's norms, LM head and attention="auto"
                      (the two never patch the same module)
   tempo-auto         Auto-Tempo (tempo.auto, method "fast") decides under each budget
