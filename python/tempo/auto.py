@@ -24,6 +24,7 @@ from . import memory
 from ._measure import free, sync, budget_enforced, heap_frozen, largest_batch, parse_bytes
 from .hf import TECHNIQUES, AttentionNotComputed, optimize, restore
 from .hf.attention import transformers_models, uses_attention_registry
+from .hf.rules import rules_for
 
 
 class AutoReport:
@@ -101,23 +102,28 @@ def _attention_refusal(model, make_batch):
 
 
 def _candidates(model, method, transformers_model):
-    """(name, techniques, attention, module filter) per candidate, baseline first."""
+    """(name, techniques, attention, module filter, further optimize arguments) per candidate,
+    baseline first."""
     # "auto": tempo's attention only where it keeps less than the model's own (sdpa without dropout keeps no S x S)
     attention = "auto" if transformers_model else "keep"
-    out = [("baseline (as given)", None, None, None), ("tempo: all", "all", attention, None)]
+    out = [("baseline (as given)", None, None, None, {}), ("tempo: all", "all", attention, None, {})]
     if method == "fast":
         return out
+    if any(rules_for(m, {"gated_mlp"}) for m in model.modules()):  # longer batches for one or two GEMMs
+        for what in ("up", "gate_up"):
+            out.append(("tempo: all, gated MLPs recomputing %s" % what, "all", attention, None,
+                        {"mlp_recompute": what}))
     for t in TECHNIQUES:
-        out.append(("tempo: %s only" % t, [t], "keep", None))
+        out.append(("tempo: %s only" % t, [t], "keep", None, {}))
     if transformers_model:
-        out.append(("tempo: attention only", [], "auto", None))
+        out.append(("tempo: attention only", [], "auto", None, {}))
     blocks = max((m for m in model.modules() if isinstance(m, torch.nn.ModuleList)), key=len, default=None)
     if blocks is not None and len(blocks) >= 2:
         prefix = next(n for n, m in model.named_modules() if m is blocks)
         half = len(blocks) // 2
         keep = tuple("%s.%d." % (prefix, i) for i in range(half))
         out.append(("tempo: all, first %d of %d layers" % (half, len(blocks)), "all", "keep",
-                    lambda path, keep=keep: (path + ".").startswith(keep)))
+                    lambda path, keep=keep: (path + ".").startswith(keep), {}))
     return out
 
 
@@ -130,7 +136,8 @@ def auto(model, make_batch, budget=None, method="fast", loss_fn=None, steps=3, m
     the device's free memory, on CPU it is required. method: "fast" (apply everything if the
     larger batch it allows gives more throughput, else leave the model as it is) or "fine"
     (the candidate with the most throughput at its largest batch among: no change, all
-    techniques, each technique alone, attention alone, all techniques on half the layers).
+    techniques, all with the gated MLPs recomputing up(x) or gate(x) and up(x) (mlp_recompute),
+    each technique alone, attention alone, all techniques on half the layers).
     """
     if method not in ("fast", "fine"):
         raise ValueError("tempo.auto: method must be 'fast' or 'fine', got %r" % (method,))
@@ -215,10 +222,10 @@ def auto(model, make_batch, budget=None, method="fast", loss_fn=None, steps=3, m
     rows, results = [], {}
     try:
         with heap_frozen():
-            for name, techniques, attention, modules in _candidates(model, method, transformers_model):
+            for name, techniques, attention, modules, extra in _candidates(model, method, transformers_model):
                 if techniques is not None:
                     try:
-                        optimize(model, techniques=techniques, attention=attention, modules=modules)
+                        optimize(model, techniques=techniques, attention=attention, modules=modules, **extra)
                     except ValueError:  # nothing of this kind in the model (it is left unchanged)
                         continue
                 try:
@@ -236,12 +243,12 @@ def auto(model, make_batch, budget=None, method="fast", loss_fn=None, steps=3, m
                             med = statistics.median(ms) / 1e3
                             sps, tps = mb / med, tokens / med
                     rows.append((name, mb, sps, tps))
-                    results[name] = (techniques, attention, modules, mb, tps or 0.0)
+                    results[name] = (techniques, attention, modules, extra, mb, tps or 0.0)
                 finally:
                     if techniques is not None:
                         restore(model)
         base = results["baseline (as given)"]
-        fitting = {k: v for k, v in results.items() if v[3] is not None}
+        fitting = {k: v for k, v in results.items() if v[4] is not None}
         if not fitting:
             grads = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
             raise ValueError("tempo.auto: the model does not fit the budget (%.3f GiB) at batch 1, with or without "
@@ -249,21 +256,21 @@ def auto(model, make_batch, budget=None, method="fast", loss_fn=None, steps=3, m
                              % (budget / 2**30, (held_by_model + grads) / 2**30))
         if method == "fast":
             t = results.get("tempo: all")
-            if t is not None and t[3] is not None and (base[3] is None or (t[3] > base[3] and t[4] > base[4])):
+            if t is not None and t[4] is not None and (base[4] is None or (t[4] > base[4] and t[5] > base[5])):
                 choice = "tempo: all"
-                why = ("the baseline does not fit at batch 1" if base[3] is None else
-                       "batch %d -> %d raised throughput %.0f -> %.0f tokens/s" % (base[3], t[3], base[4], t[4]))
+                why = ("the baseline does not fit at batch 1" if base[4] is None else
+                       "batch %d -> %d raised throughput %.0f -> %.0f tokens/s" % (base[4], t[4], base[5], t[5]))
             else:
                 choice = "baseline (as given)"
-                why = ("tempo allows no larger batch" if t is None or t[3] is None or t[3] <= (base[3] or 0) else
+                why = ("tempo allows no larger batch" if t is None or t[4] is None or t[4] <= (base[4] or 0) else
                        "the larger batch (%d vs %d) did not raise throughput (%.0f vs %.0f tokens/s)"
-                       % (t[3], base[3], t[4], base[4]))
+                       % (t[4], base[4], t[5], base[5]))
         else:
-            choice = max(fitting, key=lambda k: fitting[k][4])
+            choice = max(fitting, key=lambda k: fitting[k][5])
             why = "the most tokens/s at its largest batch among %d candidates" % len(fitting)
-        techniques, attention, modules, _, _ = results[choice]
+        techniques, attention, modules, extra, _, _ = results[choice]
         if techniques is not None:
-            optimize(model, techniques=techniques, attention=attention, modules=modules)
+            optimize(model, techniques=techniques, attention=attention, modules=modules, **extra)
         return AutoReport(method, budget, rows, choice, why, notes)
     finally:
         model.train(was_training)

@@ -495,3 +495,27 @@ def test_bench_module_errors(capsys):
         code, _, err = bench(capsys, *args)  # any exception but SystemExit would be a traceback for the user
         assert code != 0, args
         assert message in err, (args, err)
+
+
+def test_auto_fine_weighs_the_gated_mlps_recomputing_their_projections():
+    """On a LLaMA, method="fine" also measures tempo with the gated MLPs recomputing up(x), and
+    gate(x) and up(x) (mlp_recompute): each fits at least "tempo: all"'s batch under the same
+    budget, and a chosen one is what the model ends up with."""
+    import transformers as T
+    torch.manual_seed(0)
+    model = T.LlamaForCausalLM(T.LlamaConfig(hidden_size=64, intermediate_size=256, num_hidden_layers=2,
+                                             num_attention_heads=4, num_key_value_heads=2,
+                                             vocab_size=128)).train()
+
+    def batch(b):
+        ids = torch.randint(0, 128, (b, 64), generator=torch.Generator().manual_seed(b))
+        return {"input_ids": ids, "labels": ids}
+
+    rep = tempo.auto(model, batch, budget="6MiB", method="fine", steps=1, max_batch=64)
+    rows = {r[0]: r for r in rep.rows}
+    names = ["tempo: all, gated MLPs recomputing up", "tempo: all, gated MLPs recomputing gate_up"]
+    assert all(n in rows for n in names), str(rep)
+    assert rows[names[0]][1] >= rows["tempo: all"][1] and rows[names[1]][1] >= rows[names[0]][1], str(rep)
+    assert rows[names[1]][1] > rows["tempo: all"][1], str(rep)
+    recomputing = {m.__dict__.get("_tempo_mlp_recompute") for m in model.modules()} - {None}
+    assert recomputing == ({rep.choice.rsplit(" ", 1)[1]} if rep.choice in names else set()), str(rep)
