@@ -190,9 +190,12 @@ MemoryPolicy MemoryPolicy::parse(const std::string& spec) {
       p.fused_kernels = on;
     else if (t == "recompute")
       p.recompute_attention = on;
+    else if (t == "mlp_up" || t == "mlp_gate_up")
+      p.mlp_recompute = on ? t.substr(4) : "product";
     else
       TORCH_CHECK(false, "tempo::models: unknown toggle '", t, "' in memory policy '", spec,
-                  "' (gelu, norm, dropout, attention, sdpa, fused, checkpoint, head, kernels, recompute)");
+                  "' (gelu, norm, dropout, attention, sdpa, fused, checkpoint, head, kernels, recompute, mlp_up, ",
+                  "mlp_gate_up)");
     i = j;
   }
   return p;

@@ -102,8 +102,8 @@ at::Tensor TransformerLayerImpl::ffn(const at::Tensor& x, bool out_bias) {
   at::Tensor a;
   if (config_.arch == Arch::kLlama) {  // SwiGLU: tempo keeps gate and up, not SiLU(gate) or the product
     if (ops_->policy().inplace_gelu) {
-      const at::Tensor y =
-          tempo::gated_mlp(x, gate->weight, fc1->weight, fc2->weight, std::nullopt, std::nullopt, std::nullopt, "silu");
+      const at::Tensor y = tempo::gated_mlp(x, gate->weight, fc1->weight, fc2->weight, std::nullopt, std::nullopt,
+                                            std::nullopt, "silu", 0, ops_->policy().mlp_recompute);
       return out_bias && fc2->bias.defined() ? y + fc2->bias : y;
     }
     a = at::silu(gate->forward(x)) * fc1->forward(x);

@@ -549,3 +549,19 @@ def test_on_every_device_within_twice_torchs_error(on_device, act, fused, dtype)
     g_exact = torch.autograd.grad(exact, [t for t in exact_leaves if t is not None], dy.double())
     for i, (a, b, e) in enumerate(zip(g_ours, g_theirs, g_exact)):
         assert _rel(a, e) <= 2 * _rel(b, e) + 1e-6, (i, _rel(a, e), _rel(b, e))
+
+
+@pytest.mark.parametrize("recompute", list(KEPT_I_WIDE))
+@pytest.mark.parametrize("fused", [False, True])
+def test_opcheck_in_every_recompute_mode(fused, recompute):
+    """torch.library.opcheck of tempo::gated_mlp and its forward op (schema, aliasing of the
+    outputs, fake kernel, autograd registration) with each recompute option."""
+    H, I = 8, 12
+    x = _rand(2, 3, H, seed=60, dtype=torch.float64).requires_grad_()
+    wg = _rand(2 * I if fused else I, H, seed=61, dtype=torch.float64).requires_grad_()
+    wu = None if fused else _rand(I, H, seed=62, dtype=torch.float64).requires_grad_()
+    wd = _rand(H, I, seed=63, dtype=torch.float64).requires_grad_()
+    bg = _rand(wg.shape[0], seed=64, dtype=torch.float64).requires_grad_()
+    torch.library.opcheck(torch.ops.tempo.gated_mlp, (x, wg, wu, wd, bg, None, None, "silu", 0, recompute))
+    torch.library.opcheck(torch.ops.tempo.gated_mlp_forward, (x.detach(), wg.detach(), None if fused else wu.detach(),
+                                                              wd.detach(), bg.detach(), None, None, "silu", recompute))

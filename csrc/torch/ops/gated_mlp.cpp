@@ -145,11 +145,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_kernel(
   const bool keep_gate = what != GatedMlpRecompute::kGateUp, keep_up = what == GatedMlpRecompute::kProduct;
   const bool whole = s.fused && keep_up;  // the fused projection's [rows, 2 I] output kept as it is
   const c10::SymInt rows = x.sym_numel() / s.H;
-  const at::Tensor none = at::empty({0}, x.options());
+  // an output not kept: empty, and a tensor of its own (outputs may not alias one another)
+  auto none = [&] { return at::empty({0}, x.options()); };
   if (x.is_meta()) {  // shapes only, symbolic where they are (torch.compile)
     return {at::empty_symint(with_last(x, s.O), x.options()),
-            keep_gate ? at::empty_symint({rows, c10::SymInt(whole ? 2 * s.I : s.I)}, x.options()) : none,
-            keep_up && !s.fused ? at::empty_symint({rows, c10::SymInt(s.I)}, x.options()) : none};
+            keep_gate ? at::empty_symint({rows, c10::SymInt(whole ? 2 * s.I : s.I)}, x.options()) : none(),
+            keep_up && !s.fused ? at::empty_symint({rows, c10::SymInt(s.I)}, x.options()) : none()};
   }
   c10::OptionalDeviceGuard guard(x.device());
   const int64_t N = rows.expect_int();
@@ -158,7 +159,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_kernel(
   const std::optional<at::Tensor>& ub_all = s.fused ? gate_bias : up_bias;
   const int64_t up_row0 = s.fused ? s.I : 0;
   // the kept projections, whole; a recomputed one only block by block below
-  at::Tensor gate = none, up = none;
+  at::Tensor gate = none(), up = none();
   if (whole) {
     gate = at::linear(x2, gate_weight, gate_bias).contiguous();
   } else {

@@ -235,6 +235,46 @@ TEST(Models, SwiGLUUnderTempoKeepsGateAndUpOnly) {
   EXPECT_LT((out[1] - out[0]).abs().max().item<double>(), 1e-4 * out[0].abs().max().item<double>());
 }
 
+TEST(Models, SwiGLURecomputingItsProjectionsKeepsLessWithTheSameGradients) {
+  // "eager+gelu+mlp_up" / "+mlp_gate_up": one / two I S fp32 tensors fewer held than
+  // "eager+gelu", and the same parameter gradients (the backward recomputes up(x), gate(x)).
+  tempo::memory::track_cpu();
+  const c10::Device cpu(c10::kCPU);
+  ModelConfig c = ModelConfig::preset("llama-small");
+  c.layers = 1;
+  c.vocab = 512;
+  const int64_t S = 64;
+  const char* policies[3] = {"eager+gelu", "eager+gelu+mlp_up", "eager+gelu+mlp_gate_up"};
+  int64_t held[3];
+  std::vector<at::Tensor> grads[3];
+  for (int k = 0; k < 3; ++k) {
+    torch::manual_seed(0);
+    auto m = tempo::models::make_model(c, MemoryPolicy::parse(policies[k]));
+    EXPECT_EQ(MemoryPolicy::parse(policies[k]).mlp_recompute, k == 0 ? "product" : k == 1 ? "up" : "gate_up");
+    const at::Tensor ids = at::randint(2, c.vocab, {1, S}, at::kLong);
+    at::Tensor out;
+    {
+      tempo::memory::Scope scope(cpu);
+      out = m->hidden_states(ids, at::Tensor());
+      held[k] = scope.held() - out.nbytes();
+    }
+    out.square().sum().backward();
+    for (auto& p : m->parameters())
+      if (p.grad().defined()) grads[k].push_back(p.grad().clone());
+  }
+  const int64_t n = c.intermediate * S;
+  EXPECT_EQ(held[0] - held[1], n * 4);
+  EXPECT_EQ(held[0] - held[2], 2 * n * 4);
+  for (int k = 1; k < 3; ++k) {
+    ASSERT_EQ(grads[k].size(), grads[0].size());
+    for (size_t i = 0; i < grads[0].size(); ++i)
+      EXPECT_LT((grads[k][i] - grads[0][i]).abs().max().item<double>(),
+                1e-4 * grads[0][i].abs().max().item<double>() + 1e-7)
+          << policies[k] << " " << i;
+  }
+  EXPECT_THROW(MemoryPolicy::parse("eager+mlp_down"), c10::Error);
+}
+
 TEST(Models, GatedMLPModuleMatchesTheComposition) {
   // tempo::nn::GatedMLP (separate and fused projections, every activation, each recompute
   // option) against the torch composition in float64: output and every parameter's gradient.

@@ -59,7 +59,8 @@ struct ModelConfig {
 //               CPU with attention dropout torch's sdpa would fall back to its math path)
 // A base name may be followed by toggles, "+t" to turn a technique on and "-t" off, with t in
 // gelu, norm, dropout (bit masks), attention (tempo attention), sdpa, fused, checkpoint, head
-// (the fused LM head); e.g.
+// (the fused LM head), kernels, recompute (attention), mlp_up / mlp_gate_up (the gated MLP's
+// recompute); e.g.
 // "eager+gelu" (in-place GELU alone, for the paper's ablation) or "tempo-norm".
 struct MemoryPolicy {
   std::string name = "eager";
@@ -76,6 +77,10 @@ struct MemoryPolicy {
   // Recompute the q/k/v projection and the attention core in the backward (toggle
   // `recompute`): each layer keeps its input instead of q, k, v (SelfAttentionOptions::recompute).
   bool recompute_attention = false;
+  // What the gated MLP's backward recomputes (toggles `mlp_up`, `mlp_gate_up`): "product" (no
+  // matmul), "up" or "gate_up" (tempo::gated_mlp's recompute: one or two GEMMs for one or both
+  // intermediate-wide tensors fewer kept).
+  std::string mlp_recompute = "product";
 
   static MemoryPolicy parse(const std::string& spec);
   static std::vector<std::string> names();  // the six bases
