@@ -5,6 +5,7 @@ next to PyTorch's own op in the same dtype (which keeps x). Dense sweep: 10^6 po
 
     python benchmarks/activation_accuracy.py [--markdown docs/accuracy.md] [--csv FILE]
 """
+
 import argparse
 import os
 import sys
@@ -52,30 +53,61 @@ def main():
             e_torch = (grad(torch_fn, x) - exact).abs()
             rel = lambda e: (e / exact.abs().clamp_min(1e-3)).max().item()  # noqa: E731
             far = (x.to(torch.float64) - argmin(name)).abs() > 0.05
-            rows.append(dict(
-                op=name, dtype=str(dtype).replace("torch.", ""), points=x.numel(),
-                tempo_max_abs=e_tempo.max().item(), torch_max_abs=e_torch.max().item(),
-                tempo_max_abs_far=e_tempo[far].max().item(), torch_max_abs_far=e_torch[far].max().item(),
-                tempo_max_rel=rel(e_tempo), torch_max_rel=rel(e_torch),
-                worst_over_bound=(e_tempo / bound).max().item(),
-                worse_window=window(x, e_tempo, e_torch, argmin(name)),
-                nonfinite=int((~torch.isfinite(grad(tempo_fn, x))).sum()),
-            ))
+            rows.append(
+                dict(
+                    op=name,
+                    dtype=str(dtype).replace("torch.", ""),
+                    points=x.numel(),
+                    tempo_max_abs=e_tempo.max().item(),
+                    torch_max_abs=e_torch.max().item(),
+                    tempo_max_abs_far=e_tempo[far].max().item(),
+                    torch_max_abs_far=e_torch[far].max().item(),
+                    tempo_max_rel=rel(e_tempo),
+                    torch_max_rel=rel(e_torch),
+                    worst_over_bound=(e_tempo / bound).max().item(),
+                    worse_window=window(x, e_tempo, e_torch, argmin(name)),
+                    nonfinite=int((~torch.isfinite(grad(tempo_fn, x))).sum()),
+                )
+            )
             r = rows[-1]
-            print("%-10s %-9s tempo max abs %.2e (|x-x*|>0.05: %.2e)  torch %.2e (%.2e)  err/bound %.2f  window %.3g"
-                  % (r["op"], r["dtype"], r["tempo_max_abs"], r["tempo_max_abs_far"], r["torch_max_abs"],
-                     r["torch_max_abs_far"], r["worst_over_bound"], r["worse_window"]), flush=True)
+            print(
+                "%-10s %-9s tempo max abs %.2e (|x-x*|>0.05: %.2e)  torch %.2e (%.2e)  err/bound %.2f  window %.3g"
+                % (
+                    r["op"],
+                    r["dtype"],
+                    r["tempo_max_abs"],
+                    r["tempo_max_abs_far"],
+                    r["torch_max_abs"],
+                    r["torch_max_abs_far"],
+                    r["worst_over_bound"],
+                    r["worse_window"],
+                ),
+                flush=True,
+            )
     if args.csv:
         write_csv(args.csv, rows)
     if args.markdown:
-        table = ["| op | dtype | tempo max abs | torch max abs | tempo max abs, x farther than 0.05 from x* "
-                 "| torch, same | tempo max rel | torch max rel | max err / bound | window where tempo > 2x torch |",
-                 "|---|---|---|---|---|---|---|---|---|---|"]
+        table = [
+            "| op | dtype | tempo max abs | torch max abs | tempo max abs, x farther than 0.05 from x* "
+            "| torch, same | tempo max rel | torch max rel | max err / bound | window where tempo > 2x torch |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
         for r in rows:
-            table.append("| %s | %s | %.2e | %.2e | %.2e | %.2e | %.2e | %.2e | %.2f | %s |" % (
-                r["op"], r["dtype"], r["tempo_max_abs"], r["torch_max_abs"], r["tempo_max_abs_far"],
-                r["torch_max_abs_far"], r["tempo_max_rel"], r["torch_max_rel"], r["worst_over_bound"],
-                "none" if r["worse_window"] == 0 else "within %.2g of x*" % r["worse_window"]))
+            table.append(
+                "| %s | %s | %.2e | %.2e | %.2e | %.2e | %.2e | %.2e | %.2f | %s |"
+                % (
+                    r["op"],
+                    r["dtype"],
+                    r["tempo_max_abs"],
+                    r["torch_max_abs"],
+                    r["tempo_max_abs_far"],
+                    r["torch_max_abs_far"],
+                    r["tempo_max_rel"],
+                    r["torch_max_rel"],
+                    r["worst_over_bound"],
+                    "none" if r["worse_window"] == 0 else "within %.2g of x*" % r["worse_window"],
+                )
+            )
         replace_between(args.markdown, "accuracy-table", table)
 
 

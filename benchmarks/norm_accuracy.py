@@ -7,6 +7,7 @@ x ~ 2 N(0, 1) + 0.5, dy ~ N(0, 1); the worst column over SEEDS seeds.
 
     python benchmarks/norm_accuracy.py [--markdown docs/accuracy.md] [--csv FILE] [--seeds N]
 """
+
 import argparse
 import os
 import sys
@@ -31,8 +32,12 @@ def summarise(kind, dtype, seeds):
             if out not in errors["tempo"]:
                 continue
             ours, theirs = errors["tempo"][out], errors["torch"][out]
-            vals = {"tempo": ours.max().item(), "torch": theirs.max().item(),
-                    "tempo_kept": ours[kept].max().item(), "over_bound": (ours / bound(dtype, theirs)).max().item()}
+            vals = {
+                "tempo": ours.max().item(),
+                "torch": theirs.max().item(),
+                "tempo_kept": ours[kept].max().item(),
+                "over_bound": (ours / bound(dtype, theirs)).max().item(),
+            }
             for k, v in vals.items():
                 worst[out + "_" + k] = max(worst.get(out + "_" + k, 0.0), v)
         worst["nonfinite"] = worst.get("nonfinite", 0) + errors["tempo"]["nonfinite"]
@@ -51,22 +56,37 @@ def main():
         for dtype in DTYPES:
             r = summarise(kind, dtype, args.seeds)
             rows.append(r)
-            print("%-10s %-9s kept %2d/%d  " % (r["op"], r["dtype"], r["kept"], r["columns"]) + "  ".join(
-                "%s %.1e/%.1e (kept %.1e, /bound %.2f)" % (o, r[o + "_tempo"], r[o + "_torch"], r[o + "_tempo_kept"],
-                                                          r[o + "_over_bound"]) for o in OUTS if o + "_tempo" in r)
-                  + "  nonfinite %d" % r["nonfinite"], flush=True)
+            print(
+                "%-10s %-9s kept %2d/%d  " % (r["op"], r["dtype"], r["kept"], r["columns"])
+                + "  ".join(
+                    "%s %.1e/%.1e (kept %.1e, /bound %.2f)"
+                    % (o, r[o + "_tempo"], r[o + "_torch"], r[o + "_tempo_kept"], r[o + "_over_bound"])
+                    for o in OUTS
+                    if o + "_tempo" in r
+                )
+                + "  nonfinite %d" % r["nonfinite"],
+                flush=True,
+            )
     if args.csv:
         write_csv(args.csv, [{k: r.get(k, "") for k in rows[0]} for r in rows])
     if args.markdown:
-        table = ["| op | dtype | kept columns | dx: tempo / torch (kept) | dgamma: tempo / torch (kept) "
-                 "| dbeta: tempo / torch | worst error / bound |", "|---|---|---|---|---|---|---|"]
+        table = [
+            "| op | dtype | kept columns | dx: tempo / torch (kept) | dgamma: tempo / torch (kept) "
+            "| dbeta: tempo / torch | worst error / bound |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for r in rows:
-            cell = lambda o: ("%.1e / %.1e (%.1e)" % (r[o + "_tempo"], r[o + "_torch"], r[o + "_tempo_kept"])  # noqa
-                              if o + "_tempo" in r else "-")
+            cell = lambda o: (
+                "%.1e / %.1e (%.1e)" % (r[o + "_tempo"], r[o + "_torch"], r[o + "_tempo_kept"])  # noqa
+                if o + "_tempo" in r
+                else "-"
+            )
             db = "%.1e / %.1e" % (r["dbeta_tempo"], r["dbeta_torch"]) if "dbeta_tempo" in r else "-"
             over = max(r[o + "_over_bound"] for o in OUTS if o + "_over_bound" in r)
-            table.append("| %s | %s | %d of %d | %s | %s | %s | %.2f |" % (
-                r["op"], r["dtype"], r["kept"], r["columns"], cell("dx"), cell("dgamma"), db, over))
+            table.append(
+                "| %s | %s | %d of %d | %s | %s | %s | %.2f |"
+                % (r["op"], r["dtype"], r["kept"], r["columns"], cell("dx"), cell("dgamma"), db, over)
+            )
         replace_between(args.markdown, "norm-accuracy-table", table)
 
 

@@ -1,5 +1,6 @@
 """Output helpers shared by the accuracy scripts: CSV rows and a Markdown table written
 between two markers of a document."""
+
 import csv
 import os
 

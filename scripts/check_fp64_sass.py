@@ -6,6 +6,7 @@ sees fp64 instructions at all. Prints one line per kernel; exit 1 on a violation
 
     scripts/check_fp64_sass.py OBJECT.o [--cuobjdump PATH] [--kernels forward_kernel,backward_kernel]
 """
+
 import argparse
 import glob
 import os
@@ -16,8 +17,10 @@ import sys
 
 # Double-precision SASS: the D* arithmetic (DADD, DMUL, DFMA, DSETP, DMNMX, ...), conversions
 # to or from F64, and the 64-bit reciprocal/sqrt seeds.
-FP64 = re.compile(r"\b(D(?:ADD|MUL|FMA|SETP|SET|MNMX|MMA)|(?:F2F|F2I|I2F|FRND)\.[A-Z0-9.]*F64[A-Z0-9.]*"
-                  r"|MUFU\.(?:RCP64H|RSQ64H))\b")
+FP64 = re.compile(
+    r"\b(D(?:ADD|MUL|FMA|SETP|SET|MNMX|MMA)|(?:F2F|F2I|I2F|FRND)\.[A-Z0-9.]*F64[A-Z0-9.]*"
+    r"|MUFU\.(?:RCP64H|RSQ64H))\b"
+)
 
 
 def find_cuobjdump():
@@ -27,8 +30,9 @@ def find_cuobjdump():
     # The CUDA torch's Triton ships one (the toolkit here has none).
     roots = [os.path.dirname(os.path.dirname(sys.executable)), ".venv-cuda"]
     for root in roots:
-        hits = glob.glob(os.path.join(root, "lib", "python3*", "site-packages", "triton", "backends", "nvidia", "bin",
-                                      "cuobjdump"))
+        hits = glob.glob(
+            os.path.join(root, "lib", "python3*", "site-packages", "triton", "backends", "nvidia", "bin", "cuobjdump")
+        )
         if hits:
             return hits[0]
     return None
@@ -63,8 +67,11 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("object")
     p.add_argument("--cuobjdump", default=None)
-    p.add_argument("--kernels", default="forward_kernel,backward_kernel",
-                   help="kernel names (substrings) that must have no fp64 for 16/32-bit data")
+    p.add_argument(
+        "--kernels",
+        default="forward_kernel,backward_kernel",
+        help="kernel names (substrings) that must have no fp64 for 16/32-bit data",
+    )
     a = p.parse_args()
     tool = a.cuobjdump or find_cuobjdump()
     if not tool:

@@ -11,6 +11,7 @@ Prints a table; writes it as CSV with --csv; exit 1 on a violation.
 
     scripts/check_kernel_resources.py build-cuda/CMakeFiles/tempo_core.dir/csrc/core/cuda/*.cu.o
 """
+
 import argparse
 import csv
 import os
@@ -23,11 +24,17 @@ from check_fp64_sass import INSTRUCTION, demangle, find_cuobjdump  # noqa: E402
 
 RES = re.compile(r"Function (\S+):\s*REG:(\d+)\s+STACK:(\d+)\s+SHARED:(\d+)\s+LOCAL:(\d+)")
 # Kernels that must move 16-byte words: (object file stem, kernel name substring)
-VECTORISED = [("activation.cu", "forward_kernel"), ("activation.cu", "backward_kernel<"),
-              ("dropout.cu", "dropout_forward_kernel<"), ("dropout.cu", "dropout_backward_kernel<"),
-              ("norm.cu", "_rows_kernel<"), ("attention.cu", "_rows_kernel<"),
-              ("attention.cu", "_packs_kernel<"),
-              ("linear_cross_entropy.cu", "backward_kernel<"), ("gated_mlp.cu", "gated_mlp_")]
+VECTORISED = [
+    ("activation.cu", "forward_kernel"),
+    ("activation.cu", "backward_kernel<"),
+    ("dropout.cu", "dropout_forward_kernel<"),
+    ("dropout.cu", "dropout_backward_kernel<"),
+    ("norm.cu", "_rows_kernel<"),
+    ("attention.cu", "_rows_kernel<"),
+    ("attention.cu", "_packs_kernel<"),
+    ("linear_cross_entropy.cu", "backward_kernel<"),
+    ("gated_mlp.cu", "gated_mlp_"),
+]
 
 
 def sass_counts(tool, obj):
@@ -67,11 +74,24 @@ def main():
             d = pretty[name]
             c = counts.get(name, {"instructions": 0, "ldg128": 0, "stg128": 0})
             wide = re.search(r"(,\s*double>|EdEEv|<double>)", d + name) is None
-            must_vec = wide and any(stem == s and k in d for s, k in VECTORISED) and "bias_kernel" not in d \
+            must_vec = (
+                wide
+                and any(stem == s and k in d for s, k in VECTORISED)
+                and "bias_kernel" not in d
                 and "keep_bits" not in d
-            row = {"object": stem, "kernel": d, "registers": int(reg), "stack": int(stack), "local": int(local),
-                   "shared": int(shared), "instructions": c["instructions"], "ldg128": c["ldg128"],
-                   "stg128": c["stg128"], "must_vectorise": must_vec}
+            )
+            row = {
+                "object": stem,
+                "kernel": d,
+                "registers": int(reg),
+                "stack": int(stack),
+                "local": int(local),
+                "shared": int(shared),
+                "instructions": c["instructions"],
+                "ldg128": c["ldg128"],
+                "stg128": c["stg128"],
+                "must_vectorise": must_vec,
+            }
             rows.append(row)
             if int(local) or int(stack):
                 bad.append("%s: %s B local, %s B stack (spills or a local array)" % (d, local, stack))
@@ -80,8 +100,19 @@ def main():
     print("%-4s %6s %6s %6s %7s %7s  %s" % ("reg", "local", "stack", "instr", "LDG128", "STG128", "kernel"))
     for r in rows:
         flag = "  [vectorised]" if r["must_vectorise"] else ""
-        print("%-4d %6d %6d %6d %7d %7d  %s%s" % (r["registers"], r["local"], r["stack"], r["instructions"],
-                                               r["ldg128"], r["stg128"], r["kernel"][:150], flag))
+        print(
+            "%-4d %6d %6d %6d %7d %7d  %s%s"
+            % (
+                r["registers"],
+                r["local"],
+                r["stack"],
+                r["instructions"],
+                r["ldg128"],
+                r["stg128"],
+                r["kernel"][:150],
+                flag,
+            )
+        )
     if a.csv:
         with open(a.csv, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(rows[0]))
@@ -90,8 +121,10 @@ def main():
     if bad:
         print("check_kernel_resources: %d violation(s):\n  %s" % (len(bad), "\n  ".join(bad)))
         sys.exit(1)
-    print("check_kernel_resources: %d kernels, none with local memory or stack; the vectorised kernels hold "
-          "128-bit loads and stores" % len(rows))
+    print(
+        "check_kernel_resources: %d kernels, none with local memory or stack; the vectorised kernels hold "
+        "128-bit loads and stores" % len(rows)
+    )
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ racecheck) in scripts/gpu_check.sh: odd widths (the vector tail), a kept norm co
 
     compute-sanitizer --tool memcheck --kernel-name kns=tempo python scripts/sanitize_ops.py
 """
+
 import sys
 
 import torch
@@ -17,7 +18,7 @@ def cases(dtype, dev="cuda"):
     name_variant: a function that runs it and returns a tensor to differentiate (None: an op
     without a gradient)."""
     x = torch.randn(37, 203, device=dev, dtype=dtype, requires_grad=True)
-    w = (torch.rand(203, device=dev, dtype=dtype) + 0.5)
+    w = torch.rand(203, device=dev, dtype=dtype) + 0.5
     w[5] = 0.0  # a kept column
     w.requires_grad_()
     b = (torch.randn(203, device=dev, dtype=dtype) * 0.1).requires_grad_()

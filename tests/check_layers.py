@@ -8,6 +8,7 @@ violations.
 
     python tests/check_layers.py csrc
 """
+
 import os
 import re
 import sys
@@ -91,7 +92,7 @@ def cycles(root):
         def walk(node, path):
             for nxt in sorted(uses.get(node, ())):
                 if nxt in path:
-                    circle = path[path.index(nxt):] + [nxt]
+                    circle = path[path.index(nxt) :] + [nxt]
                     key = frozenset(circle)
                     if key not in found:
                         found.add(key)

@@ -18,36 +18,44 @@ fitted at Chebyshev nodes against f'(f^-1(y)) in double precision, with f^-1 com
 bisection to full double precision. The script stops if any piece misses the tolerance.
 It also fits Q(t) = Phi(x) exp(x^2/2), t = 1/(1 - x/4), x <= 0, for the erf-GELU forward.
 """
+
 import sys
 import numpy as np
 from numpy.polynomial import chebyshev as C
 from scipy.special import erfc
 
-DEG = 8            # polynomial degree of every piece
-NEAR_LEFT, NEAR_RIGHT = 4, 16   # uniform pieces in s < 0 and in s >= 0
-RIGHT_LOG2_LO, RIGHT_BINADES = 3, 3   # right tail: y in [2^3, 2^6)
-LEFT_LOG2_HI, LEFT_BINADES = 4, 28    # left tail: -y in [2^-32, 2^-4)
+DEG = 8  # polynomial degree of every piece
+NEAR_LEFT, NEAR_RIGHT = 4, 16  # uniform pieces in s < 0 and in s >= 0
+RIGHT_LOG2_LO, RIGHT_BINADES = 3, 3  # right tail: y in [2^3, 2^6)
+LEFT_LOG2_HI, LEFT_BINADES = 4, 28  # left tail: -y in [2^-32, 2^-4)
 Q_DEG, Q_SCALE, Q_XMIN = 12, 4.0, -14.0
-TOL_G = 3e-8       # max abs error of each g piece, evaluated in double: under half an fp32 ulp of 1
-TOL_Q = 1e-8       # max rel error of Q
+TOL_G = 3e-8  # max abs error of each g piece, evaluated in double: under half an fp32 ulp of 1
+TOL_Q = 1e-8  # max rel error of Q
 
 SQ2PI = np.sqrt(2.0 / np.pi)
 K_TANH = 0.044715
 
 
-def gelu_erf(x): return x * 0.5 * erfc(-x / np.sqrt(2.0))
-def gelu_erf_d(x): return 0.5 * erfc(-x / np.sqrt(2.0)) + x * np.exp(-0.5 * x * x) / np.sqrt(2 * np.pi)
-def gelu_erf_d2(x): return np.exp(-0.5 * x * x) / np.sqrt(2 * np.pi) * (2 - x * x)
+def gelu_erf(x):
+    return x * 0.5 * erfc(-x / np.sqrt(2.0))
+
+
+def gelu_erf_d(x):
+    return 0.5 * erfc(-x / np.sqrt(2.0)) + x * np.exp(-0.5 * x * x) / np.sqrt(2 * np.pi)
+
+
+def gelu_erf_d2(x):
+    return np.exp(-0.5 * x * x) / np.sqrt(2 * np.pi) * (2 - x * x)
 
 
 def gelu_tanh(x):
-    a = SQ2PI * (x + K_TANH * x ** 3)
+    a = SQ2PI * (x + K_TANH * x**3)
     with np.errstate(over="ignore"):
         return x / (1 + np.exp(-2 * a))
 
 
 def gelu_tanh_d(x):
-    a = SQ2PI * (x + K_TANH * x ** 3)
+    a = SQ2PI * (x + K_TANH * x**3)
     t = np.tanh(a)
     return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * SQ2PI * (1 + 3 * K_TANH * x * x)
 
@@ -130,8 +138,10 @@ def main():
     w("constexpr int kActNearLeft = %d;   // pieces in s < 0" % NEAR_LEFT)
     w("constexpr int kActNearRight = %d;  // pieces in s >= 0" % NEAR_RIGHT)
     w("constexpr int kActRightLog2Lo = %d;   // right tail starts at y = 2^%d" % (RIGHT_LOG2_LO, RIGHT_LOG2_LO))
-    w("constexpr int kActRightBinades = %d;  // g = 1 from y = 2^%d on"
-      % (RIGHT_BINADES, RIGHT_LOG2_LO + RIGHT_BINADES))
+    w(
+        "constexpr int kActRightBinades = %d;  // g = 1 from y = 2^%d on"
+        % (RIGHT_BINADES, RIGHT_LOG2_LO + RIGHT_BINADES)
+    )
     w("constexpr int kActLeftLog2Hi = %d;    // left tail starts at -y = 2^-%d" % (LEFT_LOG2_HI, LEFT_LOG2_HI))
     w("constexpr int kActLeftBinades = %d;  // g = 0 below -y = 2^-%d" % (LEFT_BINADES, LEFT_LOG2_HI + LEFT_BINADES))
     w("constexpr int kActPieces = kActNearLeft + kActNearRight + kActRightBinades + kActLeftBinades;")
@@ -141,16 +151,18 @@ def main():
         xs = argmin(d)
         ys = f(xs)
         d2 = (d(xs + 1e-4) - d(xs - 1e-4)) / 2e-4
-        s_lo = -np.sqrt(-(2.0 ** -LEFT_LOG2_HI) - ys)
-        s_hi = np.sqrt(2.0 ** RIGHT_LOG2_LO - ys)
+        s_lo = -np.sqrt(-(2.0**-LEFT_LOG2_HI) - ys)
+        s_hi = np.sqrt(2.0**RIGHT_LOG2_LO - ys)
         rows, worst, errs = [], 0.0, []
         for a0, b0, n, right in ((s_lo, 0.0, NEAR_LEFT, False), (0.0, s_hi, NEAR_RIGHT, True)):
             edges = np.linspace(a0, b0, n + 1)
             for i in range(n):
                 a, b = edges[i], edges[i + 1]
+
                 def u_to_y(u, a=a, b=b):
                     s = 0.5 * (a + b) + 0.5 * (b - a) * u
                     return ys + s * s
+
                 mono, err = fit_piece(u_to_y, f, d, right, xs)
                 rows.append(mono)
                 worst = max(worst, err)

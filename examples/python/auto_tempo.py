@@ -6,6 +6,7 @@ the choice.
 
     .venv/bin/python examples/python/auto_tempo.py --model bert --size large --seq 512 --budget 11GiB [--method fine]
 """
+
 import argparse
 import os
 
@@ -31,8 +32,13 @@ def main():
     model, name, causal = build_model(a.model, a.size, a.model if os.path.isdir(a.model) else None)
     seeds = iter(range(1, 1 << 30))
     try:
-        report = tempo.auto(model, lambda n: synthetic_batch(model, n, a.seq, causal, next(seeds), torch.device("cpu")),
-                            budget=a.budget, method=a.method, steps=a.steps)
+        report = tempo.auto(
+            model,
+            lambda n: synthetic_batch(model, n, a.seq, causal, next(seeds), torch.device("cpu")),
+            budget=a.budget,
+            method=a.method,
+            steps=a.steps,
+        )
     except ValueError as e:  # a budget too small, a bad argument: one line, not a traceback
         raise SystemExit(str(e))
     print("%s, seq %d, fp32, cpu (forward + backward; the budget also holds parameters and gradients)" % (name, a.seq))

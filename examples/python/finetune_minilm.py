@@ -6,6 +6,7 @@ and prints the loss and the bytes each step keeps for backward side by side.
 
     .venv/bin/python examples/python/finetune_minilm.py [--steps 10] [--batch 8] [--seq 128]
 """
+
 import argparse
 import copy
 import os
@@ -55,13 +56,22 @@ def main():
             torch.manual_seed(100 + step)  # the same dropout draws where the masks agree
             opts[name].zero_grad()
             kept, loss = kept_bytes(
-                lambda: ((model(input_ids=ids).last_hidden_state - target) ** 2).mean(), list(model.parameters()))
+                lambda: ((model(input_ids=ids).last_hidden_state - target) ** 2).mean(), list(model.parameters())
+            )
             loss.backward()
             opts[name].step()
             row[name] = (loss.item(), kept)
-        print("%4d  %12.6f %12.6f  %11.1f MiB %11.1f MiB  %.2fx" % (
-            step, row["torch"][0], row["tempo"][0], row["torch"][1] / 2**20, row["tempo"][1] / 2**20,
-            row["tempo"][1] / row["torch"][1]))
+        print(
+            "%4d  %12.6f %12.6f  %11.1f MiB %11.1f MiB  %.2fx"
+            % (
+                step,
+                row["torch"][0],
+                row["tempo"][0],
+                row["torch"][1] / 2**20,
+                row["tempo"][1] / 2**20,
+                row["tempo"][1] / row["torch"][1],
+            )
+        )
     print(tempo.report(models["tempo"]).patched[:3], "...")
 
 

@@ -21,6 +21,7 @@ batches as one never stopped.
 --lr-min at --steps (both models get the same schedule), so a run that has plateaued at a
 constant rate can be continued with a decay.
 """
+
 import argparse
 import copy
 import math
@@ -52,8 +53,10 @@ def read_corpus(path):
     elif os.path.isdir(path):
         files = sorted(os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs)
     else:
-        raise SystemExit("slim_train: no such file or directory: %s%s" % (
-            path, " (install Debian's python3-doc, or give --data)" if path == DEFAULT_TEXT else ""))
+        raise SystemExit(
+            "slim_train: no such file or directory: %s%s"
+            % (path, " (install Debian's python3-doc, or give --data)" if path == DEFAULT_TEXT else "")
+        )
     data = b"".join(open(f, "rb").read() for f in files)
     if not data:
         raise SystemExit("slim_train: %s holds no text" % path)
@@ -62,7 +65,7 @@ def read_corpus(path):
 
 def text_batch(data, n, seq, gen):
     starts = torch.randint(0, data.numel() - seq - 1, (n,), generator=gen)
-    return torch.stack([data[s:s + seq + 1] for s in starts.tolist()]), None
+    return torch.stack([data[s : s + seq + 1] for s in starts.tolist()]), None
 
 
 @torch.no_grad()
@@ -86,7 +89,7 @@ def eval_copy(model, seq, symbols, batches=4, n=16):
 def eval_bits_per_byte(model, data, seq, windows=8):
     """Mean next-byte cross-entropy (bits) over `windows` evenly spaced held-out windows."""
     step = max((data.numel() - seq - 1) // windows, 1)
-    tokens = torch.stack([data[i * step:i * step + seq + 1] for i in range(windows)])
+    tokens = torch.stack([data[i * step : i * step + seq + 1] for i in range(windows)])
     logits, _ = model.forward_chunk(tokens[:, :-1])
     ce = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
     return ce.item() / math.log(2)
@@ -103,8 +106,12 @@ def main():
     p.add_argument("--layers", type=int, default=None, help="default: the copy preset's (1) for copy, 2 for text")
     p.add_argument("--symbols", type=int, default=10, help="copy: alphabet size")
     p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--decay-after", type=int, default=None,
-                   help="constant --lr up to this step, then linear decay to --lr-min at --steps")
+    p.add_argument(
+        "--decay-after",
+        type=int,
+        default=None,
+        help="constant --lr up to this step, then linear decay to --lr-min at --steps",
+    )
     p.add_argument("--lr-min", type=float, default=None, help="default: --lr / 20")
     p.add_argument("--every", type=int, default=50)
     p.add_argument("--threads", type=int, default=0)
@@ -127,12 +134,16 @@ def main():
         train, held_out = data[:cut], data[cut:]
         if held_out.numel() < seq + 2:
             sys.exit("slim_train: the corpus (%d bytes) is too small for --seq %d" % (data.numel(), seq))
-        print("byte-level LM on %s (%.1f MB; last 5%% held out), L = %d, %d layers, batch %d: SLiM chunk %d vs full "
-              "backprop" % (a.data, data.numel() / 1e6, seq, layers, a.batch, chunk))
+        print(
+            "byte-level LM on %s (%.1f MB; last 5%% held out), L = %d, %d layers, batch %d: SLiM chunk %d vs full "
+            "backprop" % (a.data, data.numel() / 1e6, seq, layers, a.batch, chunk)
+        )
         make = lambda: text_batch(train, a.batch, seq, gen)
     else:
-        print("copying task, L = %d, %d symbols, %d layer(s), batch %d: second-half loss, SLiM chunk %d vs full "
-              "backprop" % (seq, a.symbols, layers, a.batch, chunk))
+        print(
+            "copying task, L = %d, %d symbols, %d layer(s), batch %d: second-half loss, SLiM chunk %d vs full "
+            "backprop" % (seq, a.symbols, layers, a.batch, chunk)
+        )
         make = lambda: copy_batch(a.batch, seq, a.symbols, gen)
     head = "%6s %12s %12s %10s" % ("step", "chunk %d" % chunk, "full", "rel diff")
     if a.task == "text":
@@ -167,19 +178,30 @@ def main():
         if step % a.every == 0 or step == 1 or step == a.steps:
             line = "%6d %12.4f %12.4f %9.2e" % (step, losses[0], losses[1], abs(losses[0] - losses[1]) / losses[1])
             if a.task == "text":
-                line += " %16.4f %16.4f" % (eval_bits_per_byte(chunked, held_out, seq),
-                                            eval_bits_per_byte(full, held_out, seq))
+                line += " %16.4f %16.4f" % (
+                    eval_bits_per_byte(chunked, held_out, seq),
+                    eval_bits_per_byte(full, held_out, seq),
+                )
             print(line + " %8.2f" % ((time.perf_counter() - t0) / (step - first + 1)), flush=True)
         if a.checkpoint and (step % a.save_every == 0 or step == a.steps):
             tmp = a.checkpoint + ".tmp"
-            torch.save({"args": key_args(a), "step": step, "gen": gen.get_state(),
-                        "models": [chunked.state_dict(), full.state_dict()],
-                        "opts": [o.state_dict() for o in opts]}, tmp)
+            torch.save(
+                {
+                    "args": key_args(a),
+                    "step": step,
+                    "gen": gen.get_state(),
+                    "models": [chunked.state_dict(), full.state_dict()],
+                    "opts": [o.state_dict() for o in opts],
+                },
+                tmp,
+            )
             os.replace(tmp, a.checkpoint)
     if a.task == "copy":
         (lc, ac), (lf, af) = (eval_copy(m, seq, a.symbols) for m in (chunked, full))
-        print("held-out copy batches (4 x 16): second-half loss %.4f (chunk %d) vs %.4f (full), symbols right "
-              "%.2f%% vs %.2f%%" % (lc, chunk, lf, 100 * ac, 100 * af))
+        print(
+            "held-out copy batches (4 x 16): second-half loss %.4f (chunk %d) vs %.4f (full), symbols right "
+            "%.2f%% vs %.2f%%" % (lc, chunk, lf, 100 * ac, 100 * af)
+        )
 
 
 def learning_rate(a, step):

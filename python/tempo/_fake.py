@@ -1,5 +1,6 @@
 """Fake (meta) kernels of the tempo ops whose output shape depends on tensor values, for
 torch.compile and FakeTensor tracing. The other ops' meta kernels are in C++."""
+
 import torch
 
 
@@ -13,10 +14,20 @@ def _kept_reference(op, weight, bias):
     ref = weight if weight is not None else bias
     torch._check(ref is not None, lambda: "tempo::%s: needs a weight or a bias" % op)
     if weight is not None and bias is not None:
-        torch._check(weight.device == bias.device, lambda: "tempo::%s: argument 'bias' must be on the device of "
-                     "weight (%s), got %s" % (op, weight.device, bias.device))
-        torch._check(weight.shape == bias.shape, lambda: "tempo::%s: argument 'bias' must have the shape of "
-                     "weight %s, got %s" % (op, list(weight.shape), list(bias.shape)))
+        torch._check(
+            weight.device == bias.device,
+            lambda: (
+                "tempo::%s: argument 'bias' must be on the device of "
+                "weight (%s), got %s" % (op, weight.device, bias.device)
+            ),
+        )
+        torch._check(
+            weight.shape == bias.shape,
+            lambda: (
+                "tempo::%s: argument 'bias' must have the shape of "
+                "weight %s, got %s" % (op, list(weight.shape), list(bias.shape))
+            ),
+        )
     return ref
 
 

@@ -3,6 +3,7 @@ and through it for torch.compile's partitioner: under an activation_memory_budge
 what recomputing an op in the backward costs by its counted flops, and an op it cannot count is
 taken as free (an op of three GEMMs recomputed for nothing). Elementwise and row ops count 0,
 as torch's own pointwise ops do. Each count: 2 multiply-adds per product term."""
+
 import math
 
 import torch

@@ -1,4 +1,5 @@
 """Finds and loads libtempo_torch.so, which registers the ``tempo`` op namespace."""
+
 import os
 from pathlib import Path
 
@@ -12,8 +13,9 @@ def _candidates():
     env = os.environ.get("TEMPO_LIBRARY")
     if env:
         if not Path(env).is_file():  # named by the user: not silently replaced by another
-            raise ImportError("tempo: TEMPO_LIBRARY=%s is not a file (unset it to use the library built with the "
-                              "package)" % env)
+            raise ImportError(
+                "tempo: TEMPO_LIBRARY=%s is not a file (unset it to use the library built with the package)" % env
+            )
         yield Path(env)
     here = Path(__file__).resolve().parent
     yield here / "lib" / _NAME  # an installed package (pip install .)
@@ -40,7 +42,8 @@ def load_library():
                     raise
                 raise ImportError(
                     "tempo: %s was built against another torch than this one (%s): rebuild it with `make` (or "
-                    "`pip install --no-build-isolation .`) in this environment" % (path, torch.__version__)) from e
+                    "`pip install --no-build-isolation .`) in this environment" % (path, torch.__version__)
+                ) from e
             _loaded = str(path)
             return _loaded
     raise ImportError(

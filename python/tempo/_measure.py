@@ -1,5 +1,6 @@
 """Measuring helpers shared by tempo.bench and tempo.auto: a budget enforced as a real
 out-of-memory error, the largest-batch search, byte sizes in and out."""
+
 import argparse
 import contextlib
 import gc
@@ -126,7 +127,7 @@ def format_bytes(n):
 def parse_bytes(text):
     units = {"": 1, "B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "KB": 1e3, "MB": 1e6, "GB": 1e9}
     num = text.rstrip("KMGiB")
-    unit = text[len(num):]
+    unit = text[len(num) :]
     try:
         v = float(num) * units[unit]
     except (ValueError, KeyError):

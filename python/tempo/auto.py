@@ -11,6 +11,7 @@ The budget covers the model's parameters and buffers, their gradients and everyt
 allocates; an optimizer's state is not part of the step, so leave room for it in the budget
 (on CUDA the default, the device's free memory, already excludes state that exists).
 """
+
 import argparse
 import gc
 import math
@@ -36,12 +37,22 @@ class AutoReport:
         self.notes = list(notes)  # what was not a candidate, and why
 
     def __str__(self):
-        lines = ["tempo.auto (%s) under %.2f GiB" % (self.method, self.budget / 2**30),
-                 "%-34s %10s %12s %12s" % ("candidate", "max batch", "samples/s", "tokens/s")]
+        lines = [
+            "tempo.auto (%s) under %.2f GiB" % (self.method, self.budget / 2**30),
+            "%-34s %10s %12s %12s" % ("candidate", "max batch", "samples/s", "tokens/s"),
+        ]
         for name, mb, sps, tps in self.rows:
             mark = " <- chosen" if name == self.choice else ""
-            lines.append("%-34s %10s %12s %12s%s" % (name, mb if mb is not None else "OOM at 1",
-                                                     "%.1f" % sps if sps else "-", "%.0f" % tps if tps else "-", mark))
+            lines.append(
+                "%-34s %10s %12s %12s%s"
+                % (
+                    name,
+                    mb if mb is not None else "OOM at 1",
+                    "%.1f" % sps if sps else "-",
+                    "%.0f" % tps if tps else "-",
+                    mark,
+                )
+            )
         lines.append("choice: %s (%s)" % (self.choice, self.why))
         lines += ["note: " + n for n in self.notes]
         return "\n".join(lines)
@@ -61,8 +72,9 @@ def _loss(out):
     if loss is None and isinstance(out, torch.Tensor):
         loss = out if out.dim() == 0 else out.float().pow(2).mean()
     if loss is None:
-        raise ValueError("tempo.auto: the model's output has no .loss; make_batch should include labels, or pass "
-                         "loss_fn")
+        raise ValueError(
+            "tempo.auto: the model's output has no .loss; make_batch should include labels, or pass loss_fn"
+        )
     return loss
 
 
@@ -73,8 +85,17 @@ def _tokens(batch, batch_size):
         values = [batch["input_ids"]] if isinstance(batch.get("input_ids"), torch.Tensor) else []
     else:
         values = list(batch) if isinstance(batch, (tuple, list)) else [batch]
-    ids = next((v for v in values if isinstance(v, torch.Tensor) and not v.is_floating_point()
-                and not v.is_complex() and v.dtype != torch.bool), None)
+    ids = next(
+        (
+            v
+            for v in values
+            if isinstance(v, torch.Tensor)
+            and not v.is_floating_point()
+            and not v.is_complex()
+            and v.dtype != torch.bool
+        ),
+        None,
+    )
     return ids.numel() if ids is not None else batch_size
 
 
@@ -111,8 +132,9 @@ def _candidates(model, method, transformers_model):
         return out
     if any(rules_for(m, {"gated_mlp"}) for m in model.modules()):  # longer batches for one or two GEMMs
         for what in ("up", "gate_up"):
-            out.append(("tempo: all, gated MLPs recomputing %s" % what, "all", attention, None,
-                        {"mlp_recompute": what}))
+            out.append(
+                ("tempo: all, gated MLPs recomputing %s" % what, "all", attention, None, {"mlp_recompute": what})
+            )
     for t in TECHNIQUES:
         out.append(("tempo: %s only" % t, [t], "keep", None, {}))
     if transformers_model:
@@ -122,8 +144,15 @@ def _candidates(model, method, transformers_model):
         prefix = next(n for n, m in model.named_modules() if m is blocks)
         half = len(blocks) // 2
         keep = tuple("%s.%d." % (prefix, i) for i in range(half))
-        out.append(("tempo: all, first %d of %d layers" % (half, len(blocks)), "all", "keep",
-                    lambda path, keep=keep: (path + ".").startswith(keep), {}))
+        out.append(
+            (
+                "tempo: all, first %d of %d layers" % (half, len(blocks)),
+                "all",
+                "keep",
+                lambda path, keep=keep: (path + ".").startswith(keep),
+                {},
+            )
+        )
     return out
 
 
@@ -182,8 +211,10 @@ def auto(model, make_batch, budget=None, method="fast", loss_fn=None, steps=3, m
         memory.track()
     held_by_model = sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers()))
     if budget - held_by_model <= 0:
-        raise ValueError("tempo.auto: the budget (%.3f GiB) does not even hold the model's parameters and buffers "
-                         "(%.3f GiB)" % (budget / 2**30, held_by_model / 2**30))
+        raise ValueError(
+            "tempo.auto: the budget (%.3f GiB) does not even hold the model's parameters and buffers "
+            "(%.3f GiB)" % (budget / 2**30, held_by_model / 2**30)
+        )
 
     def probe(batch_size):
         """One forward + backward at batch_size under the budget: its peak as the budget sees
@@ -209,8 +240,11 @@ def auto(model, make_batch, budget=None, method="fast", loss_fn=None, steps=3, m
                 loss_of(_call(model, batch)).backward()
                 sync(device)
                 ms = (time.perf_counter() - t0) * 1e3
-            peak = (memory.stats(device)[1] - start + held_by_model if device.type == "cpu"
-                    else torch.cuda.max_memory_allocated(device))
+            peak = (
+                memory.stats(device)[1] - start + held_by_model
+                if device.type == "cpu"
+                else torch.cuda.max_memory_allocated(device)
+            )
             return {"peak_bytes": peak, "ms": ms, "tokens": _tokens(batch, batch_size)}
         except torch.OutOfMemoryError:
             return None
@@ -251,20 +285,28 @@ def auto(model, make_batch, budget=None, method="fast", loss_fn=None, steps=3, m
         fitting = {k: v for k, v in results.items() if v[4] is not None}
         if not fitting:
             grads = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-            raise ValueError("tempo.auto: the model does not fit the budget (%.3f GiB) at batch 1, with or without "
-                             "tempo (its parameters, buffers and gradients alone take %.3f GiB)"
-                             % (budget / 2**30, (held_by_model + grads) / 2**30))
+            raise ValueError(
+                "tempo.auto: the model does not fit the budget (%.3f GiB) at batch 1, with or without "
+                "tempo (its parameters, buffers and gradients alone take %.3f GiB)"
+                % (budget / 2**30, (held_by_model + grads) / 2**30)
+            )
         if method == "fast":
             t = results.get("tempo: all")
             if t is not None and t[4] is not None and (base[4] is None or (t[4] > base[4] and t[5] > base[5])):
                 choice = "tempo: all"
-                why = ("the baseline does not fit at batch 1" if base[4] is None else
-                       "batch %d -> %d raised throughput %.0f -> %.0f tokens/s" % (base[4], t[4], base[5], t[5]))
+                why = (
+                    "the baseline does not fit at batch 1"
+                    if base[4] is None
+                    else "batch %d -> %d raised throughput %.0f -> %.0f tokens/s" % (base[4], t[4], base[5], t[5])
+                )
             else:
                 choice = "baseline (as given)"
-                why = ("tempo allows no larger batch" if t is None or t[4] is None or t[4] <= (base[4] or 0) else
-                       "the larger batch (%d vs %d) did not raise throughput (%.0f vs %.0f tokens/s)"
-                       % (t[4], base[4], t[5], base[5]))
+                why = (
+                    "tempo allows no larger batch"
+                    if t is None or t[4] is None or t[4] <= (base[4] or 0)
+                    else "the larger batch (%d vs %d) did not raise throughput (%.0f vs %.0f tokens/s)"
+                    % (t[4], base[4], t[5], base[5])
+                )
         else:
             choice = max(fitting, key=lambda k: fitting[k][5])
             why = "the most tokens/s at its largest batch among %d candidates" % len(fitting)

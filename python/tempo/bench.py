@@ -1,4 +1,5 @@
 """`python -m tempo.bench`: the Hugging Face bench, tempo/apps/bench.py."""
+
 import sys
 
 from .apps.bench import main

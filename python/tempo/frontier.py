@@ -1,4 +1,5 @@
 """`python -m tempo.frontier`: the memory-vs-throughput frontier, tempo/apps/frontier.py."""
+
 import sys
 
 from .apps.frontier import main

@@ -1,5 +1,6 @@
 """Exact memory accounting (the C++ tempo::memory API): bytes held now and the peak, on CPU
 through a counting allocator, on CUDA from the caching allocator's statistics."""
+
 import math
 import numbers
 

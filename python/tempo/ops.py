@@ -1,4 +1,5 @@
 """Functional forms of the tempo ops (same names as torch.ops.tempo.* and tempo:: in C++)."""
+
 from typing import Optional
 
 import torch
@@ -26,8 +27,13 @@ def dropout(x: torch.Tensor, p: float = 0.5, training: bool = True, mode: str = 
     return torch.ops.tempo.dropout(x, p, mode)
 
 
-def layer_norm(x: torch.Tensor, normalized_shape, weight: Optional[torch.Tensor] = None,
-               bias: Optional[torch.Tensor] = None, eps: float = 1e-5) -> torch.Tensor:
+def layer_norm(
+    x: torch.Tensor,
+    normalized_shape,
+    weight: Optional[torch.Tensor] = None,
+    bias: Optional[torch.Tensor] = None,
+    eps: float = 1e-5,
+) -> torch.Tensor:
     """As torch.nn.functional.layer_norm; the backward keeps y and one rstd per row, not x
     (and xhat of the rare columns whose gamma and beta make recovery from y inexact).
     weight and bias: of x's dtype, or float32 for a bfloat16/float16 x (as torch's CPU
@@ -35,33 +41,51 @@ def layer_norm(x: torch.Tensor, normalized_shape, weight: Optional[torch.Tensor]
     return torch.ops.tempo.layer_norm(x, _shape(normalized_shape), weight, bias, eps)
 
 
-def rms_norm(x: torch.Tensor, normalized_shape, weight: Optional[torch.Tensor] = None,
-             eps: Optional[float] = None) -> torch.Tensor:
+def rms_norm(
+    x: torch.Tensor, normalized_shape, weight: Optional[torch.Tensor] = None, eps: Optional[float] = None
+) -> torch.Tensor:
     """As torch.nn.functional.rms_norm; the backward keeps y and one rstd per row, not x
     (and xhat of the rare columns whose gamma makes recovery from y inexact)."""
     return torch.ops.tempo.rms_norm(x, _shape(normalized_shape), weight, eps)
 
 
-def bias_dropout_add_layer_norm(x: torch.Tensor, bias: Optional[torch.Tensor], residual: torch.Tensor, p: float,
-                                weight: Optional[torch.Tensor], beta: Optional[torch.Tensor], eps: float = 1e-5,
-                                mode: str = "bits", training: bool = True) -> torch.Tensor:
+def bias_dropout_add_layer_norm(
+    x: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    residual: torch.Tensor,
+    p: float,
+    weight: Optional[torch.Tensor],
+    beta: Optional[torch.Tensor],
+    eps: float = 1e-5,
+    mode: str = "bits",
+    training: bool = True,
+) -> torch.Tensor:
     """layer_norm(residual + dropout(x + bias)) over the last dimension in one pass; keeps y,
     rstd and the dropout bits (or Philox state)."""
-    return torch.ops.tempo.bias_dropout_add_layer_norm(x, bias, residual, p if training else 0.0, weight, beta, eps,
-                                                       mode)
+    return torch.ops.tempo.bias_dropout_add_layer_norm(
+        x, bias, residual, p if training else 0.0, weight, beta, eps, mode
+    )
 
 
 def _shape(normalized_shape):
     # an int, a torch.Size or list, or a size that torch.jit.trace hands over as a 0-d tensor
-    if isinstance(normalized_shape, int) or (isinstance(normalized_shape, torch.Tensor)
-                                             and normalized_shape.dim() == 0):
+    if isinstance(normalized_shape, int) or (
+        isinstance(normalized_shape, torch.Tensor) and normalized_shape.dim() == 0
+    ):
         return [normalized_shape]
     return list(normalized_shape)
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
-              dropout_p: float = 0.0, causal: bool = False, scale: Optional[float] = None,
-              mode: str = "bits") -> torch.Tensor:
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    attn_mask: Optional[torch.Tensor] = None,
+    dropout_p: float = 0.0,
+    causal: bool = False,
+    scale: Optional[float] = None,
+    mode: str = "bits",
+) -> torch.Tensor:
     """softmax(scale q k^T + mask) v for [B, A, S, d] inputs, as
     torch.nn.functional.scaled_dot_product_attention (bool mask: True attends; additive mask
     added). The backward keeps q, k, v, P and 1 bit per probability (mode="philox": a 16-byte
@@ -69,17 +93,30 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Opti
     return torch.ops.tempo.attention(q, k, v, attn_mask, dropout_p, causal, scale, mode)
 
 
-def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
-                    dropout_p: float = 0.0, causal: bool = False, scale: Optional[float] = None,
-                    block_rows: int = 0) -> torch.Tensor:
+def fused_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    attn_mask: Optional[torch.Tensor] = None,
+    dropout_p: float = 0.0,
+    causal: bool = False,
+    scale: Optional[float] = None,
+    block_rows: int = 0,
+) -> torch.Tensor:
     """The result of tempo.attention (the same dropout mask from the same generator state),
     computed over blocks of query rows, keeping only q, k, v, the mask and a 16-byte seed for
     backward: no S^2 tensor. The backward recomputes each block's probabilities."""
     return torch.ops.tempo.fused_attention(q, k, v, attn_mask, dropout_p, causal, scale, block_rows)
 
 
-def fused_attention_backend(q: torch.Tensor, k: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
-                            dropout_p: float = 0.0, causal: bool = False, block_rows: int = 0) -> str:
+def fused_attention_backend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    attn_mask: Optional[torch.Tensor] = None,
+    dropout_p: float = 0.0,
+    causal: bool = False,
+    block_rows: int = 0,
+) -> str:
     """Which kernel tempo.fused_attention runs for these arguments: "torch-sdpa" (torch's
     flash or memory-efficient kernels, on CUDA without a mask or dropout, where the semantics
     are the same) or "tempo" (its own blocked kernel; TEMPO_FUSED_ATTENTION=tempo forces it)."""
@@ -95,8 +132,9 @@ def qkv_split(z: torch.Tensor, bias: Optional[torch.Tensor], heads: int):
     return torch.ops.tempo.qkv_split(z, bias, heads)
 
 
-def causal_linear_attention(qf: torch.Tensor, kf: torch.Tensor, v: torch.Tensor, state=None, eps: float = 1e-6,
-                            mode: str = "iterative"):
+def causal_linear_attention(
+    qf: torch.Tensor, kf: torch.Tensor, v: torch.Tensor, state=None, eps: float = 1e-6, mode: str = "iterative"
+):
     """Causal linear attention over one chunk with a carried state (SLiM). qf, kf: feature-mapped
     queries and keys [..., C, M] (non-negative); v [..., C, D]; state: (num [..., M, D],
     den [..., M]), the sums of k v^T and of k before the chunk, or None (zeros). Returns
@@ -113,10 +151,18 @@ def causal_linear_attention(qf: torch.Tensor, kf: torch.Tensor, v: torch.Tensor,
     return y, (num, den)
 
 
-def gated_mlp(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: Optional[torch.Tensor],
-              down_weight: torch.Tensor, gate_bias: Optional[torch.Tensor] = None,
-              up_bias: Optional[torch.Tensor] = None, down_bias: Optional[torch.Tensor] = None,
-              activation: str = "silu", chunk: int = 0, recompute: str = "product") -> torch.Tensor:
+def gated_mlp(
+    x: torch.Tensor,
+    gate_weight: torch.Tensor,
+    up_weight: Optional[torch.Tensor],
+    down_weight: torch.Tensor,
+    gate_bias: Optional[torch.Tensor] = None,
+    up_bias: Optional[torch.Tensor] = None,
+    down_bias: Optional[torch.Tensor] = None,
+    activation: str = "silu",
+    chunk: int = 0,
+    recompute: str = "product",
+) -> torch.Tensor:
     """F.linear(act(F.linear(x, gate_weight, gate_bias)) * F.linear(x, up_weight, up_bias), down_weight,
     down_bias): the gated MLP of LLaMA, Mistral, Qwen (SwiGLU, activation "silu") and Gemma (GeGLU,
     "gelu_tanh"; "gelu" is the erf form). up_weight None: gate_weight is one fused gate_up
@@ -127,15 +173,25 @@ def gated_mlp(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: Optional[to
     "product" (the product only), "up" (also up(x), one of the forward's three GEMMs, block by
     block: gate(x) alone kept) or "gate_up" (also gate(x), two GEMMs: nothing of the intermediate
     width kept)."""
-    return torch.ops.tempo.gated_mlp(x, gate_weight, up_weight, down_weight, gate_bias, up_bias, down_bias, activation,
-                                     chunk, recompute)
+    return torch.ops.tempo.gated_mlp(
+        x, gate_weight, up_weight, down_weight, gate_bias, up_bias, down_bias, activation, chunk, recompute
+    )
 
 
-def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
-                         labels: Optional[torch.Tensor] = None, ignore_index: int = -100,
-                         label_smoothing: float = 0.0, reduction: str = "mean", chunk: int = 0,
-                         dtype: Optional[torch.dtype] = None, logit_scale: float = 1.0,
-                         softcap: Optional[float] = None, z_loss: float = 0.0) -> torch.Tensor:
+def linear_cross_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor] = None,
+    labels: Optional[torch.Tensor] = None,
+    ignore_index: int = -100,
+    label_smoothing: float = 0.0,
+    reduction: str = "mean",
+    chunk: int = 0,
+    dtype: Optional[torch.dtype] = None,
+    logit_scale: float = 1.0,
+    softcap: Optional[float] = None,
+    z_loss: float = 0.0,
+) -> torch.Tensor:
     """F.cross_entropy(F.linear(hidden, weight, bias), labels) over chunks of rows, keeping no
     logits for backward (it keeps one float32 log-sum-exp per row and recomputes each chunk's
     logits). hidden [..., H], weight [V, H], labels [...] (int64, ignore_index skipped).
@@ -150,14 +206,33 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias: Optio
     transformed logits."""
     if labels is None:
         raise TypeError("tempo.linear_cross_entropy: labels are required")
-    return torch.ops.tempo.linear_cross_entropy(hidden, weight, bias, labels, ignore_index, label_smoothing,
-                                                reduction, chunk, dtype, logit_scale, softcap, z_loss)
+    return torch.ops.tempo.linear_cross_entropy(
+        hidden,
+        weight,
+        bias,
+        labels,
+        ignore_index,
+        label_smoothing,
+        reduction,
+        chunk,
+        dtype,
+        logit_scale,
+        softcap,
+        z_loss,
+    )
 
 
-def linear_cross_entropy_stats(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
-                               labels: Optional[torch.Tensor] = None, ignore_index: int = -100,
-                               temperature: float = 1.0, logit_scale: float = 1.0, softcap: Optional[float] = None,
-                               chunk: int = 0):
+def linear_cross_entropy_stats(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor] = None,
+    labels: Optional[torch.Tensor] = None,
+    ignore_index: int = -100,
+    temperature: float = 1.0,
+    logit_scale: float = 1.0,
+    softcap: Optional[float] = None,
+    chunk: int = 0,
+):
     """Per-token statistics of the head tempo.linear_cross_entropy computes, from the same chunks
     and logit transforms, no logits kept and no gradient: a dict of "logprob" (the label's
     log-probability, 0 where ignored; with gradient it is -linear_cross_entropy(reduction="none")),
@@ -166,6 +241,6 @@ def linear_cross_entropy_stats(hidden: torch.Tensor, weight: torch.Tensor, bias:
     if labels is None:
         raise TypeError("tempo.linear_cross_entropy_stats: labels are required")
     logprob, entropy, correct = torch.ops.tempo.linear_cross_entropy_stats(
-        hidden, weight, bias, labels, ignore_index, temperature, logit_scale, softcap, chunk)
+        hidden, weight, bias, labels, ignore_index, temperature, logit_scale, softcap, chunk
+    )
     return {"logprob": logprob, "entropy": entropy, "accuracy": correct}
-

@@ -5,14 +5,22 @@ BERT's WordPiece) into the file `tempo train --data` reads: a safetensors file w
 
     python -m tempo.pretokenize --tokenizer MODEL_DIR --data FILE|DIR --out IDS.safetensors
 """
+
 import argparse
 import os
 import sys
 
 
 # What a Hugging Face tokenizer folder holds (one at least): fast, then slow tokenizers' files.
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "tokenizer.model",
-                    "spiece.model", "sentencepiece.bpe.model")
+_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.txt",
+    "vocab.json",
+    "tokenizer.model",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+)
 
 
 def fail(message):
@@ -60,8 +68,10 @@ def main(argv=None):
         p.error("--max-bytes must be >= 0 (0: all), got %d" % a.max_bytes)
     files, binary = text_files(a.data)  # the cheap checks before loading transformers
     if not os.path.isdir(a.tokenizer):
-        fail("--tokenizer %s is not a folder (a model folder with its tokenizer files; nothing is downloaded)"
-             % a.tokenizer)
+        fail(
+            "--tokenizer %s is not a folder (a model folder with its tokenizer files; nothing is downloaded)"
+            % a.tokenizer
+        )
     if not any(os.path.isfile(os.path.join(a.tokenizer, f)) for f in _TOKENIZER_FILES):
         fail("--tokenizer %s holds no tokenizer files (one of %s)" % (a.tokenizer, ", ".join(_TOKENIZER_FILES)))
     out_dir = os.path.dirname(os.path.abspath(a.out))
@@ -98,8 +108,13 @@ def main(argv=None):
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     tmp = a.out + ".tmp"  # renamed when whole: a full disk leaves no cut-short file for tempo train
     try:
-        save_file({"ids": torch.tensor(ids, dtype=torch.int32),
-                   "meta": torch.tensor([len(tok), mask, pad], dtype=torch.int64)}, tmp)
+        save_file(
+            {
+                "ids": torch.tensor(ids, dtype=torch.int32),
+                "meta": torch.tensor([len(tok), mask, pad], dtype=torch.int64),
+            },
+            tmp,
+        )
         os.replace(tmp, a.out)
     except Exception as e:  # OSError, or safetensors' own error for a failed write
         if os.path.exists(tmp):
@@ -107,8 +122,10 @@ def main(argv=None):
         print("tempo.pretokenize: writing %s failed: %s" % (a.out, getattr(e, "strerror", None) or e), file=sys.stderr)
         return 1
     if binary:
-        print("left out %d binary file%s under %s (%s%s)" % (len(binary), "s" if len(binary) > 1 else "", a.data,
-                                                          binary[0], ", ..." if len(binary) > 1 else ""))
+        print(
+            "left out %d binary file%s under %s (%s%s)"
+            % (len(binary), "s" if len(binary) > 1 else "", a.data, binary[0], ", ..." if len(binary) > 1 else "")
+        )
     print("%d tokens from %d bytes -> %s (vocabulary %d, [MASK] %d)" % (len(ids), total, a.out, len(tok), mask))
     return 0
 

@@ -13,6 +13,7 @@ would; memory is one chunk's activations and one state per layer.
 `PerformerLM` is the model it trains: a GPT-2-style pre-LN stack of tempo's
 CausalLinearAttention, LayerNorm and GELU over a byte vocabulary.
 """
+
 import numbers
 
 import torch
@@ -50,8 +51,9 @@ class PerformerLM(torch.nn.Module):
     chunk computes its own). `forward_chunk(tokens, offset, states)` runs
     positions offset .. offset + C - 1 from the layers' states and returns (logits, states)."""
 
-    def __init__(self, d_model=256, layers=1, ffn=1024, heads=4, max_len=512, vocab=256, feature_map="sqr",
-                 mode="iterative"):
+    def __init__(
+        self, d_model=256, layers=1, ffn=1024, heads=4, max_len=512, vocab=256, feature_map="sqr", mode="iterative"
+    ):
         super().__init__()
         self.vocab, self.max_len = vocab, max_len
         self.embed = torch.nn.Embedding(vocab, d_model)
@@ -70,8 +72,10 @@ class PerformerLM(torch.nn.Module):
     def positions(self, offset, length, device, dtype):
         """Sinusoidal encodings of positions offset .. offset + length - 1 (Vaswani et al.)."""
         pos = torch.arange(offset, offset + length, device=device, dtype=torch.float64).unsqueeze(1)
-        freq = torch.exp(torch.arange(0, self.d_model, 2, device=device, dtype=torch.float64)
-                         * (-torch.log(torch.tensor(10000.0, dtype=torch.float64)) / self.d_model))
+        freq = torch.exp(
+            torch.arange(0, self.d_model, 2, device=device, dtype=torch.float64)
+            * (-torch.log(torch.tensor(10000.0, dtype=torch.float64)) / self.d_model)
+        )
         enc = torch.zeros(length, self.d_model, device=device, dtype=torch.float64)
         enc[:, 0::2] = torch.sin(pos * freq)
         enc[:, 1::2] = torch.cos(pos * freq)[:, : self.d_model // 2]
@@ -100,16 +104,20 @@ def _check(model, tokens, chunk):
     if tokens.shape[0] == 0:
         raise ValueError("tempo.slim: the batch is empty (tokens of shape %s)" % (tuple(tokens.shape),))
     if tokens.shape[1] < 2:
-        raise ValueError("tempo.slim: the sequence needs at least 2 tokens (an input and a target), got %d"
-                         % tokens.shape[1])
+        raise ValueError(
+            "tempo.slim: the sequence needs at least 2 tokens (an input and a target), got %d" % tokens.shape[1]
+        )
     if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= model.vocab):
-        raise ValueError("tempo.slim: token ids must be in [0, %d), got [%d, %d]"
-                         % (model.vocab, int(tokens.min()), int(tokens.max())))
+        raise ValueError(
+            "tempo.slim: token ids must be in [0, %d), got [%d, %d]"
+            % (model.vocab, int(tokens.min()), int(tokens.max()))
+        )
     if tokens.shape[1] - 1 > model.max_len:
         raise ValueError("tempo.slim: %d input positions exceed the model's %d" % (tokens.shape[1] - 1, model.max_len))
     if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, numbers.Integral) or chunk <= 0):
-        raise ValueError("tempo.slim: chunk must be a positive integer (or None: the whole sequence), got %r"
-                         % (chunk,))
+        raise ValueError(
+            "tempo.slim: chunk must be a positive integer (or None: the whole sequence), got %r" % (chunk,)
+        )
     return None if chunk is None else int(chunk)
 
 
@@ -136,11 +144,14 @@ def _weights(loss_weight, targets):
         return torch.ones(targets.shape, dtype=torch.float32, device=targets.device)
     w = loss_weight.to(torch.float32)
     if w.shape != targets.shape:
-        raise ValueError("tempo.slim: loss_weight must be [batch, length - 1] (one per target), got %s"
-                         % (tuple(w.shape),))
+        raise ValueError(
+            "tempo.slim: loss_weight must be [batch, length - 1] (one per target), got %s" % (tuple(w.shape),)
+        )
     if not bool(torch.isfinite(w).all()) or bool((w < 0).any()):  # else a NaN or a negative loss, silently
-        raise ValueError("tempo.slim: loss_weight must be finite and >= 0 (0 drops a target), got values in [%g, %g]"
-                         % (float(w.min()), float(w.max())))
+        raise ValueError(
+            "tempo.slim: loss_weight must be finite and >= 0 (0 drops a target), got values in [%g, %g]"
+            % (float(w.min()), float(w.max()))
+        )
     return w
 
 
@@ -161,8 +172,8 @@ def loss_and_backward(model, tokens, chunk, loss_weight=None):
     states, loss = [None] * len(model.blocks), torch.zeros((), dtype=torch.float64, device=tokens.device)
     with torch.no_grad():
         for s in starts[:-1]:
-            logits, states = model.forward_chunk(inputs[:, s:s + chunk], s, states)
-            loss += _chunk_loss(model, logits, targets[:, s:s + chunk], weight[:, s:s + chunk]).double()
+            logits, states = model.forward_chunk(inputs[:, s : s + chunk], s, states)
+            loss += _chunk_loss(model, logits, targets[:, s : s + chunk], weight[:, s : s + chunk]).double()
     # Backward over the chunks in reverse, carrying the states and their gradients.
     grads = [None] * len(model.blocks)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -170,10 +181,16 @@ def loss_and_backward(model, tokens, chunk, loss_weight=None):
     # once at the end, as full backpropagation rounds each parameter's gradient once (summed in
     # .grad's own dtype, one rounding per chunk: 6.8x full backprop's error at chunk 1).
     low = any(p.dtype in (torch.bfloat16, torch.float16) for p in params)
-    sums = [torch.zeros(p.shape, dtype=torch.float32 if p.dtype != torch.float64 else p.dtype, device=p.device)
-            for p in params] if low else None
+    sums = (
+        [
+            torch.zeros(p.shape, dtype=torch.float32 if p.dtype != torch.float64 else p.dtype, device=p.device)
+            for p in params
+        ]
+        if low
+        else None
+    )
     for s in reversed(starts):
-        x = model.embed_chunk(inputs[:, s:s + chunk], s)
+        x = model.embed_chunk(inputs[:, s : s + chunk], s)
         before, after = [], []
         last = s == starts[-1]
         for r, block in enumerate(model.blocks):
@@ -189,7 +206,7 @@ def loss_and_backward(model, tokens, chunk, loss_weight=None):
             after.append(out_state)
             states[r] = None if prev_leaf is None else (prev_leaf[0].detach(), prev_leaf[1].detach())
         logits = model.head(model.ln(x))
-        chunk_loss = _chunk_loss(model, logits, targets[:, s:s + chunk], weight[:, s:s + chunk])
+        chunk_loss = _chunk_loss(model, logits, targets[:, s : s + chunk], weight[:, s : s + chunk])
         if last:
             loss += chunk_loss.detach().double()
         phi = chunk_loss / total
@@ -199,10 +216,10 @@ def loss_and_backward(model, tokens, chunk, loss_weight=None):
         leaves = [t for b in before if b is not None for t in b]
         if low:
             got = torch.autograd.grad(phi, params + leaves, allow_unused=True)
-            for acc, g in zip(sums, got[:len(params)]):
+            for acc, g in zip(sums, got[: len(params)]):
                 if g is not None:
                     acc += g
-            it = iter(got[len(params):])
+            it = iter(got[len(params) :])
             grads = [None if b is None else (next(it), next(it)) for b in before]
         else:
             # Accumulates into the parameters' .grad (as full backprop would) and the leaves' .grad.
@@ -228,8 +245,14 @@ def gradient_discrepancy(model, tokens, chunk, loss_weight=None):
     return ((got - ref).norm() / ref.norm().clamp_min(1e-300)).item(), float(full), float(chunked)
 
 
-__all__ = ["PerformerLM", "PerformerBlock", "PRESETS", "loss_and_backward", "full_loss_and_backward",
-           "gradient_discrepancy"]
+__all__ = [
+    "PerformerLM",
+    "PerformerBlock",
+    "PRESETS",
+    "loss_and_backward",
+    "full_loss_and_backward",
+    "gradient_discrepancy",
+]
 
 
 def measure(model, tokens, chunks, repeats=1):
@@ -272,9 +295,16 @@ def measure(model, tokens, chunks, repeats=1):
         for c in configs:
             times[c].append(step(c)["ms"])
     ref = first[None]["grad"]
-    rows = [{"chunk": c, "peak_bytes": first[c]["peak_bytes"], "step_ms": statistics.median(times[c]),
-             "loss": first[c]["loss"], "grad_rel_discrepancy": ((first[c]["grad"] - ref).norm() / ref.norm()).item()}
-            for c in configs]
+    rows = [
+        {
+            "chunk": c,
+            "peak_bytes": first[c]["peak_bytes"],
+            "step_ms": statistics.median(times[c]),
+            "loss": first[c]["loss"],
+            "grad_rel_discrepancy": ((first[c]["grad"] - ref).norm() / ref.norm()).item(),
+        }
+        for c in configs
+    ]
     order = {c: i for i, c in enumerate(chunks)}
     return sorted(rows, key=lambda r: order.get(r["chunk"], -1))
 
@@ -283,9 +313,10 @@ def main(argv=None):
     import argparse
     import json
 
-    p = argparse.ArgumentParser(prog="python -m tempo.slim",
-                                description="SLiM: peak memory, step time and gradient discrepancy to full "
-                                            "backpropagation for each chunk size")
+    p = argparse.ArgumentParser(
+        prog="python -m tempo.slim",
+        description="SLiM: peak memory, step time and gradient discrepancy to full backpropagation for each chunk size",
+    )
     p.add_argument("--preset", default="copy", choices=sorted(PRESETS))
     p.add_argument("--seq", type=int, default=None, help="sequence length L (default: the preset's)")
     p.add_argument("--chunks", default="64,128,full", help="comma-separated chunk sizes; 'full' = full backprop")
@@ -313,13 +344,23 @@ def main(argv=None):
         print(json.dumps(rows, indent=1))
         return 0
     full = next(r for r in rows if r["chunk"] is None)
-    print("%s, L = %d, %s (peak: bytes above what was held; discrepancy: relative L2 to full backprop)"
-          % (a.preset, L, a.device))
+    print(
+        "%s, L = %d, %s (peak: bytes above what was held; discrepancy: relative L2 to full backprop)"
+        % (a.preset, L, a.device)
+    )
     print("%-8s %14s %8s %12s %8s %14s" % ("chunk", "peak", "vs full", "step ms", "vs full", "discrepancy"))
     for r in rows:
-        print("%-8s %10.2f MiB %7.3fx %12.1f %7.2fx %14.2e" % (
-            "full" if r["chunk"] is None else r["chunk"], r["peak_bytes"] / 2**20, r["peak_bytes"] / full["peak_bytes"],
-            r["step_ms"], r["step_ms"] / full["step_ms"], r["grad_rel_discrepancy"]))
+        print(
+            "%-8s %10.2f MiB %7.3fx %12.1f %7.2fx %14.2e"
+            % (
+                "full" if r["chunk"] is None else r["chunk"],
+                r["peak_bytes"] / 2**20,
+                r["peak_bytes"] / full["peak_bytes"],
+                r["step_ms"],
+                r["step_ms"] / full["step_ms"],
+                r["grad_rel_discrepancy"],
+            )
+        )
     return 0
 
 

@@ -13,8 +13,11 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "cpu_only: the test checks something only the CPU has (the CPU memory "
-                                       "tracker, a CPU-only reference); it runs on the CPU alone")
+    config.addinivalue_line(
+        "markers",
+        "cpu_only: the test checks something only the CPU has (the CPU memory "
+        "tracker, a CPU-only reference); it runs on the CPU alone",
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -53,5 +56,5 @@ def build_lacks(binary, *names):
     for line in env.splitlines():
         name, _, value = line.partition("  ")
         if name.strip() in names and value.strip().startswith("no:"):
-            return "%s: %s" % (name.strip(), value.strip()[len("no: "):])
+            return "%s: %s" % (name.strip(), value.strip()[len("no: ") :])
     return None

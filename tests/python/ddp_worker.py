@@ -2,6 +2,7 @@
 BERT with DistributedDataParallel, or with FSDP2 (fully_shard per encoder layer and the
 whole model), over Gloo on this machine's loopback, for a given number of steps, on its half
 of each batch; rank 0 saves the final parameters (gathered from the shards under FSDP)."""
+
 import copy
 import gc
 import os
@@ -16,9 +17,16 @@ STEPS, BATCH, SEQ = 10, 8, 16
 
 
 def make_model():
-    cfg = transformers.BertConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
-                                  vocab_size=128, max_position_embeddings=64, hidden_dropout_prob=0.0,
-                                  attention_probs_dropout_prob=0.0)
+    cfg = transformers.BertConfig(
+        num_hidden_layers=2,
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        vocab_size=128,
+        max_position_embeddings=64,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
     torch.manual_seed(0)
     return tempo.optimize(transformers.BertForMaskedLM(cfg).train(), attention="tempo")
 
@@ -49,6 +57,7 @@ def wrap(model, mode):
     if mode == "ddp":
         return torch.nn.parallel.DistributedDataParallel(model)
     from torch.distributed.fsdp import fully_shard
+
     for layer in model.bert.encoder.layer:
         fully_shard(layer)
     return fully_shard(model)

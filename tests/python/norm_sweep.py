@@ -9,6 +9,7 @@ Per-column errors, each scaled so that cancellation does not count against eithe
   dgamma:  |dgamma_j - ref| / sum_i |dy_ij xhat_ij|
   dbeta:   |dbeta_j - ref| / sum_i |dy_ij|
 """
+
 import torch
 import torch.nn.functional as F
 
@@ -23,7 +24,7 @@ DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
 # 16-bit y costs up to about 1.5 rounding units in RMSNorm's dx, where torch (keeping x) has
 # ~0.3 (docs/accuracy.md).
 BOUND = {torch.float32: 1e-5, torch.float64: 1e-12}
-UNIT = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
+UNIT = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
 
 
 def columns(kind, dtype, ordinary=64, seed=0, param_dtype=None):
@@ -34,7 +35,7 @@ def columns(kind, dtype, ordinary=64, seed=0, param_dtype=None):
     g = torch.Generator().manual_seed(seed)
     gam, bet = [], []
     for gv in GAMMAS:
-        for r in (RATIOS if kind == "layer_norm" else [0.0]):
+        for r in RATIOS if kind == "layer_norm" else [0.0]:
             gam.append(gv)
             bet.append(r * abs(gv))
     gam += (1 + 0.3 * torch.randn(ordinary, generator=g, dtype=torch.float64, device="cpu")).tolist()
@@ -86,9 +87,11 @@ def measure(kind, dtype, rows=48, seed=0, param_dtype=None):
     scale_b = dy.double().abs().sum(0)
     errors = {}
     for who, o in got.items():
-        e = {"y": ((o[0] - exact[0]).norm(dim=0) / exact[0].norm(dim=0).clamp_min(1e-300)),
-             "dx": ((o[1] - exact[1]).norm(dim=0) / exact[1].norm(dim=0).clamp_min(1e-300)),
-             "dgamma": (o[2] - exact[2]).abs() / scale_w.clamp_min(1e-300)}
+        e = {
+            "y": ((o[0] - exact[0]).norm(dim=0) / exact[0].norm(dim=0).clamp_min(1e-300)),
+            "dx": ((o[1] - exact[1]).norm(dim=0) / exact[1].norm(dim=0).clamp_min(1e-300)),
+            "dgamma": (o[2] - exact[2]).abs() / scale_w.clamp_min(1e-300),
+        }
         if b64 is not None:
             e["dbeta"] = (o[3] - exact[3]).abs() / scale_b.clamp_min(1e-300)
         e["nonfinite"] = sum(int((~torch.isfinite(t)).sum()) for t in o[1:])

@@ -1,5 +1,6 @@
 """Independent references for the tests and the accuracy benchmark: PyTorch's own ops in
 float64 (values, first and second derivatives) and rounding units of each dtype."""
+
 import math
 
 import torch
@@ -26,7 +27,7 @@ def forward_ulps(name, x):
     if x.dtype in (torch.float32, torch.float64) and x.device.type != "cuda" or x.dtype == torch.float64:
         return 0.5
     if x.device.type != "cuda":  # 16-bit on the CPU: double rounded to fp32, then to 16 bits
-        return 0.5 + 2.0 ** -13
+        return 0.5 + 2.0**-13
     if x.dtype == torch.float32:
         return CUDA_F32_FORWARD_ULPS[name]
     return CUDA_16BIT_FORWARD_ULPS
@@ -42,7 +43,7 @@ def exact(name, x64):
     if name == "gelu":
         y = 0.5 * x * torch.erfc(-x / math.sqrt(2))
     elif name == "gelu_tanh":
-        a = math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)
+        a = math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)
         y = x * torch.sigmoid(2 * a)
     else:
         y = VARIANTS[name][0](x)
@@ -68,8 +69,12 @@ def argmin(name):
 def sweep(name, dtype, n=1_000_000):
     """x in dtype: n points over [-20, 20] plus 20001 within 1e-2 of the argmin."""
     xs = argmin(name)
-    x = torch.cat([torch.linspace(-20, 20, n, dtype=torch.float64),
-                   torch.linspace(xs - 1e-2, xs + 1e-2, 20001, dtype=torch.float64)])
+    x = torch.cat(
+        [
+            torch.linspace(-20, 20, n, dtype=torch.float64),
+            torch.linspace(xs - 1e-2, xs + 1e-2, 20001, dtype=torch.float64),
+        ]
+    )
     return x.to(dtype)
 
 

@@ -1,5 +1,6 @@
 """The op registry (csrc/ops.json) for the test suites: every cross-cutting suite takes its list
 of ops from here (test_registry.py fails any suite that misses one)."""
+
 import json
 import os
 

@@ -1,4 +1,5 @@
 """Bytes a computation keeps for backward, measured with saved-tensor hooks."""
+
 import torch
 
 

@@ -1,5 +1,6 @@
 """tempo.gelu / tempo.silu against PyTorch: values, gradients within the recovery bound,
 autograd with bias, opcheck, torch.compile, exact saved bytes, training, bad input."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -37,8 +38,14 @@ def test_forward_error_at_most_torch_error(name, dtype):
     excess = (ours - ref).abs() - allowed
     i = int(torch.argmax(excess))
     assert excess[i] <= 0, "x=%r: ours %r, torch %r, exact %r; error %.3e > allowed %.3e (%d points over)" % (
-        x[i].item(), ours[i].item(), theirs[i].item(), ref[i].item(), (ours[i] - ref[i]).abs().item(),
-        allowed[i].item(), int((excess > 0).sum()))
+        x[i].item(),
+        ours[i].item(),
+        theirs[i].item(),
+        ref[i].item(),
+        (ours[i] - ref[i]).abs().item(),
+        allowed[i].item(),
+        int((excess > 0).sum()),
+    )
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -54,7 +61,11 @@ def test_gradient_within_recovery_bound(name, dtype):
     assert torch.isfinite(g).all()
     worst = int(torch.argmax(err / bound))
     assert torch.all(err <= bound), "x=%r got %r exact %r bound %r" % (
-        x[worst].item(), g[worst].item(), d1[worst].item(), bound[worst].item())
+        x[worst].item(),
+        g[worst].item(),
+        d1[worst].item(),
+        bound[worst].item(),
+    )
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -165,9 +176,11 @@ def test_mlp_training_matches_torch(name):
 
 def test_modules_are_drop_in():
     x = torch.randn(4, 10)
-    for ours, theirs in ((tempo.nn.GELU(), torch.nn.GELU()),
-                         (tempo.nn.GELU(approximate="tanh"), torch.nn.GELU(approximate="tanh")),
-                         (tempo.nn.SiLU(), torch.nn.SiLU())):
+    for ours, theirs in (
+        (tempo.nn.GELU(), torch.nn.GELU()),
+        (tempo.nn.GELU(approximate="tanh"), torch.nn.GELU(approximate="tanh")),
+        (tempo.nn.SiLU(), torch.nn.SiLU()),
+    ):
         torch.testing.assert_close(ours(x), theirs(x))
         assert ours.state_dict().keys() == theirs.state_dict().keys()
     assert "tanh" in repr(tempo.nn.GELU(approximate="tanh"))

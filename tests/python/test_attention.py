@@ -1,5 +1,6 @@
 """tempo.attention and tempo.nn.SelfAttention: every backend against a float64 reference,
 dropout against the same mask, exact kept bytes, errors."""
+
 import math
 
 import pytest
@@ -33,7 +34,7 @@ def masks(B, A, S, kind):
         return None
     if kind == "padding":
         m = torch.ones(B, 1, 1, S, dtype=torch.bool)
-        m[0, ..., S // 2 + 1:] = False  # keys past the middle of sequence 0 are padding
+        m[0, ..., S // 2 + 1 :] = False  # keys past the middle of sequence 0 are padding
         return m
     if kind == "bool":
         m = torch.rand(B, A, S, S) > 0.3
@@ -57,8 +58,10 @@ def check_close_to_reference(ours, theirs, ref, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("S,d", [(1, 32), (7, 64), (33, 80), (16, 128)])
-@pytest.mark.parametrize("kind,causal", [("none", False), ("padding", False), ("bool", False), ("additive", False),
-                                         ("none", True), ("padding", True)])
+@pytest.mark.parametrize(
+    "kind,causal",
+    [("none", False), ("padding", False), ("bool", False), ("additive", False), ("none", True), ("padding", True)],
+)
 def test_op_matches_reference(dtype, S, d, kind, causal):
     """tempo.attention within 2x of torch's own eager error in the same dtype (vs float64)."""
     B, A = 2, 3
@@ -151,8 +154,15 @@ def test_saved_bytes_exact():
     x = torch.randn(1, S, H)
     base = 5 * S * H * 4  # x, qkv (3 S H) and the attention output, fp32
     got = {}
-    for backend, p in (("eager", 0.1), ("tempo", 0.1), ("sdpa", 0.0), ("sdpa", 0.1), ("eager", 0.0), ("tempo", 0.0),
-                       ("fused", 0.1)):
+    for backend, p in (
+        ("eager", 0.1),
+        ("tempo", 0.1),
+        ("sdpa", 0.0),
+        ("sdpa", 0.1),
+        ("eager", 0.0),
+        ("tempo", 0.0),
+        ("fused", 0.1),
+    ):
         m = tempo.nn.SelfAttention(H, A, dropout=p, backend=backend)
         got[backend, p], _ = saved_bytes(lambda: m(x), list(m.parameters()))
     s2 = A * S * S
@@ -171,8 +181,10 @@ def test_saved_bytes_exact():
         # offset (two int64), with or without dropout; "fused" runs that kernel on CUDA
         flash = base + A * S * 4 + 16
         assert got["sdpa", 0.0] == got["sdpa", 0.1] == got["fused", 0.1] == flash, got
-    print("kept beyond the projections: eager %d, tempo %d, sdpa %d bytes"
-          % (got["eager", 0.1] - base, got["tempo", 0.1] - base, got["sdpa", 0.0] - base))
+    print(
+        "kept beyond the projections: eager %d, tempo %d, sdpa %d bytes"
+        % (got["eager", 0.1] - base, got["tempo", 0.1] - base, got["sdpa", 0.0] - base)
+    )
 
 
 def test_fully_masked_rows_give_zeros():
@@ -189,13 +201,18 @@ def test_opcheck():
     q, k, v = (torch.randn(2, 3, 5, 8, requires_grad=True) for _ in range(3))
     mask = torch.rand(2, 1, 5, 5) > 0.2
     mask[..., 0] = True
-    for args in ((q, k, v, None, 0.0, False, None, "bits"), (q, k, v, mask, 0.0, True, 0.5, "bits"),
-                 (q, k, v, mask, 0.3, False, None, "bits"), (q, k, v, None, 0.3, False, None, "philox")):
+    for args in (
+        (q, k, v, None, 0.0, False, None, "bits"),
+        (q, k, v, mask, 0.0, True, 0.5, "bits"),
+        (q, k, v, mask, 0.3, False, None, "bits"),
+        (q, k, v, None, 0.3, False, None, "philox"),
+    ):
         torch.library.opcheck(torch.ops.tempo.attention, args)
     qd, kd, vd = q.detach(), k.detach(), v.detach()
     out, P, keep = torch.ops.tempo.attention_forward(qd, kd, vd, None, 0.3, False, None, "bits")
-    torch.library.opcheck(torch.ops.tempo.attention_backward,
-                          (torch.randn_like(out), qd, kd, vd, P, keep, 0.3, None, "bits"))
+    torch.library.opcheck(
+        torch.ops.tempo.attention_backward, (torch.randn_like(out), qd, kd, vd, P, keep, 0.3, None, "bits")
+    )
 
 
 def test_torch_compile_full_graph():
@@ -229,7 +246,9 @@ def test_bad_input():
         tempo.attention(q, torch.randn(2, 4, 5, 8), torch.randn(2, 4, 5, 8))
     with pytest.raises(RuntimeError, match=r"tempo::attention: argument 'q' must be 4-D"):
         tempo.attention(q[0], q[0], q[0])
-    with pytest.raises(RuntimeError, match=r"tempo::attention: argument 'attn_mask' of shape \[3, 5\] does not broadcast"):
+    with pytest.raises(
+        RuntimeError, match=r"tempo::attention: argument 'attn_mask' of shape \[3, 5\] does not broadcast"
+    ):
         tempo.attention(q, q, q, torch.ones(3, 5, dtype=torch.bool))
     with pytest.raises(RuntimeError, match=r"tempo::attention: argument 'dropout_p' must be a probability"):
         tempo.attention(q, q, q, None, 1.5)
@@ -268,11 +287,14 @@ def test_fused_attention_equals_attention(dtype, block_rows):
     g = torch.randn(B, A, S, d).to(dtype)
     mask = masks(B, A, S, "bool")
     for p, causal in ((0.0, False), (0.2, True), (0.3, False)):
+
         def run(fn):
             def f(q, k, v):
                 torch.manual_seed(17)
                 return fn(q, k, v)
+
             return grads(f, [q, k, v], g)
+
         a = run(lambda q, k, v: tempo.fused_attention(q, k, v, mask, p, causal, None, block_rows))
         b = run(lambda q, k, v: tempo.attention(q, k, v, mask, p, causal, None, "philox"))
         tol = {torch.float32: 1e-5, torch.float64: 1e-12, torch.bfloat16: 2e-2}[dtype]
@@ -287,8 +309,10 @@ def test_fused_attention_opcheck():
     torch.library.opcheck(torch.ops.tempo.fused_attention, (q, k, v, mask, 0.3, True, None, 4))
     torch.library.opcheck(torch.ops.tempo.fused_attention, (q, k, v, None, 0.0, False, 0.5, 0))
     out, state = torch.ops.tempo.fused_attention_forward(q.detach(), k.detach(), v.detach(), mask, 0.3, False, None, 4)
-    torch.library.opcheck(torch.ops.tempo.fused_attention_backward,
-                          (torch.randn_like(out), q.detach(), k.detach(), v.detach(), state, mask, 0.3, False, None, 4))
+    torch.library.opcheck(
+        torch.ops.tempo.fused_attention_backward,
+        (torch.randn_like(out), q.detach(), k.detach(), v.detach(), state, mask, 0.3, False, None, 4),
+    )
 
 
 def test_fused_attention_backend_names_the_kernel(on_device):

@@ -1,5 +1,6 @@
 """tempo.auto (Auto-Tempo), python -m tempo.bench and the CPU budget they run under
 (tempo.memory.cpu_limit), on small Hugging Face models built here and on MiniLM's weights."""
+
 import copy
 import gc
 import json
@@ -24,9 +25,17 @@ H, L, A, I, V, S = 64, 4, 4, 256, 500, 32
 
 
 def small_bert(dropout=0.1):
-    cfg = transformers.BertConfig(hidden_size=H, num_hidden_layers=L, num_attention_heads=A, intermediate_size=I,
-                                  vocab_size=V, max_position_embeddings=64, hidden_dropout_prob=dropout,
-                                  attention_probs_dropout_prob=dropout, attn_implementation="eager")
+    cfg = transformers.BertConfig(
+        hidden_size=H,
+        num_hidden_layers=L,
+        num_attention_heads=A,
+        intermediate_size=I,
+        vocab_size=V,
+        max_position_embeddings=64,
+        hidden_dropout_prob=dropout,
+        attention_probs_dropout_prob=dropout,
+        attn_implementation="eager",
+    )
     torch.manual_seed(0)
     return transformers.BertForMaskedLM(cfg).train()
 
@@ -57,6 +66,7 @@ def bench(capsys, *args):
     """python -m tempo.bench run through its main() in this process: (exit code, stdout,
     stderr). A process costs about 9 s of imports here; test_bench_module_errors runs one."""
     from tempo.apps import bench as module
+
     capsys.readouterr()
     try:
         code = module.main([str(a) for a in args])
@@ -70,6 +80,7 @@ def bench(capsys, *args):
 
 # ---- the CPU budget ----------------------------------------------------------------------------
 
+
 def test_cpu_limit_raises_torch_out_of_memory_and_is_removed_after_the_block():
     tempo.memory.track()
     start = tempo.memory.stats()[0]
@@ -80,8 +91,13 @@ def test_cpu_limit_raises_torch_out_of_memory_and_is_removed_after_the_block():
         with pytest.raises(torch.OutOfMemoryError):  # inside an op as well
             torch.ones(2000, 2000) @ torch.ones(2000, 2000)
     assert torch.empty(1_000_000).numel() == 1_000_000 and small.numel() == 1000
-    for bad, error in ((-1, ValueError), (float("inf"), ValueError), (float("nan"), ValueError), (True, TypeError),
-                       ("1GiB", TypeError)):
+    for bad, error in (
+        (-1, ValueError),
+        (float("inf"), ValueError),
+        (float("nan"), ValueError),
+        (True, TypeError),
+        ("1GiB", TypeError),
+    ):
         with pytest.raises(error, match="tempo.memory.set_cpu_limit: the limit"):
             tempo.memory.set_cpu_limit(bad)
         with pytest.raises(error, match="tempo.memory.cpu_limit: the limit"):
@@ -115,6 +131,7 @@ def test_cpu_limit_blocks_nest_and_give_back_the_limit_from_before():
 
 # ---- the CUDA budget ---------------------------------------------------------------------------
 
+
 class _FakeCudaFractions:
     """torch.cuda's memory-fraction functions for a machine without a GPU: the same index
     check as torch's own (torch.cuda._utils._get_device_index, which refuses a device with no
@@ -122,6 +139,7 @@ class _FakeCudaFractions:
 
     def __init__(self, monkeypatch, total):
         from torch.cuda._utils import _get_device_index
+
         self.fraction = {0: 1.0, 1: 1.0}
         self.calls = []
 
@@ -136,8 +154,12 @@ class _FakeCudaFractions:
         monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
         monkeypatch.setattr(torch.cuda, "get_device_properties", props)
         monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", set_fraction)
-        monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction",  # (newer than some torch releases)
-                            lambda device=None: self.fraction[_get_device_index(device)], raising=False)
+        monkeypatch.setattr(
+            torch.cuda,
+            "get_per_process_memory_fraction",  # (newer than some torch releases)
+            lambda device=None: self.fraction[_get_device_index(device)],
+            raising=False,
+        )
 
 
 def test_cuda_budget_takes_a_device_without_an_index_and_gives_back_the_fraction_from_before(monkeypatch):
@@ -147,6 +169,7 @@ def test_cuda_budget_takes_a_device_without_an_index_and_gives_back_the_fraction
     now applies to the current device, and the fraction the user had set is back afterwards,
     also when the block ends in an error."""
     from tempo._measure import budget_enforced
+
     fake = _FakeCudaFractions(monkeypatch, total=8 << 30)
     fake.fraction[0] = 0.75  # set by the user before
     with budget_enforced(torch.device("cuda"), 2 << 30):
@@ -164,6 +187,7 @@ def test_cuda_budget_takes_a_device_without_an_index_and_gives_back_the_fraction
 
 
 # ---- tempo.optimize(modules=...) --------------------------------------------------------------
+
 
 def test_optimize_modules_limits_the_patch_and_restore_undoes_it():
     model = small_bert(dropout=0.0)
@@ -187,6 +211,7 @@ def test_optimize_modules_limits_the_patch_and_restore_undoes_it():
 
 
 # ---- tempo.auto --------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("method", ["fast", "fine"])
 def test_auto_chooses_a_measured_candidate_and_its_largest_batch_is_exact(method):
@@ -235,8 +260,15 @@ def test_auto_on_a_users_module_around_a_transformers_model():
     """The transformers model inside is found, so attention is among the candidates; token
     ids passed positionally are counted as tokens (tokens/s = samples/s x sequence)."""
     model = _Classifier()
-    rep = tempo.auto(model, lambda b: (make_batch(b)["input_ids"],), budget="8MiB", method="fine", steps=1,
-                     max_batch=4, loss_fn=lambda out: out.square().mean())
+    rep = tempo.auto(
+        model,
+        lambda b: (make_batch(b)["input_ids"],),
+        budget="8MiB",
+        method="fine",
+        steps=1,
+        max_batch=4,
+        loss_fn=lambda out: out.square().mean(),
+    )
     rows = {r[0]: r for r in rep.rows}
     assert "tempo: attention only" in rows, str(rep)
     for name, mb, sps, tps in rep.rows:
@@ -252,8 +284,17 @@ def test_auto_on_a_model_tempos_attention_cannot_run_measures_the_rest(method):
     compute: tempo.auto finds that with one forward, leaves attention out of its candidates
     (its report says why) and measures the other techniques, instead of failing on the error
     tempo.optimize(attention="tempo") gives at the forward. Its choice computes what T5 does."""
-    cfg = transformers.T5Config(num_layers=2, d_model=64, d_ff=128, num_heads=4, d_kv=16, vocab_size=V,
-                                decoder_start_token_id=0, pad_token_id=0, dropout_rate=0.1)
+    cfg = transformers.T5Config(
+        num_layers=2,
+        d_model=64,
+        d_ff=128,
+        num_heads=4,
+        d_kv=16,
+        vocab_size=V,
+        decoder_start_token_id=0,
+        pad_token_id=0,
+        dropout_rate=0.1,
+    )
     torch.manual_seed(0)
     model = transformers.T5ForConditionalGeneration(cfg).train()
     ref = copy.deepcopy(model)
@@ -262,8 +303,7 @@ def test_auto_on_a_model_tempos_attention_cannot_run_measures_the_rest(method):
     assert "tempo: all" in names and not any("attention" in n for n in names), str(rep)
     assert any("T5Attention passes `position_bias`" in n for n in rep.notes) and "note: attention kept" in str(rep)
     assert model.config._attn_implementation == ref.config._attn_implementation
-    assert ("_tempo_undo" not in model.__dict__ if rep.choice == "baseline (as given)"
-            else tempo.report(model).patched)
+    assert "_tempo_undo" not in model.__dict__ if rep.choice == "baseline (as given)" else tempo.report(model).patched
     model.eval()
     ref.eval()
     with torch.no_grad():
@@ -304,23 +344,26 @@ def test_auto_errors():
         tempo.auto(model, make_batch, budget="1GiB", method="slow")
     # Each argument is checked before anything runs, with a message naming it (these once gave
     # a misleading "does not fit", a silent step, or a conversion error from deep inside).
-    for kwargs, error, message in ((dict(max_batch=0), ValueError, "max_batch must be an integer >= 1, got 0"),
-                                   (dict(max_batch=2.5), ValueError, "max_batch must be an integer >= 1"),
-                                   (dict(steps=0), ValueError, "steps must be an integer >= 1, got 0"),
-                                   (dict(steps=True), ValueError, "steps must be an integer >= 1"),
-                                   (dict(loss_fn="mse"), TypeError, "loss_fn must be None or callable"),
-                                   (dict(budget="lots"), ValueError, "tempo.auto: cannot read a size from 'lots'"),
-                                   (dict(budget="nan"), ValueError, "must be positive and finite"),
-                                   (dict(budget="infGiB"), ValueError, "must be positive and finite"),
-                                   (dict(budget=float("nan")), ValueError, "must be a finite number of bytes"),
-                                   (dict(budget=float("inf")), ValueError, "must be a finite number of bytes"),
-                                   (dict(budget=True), TypeError, "the budget is a number of bytes"),
-                                   (dict(budget=[8]), TypeError, "the budget is a number of bytes")):
+    for kwargs, error, message in (
+        (dict(max_batch=0), ValueError, "max_batch must be an integer >= 1, got 0"),
+        (dict(max_batch=2.5), ValueError, "max_batch must be an integer >= 1"),
+        (dict(steps=0), ValueError, "steps must be an integer >= 1, got 0"),
+        (dict(steps=True), ValueError, "steps must be an integer >= 1"),
+        (dict(loss_fn="mse"), TypeError, "loss_fn must be None or callable"),
+        (dict(budget="lots"), ValueError, "tempo.auto: cannot read a size from 'lots'"),
+        (dict(budget="nan"), ValueError, "must be positive and finite"),
+        (dict(budget="infGiB"), ValueError, "must be positive and finite"),
+        (dict(budget=float("nan")), ValueError, "must be a finite number of bytes"),
+        (dict(budget=float("inf")), ValueError, "must be a finite number of bytes"),
+        (dict(budget=True), TypeError, "the budget is a number of bytes"),
+        (dict(budget=[8]), TypeError, "the budget is a number of bytes"),
+    ):
         with pytest.raises(error, match=re.escape(message)):
             tempo.auto(model, make_batch, **{"budget": "1GiB", **kwargs})
 
     def broken(batch_size):  # an error that is not out-of-memory propagates
         raise KeyError("no such batch")
+
     with pytest.raises(KeyError, match="no such batch"):
         tempo.auto(model, broken, budget="1GiB")
     assert gc.get_freeze_count() == 0
@@ -352,8 +395,9 @@ def test_auto_tempo_example_runs_and_reports_a_budget_too_small_in_one_line(tmp_
     assert "<- chosen" in capsys.readouterr().out
     held = sum(p.numel() * p.element_size() for p in small_bert().parameters())
     env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(__file__), "..", "..", "python"))
-    r = subprocess.run([sys.executable, example] + args + [str(held + 50_000)], capture_output=True, text=True,
-                       timeout=600, env=env)
+    r = subprocess.run(
+        [sys.executable, example] + args + [str(held + 50_000)], capture_output=True, text=True, timeout=600, env=env
+    )
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert r.stderr.strip().splitlines()[-1].startswith("tempo.auto: the model does not fit the budget"), r.stderr
     assert "gradients alone take" in r.stderr
@@ -361,13 +405,31 @@ def test_auto_tempo_example_runs_and_reports_a_budget_too_small_in_one_line(tmp_
 
 # ---- python -m tempo.bench ---------------------------------------------------------------------
 
+
 def test_bench_module_on_a_local_folder(tmp_path, capsys):
     folder = tmp_path / "bert"
     small_bert().save_pretrained(folder)
     out_csv, plot = tmp_path / "b.csv", tmp_path / "b.svg"
-    code, out, err = bench(capsys, "--model", folder, "--seq", S, "--batch", 2, "--policies",
-                           "eager,sdpa,checkpoint,tempo,tempo-sdpa", "--budget", "12MiB", "--steps", 1, "--json",
-                           "--csv", out_csv, "--plot", plot)
+    code, out, err = bench(
+        capsys,
+        "--model",
+        folder,
+        "--seq",
+        S,
+        "--batch",
+        2,
+        "--policies",
+        "eager,sdpa,checkpoint,tempo,tempo-sdpa",
+        "--budget",
+        "12MiB",
+        "--steps",
+        1,
+        "--json",
+        "--csv",
+        out_csv,
+        "--plot",
+        plot,
+    )
     assert code == 0, err
     rows = {x["policy"]: x for x in json.loads(out)}
     assert set(rows) == {"eager", "sdpa", "checkpoint", "tempo", "tempo-sdpa"}
@@ -392,14 +454,28 @@ def test_bench_module_on_a_local_folder(tmp_path, capsys):
     assert lines[0].startswith("model,seq,dtype,device,policy,batch,activation_bytes") and len(lines) == 6
     assert plot.read_text().startswith("<svg")
     # The table says which masks the baseline keeps.
-    code, out, err = bench(capsys, "--model", folder, "--seq", S, "--batch", 2, "--policies", "eager,tempo",
-                           "--steps", 1)
+    code, out, err = bench(
+        capsys, "--model", folder, "--seq", S, "--batch", 2, "--policies", "eager,tempo", "--steps", 1
+    )
     assert code == 0, err
     assert "4-byte float masks" in out and "bool masks" in out
     # Without eager among the policies, the "vs eager" columns have no figure (they once held
     # ratios to the first policy, sdpa here, under that heading).
-    code, out, err = bench(capsys, "--model", folder, "--seq", S, "--batch", 2, "--policies", "sdpa,tempo",
-                           "--budget", "12MiB", "--steps", 1)
+    code, out, err = bench(
+        capsys,
+        "--model",
+        folder,
+        "--seq",
+        S,
+        "--batch",
+        2,
+        "--policies",
+        "sdpa,tempo",
+        "--budget",
+        "12MiB",
+        "--steps",
+        1,
+    )
     assert code == 0, err
     table = out.splitlines()
     assert "vs eager" in table[1]
@@ -413,18 +489,52 @@ def test_bench_module_on_folders_of_other_families(tmp_path, capsys):
     causal): a Qwen3 is measured as a causal LM. A Gemma 2 under the tempo policy (its attention
     soft-caps, which tempo's does not compute) and a T5 (neither head) are clear errors, exit != 0
     and no traceback."""
-    c = dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
-             head_dim=16, vocab_size=128, max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=2)
-    models = {"qwen3": transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**c)),
-              "gemma2": transformers.Gemma2ForCausalLM(transformers.Gemma2Config(**c)),
-              "t5": transformers.T5ForConditionalGeneration(transformers.T5Config(
-                  num_layers=1, d_model=64, d_ff=128, num_heads=4, d_kv=16, vocab_size=128, decoder_start_token_id=0,
-                  pad_token_id=0))}
+    c = dict(
+        num_hidden_layers=2,
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        vocab_size=128,
+        max_position_embeddings=64,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    models = {
+        "qwen3": transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**c)),
+        "gemma2": transformers.Gemma2ForCausalLM(transformers.Gemma2Config(**c)),
+        "t5": transformers.T5ForConditionalGeneration(
+            transformers.T5Config(
+                num_layers=1,
+                d_model=64,
+                d_ff=128,
+                num_heads=4,
+                d_kv=16,
+                vocab_size=128,
+                decoder_start_token_id=0,
+                pad_token_id=0,
+            )
+        ),
+    }
     out = {}
     for family, model in models.items():
         model.save_pretrained(tmp_path / family)
-        out[family] = bench(capsys, "--model", tmp_path / family, "--seq", 16, "--batch", 2, "--policies",
-                            "eager,tempo", "--steps", 1, "--json")
+        out[family] = bench(
+            capsys,
+            "--model",
+            tmp_path / family,
+            "--seq",
+            16,
+            "--batch",
+            2,
+            "--policies",
+            "eager,tempo",
+            "--steps",
+            1,
+            "--json",
+        )
     code, stdout, err = out["qwen3"]
     assert code == 0, err
     e, t = json.loads(stdout)
@@ -439,21 +549,44 @@ def test_bench_module_output_that_cannot_be_written_is_one_line(tmp_path, capsys
     """--csv on a full disk (/dev/full): exit 1 and the reason in one line, not a traceback."""
     folder = tmp_path / "bert"
     small_bert().save_pretrained(folder)
-    code, _, err = bench(capsys, "--model", folder, "--seq", S, "--batch", 2, "--policies", "eager", "--steps", 1,
-                         "--json", "--csv", "/dev/full")
-    assert code == 1 and err.strip().splitlines()[-1] == "tempo.bench: writing /dev/full failed: No space left on device", \
-        err
+    code, _, err = bench(
+        capsys,
+        "--model",
+        folder,
+        "--seq",
+        S,
+        "--batch",
+        2,
+        "--policies",
+        "eager",
+        "--steps",
+        1,
+        "--json",
+        "--csv",
+        "/dev/full",
+    )
+    assert (
+        code == 1 and err.strip().splitlines()[-1] == "tempo.bench: writing /dev/full failed: No space left on device"
+    ), err
 
 
 def test_bench_module_reports_a_policy_that_does_not_fit_as_max_batch_zero(tmp_path, capsys):
     # A long sequence on a tiny model: the attention activations, not the AdamW state, set the peak.
     folder = tmp_path / "bert"
-    cfg = transformers.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-                                  vocab_size=100, max_position_embeddings=512, attn_implementation="eager")
+    cfg = transformers.BertConfig(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        vocab_size=100,
+        max_position_embeddings=512,
+        attn_implementation="eager",
+    )
     torch.manual_seed(0)
     transformers.BertForMaskedLM(cfg).save_pretrained(folder)
-    run = lambda *extra: bench(capsys, "--model", folder, "--seq", 512, "--batch", 1, "--policies", "eager,tempo-sdpa",
-                               "--steps", 1, *extra)
+    run = lambda *extra: bench(
+        capsys, "--model", folder, "--seq", 512, "--batch", 1, "--policies", "eager,tempo-sdpa", "--steps", 1, *extra
+    )
     tempo.memory.track()
     gc.collect()
     held = tempo.memory.stats()[0]
@@ -482,16 +615,23 @@ def test_bench_module_errors(capsys):
     """Each mistake is one line and a non-zero exit: the first as a process (what a user sees),
     the others through main() in this process (a process each cost 5 s of imports)."""
     env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(__file__), "..", "..", "python"))
-    r = subprocess.run([sys.executable, "-m", "tempo.bench", "--policies", "eager,fast"], capture_output=True,
-                       text=True, timeout=300, env=env)
+    r = subprocess.run(
+        [sys.executable, "-m", "tempo.bench", "--policies", "eager,fast"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert r.returncode == 2 and "unknown policy" in r.stderr and "Traceback" not in r.stderr, r.stderr
-    for args, message in ((["--model", "t5"], "unknown model"),
-                          (["--model", "bert", "--size", "huge"], "has sizes"),
-                          (["--budget", "lots"], "cannot read a size"),
-                          (["--budget", "inf"], "a size must be positive and finite"),  # was an OverflowError
-                          (["--seq", "1000"], "exceeds"),
-                          (["--csv", "/nonexistent/b.csv"], "/nonexistent is not a folder"),
-                          (["--plot", "/nonexistent/b.svg"], "/nonexistent is not a folder")):
+    for args, message in (
+        (["--model", "t5"], "unknown model"),
+        (["--model", "bert", "--size", "huge"], "has sizes"),
+        (["--budget", "lots"], "cannot read a size"),
+        (["--budget", "inf"], "a size must be positive and finite"),  # was an OverflowError
+        (["--seq", "1000"], "exceeds"),
+        (["--csv", "/nonexistent/b.csv"], "/nonexistent is not a folder"),
+        (["--plot", "/nonexistent/b.svg"], "/nonexistent is not a folder"),
+    ):
         code, _, err = bench(capsys, *args)  # any exception but SystemExit would be a traceback for the user
         assert code != 0, args
         assert message in err, (args, err)
@@ -502,10 +642,18 @@ def test_auto_fine_weighs_the_gated_mlps_recomputing_their_projections():
     gate(x) and up(x) (mlp_recompute): each fits at least "tempo: all"'s batch under the same
     budget, and a chosen one is what the model ends up with."""
     import transformers as T
+
     torch.manual_seed(0)
-    model = T.LlamaForCausalLM(T.LlamaConfig(hidden_size=64, intermediate_size=256, num_hidden_layers=2,
-                                             num_attention_heads=4, num_key_value_heads=2,
-                                             vocab_size=128)).train()
+    model = T.LlamaForCausalLM(
+        T.LlamaConfig(
+            hidden_size=64,
+            intermediate_size=256,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=128,
+        )
+    ).train()
 
     def batch(b):
         ids = torch.randint(0, 128, (b, 64), generator=torch.Generator().manual_seed(b))

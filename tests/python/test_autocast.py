@@ -2,6 +2,7 @@
 CPU autocast (norms in x's dtype with float32 gamma and beta, attention in bf16, activations in
 the wider dtype of x and bias), with the same output dtype, an error against float64 within 2x
 torch's (the norms: within 1.1x), and gradients in the inputs' dtypes."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -38,8 +39,11 @@ def test_norms_return_x_dtype_as_torch_layer_norm_does_on_cpu():
     (got.float() * gy).sum().backward()
     (exact * gy.double()).sum().backward()
     assert xt.grad.dtype == torch.bfloat16 and wt.grad.dtype == bt.grad.dtype == torch.float32
-    for name, a, b_, e in (("x", xt.grad, xs.grad, x64.grad), ("w", wt.grad, ws.grad, w64.grad),
-                           ("b", bt.grad, bs.grad, b64.grad)):
+    for name, a, b_, e in (
+        ("x", xt.grad, xs.grad, x64.grad),
+        ("w", wt.grad, ws.grad, w64.grad),
+        ("b", bt.grad, bs.grad, b64.grad),
+    ):
         assert rel(a, e) <= 1.1 * rel(b_, e) + 1e-4, (name, rel(a, e), rel(b_, e))
     with torch.autocast(**AC):
         r2 = F.rms_norm(x, (48,), w, 1e-6)

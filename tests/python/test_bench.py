@@ -1,5 +1,6 @@
 """`tempo bench`: the JSON fields, the budget search, CSV, the plot, the ablation, errors.
 Runs the built command line (build/tempo, or $TEMPO_BIN) on tiny models."""
+
 import json
 import os
 import subprocess
@@ -8,8 +9,28 @@ import pytest
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 BIN = os.environ.get("TEMPO_BIN", os.path.join(ROOT, "build", "tempo"))
-TINY = ["--model", "custom", "--arch", "bert", "--hidden", "64", "--layers", "2", "--heads", "4",
-        "--intermediate", "256", "--vocab", "512", "--seq", "32", "--batch", "2", "--steps", "1"]
+TINY = [
+    "--model",
+    "custom",
+    "--arch",
+    "bert",
+    "--hidden",
+    "64",
+    "--layers",
+    "2",
+    "--heads",
+    "4",
+    "--intermediate",
+    "256",
+    "--vocab",
+    "512",
+    "--seq",
+    "32",
+    "--batch",
+    "2",
+    "--steps",
+    "1",
+]
 
 pytestmark = pytest.mark.skipif(not os.path.exists(BIN), reason="build/tempo is not built")
 
@@ -21,14 +42,37 @@ def bench(*args):
 def test_json_fields_and_budget_search(tmp_path):
     csv = tmp_path / "rows.csv"
     svg = tmp_path / "plot.svg"
-    r = bench(*TINY, "--policies", "eager,tempo,tempo-sdpa", "--budget", "64MiB", "--json", "--csv", str(csv),
-              "--plot", str(svg))
+    r = bench(
+        *TINY,
+        "--policies",
+        "eager,tempo,tempo-sdpa",
+        "--budget",
+        "64MiB",
+        "--json",
+        "--csv",
+        str(csv),
+        "--plot",
+        str(svg),
+    )
     assert r.returncode == 0, r.stderr
     rows = json.loads(r.stdout)
     assert [x["policy"] for x in rows] == ["eager", "tempo", "tempo-sdpa"]
     for x in rows:
-        assert set(x) >= {"model", "seq", "dtype", "device", "policy", "batch", "activation_bytes", "peak_bytes",
-                          "train_peak_bytes", "optimizer_peak_bytes", "step_ms", "tokens_per_s", "max_batch"}
+        assert set(x) >= {
+            "model",
+            "seq",
+            "dtype",
+            "device",
+            "policy",
+            "batch",
+            "activation_bytes",
+            "peak_bytes",
+            "train_peak_bytes",
+            "optimizer_peak_bytes",
+            "step_ms",
+            "tokens_per_s",
+            "max_batch",
+        }
         # the two phases' peaks are above what the step starts with, so below the step's peak
         assert x["activation_bytes"] <= x["train_peak_bytes"] < x["peak_bytes"]
         assert 0 < x["optimizer_peak_bytes"] < x["peak_bytes"]
@@ -82,20 +126,26 @@ def test_ablation_prints_each_technique():
         assert t in r.stdout
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--model", "bert-huge"], "unknown model preset 'bert-huge'"),
-    (["--policies", "eager,fast"], "unknown memory policy 'fast'"),
-    (["--seq", "0"], "--seq must be a positive integer"),
-    (["--budget", "lots"], "cannot read a size"),
-    (["--budget", "inf"], "a size must be a positive number below 4 EiB, got 'inf'"),  # was -8 EiB
-    (["--budget", "nan"], "a size must be a positive number below 4 EiB"),
-    (["--budget", "0x10"], "a size must be a positive number below 4 EiB"),
-    (["--budget", "9999999999GiB"], "a size must be a positive number below 4 EiB"),
-    (["--plot", "x.png"], "--plot writes SVG"),
-    (["--csv", "/nonexistent/x.csv"], "cannot write --csv /nonexistent/x.csv: /nonexistent is not a folder"),  # at once
-    (["--model", "custom", "--arch", "bert", "--hidden", "60", "--heads", "7"], "divisible by heads"),
-    (["--model", "bert-large", "--layers", "100000"], "this host can still allocate"),  # not killed by the kernel
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--model", "bert-huge"], "unknown model preset 'bert-huge'"),
+        (["--policies", "eager,fast"], "unknown memory policy 'fast'"),
+        (["--seq", "0"], "--seq must be a positive integer"),
+        (["--budget", "lots"], "cannot read a size"),
+        (["--budget", "inf"], "a size must be a positive number below 4 EiB, got 'inf'"),  # was -8 EiB
+        (["--budget", "nan"], "a size must be a positive number below 4 EiB"),
+        (["--budget", "0x10"], "a size must be a positive number below 4 EiB"),
+        (["--budget", "9999999999GiB"], "a size must be a positive number below 4 EiB"),
+        (["--plot", "x.png"], "--plot writes SVG"),
+        (
+            ["--csv", "/nonexistent/x.csv"],
+            "cannot write --csv /nonexistent/x.csv: /nonexistent is not a folder",
+        ),  # at once
+        (["--model", "custom", "--arch", "bert", "--hidden", "60", "--heads", "7"], "divisible by heads"),
+        (["--model", "bert-large", "--layers", "100000"], "this host can still allocate"),  # not killed by the kernel
+    ],
+)
 def test_bad_arguments_give_clear_errors(args, message):
     r = bench(*args)
     assert r.returncode == 2 and message in r.stderr, r.stderr
@@ -107,11 +157,17 @@ def test_output_that_cannot_be_written_is_an_error_not_a_cut_short_file():
     """--csv, and stdout (--json redirected to a file), on a full disk (/dev/full): exit 1 and
     the reason, where the results used to be lost with exit 0."""
     r = bench(*TINY, "--policies", "eager", "--csv", "/dev/full")
-    assert r.returncode == 1 and "tempo bench: --csv: writing /dev/full failed: No space left on device" in r.stderr, \
+    assert r.returncode == 1 and "tempo bench: --csv: writing /dev/full failed: No space left on device" in r.stderr, (
         r.stderr
+    )
     with open("/dev/full", "w") as full:
-        r = subprocess.run([BIN, "bench", *TINY, "--policies", "eager", "--json"], stdout=full, stderr=subprocess.PIPE,
-                           text=True, timeout=600)
+        r = subprocess.run(
+            [BIN, "bench", *TINY, "--policies", "eager", "--json"],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=600,
+        )
     assert r.returncode == 1 and "tempo: writing the output failed: No space left on device" in r.stderr, r.stderr
 
 
@@ -123,8 +179,20 @@ def test_sequence_longer_than_the_positions_is_an_error():
     assert r.returncode == 2 and "RoBERTa uses 515" in r.stderr, r.stderr
     r = bench(*TINY[:-6], "--seq", "600", "--batch", "1", "--steps", "1", "--policies", "eager", "--json")
     assert r.returncode == 2 and "--positions 600" in r.stderr
-    r = bench(*TINY[:-6], "--seq", "600", "--positions", "600", "--batch", "1", "--steps", "1", "--policies", "eager",
-              "--json")
+    r = bench(
+        *TINY[:-6],
+        "--seq",
+        "600",
+        "--positions",
+        "600",
+        "--batch",
+        "1",
+        "--steps",
+        "1",
+        "--policies",
+        "eager",
+        "--json",
+    )
     assert r.returncode == 0, r.stderr
     r = bench(*TINY, "--ablation", "--ablation-seqs", "128,1024")
     assert r.returncode == 2 and "sequence length 1024 exceeds" in r.stderr

@@ -4,6 +4,7 @@ generator's state that PyTorch rewrites in device memory before every replay, an
 recorded beside the forward reads that replay's mask. Outside a capture the seed comes from the
 CPU generator (test_dropout.py's CPU/CUDA agreement); a seed drawn on the host while recording
 would be frozen into the graph, every step dropping the same elements. CUDA only."""
+
 import copy
 
 import pytest
@@ -119,8 +120,15 @@ def test_reduce_overhead_compile_of_a_patched_bert_drops_anew_each_step():
     the same batch gives a different loss each step (a new mask), every loss and gradient is
     finite, and in eval mode the compiled model gives eager's output."""
     transformers = pytest.importorskip("transformers")
-    cfg = transformers.BertConfig(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, intermediate_size=256,
-                                  vocab_size=500, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
+    cfg = transformers.BertConfig(
+        hidden_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=256,
+        vocab_size=500,
+        hidden_dropout_prob=0.1,
+        attention_probs_dropout_prob=0.1,
+    )
     torch.manual_seed(0)
     model = tempo.optimize(transformers.BertForMaskedLM(cfg), attention="tempo", fused=True).cuda().train()
     eager = copy.deepcopy(model)
@@ -155,10 +163,16 @@ def test_norms_in_a_graph_stay_exact_as_the_weights_change(kind):
         y = fn(x, w, b)
         return (y,) + torch.autograd.grad(y, (x, w) if kind == "rms_norm" else (x, w, b), go)
 
-    ours = (lambda x, w, b: tempo.rms_norm(x, (96,), w, 1e-6)) if kind == "rms_norm" else \
-        (lambda x, w, b: tempo.layer_norm(x, (96,), w, b, 1e-5))
-    ref = (lambda x, w, b: F.rms_norm(x.double(), (96,), w.double(), 1e-6)) if kind == "rms_norm" else \
-        (lambda x, w, b: F.layer_norm(x.double(), (96,), w.double(), b.double(), 1e-5))
+    ours = (
+        (lambda x, w, b: tempo.rms_norm(x, (96,), w, 1e-6))
+        if kind == "rms_norm"
+        else (lambda x, w, b: tempo.layer_norm(x, (96,), w, b, 1e-5))
+    )
+    ref = (
+        (lambda x, w, b: F.rms_norm(x.double(), (96,), w.double(), 1e-6))
+        if kind == "rms_norm"
+        else (lambda x, w, b: F.layer_norm(x.double(), (96,), w.double(), b.double(), 1e-5))
+    )
     g, outs = capture(lambda: run(ours))
     for step in range(3):
         with torch.no_grad():  # what an optimizer does between steps, down to a zero gamma

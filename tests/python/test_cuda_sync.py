@@ -3,6 +3,7 @@ each op's forward and backward) runs under torch.cuda.set_sync_debug_mode("error
 raises at any call that waits for the device (.item(), a copy to pageable host memory,
 nonzero). The norms decide their kept columns on the device (norm_kept_slots); the label
 check of linear_cross_entropy asserts on the device. CUDA only."""
+
 import contextlib
 import warnings
 
@@ -35,17 +36,31 @@ OPS = {
     "attention": lambda x, w, b: tempo.attention(*(x.view(2, 4, 16, 32),) * 3, dropout_p=0.1),
     "fused_attention": lambda x, w, b: tempo.fused_attention(*(x.view(2, 4, 16, 32),) * 3, causal=True),
     "linear_cross_entropy": lambda x, w, b: tempo.linear_cross_entropy(
-        x, torch.ones(50, x.shape[-1], device=x.device, dtype=x.dtype) * w[:1], None,
-        torch.arange(x.shape[0], device=x.device) % 50),
-    "linear_cross_entropy_stats": lambda x, w, b: tempo.linear_cross_entropy_stats(
-        x, torch.ones(50, x.shape[-1], device=x.device, dtype=x.dtype) * w[:1], None,
-        torch.arange(x.shape[0], device=x.device) % 50)["entropy"] + (x * 0).sum(),
+        x,
+        torch.ones(50, x.shape[-1], device=x.device, dtype=x.dtype) * w[:1],
+        None,
+        torch.arange(x.shape[0], device=x.device) % 50,
+    ),
+    "linear_cross_entropy_stats": lambda x, w, b: (
+        tempo.linear_cross_entropy_stats(
+            x,
+            torch.ones(50, x.shape[-1], device=x.device, dtype=x.dtype) * w[:1],
+            None,
+            torch.arange(x.shape[0], device=x.device) % 50,
+        )["entropy"]
+        + (x * 0).sum()
+    ),
     "qkv_split": lambda x, w, b: torch.stack(tempo.qkv_split(torch.cat([x, x, x], -1).view(2, 64, 96), b.repeat(3), 4)),
     "causal_linear_attention": lambda x, w, b: tempo.causal_linear_attention(
-        x.view(2, 4, 16, 32).abs() + 0.1, x.view(2, 4, 16, 32).abs() + 0.1, x.view(2, 4, 16, 32))[0],
-    "gated_mlp": lambda x, w, b: tempo.gated_mlp(x, torch.ones(64, 32, device=x.device, dtype=x.dtype) * w[:1],
-                                                 None, torch.ones(32, 32, device=x.device, dtype=x.dtype) * b[:1],
-                                                 chunk=8),
+        x.view(2, 4, 16, 32).abs() + 0.1, x.view(2, 4, 16, 32).abs() + 0.1, x.view(2, 4, 16, 32)
+    )[0],
+    "gated_mlp": lambda x, w, b: tempo.gated_mlp(
+        x,
+        torch.ones(64, 32, device=x.device, dtype=x.dtype) * w[:1],
+        None,
+        torch.ones(32, 32, device=x.device, dtype=x.dtype) * b[:1],
+        chunk=8,
+    ),
 }
 
 
@@ -65,8 +80,14 @@ def test_op_forward_and_backward_do_not_synchronise(op, dtype):
 
 def _bert():
     transformers = pytest.importorskip("transformers")
-    cfg = transformers.BertConfig(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, intermediate_size=256,
-                                  vocab_size=500, max_position_embeddings=64)
+    cfg = transformers.BertConfig(
+        hidden_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=256,
+        vocab_size=500,
+        max_position_embeddings=64,
+    )
     torch.manual_seed(0)
     return transformers.BertForMaskedLM(cfg).cuda().train()
 
@@ -103,5 +124,6 @@ def test_kept_slot_overflow_warns_on_a_later_call():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         tempo.layer_norm(x, (96,), w, b).sum().backward()
-    assert any("96 of 96 columns needed their xhat kept" in str(c.message) for c in caught), \
-        [str(c.message) for c in caught]
+    assert any("96 of 96 columns needed their xhat kept" in str(c.message) for c in caught), [
+        str(c.message) for c in caught
+    ]

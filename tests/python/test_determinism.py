@@ -5,6 +5,7 @@ gradients fused into the activation backward and tempo.qkv_split) add fixed grou
 a fixed order, whatever the thread count; dropout masks are a function of (seed, offset,
 element). The ATen matmuls inside attention, linear attention's prefix mode and
 linear_cross_entropy are PyTorch's; they are checked here as well, on this machine's BLAS."""
+
 import functools
 
 import pytest
@@ -51,6 +52,7 @@ def _dropout(mode):
     def f():
         (x,) = _inputs(3, (128, 777))
         return (x,), tempo.dropout(x, 0.3, mode=mode)
+
     return f
 
 
@@ -74,6 +76,7 @@ def _attention(fused):
         q, k, v = _inputs(7, (2, 4, 96, 32), (2, 4, 96, 32), (2, 4, 96, 32))
         op = tempo.fused_attention if fused else tempo.attention
         return (q, k, v), op(q, k, v, dropout_p=0.1, causal=True)
+
     return f
 
 
@@ -83,6 +86,7 @@ def _linear_attention(mode):
         (v,) = _inputs(9, (2, 4, 200, 24))
         y, (num, den) = tempo.causal_linear_attention(qf, kf, v, mode=mode)
         return (qf, kf, v), (y, num, den)
+
     return f
 
 
@@ -103,6 +107,7 @@ def _gated_mlp(activation):
     def f():
         x, wg, wu, wd = _inputs(13, (300, 96), (160, 96), (160, 96), (96, 160))
         return (x, wg, wu, wd), tempo.gated_mlp(x, wg * 0.1, wu * 0.1, wd * 0.1, activation=activation, chunk=64)
+
     return f
 
 
@@ -111,19 +116,37 @@ def _qkv_split():
     return (z, b), tempo.qkv_split(z, b, 4)
 
 
-OPS = {"gelu+bias": _gelu, "silu+bias": _silu, "dropout bits": _dropout("bits"), "dropout philox": _dropout("philox"),
-       "layer_norm": _layer_norm, "rms_norm": _rms_norm, "bias_dropout_add_layer_norm": _bias_dropout_add_layer_norm,
-       "attention": _attention(False), "fused_attention": _attention(True),
-       "causal_linear_attention iterative": _linear_attention("iterative"),
-       "causal_linear_attention prefix": _linear_attention("prefix"),
-       "linear_cross_entropy": _linear_cross_entropy, "linear_cross_entropy_stats": _linear_cross_entropy_stats,
-       "gated_mlp silu": _gated_mlp("silu"), "gated_mlp gelu_tanh": _gated_mlp("gelu_tanh"), "qkv_split": _qkv_split}
+OPS = {
+    "gelu+bias": _gelu,
+    "silu+bias": _silu,
+    "dropout bits": _dropout("bits"),
+    "dropout philox": _dropout("philox"),
+    "layer_norm": _layer_norm,
+    "rms_norm": _rms_norm,
+    "bias_dropout_add_layer_norm": _bias_dropout_add_layer_norm,
+    "attention": _attention(False),
+    "fused_attention": _attention(True),
+    "causal_linear_attention iterative": _linear_attention("iterative"),
+    "causal_linear_attention prefix": _linear_attention("prefix"),
+    "linear_cross_entropy": _linear_cross_entropy,
+    "linear_cross_entropy_stats": _linear_cross_entropy_stats,
+    "gated_mlp silu": _gated_mlp("silu"),
+    "gated_mlp gelu_tanh": _gated_mlp("gelu_tanh"),
+    "qkv_split": _qkv_split,
+}
 
 
 # The ops whose reductions run (in part) in ATen's matmuls, on the BLAS torch links, rather than
 # in tempo's kernels.
-BLAS_OPS = {"attention", "fused_attention", "causal_linear_attention prefix", "linear_cross_entropy",
-            "linear_cross_entropy_stats", "gated_mlp silu", "gated_mlp gelu_tanh"}
+BLAS_OPS = {
+    "attention",
+    "fused_attention",
+    "causal_linear_attention prefix",
+    "linear_cross_entropy",
+    "linear_cross_entropy_stats",
+    "gated_mlp silu",
+    "gated_mlp gelu_tanh",
+}
 
 
 @functools.lru_cache(maxsize=None)  # one probe per run, not one per op
@@ -159,7 +182,16 @@ def test_bitwise_equal_across_runs_and_thread_counts(name):
             assert torch.equal(a, c), "%s: tensor %d differs between two runs with %d threads" % (name, i, threads)
             if strict:
                 assert torch.equal(a, b), "%s: tensor %d differs with %d threads (max %.3g)" % (
-                    name, i, threads, (a.double() - b.double()).abs().max().item())
+                    name,
+                    i,
+                    threads,
+                    (a.double() - b.double()).abs().max().item(),
+                )
             else:
-                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6 * max(b.abs().max().item(), 1e-30),
-                                           msg=lambda m: "%s, tensor %d, %d threads: %s" % (name, i, threads, m))
+                torch.testing.assert_close(
+                    a,
+                    b,
+                    rtol=1e-5,
+                    atol=1e-6 * max(b.abs().max().item(), 1e-30),
+                    msg=lambda m: "%s, tensor %d, %d threads: %s" % (name, i, threads, m),
+                )

@@ -1,6 +1,7 @@
 """The docs hold code that runs: the README's Python block runs as it is written, and its C++
 block builds with the CMake lines above it against this build and runs (each extracted from
 README.md, not copied); every relative link in the README and docs/ leads to a file."""
+
 import os
 import re
 import shutil
@@ -27,7 +28,9 @@ def test_the_readme_python_block_runs(tmp_path):
     script = tmp_path / "readme.py"
     script.write_text(code)
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"), HF_HUB_OFFLINE="1")
-    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    r = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     # tempo.report's table: the norms, the gated MLP and the LM head were patched
     for technique in ("rms_norm", "gated_mlp", "lm_head"):
@@ -43,9 +46,19 @@ def test_the_readme_cpp_block_builds_against_this_build_and_runs(tmp_path):
     (tmp_path / "main.cpp").write_text(cpp)
     torch_dir = os.path.join(torch.utils.cmake_prefix_path, "Torch")
     gen = ["-G", "Ninja"] if shutil.which("ninja") else []
-    for cmd in (["cmake", "-S", str(tmp_path), "-B", str(tmp_path / "b"), *gen, "-DTempo_DIR=" + BUILD,
-                 "-DTorch_DIR=" + torch_dir],
-                ["cmake", "--build", str(tmp_path / "b")]):
+    for cmd in (
+        [
+            "cmake",
+            "-S",
+            str(tmp_path),
+            "-B",
+            str(tmp_path / "b"),
+            *gen,
+            "-DTempo_DIR=" + BUILD,
+            "-DTorch_DIR=" + torch_dir,
+        ],
+        ["cmake", "--build", str(tmp_path / "b")],
+    ):
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
         assert r.returncode == 0, (cmd, r.stdout[-3000:], r.stderr[-3000:])
     r = subprocess.run([str(tmp_path / "b" / "app")], capture_output=True, text=True, timeout=300)
@@ -60,8 +73,9 @@ def test_the_readme_is_read_in_two_minutes():
 
 
 def test_every_relative_link_in_the_docs_leads_to_a_file():
-    files = [os.path.join(ROOT, "README.md")] + [os.path.join(ROOT, "docs", n) for n in
-                                                  sorted(os.listdir(os.path.join(ROOT, "docs"))) if n.endswith(".md")]
+    files = [os.path.join(ROOT, "README.md")] + [
+        os.path.join(ROOT, "docs", n) for n in sorted(os.listdir(os.path.join(ROOT, "docs"))) if n.endswith(".md")
+    ]
     broken = []
     for path in files:
         with open(path) as f:

@@ -1,4 +1,5 @@
 """tempo.dropout: statistics, exact use of the forward mask, seeding, modes, memory, errors."""
+
 import math
 
 import pytest

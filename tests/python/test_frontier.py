@@ -3,6 +3,7 @@
 transformers model and AdamW under tempo.memory.cpu_limit: it fits, one more does not), the
 loss curves against sdpa's, a failing or unavailable method as a row, the time limit, the
 table, CSV, SVG and summary."""
+
 import csv
 import json
 import os
@@ -14,7 +15,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
 
 import tempo  # noqa: E402
-from tempo.apps import frontier  # noqa: E402
+from tempo.apps import frontier, frontier_methods  # noqa: E402
 
 pytestmark = pytest.mark.cpu_only
 TINY = ["--model", "llama", "--size", "tiny", "--vocab", "512", "--seq", "32", "--precision", "fp32"]
@@ -60,9 +61,26 @@ def test_frontier_rows_batches_losses_and_outputs(tmp_path, capsys):
     tempo.memory.track()
     jsonl, csv_path, svg = tmp_path / "f.jsonl", tmp_path / "f.csv", tmp_path / "f.svg"
     methods = ["sdpa", "sdpa+ckpt", "compile-mem0.2", "liger", "tempo-sdpa", "tempo"]
-    code, out, err = run_main(capsys, *TINY, "--budgets", "96MiB,64MiB", "--methods", ",".join(methods),
-                              "--steps", "1", "--loss-steps", "3", "--compile-backend", "aot_eager",
-                              "--jsonl", str(jsonl), "--csv", str(csv_path), "--plot", str(svg))
+    code, out, err = run_main(
+        capsys,
+        *TINY,
+        "--budgets",
+        "96MiB,64MiB",
+        "--methods",
+        ",".join(methods),
+        "--steps",
+        "1",
+        "--loss-steps",
+        "3",
+        "--compile-backend",
+        "aot_eager",
+        "--jsonl",
+        str(jsonl),
+        "--csv",
+        str(csv_path),
+        "--plot",
+        str(svg),
+    )
     assert code == 0, err
     rows = [json.loads(line) for line in jsonl.read_text().splitlines()]
     # every (method, budget), budgets ascending, in the order the methods were given
@@ -111,9 +129,26 @@ def test_sequence_axis_torchs_chunked_head_offload_and_checkpointing(tmp_path, c
     tempo.memory.track()
     jsonl = tmp_path / "s.jsonl"
     methods = ["sdpa", "sdpa+torch-lce", "sdpa+ckpt+torch-lce", "sdpa+ckpt+offload", "tempo-sdpa", "tempo+ckpt"]
-    code, out, err = run_main(capsys, *TINY, "--budgets", "64MiB", "--methods", ",".join(methods), "--axis", "seq",
-                              "--seq-step", "32", "--max-seq", "4096", "--steps", "1", "--loss-steps", "2",
-                              "--jsonl", str(jsonl))
+    code, out, err = run_main(
+        capsys,
+        *TINY,
+        "--budgets",
+        "64MiB",
+        "--methods",
+        ",".join(methods),
+        "--axis",
+        "seq",
+        "--seq-step",
+        "32",
+        "--max-seq",
+        "4096",
+        "--steps",
+        "1",
+        "--loss-steps",
+        "2",
+        "--jsonl",
+        str(jsonl),
+    )
     assert code == 0, err
     by = {r["method"]: r for r in (json.loads(line) for line in jsonl.read_text().splitlines())}
     assert by["sdpa+ckpt+offload"]["error"].startswith("did not run: offloading to host memory is for CUDA")
@@ -136,10 +171,11 @@ def test_a_failing_method_is_a_row_and_the_time_limit_is_kept(tmp_path, capsys, 
     def broken(*args, **kwargs):
         raise RuntimeError("patch refused for the test")
 
-    monkeypatch.setattr(frontier, "optimize", broken)
+    monkeypatch.setattr(frontier_methods, "optimize", broken)
     jsonl = tmp_path / "f.jsonl"
-    code, out, err = run_main(capsys, *TINY, "--budgets", "64MiB", "--methods", "tempo-sdpa,sdpa", "--steps", "1",
-                              "--jsonl", str(jsonl))
+    code, out, err = run_main(
+        capsys, *TINY, "--budgets", "64MiB", "--methods", "tempo-sdpa,sdpa", "--steps", "1", "--jsonl", str(jsonl)
+    )
     assert code == 0, err
     rows = [json.loads(line) for line in jsonl.read_text().splitlines()]
     assert rows[0]["method"] == "tempo-sdpa" and rows[0]["error"] == "failed: RuntimeError: patch refused for the test"

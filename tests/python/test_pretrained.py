@@ -2,6 +2,7 @@
 build/pretrained_tool): the pretrained all-MiniLM-L6-v2 gives transformers' hidden states under
 every memory policy; models of each family saved by C++ load in transformers with the same
 outputs, and as transformers saves them (fp32, bf16, sharded) in C++; damaged files and unsupported configs are refused with clear errors."""
+
 import json
 import math
 import os
@@ -52,8 +53,15 @@ def test_minilm_hidden_states_equal_transformers_under_every_policy(tmp_path):
         # in-place norms); 1e-4 is ~100 ulps of the hidden states' magnitude (|h| < 10).
         torch.testing.assert_close(h[real], ref[real], rtol=1e-4, atol=1e-4, msg=policy)
         fresh = {name for kind, name in report if kind == "fresh"}
-        assert fresh == {"mlm_dense.weight", "mlm_dense.bias", "mlm_norm.weight", "mlm_norm.bias", "mlm_bias",
-                         "classifier.weight", "classifier.bias"}  # MiniLM is a bare encoder (+ pooler)
+        assert fresh == {
+            "mlm_dense.weight",
+            "mlm_dense.bias",
+            "mlm_norm.weight",
+            "mlm_norm.bias",
+            "mlm_bias",
+            "classifier.weight",
+            "classifier.bias",
+        }  # MiniLM is a bare encoder (+ pooler)
         assert {name for kind, name in report if kind == "unused"} <= {"embeddings.position_ids"}
 
 
@@ -83,8 +91,9 @@ def test_minilm_gradients_of_tempo_fused_equal_tempo(tmp_path):
         assert worst < 1e-4, (other, out["worst_rel_grad"])
 
 
-@pytest.mark.parametrize("arch,auto", [("bert", "BertModel"), ("roberta", "RobertaModel"), ("gpt2", "GPT2Model"),
-                                       ("llama", "LlamaModel")])
+@pytest.mark.parametrize(
+    "arch,auto", [("bert", "BertModel"), ("roberta", "RobertaModel"), ("gpt2", "GPT2Model"), ("llama", "LlamaModel")]
+)
 def test_saved_by_cpp_loads_in_transformers_with_the_same_outputs(arch, auto, tmp_path):
     folder = tmp_path / arch
     r = tool("make", arch, folder)
@@ -101,8 +110,12 @@ def test_saved_by_cpp_loads_in_transformers_with_the_same_outputs(arch, auto, tm
         h, _ = cpp_hidden(folder, policy, ids, mask, tmp_path)
         torch.testing.assert_close(h, ref, rtol=1e-4, atol=1e-4, msg="%s %s" % (arch, policy))
     # The whole head too: transformers' LM logits of the saved model from our weights.
-    lm = {"bert": "BertForMaskedLM", "roberta": "RobertaForMaskedLM", "gpt2": "GPT2LMHeadModel",
-          "llama": "LlamaForCausalLM"}[arch]
+    lm = {
+        "bert": "BertForMaskedLM",
+        "roberta": "RobertaForMaskedLM",
+        "gpt2": "GPT2LMHeadModel",
+        "llama": "LlamaForCausalLM",
+    }[arch]
     head_model = getattr(transformers, lm).from_pretrained(folder, attn_implementation="eager").eval()
     saved = safetensors_torch.load_file(str(folder / "model.safetensors"))
     state = head_model.state_dict()
@@ -119,12 +132,17 @@ def _tiny_transformers(arch):
     small = dict(num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, vocab_size=100)
     model = {
         "bert": lambda: transformers.BertModel(transformers.BertConfig(hidden_size=64, **small)),
-        "roberta": lambda: transformers.RobertaModel(transformers.RobertaConfig(hidden_size=64,
-                                                                                max_position_embeddings=66, **small)),
-        "gpt2": lambda: transformers.GPT2Model(transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=100,
-                                                                       n_positions=64)),
-        "llama": lambda: transformers.LlamaModel(transformers.LlamaConfig(
-            hidden_size=64, num_key_value_heads=4, max_position_embeddings=64, tie_word_embeddings=True, **small)),
+        "roberta": lambda: transformers.RobertaModel(
+            transformers.RobertaConfig(hidden_size=64, max_position_embeddings=66, **small)
+        ),
+        "gpt2": lambda: transformers.GPT2Model(
+            transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=100, n_positions=64)
+        ),
+        "llama": lambda: transformers.LlamaModel(
+            transformers.LlamaConfig(
+                hidden_size=64, num_key_value_heads=4, max_position_embeddings=64, tie_word_embeddings=True, **small
+            )
+        ),
     }[arch]().eval()
     with torch.no_grad():  # norms away from their initial values
         for n, p in model.named_parameters():
@@ -176,6 +194,7 @@ def test_minilm_saved_again_keeps_every_tensor_bitwise(tmp_path):
 
 # ---- damaged files and configs: a clear error (exit 1, a message), never a crash ---------------
 
+
 def small_folder(tmp_path, arch="bert"):
     folder = tmp_path / ("m-" + arch)
     assert tool("make", arch, folder).returncode == 0
@@ -185,7 +204,7 @@ def small_folder(tmp_path, arch="bert"):
 def header_of(path):
     raw = path.read_bytes()
     (n,) = struct.unpack("<Q", raw[:8])
-    return json.loads(raw[8:8 + n]), raw[8 + n:]
+    return json.loads(raw[8 : 8 + n]), raw[8 + n :]
 
 
 def write_with_header(path, header, data):
@@ -252,10 +271,12 @@ def test_damaged_safetensors_are_refused(tmp_path):
     # library exception); and a folder with only the pickle format
     st.unlink()
     index = folder / "model.safetensors.index.json"
-    for damaged, message in (({"weight_map": {name: 3}}, "maps %s to 3, not a file name" % name),
-                             ({"weight_map": {name: ""}}, "names a shard outside the folder: ''"),
-                             ({"weight_map": {name: "../model.safetensors"}}, "names a shard outside the folder"),
-                             ([1, 2], "the index has no weight_map")):
+    for damaged, message in (
+        ({"weight_map": {name: 3}}, "maps %s to 3, not a file name" % name),
+        ({"weight_map": {name: ""}}, "names a shard outside the folder: ''"),
+        ({"weight_map": {name: "../model.safetensors"}}, "names a shard outside the folder"),
+        ([1, 2], "the index has no weight_map"),
+    ):
         index.write_text(json.dumps(damaged))
         refused(folder, message, tmp_path)
     index.unlink()
@@ -263,17 +284,20 @@ def test_damaged_safetensors_are_refused(tmp_path):
     refused(folder, "has neither model.safetensors nor model.safetensors.index.json (only pytorch_model.bin", tmp_path)
 
 
-@pytest.mark.parametrize("change,message", [
-    ({"hidden_act": "gelu_new"}, "hidden_act 'gelu_new'"),
-    ({"position_embedding_type": "relative_key"}, "position_embedding_type 'relative_key'"),
-    ({"model_type": "t5"}, "model_type 't5' is not one of"),
-    ({"hidden_size": 30}, "hidden"),
-    # found by tests/fuzz/fuzz_config_json: a float too large for int64 was converted (undefined)
-    ({"vocab_size": 1e30}, "vocab_size must be an integer, not 1e+30"),
-    ({"num_hidden_layers": "6"}, "num_hidden_layers must be an integer"),
-    ({"intermediate_size": 18446744073709551615}, "intermediate_size (18446744073709551615) is too large"),
-    ({"layer_norm_eps": -1.0}, "eps must be positive and finite"),
-])
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        ({"hidden_act": "gelu_new"}, "hidden_act 'gelu_new'"),
+        ({"position_embedding_type": "relative_key"}, "position_embedding_type 'relative_key'"),
+        ({"model_type": "t5"}, "model_type 't5' is not one of"),
+        ({"hidden_size": 30}, "hidden"),
+        # found by tests/fuzz/fuzz_config_json: a float too large for int64 was converted (undefined)
+        ({"vocab_size": 1e30}, "vocab_size must be an integer, not 1e+30"),
+        ({"num_hidden_layers": "6"}, "num_hidden_layers must be an integer"),
+        ({"intermediate_size": 18446744073709551615}, "intermediate_size (18446744073709551615) is too large"),
+        ({"layer_norm_eps": -1.0}, "eps must be positive and finite"),
+    ],
+)
 def test_unsupported_configs_are_refused(tmp_path, change, message):
     folder = small_folder(tmp_path)
     cfg = json.loads((folder / "config.json").read_text())

@@ -27,6 +27,7 @@ element to their stated recovery bound instead.
 TEMPO_PROPERTY_CASES (default 300) cases per op, seeds base + i with TEMPO_PROPERTY_SEED as base
 (default 0). A failure prints the op, the seed and the one-line command that reruns it.
 """
+
 import contextlib
 import math
 import os
@@ -44,7 +45,7 @@ from reference import VARIANTS, exact, forward_ulps, half_ulp, recovery_bound
 
 CASES = int(os.environ.get("TEMPO_PROPERTY_CASES", "300"))
 BASE = int(os.environ.get("TEMPO_PROPERTY_SEED", "0"))
-FLOOR = {torch.float64: 1e-10, torch.float32: 1e-5, torch.bfloat16: 4 * 2.0 ** -8, torch.float16: 4 * 2.0 ** -11}
+FLOOR = {torch.float64: 1e-10, torch.float32: 1e-5, torch.bfloat16: 4 * 2.0**-8, torch.float16: 4 * 2.0**-11}
 SIZES = [1, 1, 2, 3, 4, 5, 7, 8, 13, 16, 31, 64, 65]
 LONG = [127, 257, 1031, 4099]
 SCALE_FLOOR = 1.0
@@ -54,10 +55,11 @@ DTYPES = [torch.float32, torch.float32, torch.float64, torch.bfloat16, torch.flo
 @dataclass
 class Case:
     """One drawn call: inputs (float64 masters), how tempo and the reference run on them."""
+
     inputs: List[Optional[torch.Tensor]]
     dtype: torch.dtype
-    run: Callable            # run(tensors) -> output tensor (tempo)
-    reference: Callable      # reference(tensors) -> output tensor, run in float64
+    run: Callable  # run(tensors) -> output tensor (tempo)
+    reference: Callable  # reference(tensors) -> output tensor, run in float64
     valid: bool = True
     grad: List[bool] = field(default_factory=list)  # which inputs get a gradient
     layouts: List[str] = field(default_factory=list)
@@ -70,7 +72,6 @@ class Case:
     # product h before the down projection), output_scale(inputs in float64).
     output_scale: Optional[Callable] = None
     torch_ref: Optional[Callable] = None  # PyTorch's own op for its error in the case's dtype (default: reference)
-
 
 
 def size(rng, long_ok=False):
@@ -90,7 +91,7 @@ def shape(rng, dims, max_numel=12000, last_long=True):
 
 
 def values(rng, s, kind="normal"):
-    g = torch.Generator().manual_seed(rng.randrange(2 ** 31))
+    g = torch.Generator().manual_seed(rng.randrange(2**31))
     x = torch.randn(s, generator=g, dtype=torch.float64)
     if kind == "wide" and rng.random() < 0.3:
         x = x * 10.0 ** rng.uniform(-3, 2)
@@ -137,7 +138,7 @@ def abs_err(a, ref):
     return d.max().item() if d.numel() else 0.0
 
 
-UNIT = {torch.float64: 2.0 ** -53, torch.float32: 2.0 ** -24, torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
+UNIT = {torch.float64: 2.0**-53, torch.float32: 2.0**-24, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
 
 
 def run_side(case, dtype, which, grad_out_seed, perturb=None):
@@ -150,7 +151,9 @@ def run_side(case, dtype, which, grad_out_seed, perturb=None):
             m = m.to(case.dtype)
             if perturb is not None:
                 gen = torch.Generator().manual_seed(perturb)
-                m = m.double() * (1 + UNIT[case.dtype] * (2 * torch.rand(m.shape, generator=gen, dtype=torch.float64) - 1))
+                m = m.double() * (
+                    1 + UNIT[case.dtype] * (2 * torch.rand(m.shape, generator=gen, dtype=torch.float64) - 1)
+                )
         v, leaf = to_leaf(m, dtype if m is not None else None, how, g and m is not None)
         views.append(v)
         leaves.append(leaf)
@@ -172,8 +175,10 @@ def run_side(case, dtype, which, grad_out_seed, perturb=None):
 
 
 def check(name, case, seed):
-    repro = (f"TEMPO_PROPERTY_SEED={seed} TEMPO_PROPERTY_CASES=1 python -m pytest "
-             f"'tests/python/test_properties.py::test_property[{name}]'")
+    repro = (
+        f"TEMPO_PROPERTY_SEED={seed} TEMPO_PROPERTY_CASES=1 python -m pytest "
+        f"'tests/python/test_properties.py::test_property[{name}]'"
+    )
     where = f"{name}, seed {seed} ({case.describe}); rerun: {repro}"
     try:
         out, grads, _, _ = run_side(case, case.dtype, "tempo", seed)
@@ -191,18 +196,26 @@ def check(name, case, seed):
     moved, moved_grads = run_side(case, torch.float64, "reference", seed, perturb=seed + 1)[:2]
     # Scale floors: 1 (O(1) draws), times the broadcast factor of an expanded input (its
     # gradient sums that many rows), or the op's own scale of the gradient.
-    floors = {"output": max(SCALE_FLOOR, case.output_scale([v.detach() if v is not None else None for v in views64])
-                            if case.output_scale else 0.0)}
-    extra = case.grad_scale([v.detach() if v is not None else None for v in views64], go64) \
-        if case.grad_scale and go64 is not None else [None] * len(case.inputs)
+    floors = {
+        "output": max(
+            SCALE_FLOOR,
+            case.output_scale([v.detach() if v is not None else None for v in views64]) if case.output_scale else 0.0,
+        )
+    }
+    extra = (
+        case.grad_scale([v.detach() if v is not None else None for v in views64], go64)
+        if case.grad_scale and go64 is not None
+        else [None] * len(case.inputs)
+    )
     for i, (m, how) in enumerate(zip(case.inputs, case.layouts)):
         factor = m.shape[0] if m is not None and how == "expanded" and m.dim() >= 2 and m.shape[0] > 1 else 1
         floors[f"grad of input {i}"] = max(SCALE_FLOOR, extra[i] or 0.0) * factor
     finite_in = all(m is None or not m.is_floating_point() or bool(torch.isfinite(m).all()) for m in case.inputs)
-    pairs = [("output", out, ref, low, moved)] + [(f"grad of input {i}", g, r, lo, mv)
-                                                  for i, (g, r, lo, mv) in enumerate(zip(grads, ref_grads, low_grads,
-                                                                                          moved_grads))
-                                                  if r is not None]
+    pairs = [("output", out, ref, low, moved)] + [
+        (f"grad of input {i}", g, r, lo, mv)
+        for i, (g, r, lo, mv) in enumerate(zip(grads, ref_grads, low_grads, moved_grads))
+        if r is not None
+    ]
     for what, got, want, torch_low, perturbed in pairs:
         assert got is not None, f"{where}: no {what}"
         assert got.shape == want.shape, f"{where}: {what} has shape {tuple(got.shape)}, expected {tuple(want.shape)}"
@@ -225,11 +238,12 @@ def check(name, case, seed):
             exact_y = exact(case.activation, s64)[0]
             theirs = VARIANTS[case.activation][0](s_math.to(case.dtype)).double()
             slack = max(2, 2 * forward_ulps(case.activation, got)) * half_ulp(exact_y, case.dtype) + 1e-300
-            cond = exact_y.abs() * (1 + s64 ** 2 + s64.abs() ** 3) * 4e-16
+            cond = exact_y.abs() * (1 + s64**2 + s64.abs() ** 3) * 4e-16
             err = (got.double() - exact_y).abs()
             allowed = 2 * (theirs - exact_y).abs() + slack + cond
-            assert bool((err <= allowed).all()), \
+            assert bool((err <= allowed).all()), (
                 f"{where}: output beyond its bound ({(err / allowed).max().item():.3g} x)"
+            )
             continue
         if case.activation and what.startswith("grad"):
             if got.numel() == 0 or case.inputs[0].numel() == 0:
@@ -246,13 +260,17 @@ def check(name, case, seed):
             assert worst <= 1.0, f"{where}: {what} exceeds the recovery bound ({worst:.3g} x)"
             continue
         err = abs_err(got, want)
-        tol = max(4 * abs_err(torch_low, want), 4 * abs_err(perturbed, want),
-                  FLOOR[case.dtype] * max(max_abs(want), floors[what]))
+        tol = max(
+            4 * abs_err(torch_low, want),
+            4 * abs_err(perturbed, want),
+            FLOOR[case.dtype] * max(max_abs(want), floors[what]),
+        )
         assert err <= tol, f"{where}: {what} error {err:.3g} > {tol:.3g} (largest |reference| {max_abs(want):.3g})"
     return "matched"
 
 
 # ---- the ops: each draws a case from rng ------------------------------------------------------
+
 
 def unpack_bits(bits, numel):
     b = bits.reshape(-1).to(torch.int64)
@@ -285,8 +303,17 @@ def gen_activation(rng, act):
         ref = lambda t: F.gelu(t[0] + t[1] if t[1] is not None else t[0], approximate=approx)
     # Not expanded: the elementwise bound holds per element, not for a sum over a broadcast dim.
     lay = [rng.choice(["contiguous", "transposed", "strided"]), "contiguous"]
-    return Case([x, b], dtype, run, ref, valid, [True, True], lay, activation=act,
-                describe=f"{act} x{s} {dtype} bias={b is not None} {lay[0]}")
+    return Case(
+        [x, b],
+        dtype,
+        run,
+        ref,
+        valid,
+        [True, True],
+        lay,
+        activation=act,
+        describe=f"{act} x{s} {dtype} bias={b is not None} {lay[0]}",
+    )
 
 
 def layer_norm_ref(x, shape_, w, b, eps):
@@ -341,8 +368,18 @@ def gen_norm(rng, kind):
         ref = torch_ref = lambda t: F.rms_norm(t[0], [cols], t[1], eps)
     lay = draw_layouts(rng, 1) + ["contiguous", "contiguous"]
     scales = lambda t, go: norm_grad_scales(t[0], t[1], go, eps, kind == "layer")
-    return Case([x, w, b], dtype, run, ref, valid, [True, True, True], lay, torch_ref=torch_ref, grad_scale=scales,
-                describe=f"{kind}_norm x{s} {dtype} weight={w is not None} bias={b is not None} eps={eps} {lay[0]}")
+    return Case(
+        [x, w, b],
+        dtype,
+        run,
+        ref,
+        valid,
+        [True, True, True],
+        lay,
+        torch_ref=torch_ref,
+        grad_scale=scales,
+        describe=f"{kind}_norm x{s} {dtype} weight={w is not None} bias={b is not None} eps={eps} {lay[0]}",
+    )
 
 
 def gen_dropout(rng):
@@ -353,7 +390,7 @@ def gen_dropout(rng):
     valid = True
     if rng.random() < 0.06:
         p, valid = rng.choice([-0.1, 1.5, float("nan")]), False
-    seed = rng.randrange(2 ** 31)
+    seed = rng.randrange(2**31)
     x = values(rng, s)
     numel = math.prod(s)
 
@@ -367,6 +404,7 @@ def gen_dropout(rng):
         keep = unpack_bits(bits, numel).reshape(s) if p not in (0.0, 1.0) else torch.full(s, p < 1.0)
         scale = 1.0 / (1.0 - p) if p < 1.0 else 0.0
         return t[0] * keep.to(t[0].dtype) * scale
+
     lay = draw_layouts(rng, 1)
     return Case([x], dtype, run, ref, valid, [True], lay, describe=f"dropout x{s} {dtype} p={p} {mode} {lay[0]}")
 
@@ -402,14 +440,15 @@ def gen_attention(rng, fused):
     mask = None
     if rng.random() < 0.5:
         ms = [rng.choice([1, B]), rng.choice([1, A]), rng.choice([1, S]), T]
-        mask = torch.where(torch.rand(ms, generator=torch.Generator().manual_seed(rng.randrange(2 ** 31))) < 0.2,
-                           float("-inf"), 0.0).double()
+        mask = torch.where(
+            torch.rand(ms, generator=torch.Generator().manual_seed(rng.randrange(2**31))) < 0.2, float("-inf"), 0.0
+        ).double()
         if rng.random() < 0.3:
             mask[..., 0, :] = float("-inf")  # a fully masked row
     valid = True
     if rng.random() < 0.06:
         k, valid = values(rng, [B, A, T, d + 1]), False  # q and k head dims differ
-    seed = rng.randrange(2 ** 31)
+    seed = rng.randrange(2**31)
     block = rng.choice([0, 1, 4]) if fused else 0
 
     def run(t):
@@ -430,11 +469,20 @@ def gen_attention(rng, fused):
                 _, _, bits = torch.ops.tempo.attention_forward(qq, kk, vv, mm, p, causal, scale, "bits")
                 keep = unpack_bits(bits, B * A * S * T).reshape(B, A, S, T) if p < 1 else torch.zeros(B, A, S, T)
         return attention_ref(t[0], t[1], t[2], t[3], p, causal, scale, keep)
+
     lay = draw_layouts(rng, 3) + ["contiguous"]
     name = "fused_attention" if fused else "attention"
-    return Case([q, k, v, mask], dtype, run, ref, valid, [True, True, True, False], lay,
-                describe=f"{name} B{B} A{A} S{S} T{T} d{d} dv{dv} {dtype} p={p} causal={causal} "
-                         f"mask={None if mask is None else list(mask.shape)} {mode if not fused else block} {lay[:3]}")
+    return Case(
+        [q, k, v, mask],
+        dtype,
+        run,
+        ref,
+        valid,
+        [True, True, True, False],
+        lay,
+        describe=f"{name} B{B} A{A} S{S} T{T} d{d} dv{dv} {dtype} p={p} causal={causal} "
+        f"mask={None if mask is None else list(mask.shape)} {mode if not fused else block} {lay[:3]}",
+    )
 
 
 def fused_keep(t, p, causal, scale, block):
@@ -458,7 +506,7 @@ def gen_bias_dropout_add_layer_norm(rng):
     w = values(rng, [cols]) if rng.random() < 0.8 else None
     beta = values(rng, [cols]) if rng.random() < 0.8 else None
     eps = 1e-5
-    seed = rng.randrange(2 ** 31)
+    seed = rng.randrange(2**31)
     numel = math.prod(s)
 
     def run(t):
@@ -470,8 +518,9 @@ def gen_bias_dropout_add_layer_norm(rng):
         if p > 0:
             torch.manual_seed(seed)
             f32 = [u.detach().float().contiguous() if u is not None else None for u in t]
-            _, _, bits, _ = torch.ops.tempo.bias_dropout_add_layer_norm_forward(f32[0], f32[1], f32[2], p, f32[3], f32[4],
-                                                                                 eps, "bits")
+            _, _, bits, _ = torch.ops.tempo.bias_dropout_add_layer_norm_forward(
+                f32[0], f32[1], f32[2], p, f32[3], f32[4], eps, "bits"
+            )
             keep = unpack_bits(bits, numel).reshape(s) if p < 1 else torch.zeros(s, dtype=torch.bool)
             h = h * keep.to(h.dtype) * (1.0 / (1.0 - p) if p < 1 else 0.0)
         return h + t[2]
@@ -485,10 +534,20 @@ def gen_bias_dropout_add_layer_norm(rng):
             return [None] * 5
         dx = dh * (1.0 / (1.0 - p) if p < 1 else 0.0)
         return [dx, dx * (numel // max(cols, 1)), dh, dw, db]  # x, bias (summed over rows), residual, w, beta
+
     lay = draw_layouts(rng, 3) + ["contiguous", "contiguous"]
     lay[1] = "contiguous"
-    return Case([x, bias, res, w, beta], dtype, run, ref, True, [True] * 5, lay, grad_scale=scales,
-                describe=f"bias_dropout_add_layer_norm x{s} {dtype} p={p} {mode} bias={bias is not None} {lay}")
+    return Case(
+        [x, bias, res, w, beta],
+        dtype,
+        run,
+        ref,
+        True,
+        [True] * 5,
+        lay,
+        grad_scale=scales,
+        describe=f"bias_dropout_add_layer_norm x{s} {dtype} p={p} {mode} bias={bias is not None} {lay}",
+    )
 
 
 def gen_linear_attention(rng):
@@ -519,6 +578,7 @@ def gen_linear_attention(rng):
             z = z + t[4].unsqueeze(-2).to(z.dtype)
         numr = (q.unsqueeze(-1) * kv).sum(-2)
         return numr / ((q * z).sum(-1, keepdim=True) + eps)
+
     def scales(t, go):
         """The terms of dq (and, summed over the positions after, of dk, dv): per position
         sum_d |dy| (|S| + |y| |z|) / (q . z + eps); with one feature they cancel to a result
@@ -533,10 +593,20 @@ def gen_linear_attention(rng):
         terms = (go.abs() * (S.abs().amax(-2) + y.abs() * z.abs().amax(-1, keepdim=True))).sum(-1) / den.squeeze(-1)
         c = terms.max().item() * q.shape[-2] if terms.numel() else 0.0
         return [c, c, c, None, None]
+
     lay = draw_layouts(rng, 3) + ["contiguous", "contiguous"]
     # the state stays in fp32 (fp64 for fp64 data): give it in that dtype
-    return Case([qf, kf, v, num, den], dtype, run, ref, True, [True, True, True, False, False], lay, grad_scale=scales,
-                describe=f"causal_linear_attention B{B} A{A} C{C} M{M} D{D} {dtype} {mode} state={with_state} {lay[:3]}")
+    return Case(
+        [qf, kf, v, num, den],
+        dtype,
+        run,
+        ref,
+        True,
+        [True, True, True, False, False],
+        lay,
+        grad_scale=scales,
+        describe=f"causal_linear_attention B{B} A{A} C{C} M{M} D{D} {dtype} {mode} state={with_state} {lay[:3]}",
+    )
 
 
 def gen_lce(rng):
@@ -544,7 +614,7 @@ def gen_lce(rng):
     dtype = rng.choice([torch.float32, torch.float32, torch.float64, torch.bfloat16])
     hidden, weight = values(rng, [N, H]), values(rng, [V, H]) * 0.3
     bias = values(rng, [V]) if rng.random() < 0.5 else None
-    g = torch.Generator().manual_seed(rng.randrange(2 ** 31))
+    g = torch.Generator().manual_seed(rng.randrange(2**31))
     labels = torch.randint(0, V, (N,), generator=g)
     if rng.random() < 0.3:
         labels[torch.rand(N, generator=g) < 0.4] = -100
@@ -564,8 +634,9 @@ def gen_lce(rng):
         reduction = "sum"  # F.cross_entropy gives 0/0 there; tempo 0 (documented)
 
     def run(t):
-        return tempo.linear_cross_entropy(t[0], t[1], t[2], labels, -100, smoothing, reduction, chunk, None, scale, cap,
-                                          z_loss)
+        return tempo.linear_cross_entropy(
+            t[0], t[1], t[2], labels, -100, smoothing, reduction, chunk, None, scale, cap, z_loss
+        )
 
     def ref(t):
         z = F.linear(t[0], t[1], t[2]) * scale  # the transforms in the data's dtype, as the models apply them
@@ -577,6 +648,7 @@ def gen_lce(rng):
         if reduction == "mean":
             return loss.sum() / (labels != -100).sum().clamp_min(1)
         return loss.sum() if reduction == "sum" else loss
+
     def scales(t, go):
         """The size of the terms the gradients sum (|p - y| <= 1 per logit): dh_n adds V terms
         of |w_v| per row, dW_v and db add one term per row, of |h_n| and 1, each row weighted
@@ -594,10 +666,20 @@ def gen_lce(rng):
         dh = 2 * rw.max().item() * t[1].abs().max().item()
         dw = (rw[:, None] * t[0].abs().double()).sum(0).max().item()
         return [dh, dw, rw.sum().item()]
+
     lay = draw_layouts(rng, 2) + ["contiguous"]
-    return Case([hidden, weight, bias], dtype, run, ref, valid, [True, True, True], lay, grad_scale=scales,
-                describe=f"linear_cross_entropy N{N} H{H} V{V} {dtype} {reduction} ls={smoothing} chunk={chunk} "
-                         f"scale={scale} cap={cap} z={z_loss} {lay[:2]}")
+    return Case(
+        [hidden, weight, bias],
+        dtype,
+        run,
+        ref,
+        valid,
+        [True, True, True],
+        lay,
+        grad_scale=scales,
+        describe=f"linear_cross_entropy N{N} H{H} V{V} {dtype} {reduction} ls={smoothing} chunk={chunk} "
+        f"scale={scale} cap={cap} z={z_loss} {lay[:2]}",
+    )
 
 
 def gen_lce_stats(rng):
@@ -607,7 +689,7 @@ def gen_lce_stats(rng):
     dtype = rng.choice([torch.float32, torch.float32, torch.float64, torch.bfloat16])
     hidden, weight = values(rng, [N, H]), values(rng, [V, H]) * 0.3
     bias = values(rng, [V]) if rng.random() < 0.5 else None
-    g = torch.Generator().manual_seed(rng.randrange(2 ** 31))
+    g = torch.Generator().manual_seed(rng.randrange(2**31))
     labels = torch.randint(0, V, (N,), generator=g)
     labels[torch.rand(N, generator=g) < 0.2] = -100
     temperature, scale = rng.choice([1.0, 0.5, 2.0]), rng.choice([1.0, 0.25])
@@ -625,9 +707,18 @@ def gen_lce_stats(rng):
         lp = torch.log_softmax(z, -1).gather(1, labels.clamp(min=0)[:, None])[:, 0] * (labels != -100)
         entropy = -(torch.softmax(z / temperature, -1) * torch.log_softmax(z / temperature, -1)).sum(-1)
         return torch.stack([lp, entropy])
-    return Case([hidden, weight, bias], dtype, run, ref, True, [False, False, False], ["contiguous"] * 3,
-                describe=f"linear_cross_entropy_stats N{N} H{H} V{V} {dtype} T={temperature} scale={scale} cap={cap} "
-                         f"chunk={chunk}")
+
+    return Case(
+        [hidden, weight, bias],
+        dtype,
+        run,
+        ref,
+        True,
+        [False, False, False],
+        ["contiguous"] * 3,
+        describe=f"linear_cross_entropy_stats N{N} H{H} V{V} {dtype} T={temperature} scale={scale} cap={cap} "
+        f"chunk={chunk}",
+    )
 
 
 def gen_qkv_split(rng):
@@ -643,9 +734,18 @@ def gen_qkv_split(rng):
     def ref(t):
         zz = t[0] + t[1] if t[1] is not None else t[0]
         return zz.reshape(B, S, 3, A, d)[:, :, which].transpose(1, 2)
+
     lay = draw_layouts(rng, 1) + ["contiguous"]
-    return Case([z, bias], dtype, run, ref, True, [True, True], lay,
-                describe=f"qkv_split B{B} S{S} A{A} d{d} {dtype} bias={bias is not None} part {which} {lay[0]}")
+    return Case(
+        [z, bias],
+        dtype,
+        run,
+        ref,
+        True,
+        [True, True],
+        lay,
+        describe=f"qkv_split B{B} S{S} A{A} d{d} {dtype} bias={bias is not None} part {which} {lay[0]}",
+    )
 
 
 def gen_gated_mlp(rng):
@@ -672,6 +772,7 @@ def gen_gated_mlp(rng):
         else:
             g, u = F.linear(t[0], t[1], t[4]), F.linear(t[0], t[2], t[5])
         return F.linear(f(g) * u, t[3], t[6])
+
     def parts(t):
         if fused:
             g, u = F.linear(t[0], t[1], t[4]).chunk(2, dim=-1)
@@ -699,13 +800,30 @@ def gen_gated_mlp(rng):
         big = lambda m: m.max().item() if m.numel() else 0.0  # noqa: E731
         gate_w = max(big(dg.t() @ x2), big(du.t() @ x2)) if fused else big(dg.t() @ x2)
         gate_b = max(big(dg.sum(0)), big(du.sum(0))) if fused else big(dg.sum(0))
-        return [big(dx), gate_w, big(du.t() @ x2), big(go.abs().reshape(dh.shape[0], -1).t() @ h.abs().reshape(dh.shape)),
-                gate_b, big(du.sum(0)), big(go.abs().reshape(dh.shape[0], -1).sum(0))]
+        return [
+            big(dx),
+            gate_w,
+            big(du.t() @ x2),
+            big(go.abs().reshape(dh.shape[0], -1).t() @ h.abs().reshape(dh.shape)),
+            gate_b,
+            big(du.sum(0)),
+            big(go.abs().reshape(dh.shape[0], -1).sum(0)),
+        ]
+
     lay = draw_layouts(rng, 1) + ["contiguous"] * 6
-    return Case([x, wg, None if fused else wu, wd, bg, bu, bd], dtype, run, ref, True, [True] * 7, lay,
-                grad_scale=scales, output_scale=out_scale,
-                describe=f"gated_mlp {lead}x{H} I{I} O{O} {dtype} {act} fused={fused} chunk={chunk} "
-                         f"biases={[b is not None for b in (bg, bu, bd)]} {lay[0]}")
+    return Case(
+        [x, wg, None if fused else wu, wd, bg, bu, bd],
+        dtype,
+        run,
+        ref,
+        True,
+        [True] * 7,
+        lay,
+        grad_scale=scales,
+        output_scale=out_scale,
+        describe=f"gated_mlp {lead}x{H} I{I} O{O} {dtype} {act} fused={fused} chunk={chunk} "
+        f"biases={[b is not None for b in (bg, bu, bd)]} {lay[0]}",
+    )
 
 
 OPS = {
@@ -789,8 +907,9 @@ def test_backward_twice_with_retain_graph_gives_the_same_gradients(name):
         for i, (a, b) in enumerate(zip(first, second)):
             assert (a is None) == (b is None), f"{name}, seed {seed} ({case.describe}): gradient {i} went missing"
             if a is not None:
-                assert torch.equal(a, b), \
+                assert torch.equal(a, b), (
                     f"{name}, seed {seed} ({case.describe}): gradient {i} differs in the second backward"
+                )
 
 
 @pytest.mark.parametrize("name", sorted(OPS))
@@ -806,8 +925,9 @@ def test_no_grad_and_inference_mode_give_the_grad_mode_output(name):
             # was given, made outside inference mode)
             if mode == "inference" and not any(got is v for v in views):
                 assert got.is_inference(), f"{name}, seed {seed}: the inference-mode output is not an inference tensor"
-            assert torch.equal(got, want.detach()), \
+            assert torch.equal(got, want.detach()), (
                 f"{name}, seed {seed} ({case.describe}): the {mode} output differs from the grad-mode one"
+            )
 
 
 @pytest.mark.parametrize("name", sorted(OPS))
@@ -834,7 +954,9 @@ def test_saved_tensor_hooks_carry_what_the_backward_reads(name):
             ws = [l for l in leaves if l is not None and l.requires_grad]
             if not ws or not out.requires_grad:
                 break
-            go = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).to(out.dtype)
+            go = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).to(
+                out.dtype
+            )
             runs.append(torch.autograd.grad(out, ws, go, allow_unused=True))
         if len(runs) < 2:
             continue

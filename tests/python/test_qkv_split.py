@@ -1,12 +1,16 @@
 """tempo.qkv_split, the Data Movement paper's attention input bias: the q/k/v bias add and the head
 layout in one pass, dz gathered and the bias gradient summed in one pass. References: torch's own
 ops (view, permute, sum), in fp64 where the comparison should be exact."""
+
 import pytest
 import torch
 
 import tempo
 
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"))]
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")),
+]
 DTYPES = [(torch.float32, 1e-6, 1e-6), (torch.float64, 1e-13, 1e-13), (torch.bfloat16, 1e-2, 1e-2)]
 # (batch, seq, heads, head_dim): BERT-base-like, odd, one token, long head dim
 SHAPES = [(2, 16, 12, 64), (3, 13, 3, 12), (1, 1, 1, 1), (2, 5, 2, 129)]
@@ -26,8 +30,11 @@ def test_qkv_split_forward_and_backward_match_torch(dtype, rtol, atol, shape, wi
     B, S, A, D = shape
     g = torch.Generator().manual_seed(B * 1000 + S * 10 + A)
     z = torch.randn(B, S, 3 * A * D, generator=g, dtype=torch.float64).to(device, dtype).requires_grad_()
-    bias = (torch.randn(3 * A * D, generator=g, dtype=torch.float64).to(device, dtype).requires_grad_()
-            if with_bias else None)
+    bias = (
+        torch.randn(3 * A * D, generator=g, dtype=torch.float64).to(device, dtype).requires_grad_()
+        if with_bias
+        else None
+    )
     out = tempo.qkv_split(z, bias, A)
     z2 = z.detach().clone().requires_grad_()
     b2 = bias.detach().clone().requires_grad_() if with_bias else None
@@ -54,7 +61,9 @@ def test_qkv_split_forward_and_backward_match_torch(dtype, rtol, atol, shape, wi
             bound = gamma * rows.abs().sum(0) + want.abs() * torch.finfo(dtype).eps / 2 + 1e-300
             err = (bias.grad.double() - want).abs()
             assert torch.all(err <= bound), "worst error %.3e, its bound %.3e" % (
-                err.max().item(), bound[int(torch.argmax(err / bound))].item())
+                err.max().item(),
+                bound[int(torch.argmax(err / bound))].item(),
+            )
 
 
 def test_qkv_split_unused_outputs_count_as_zero_gradients():

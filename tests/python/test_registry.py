@@ -3,6 +3,7 @@ ops and the op library's schemas; its units are exactly the source files of one 
 layer, and CMakeLists.txt names none of them by hand; every cross-cutting suite (properties,
 CUDA synchronisation, the sanitizer's script, determinism, second derivatives) has a case of
 every op; each op's autocast kernel, dtypes and differentiable inputs are what the registry says."""
+
 import importlib.util
 import inspect
 import os
@@ -39,8 +40,11 @@ def test_the_registry_names_exactly_the_public_ops_and_the_schemas():
         assert registry.OPS[name]["unit"] in registry.UNITS, name
 
 
-LAYER_DIRS = {"core": ["csrc/core/%s.cpp", "csrc/core/cpu/%s.cpp", "csrc/core/cuda/%s.cu"],
-              "torch": ["csrc/torch/ops/%s.cpp", "csrc/torch/autograd/%s.cpp"], "nn": ["csrc/nn/%s.cpp"]}
+LAYER_DIRS = {
+    "core": ["csrc/core/%s.cpp", "csrc/core/cpu/%s.cpp", "csrc/core/cuda/%s.cu"],
+    "torch": ["csrc/torch/ops/%s.cpp", "csrc/torch/autograd/%s.cpp"],
+    "nn": ["csrc/nn/%s.cpp"],
+}
 NOT_UNITS = {"common", "checkpoint"}  # shared helpers (and nn's activation checkpointing), not ops
 
 
@@ -72,8 +76,16 @@ def test_cmake_takes_the_op_sources_from_the_registry():
         assert not re.search(r"csrc/(core|torch/ops|torch/autograd|nn)/(cpu/|cuda/)?%s\.(cpp|cu)\b" % unit, text), unit
 
 
-@pytest.mark.parametrize("suite,device", [("properties", None), ("cuda_sync", "cuda"), ("sanitize", "cuda"),
-                                          ("determinism", "cpu"), ("second_derivatives", None)])
+@pytest.mark.parametrize(
+    "suite,device",
+    [
+        ("properties", None),
+        ("cuda_sync", "cuda"),
+        ("sanitize", "cuda"),
+        ("determinism", "cpu"),
+        ("second_derivatives", None),
+    ],
+)
 def test_every_suite_has_every_op(suite, device):
     if suite == "properties":
         keys = _module("tests/python/test_properties.py", "_reg_properties").OPS
@@ -117,8 +129,11 @@ def test_the_library_never_imports_its_applications():
     """python/tempo/apps (the bench, the frontier, their runner) sit on the library; importing
     tempo and its layers loads none of them."""
     import subprocess
-    code = ("import sys, tempo, tempo.hf, tempo.nn, tempo.auto, tempo.memory, tempo.slim; "
-            "print(sorted(m for m in sys.modules if m.startswith('tempo.apps') or m in ('tempo.bench', 'tempo.frontier')))")
+
+    code = (
+        "import sys, tempo, tempo.hf, tempo.nn, tempo.auto, tempo.memory, tempo.slim; "
+        "print(sorted(m for m in sys.modules if m.startswith('tempo.apps') or m in ('tempo.bench', 'tempo.frontier')))"
+    )
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0 and r.stdout.strip() == "[]", (r.stdout, r.stderr[-2000:])

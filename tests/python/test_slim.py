@@ -1,6 +1,7 @@
 """SLiM: chunked training of a causal linear-attention LM (tempo.slim) gives full
 backpropagation's gradients and loss, in memory that does not grow with the length; the
 feature maps and the CausalLinearAttention module; bad input."""
+
 import json
 import math
 import os
@@ -18,8 +19,9 @@ pytestmark = pytest.mark.cpu_only
 
 def model(dtype=torch.float32, max_len=64, feature_map="sqr", layers=2):
     torch.manual_seed(0)
-    return slim.PerformerLM(d_model=32, layers=layers, ffn=64, heads=2, max_len=max_len,
-                            feature_map=feature_map).to(dtype)
+    return slim.PerformerLM(d_model=32, layers=layers, ffn=64, heads=2, max_len=max_len, feature_map=feature_map).to(
+        dtype
+    )
 
 
 @pytest.mark.parametrize("dtype,bound", [(torch.float32, 1e-5), (torch.float64, 1e-10)])
@@ -122,7 +124,7 @@ def test_causal_linear_attention_module_in_chunks_equals_one_call():
         whole, (n, d) = attn(x)
         state, parts = None, []
         for s in range(0, 23, 5):
-            y, state = attn(x[:, s:s + 5], state)
+            y, state = attn(x[:, s : s + 5], state)
             parts.append(y)
         torch.testing.assert_close(torch.cat(parts, 1), whole, rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(state[0], n, rtol=1e-12, atol=1e-12)
@@ -207,8 +209,9 @@ def test_cli_json_fields_discrepancy_and_memory(tmp_path):
     r = tempo_slim(*TINY, "--chunks", "1,7,32,96,full", "--policies", "eager,tempo", "--json", "--plot", str(svg))
     assert r.returncode == 0, r.stderr
     rows = json.loads(r.stdout)
-    assert [(x["policy"], x["chunk"]) for x in rows] == [(p, c) for p in ("eager", "tempo")
-                                                         for c in (1, 7, 32, 96, None)]
+    assert [(x["policy"], x["chunk"]) for x in rows] == [
+        (p, c) for p in ("eager", "tempo") for c in (1, 7, 32, 96, None)
+    ]
     for x in rows:
         assert set(x) >= {"preset", "seq", "chunk", "peak_bytes", "step_ms", "grad_rel_discrepancy"}
         assert x["preset"] == "copy" and x["seq"] == 96 and x["peak_bytes"] > 0 and x["step_ms"] > 0
@@ -241,23 +244,30 @@ def test_cli_out_of_host_memory_is_an_error_not_an_abort():
     def limit():
         resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
 
-    r = subprocess.run([BIN, "slim", "--preset", "copy", "--layers", "60", "--d-model", "1024", "--ffn", "8192",
-                        "--chunks", "64"], capture_output=True, text=True, timeout=600, preexec_fn=limit)
+    r = subprocess.run(
+        [BIN, "slim", "--preset", "copy", "--layers", "60", "--d-model", "1024", "--ffn", "8192", "--chunks", "64"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        preexec_fn=limit,
+    )
     assert r.returncode == 1 and "can't allocate memory" in r.stderr, (r.returncode, r.stderr[-1000:])
 
 
 @pytest.mark.skipif(not os.path.exists(BIN), reason="build/tempo is not built")
 def test_cli_errors():
-    for args, message in ((["--chunks", "0"], "--chunks must be a positive integer"),
-                          (["--chunks", "8,x"], "--chunks must be a positive integer"),
-                          (["--seq", "1"], "--seq must be at least 2"),
-                          (["--preset", "wiki"], "unknown preset 'wiki'"),
-                          (["--policies", "checkpoint"], "--policies takes eager and tempo"),
-                          (["--heads", "5"], "not a multiple of heads"),
-                          (["--feature-map", "tanh"], "unknown feature map"),
-                          (["--plot", "x.png"], "ending in .svg"),
-                          (["--plot", "/nonexistent/x.svg"], "/nonexistent is not a folder"),
-                          (["--bogus"], "unknown argument")):
+    for args, message in (
+        (["--chunks", "0"], "--chunks must be a positive integer"),
+        (["--chunks", "8,x"], "--chunks must be a positive integer"),
+        (["--seq", "1"], "--seq must be at least 2"),
+        (["--preset", "wiki"], "unknown preset 'wiki'"),
+        (["--policies", "checkpoint"], "--policies takes eager and tempo"),
+        (["--heads", "5"], "not a multiple of heads"),
+        (["--feature-map", "tanh"], "unknown feature map"),
+        (["--plot", "x.png"], "ending in .svg"),
+        (["--plot", "/nonexistent/x.svg"], "/nonexistent is not a folder"),
+        (["--bogus"], "unknown argument"),
+    ):
         r = tempo_slim(*args)
         assert r.returncode == 2 and message in r.stderr, (args, r.stderr)
 
@@ -266,15 +276,32 @@ def test_train_example_curves_agree_on_text_and_copy(tmp_path):
     """examples/python/slim_train.py: chunked and full training see the same batches from the
     same weights, so their losses agree step by step."""
     import sys
+
     text = tmp_path / "t.txt"
     text.write_text("The quick brown fox jumps over the lazy dog. " * 200)
     root = os.path.join(os.path.dirname(__file__), "..", "..")
     env = dict(os.environ, PYTHONPATH=os.path.join(root, "python"))
-    for extra in (["--task", "text", "--data", str(text), "--seq", "64", "--chunk", "16"],
-                  ["--task", "copy", "--seq", "32", "--chunk", "5"]):
-        r = subprocess.run([sys.executable, os.path.join(root, "examples", "python", "slim_train.py"), *extra,
-                            "--steps", "3", "--every", "1", "--batch", "2"], capture_output=True, text=True,
-                           timeout=300, env=env)
+    for extra in (
+        ["--task", "text", "--data", str(text), "--seq", "64", "--chunk", "16"],
+        ["--task", "copy", "--seq", "32", "--chunk", "5"],
+    ):
+        r = subprocess.run(
+            [
+                sys.executable,
+                os.path.join(root, "examples", "python", "slim_train.py"),
+                *extra,
+                "--steps",
+                "3",
+                "--every",
+                "1",
+                "--batch",
+                "2",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=env,
+        )
         assert r.returncode == 0, r.stderr
         rows = [line.split() for line in r.stdout.splitlines() if line.strip()[:1].isdigit()]
         assert [int(x[0]) for x in rows] == [1, 2, 3]
@@ -283,14 +310,30 @@ def test_train_example_curves_agree_on_text_and_copy(tmp_path):
         assert float(rows[-1][1]) < float(rows[0][1])  # it learns
         if "copy" in extra:  # the held-out copy check, on the same weights for both runs after 3 steps
             import re
-            held = re.search(r"second-half loss ([0-9.]+) \(chunk 5\) vs ([0-9.]+) \(full\), symbols right "
-                             r"([0-9.]+)% vs ([0-9.]+)%", r.stdout)
+
+            held = re.search(
+                r"second-half loss ([0-9.]+) \(chunk 5\) vs ([0-9.]+) \(full\), symbols right "
+                r"([0-9.]+)% vs ([0-9.]+)%",
+                r.stdout,
+            )
             assert held, r.stdout
             loss_c, loss_f, right_c, right_f = map(float, held.groups())
             assert math.isclose(loss_c, loss_f, rel_tol=1e-4) and 0 < loss_c < math.log(256) + 1
             assert 0 <= right_c <= 100 and math.isclose(right_c, right_f, abs_tol=1.0)
-    r = subprocess.run([sys.executable, os.path.join(root, "examples", "python", "slim_train.py"), "--task", "text",
-                        "--data", str(tmp_path / "missing")], capture_output=True, text=True, timeout=300, env=env)
+    r = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(root, "examples", "python", "slim_train.py"),
+            "--task",
+            "text",
+            "--data",
+            str(tmp_path / "missing"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert r.returncode != 0 and "no such file or directory" in r.stderr
 
 
@@ -298,18 +341,34 @@ def test_train_example_resumes_from_its_checkpoint_exactly(tmp_path):
     """slim_train.py --checkpoint: a run stopped after step 2 and resumed prints the same losses
     for steps 3 and 4 as a run never stopped (same weights, optimiser states and batches)."""
     import sys
+
     root = os.path.join(os.path.dirname(__file__), "..", "..")
     env = dict(os.environ, PYTHONPATH=os.path.join(root, "python"))
 
     def run(steps, ckpt=None, extra=()):
-        cmd = [sys.executable, os.path.join(root, "examples", "python", "slim_train.py"), "--task", "copy",
-               "--seq", "32", "--chunk", "5", "--steps", str(steps), "--every", "1", "--batch", "2", "--threads", "1",
-               *extra]
+        cmd = [
+            sys.executable,
+            os.path.join(root, "examples", "python", "slim_train.py"),
+            "--task",
+            "copy",
+            "--seq",
+            "32",
+            "--chunk",
+            "5",
+            "--steps",
+            str(steps),
+            "--every",
+            "1",
+            "--batch",
+            "2",
+            "--threads",
+            "1",
+            *extra,
+        ]
         if ckpt:
             cmd += ["--checkpoint", str(ckpt), "--save-every", "1"]
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
-        return r, {int(x[0]): x[1:3] for x in (line.split() for line in r.stdout.splitlines())
-                   if x and x[0].isdigit()}
+        return r, {int(x[0]): x[1:3] for x in (line.split() for line in r.stdout.splitlines()) if x and x[0].isdigit()}
 
     _, whole = run(4)
     ckpt = tmp_path / "copy.pt"
@@ -326,8 +385,11 @@ def test_train_example_decay_schedule():
     """slim_train.py --decay-after N: --lr through step N, then a straight line to --lr-min at --steps."""
     import importlib.util
     import types
+
     root = os.path.join(os.path.dirname(__file__), "..", "..")
-    spec = importlib.util.spec_from_file_location("slim_train", os.path.join(root, "examples", "python", "slim_train.py"))
+    spec = importlib.util.spec_from_file_location(
+        "slim_train", os.path.join(root, "examples", "python", "slim_train.py")
+    )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     a = types.SimpleNamespace(lr=1e-3, lr_min=1e-4, decay_after=100, steps=200)

@@ -1,5 +1,6 @@
 """`tempo train` (build/tempo): the log's columns, learning on real text, kill-and-resume
 equality, damaged checkpoints, bad input, MiniLM under each policy, `tempo plot`."""
+
 import math
 import os
 import random
@@ -18,8 +19,24 @@ ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 BIN = os.environ.get("TEMPO_BIN", os.path.join(ROOT, "build", "tempo"))
 pytestmark = pytest.mark.skipif(not os.path.exists(BIN), reason="build/tempo is not built")
 CORPUS = "/usr/share/doc/python3/html/_sources"
-TINY = ["--model", "bert-base", "--hidden", "64", "--layers", "2", "--heads", "2", "--intermediate", "128",
-        "--seq", "32", "--batch", "4", "--warmup", "3"]
+TINY = [
+    "--model",
+    "bert-base",
+    "--hidden",
+    "64",
+    "--layers",
+    "2",
+    "--heads",
+    "2",
+    "--intermediate",
+    "128",
+    "--seq",
+    "32",
+    "--batch",
+    "4",
+    "--warmup",
+    "3",
+]
 
 
 def train(*args, timeout=600):
@@ -56,8 +73,25 @@ def test_log_columns_and_it_learns(text, tmp_path):
     data, tok = text
     out = tmp_path / "run"
     svg = tmp_path / "run.svg"
-    r = train(*TINY, "--data", data, "--tokenizer", tok, "--steps", "60", "--lr", "2e-3", "--eval-every", "20",
-              "--save-every", "0", "--out", out, "--plot", svg)
+    r = train(
+        *TINY,
+        "--data",
+        data,
+        "--tokenizer",
+        tok,
+        "--steps",
+        "60",
+        "--lr",
+        "2e-3",
+        "--eval-every",
+        "20",
+        "--save-every",
+        "0",
+        "--out",
+        out,
+        "--plot",
+        svg,
+    )
     assert r.returncode == 0, r.stderr
     head, rows = log_rows(out)
     assert head[:6] == ["step", "loss", "lr", "tokens_per_s", "held_bytes", "eval_loss"]
@@ -77,8 +111,9 @@ def test_kill_and_resume_gives_the_uninterrupted_losses_bitwise(text, tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     r = train(*args, "--out", a)
     assert r.returncode == 0, r.stderr
-    p = subprocess.Popen([BIN, "train", *map(str, args), "--out", str(b)], stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL)
+    p = subprocess.Popen(
+        [BIN, "train", *map(str, args), "--out", str(b)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     deadline = time.time() + 300
     while time.time() < deadline:  # kill it mid-run, a few steps after a checkpoint
         time.sleep(0.02)
@@ -109,8 +144,13 @@ def _rows_written(out):
 
 def _start(args, out, rows, **popen):
     """`tempo train ARGS --out OUT` started, and waited for until its log has `rows` rows."""
-    p = subprocess.Popen([BIN, "train", *map(str, args), "--out", str(out)], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, **popen)
+    p = subprocess.Popen(
+        [BIN, "train", *map(str, args), "--out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **popen,
+    )
     deadline = time.time() + 300
     while _rows_written(out) < rows and p.poll() is None and time.time() < deadline:
         time.sleep(0.01)
@@ -215,8 +255,10 @@ def test_resuming_with_other_settings_is_told_and_a_complete_run_is_a_no_op(text
     assert (out / "log.csv").read_text() == log
     r = train(*args, "--steps", "6", "--lr", "0.001", "--batch", "8", "--out", out, "--resume")
     assert r.returncode == 0, r.stderr
-    assert ("resumed with --batch 8 (was 4), --lr 0.001 (was 0.0005), --steps 6 (was 4): the run goes on from "
-            "step 4, but not as the uninterrupted run would have") in r.stdout, r.stdout
+    assert (
+        "resumed with --batch 8 (was 4), --lr 0.001 (was 0.0005), --steps 6 (was 4): the run goes on from "
+        "step 4, but not as the uninterrupted run would have"
+    ) in r.stdout, r.stdout
     _, rows = log_rows(out)
     assert [x["step"] for x in rows] == ["1", "2", "3", "4", "5", "6"]
     # the corpus edited since (the same --data path): other ids, and the run is told
@@ -227,8 +269,9 @@ def test_resuming_with_other_settings_is_told_and_a_complete_run_is_a_no_op(text
     first = sorted(mine.iterdir())[0]
     first.write_text(first.read_text() + "\nA sentence added to the corpus after the checkpoint.\n")
     r = train(*edited, "--steps", "2", "--out", tmp_path / "e", "--resume")
-    assert r.returncode == 0 and re.search(r"resumed with corpus \d+\+\d+ ids, crc32:\w+ \(was \d+\+\d+ ids, crc32:\w+\)",
-                                           r.stdout), r.stdout + r.stderr[-800:]
+    assert r.returncode == 0 and re.search(
+        r"resumed with corpus \d+\+\d+ ids, crc32:\w+ \(was \d+\+\d+ ids, crc32:\w+\)", r.stdout
+    ), r.stdout + r.stderr[-800:]
 
 
 def test_a_damaged_newest_checkpoint_is_skipped_and_the_previous_used(text, tmp_path):
@@ -258,8 +301,10 @@ def test_a_damaged_newest_checkpoint_is_skipped_and_the_previous_used(text, tmp_
     # a MANIFEST that names a file outside its folder, or one file twice: refused, not followed
     mf = sorted((ck / d for d in os.listdir(ck)))[-1] / "MANIFEST"
     lines = mf.read_text().splitlines(keepends=True)
-    for forged, why in ((lines[:2] + ["../../escape 0 00000000\n"], "'../../escape' is not a file of a checkpoint"),
-                        (lines[:2] + [lines[0]], "is listed twice")):
+    for forged, why in (
+        (lines[:2] + ["../../escape 0 00000000\n"], "'../../escape' is not a file of a checkpoint"),
+        (lines[:2] + [lines[0]], "is listed twice"),
+    ):
         mf.write_text("".join(forged))
         r = train(*args, "--steps", "12", "--out", out, "--resume")
         assert why in r.stdout and "resumed from step 8" in r.stdout, r.stdout + r.stderr
@@ -280,18 +325,20 @@ def test_a_changed_run_tokenizer_is_refused_on_resume_and_another_given_is_told(
     assert r.returncode == 0, r.stderr
     raw = bytearray((out / "tokenizer.model").read_bytes())
     at = raw.index(b"\n\x06\xe2\x96\x81the\x15") + 9  # the piece "_the", then its score (a float)
-    raw[at:at + 4] = struct.pack("<f", -100.0)
+    raw[at : at + 4] = struct.pack("<f", -100.0)
     (out / "tokenizer.model").write_bytes(bytes(raw))
     log = (out / "log.csv").read_bytes()
     r = train(*args, "--steps", "4", "--out", out, "--resume")
-    assert r.returncode == 2 and "is not the one its checkpoint at step 2 was trained with (crc32:" in r.stderr, \
+    assert r.returncode == 2 and "is not the one its checkpoint at step 2 was trained with (crc32:" in r.stderr, (
         r.stderr[-800:]
+    )
     assert (out / "log.csv").read_bytes() == log and os.listdir(out / "checkpoints") == ["step-000000002"]
     other = tmp_path / "other.model"
     other.write_bytes(bytes(raw))  # it loads: given explicitly, it is the user's choice
     r = train(*args, "--steps", "4", "--out", out, "--resume", "--tokenizer", other)
-    assert r.returncode == 0 and re.search(r"resumed with .*--tokenizer crc32:\w+ \(was crc32:\w+\)", r.stdout), \
+    assert r.returncode == 0 and re.search(r"resumed with .*--tokenizer crc32:\w+ \(was crc32:\w+\)", r.stdout), (
         r.stdout + r.stderr[-800:]
+    )
 
 
 def test_bad_input_exits_2_with_a_clear_message_and_keeps_checkpoints(text, tmp_path):
@@ -307,27 +354,37 @@ def test_bad_input_exits_2_with_a_clear_message_and_keeps_checkpoints(text, tmp_
         (["--data", data, "--tokenizer", tok, "--policy", "fast"], "unknown memory policy"),
         (["--data", data, "--tokenizer", tok, "--lr", "x"], "must be a non-negative number"),
         # more than the host holds: refused before building (past it Linux kills the process)
-        (["--data", data, "--tokenizer", tok, "--layers", "1000000", "--intermediate", "100000"],
-         "this host can still allocate"),
+        (
+            ["--data", data, "--tokenizer", tok, "--layers", "1000000", "--intermediate", "100000"],
+            "this host can still allocate",
+        ),
     ]
     # a damaged tokenizer model: empty, truncated, random bytes (SentencePiece's parser refuses each)
     raw = tok.read_bytes()
     for name, damaged in (("empty", b""), ("cut", raw[:1000]), ("noise", random.Random(5).randbytes(5000))):
         (tmp_path / (name + ".model")).write_bytes(damaged)
-        cases.append((["--data", data, "--tokenizer", tmp_path / (name + ".model")],
-                      "cannot load the SentencePiece model %s" % (tmp_path / (name + ".model"))))
+        cases.append(
+            (
+                ["--data", data, "--tokenizer", tmp_path / (name + ".model")],
+                "cannot load the SentencePiece model %s" % (tmp_path / (name + ".model")),
+            )
+        )
     for extra, message in cases:
         r = train(*TINY, "--steps", "2", *extra, "--out", tmp_path / "bad")
         assert r.returncode == 2 and message in r.stderr, (extra, r.returncode, r.stderr[-500:])
     # a run folder that cannot be made or written in (refused before a tokenizer is trained)
-    for out, message in (("/dev/null/run", "cannot make the run folder --out /dev/null/run: Not a directory"),
-                         ("/proc/self", "cannot write in the run folder --out /proc/self: ")):
+    for out, message in (
+        ("/dev/null/run", "cannot make the run folder --out /dev/null/run: Not a directory"),
+        ("/proc/self", "cannot write in the run folder --out /proc/self: "),
+    ):
         r = train(*TINY, "--steps", "2", "--data", data, "--out", out)
         assert r.returncode == 2 and message in r.stderr and "sentencepiece" not in r.stderr.lower(), r.stderr[-500:]
     # a run folder with checkpoints: not overwritten without --resume
     out = tmp_path / "good"
-    assert train(*TINY, "--data", data, "--tokenizer", tok, "--steps", "2", "--save-every", "2", "--out",
-                 out).returncode == 0
+    assert (
+        train(*TINY, "--data", data, "--tokenizer", tok, "--steps", "2", "--save-every", "2", "--out", out).returncode
+        == 0
+    )
     manifest = (out / "checkpoints" / "step-000000002" / "MANIFEST").read_bytes()
     r = train(*TINY, "--data", data, "--tokenizer", tok, "--steps", "4", "--out", out)
     assert r.returncode == 2 and "already holds checkpoints" in r.stderr
@@ -345,6 +402,7 @@ def _file_size_limit(limit):
     def apply():
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
     return apply
 
 
@@ -363,11 +421,19 @@ def test_a_failed_write_is_a_clear_error_and_keeps_the_last_good_checkpoint(text
     sizes = {f: os.path.getsize(ck / "step-000000002" / f) for f in ("model.safetensors", "optimizer.pt")}
     assert sizes["model.safetensors"] < sizes["optimizer.pt"]
     limit = (sizes["model.safetensors"] + sizes["optimizer.pt"]) // 2  # the model fits, the optimizer does not
-    r = subprocess.run([BIN, "train", *map(str, args), "--steps", "4", "--out", str(out), "--resume"],
-                       capture_output=True, text=True, timeout=600, preexec_fn=_file_size_limit(limit))
+    r = subprocess.run(
+        [BIN, "train", *map(str, args), "--steps", "4", "--out", str(out), "--resume"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        preexec_fn=_file_size_limit(limit),
+    )
     assert r.returncode == 1, (r.returncode, r.stderr[-2000:])
-    assert re.search(r"writing \S*/\.tmp-step-000000004/optimizer\.pt failed: File too large \(.* free on that "
-                     r"filesystem\)", r.stderr), r.stderr
+    assert re.search(
+        r"writing \S*/\.tmp-step-000000004/optimizer\.pt failed: File too large \(.* free on that "
+        r"filesystem\)",
+        r.stderr,
+    ), r.stderr
     assert "frame #" not in r.stderr and r.stderr.strip().count("\n") == 0, r.stderr  # one line, no backtrace
     assert os.listdir(ck) == ["step-000000002"]  # the failed one's temporary folder removed
     assert (ck / "step-000000002" / "MANIFEST").read_bytes() == manifest
@@ -382,15 +448,18 @@ def test_a_failed_write_is_a_clear_error_and_keeps_the_last_good_checkpoint(text
     full.mkdir()
     os.symlink("/dev/full", full / "log.csv")
     r = train(*args, "--steps", "2", "--out", full)
-    assert r.returncode == 1 and re.search(r"writing \S*/log\.csv failed: No space left on device", r.stderr), \
-        r.stderr
+    assert r.returncode == 1 and re.search(r"writing \S*/log\.csv failed: No space left on device", r.stderr), r.stderr
 
     # the tokenizer: SentencePiece does not report a failed write, so the model it wrote is
     # loaded back before it is kept; a cut-short one would otherwise be taken by the next run
     fresh = tmp_path / "fresh"
-    r = subprocess.run([BIN, "train", *map(str, TINY), "--data", str(data), "--vocab", "1000", "--steps", "1",
-                        "--out", str(fresh)], capture_output=True, text=True, timeout=600,
-                       preexec_fn=_file_size_limit(os.path.getsize(tok) // 2))
+    r = subprocess.run(
+        [BIN, "train", *map(str, TINY), "--data", str(data), "--vocab", "1000", "--steps", "1", "--out", str(fresh)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        preexec_fn=_file_size_limit(os.path.getsize(tok) // 2),
+    )
     assert r.returncode == 1 and "does not load back (is the disk full?" in r.stderr, r.stderr[-2000:]
     assert "--help" not in r.stderr  # a failed write, not bad input
     assert sorted(os.listdir(fresh)) == [], os.listdir(fresh)
@@ -404,17 +473,21 @@ def test_data_that_is_not_plain_text_lines(text, tmp_path):
     breaks, more distinct characters than --vocab; --out a file."""
     data, tok = text
     args = [*TINY, "--steps", "3", "--eval-every", "0", "--save-every", "0"]
-    for bad, message in ((["--data", "/dev/zero"], "--data /dev/zero is neither a file nor a folder"),  # read forever
-                         (["--data", BIN], "is not text (it holds NUL bytes)"),
-                         (["--data", data, "--out", tok], "is a file, not a folder")):
+    for bad, message in (
+        (["--data", "/dev/zero"], "--data /dev/zero is neither a file nor a folder"),  # read forever
+        (["--data", BIN], "is not text (it holds NUL bytes)"),
+        (["--data", data, "--out", tok], "is a file, not a folder"),
+    ):
         r = train(*args, "--tokenizer", tok, "--out", tmp_path / "bad", *bad)
         assert r.returncode == 2 and message in r.stderr, (bad, r.returncode, r.stderr[-500:])
     # a binary file in the folder is left out, and said so: the same losses as without it
     mixed = tmp_path / "mixed"
     shutil.copytree(data, mixed)
     shutil.copy(BIN, mixed / "zz.bin")
-    a, b = train(*args, "--tokenizer", tok, "--data", data, "--out", tmp_path / "a"), \
-        train(*args, "--tokenizer", tok, "--data", mixed, "--out", tmp_path / "b")
+    a, b = (
+        train(*args, "--tokenizer", tok, "--data", data, "--out", tmp_path / "a"),
+        train(*args, "--tokenizer", tok, "--data", mixed, "--out", tmp_path / "b"),
+    )
     assert a.returncode == 0 and b.returncode == 0, b.stderr
     assert "left out 1 binary file under --data (%s)" % (mixed / "zz.bin") in b.stdout, b.stdout
     assert [x["loss"] for x in log_rows(tmp_path / "b")[1]] == [x["loss"] for x in log_rows(tmp_path / "a")[1]]
@@ -428,8 +501,11 @@ def test_data_that_is_not_plain_text_lines(text, tmp_path):
     pieces = int(re.search(r"trained a SentencePiece tokenizer \((\d+) pieces\)", r.stdout).group(1))
     assert pieces > 900, r.stdout  # from the whole text, not from nothing
     r = train(*args, "--vocab", "16", "--data", data, "--out", tmp_path / "d")
-    assert r.returncode == 2 and re.search(r"more distinct characters than a vocabulary of 16 pieces can cover: "
-                                           r"give --vocab \d+ or more", r.stderr), r.stderr[-1000:]
+    assert r.returncode == 2 and re.search(
+        r"more distinct characters than a vocabulary of 16 pieces can cover: "
+        r"give --vocab \d+ or more",
+        r.stderr,
+    ), r.stderr[-1000:]
 
 
 def test_a_diverging_run_stops_at_the_step_and_its_checkpoints_are_finite(text, tmp_path):
@@ -438,12 +514,35 @@ def test_a_diverging_run_stops_at_the_step_and_its_checkpoints_are_finite(text, 
     to go on from, which holds finite weights; grad_norm is logged without --clip too."""
     import torch
     from safetensors.torch import load_file
+
     data, tok = text
     out = tmp_path / "run"
-    r = train(*TINY, "--data", data, "--tokenizer", tok, "--steps", "200", "--eval-every", "0", "--save-every", "5",
-              "--lr", "1000", "--warmup", "0", "--clip", "0", "--out", out)
-    m = re.search(r"tempo train: the (loss|gradient norm) is not finite at step (\d+) \(the run diverged: a lower --lr "
-                  r"or a --clip may help; --resume goes on from the checkpoint of step (\d+)\)", r.stderr)
+    r = train(
+        *TINY,
+        "--data",
+        data,
+        "--tokenizer",
+        tok,
+        "--steps",
+        "200",
+        "--eval-every",
+        "0",
+        "--save-every",
+        "5",
+        "--lr",
+        "1000",
+        "--warmup",
+        "0",
+        "--clip",
+        "0",
+        "--out",
+        out,
+    )
+    m = re.search(
+        r"tempo train: the (loss|gradient norm) is not finite at step (\d+) \(the run diverged: a lower --lr "
+        r"or a --clip may help; --resume goes on from the checkpoint of step (\d+)\)",
+        r.stderr,
+    )
     assert r.returncode == 1 and m, (r.returncode, r.stderr[-1000:])
     step, saved = int(m.group(2)), int(m.group(3))
     assert saved == (step - 1) // 5 * 5 > 0, (step, saved)
@@ -489,7 +588,10 @@ def test_pretokenize_bad_input_exits_2_with_a_clear_message(tmp_path, capsys):
     cases = [
         (["--tokenizer", tmp_path / "none", "--data", text, "--out", out], "is not a folder"),
         (["--tokenizer", tmp_path, "--data", text, "--out", out], "holds no tokenizer files"),
-        (["--tokenizer", tok, "--data", text, "--out", tmp_path / "no" / "ids.safetensors"], "is not a writable folder"),
+        (
+            ["--tokenizer", tok, "--data", text, "--out", tmp_path / "no" / "ids.safetensors"],
+            "is not a writable folder",
+        ),
         (["--tokenizer", tok, "--data", text, "--out", out, "--max-bytes", "-5"], "--max-bytes must be >= 0"),
         (["--tokenizer", tok, "--data", tmp_path / "missing", "--out", out], "no such file or directory"),
         (["--tokenizer", tok, "--data", blank, "--out", out], "holds no text"),
@@ -497,10 +599,16 @@ def test_pretokenize_bad_input_exits_2_with_a_clear_message(tmp_path, capsys):
         (["--tokenizer", tok, "--data", sys.executable, "--out", out], "is not text (it holds NUL bytes)"),
     ]
     args, message = cases[0]
-    r = subprocess.run([sys.executable, "-m", "tempo.pretokenize", *map(str, args)], capture_output=True,
-                       text=True, env=env, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "tempo.pretokenize", *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, (args, r.stderr[-500:])
     from tempo import pretokenize
+
     for args, message in cases[1:]:
         with pytest.raises(SystemExit) as e:  # any other exception would be a traceback for the user
             pretokenize.main([str(a) for a in args])
@@ -512,12 +620,18 @@ def test_pretokenize_bad_input_exits_2_with_a_clear_message(tmp_path, capsys):
     shutil.copy(text, data / "a.txt")
     shutil.copy(blank, data / "b.txt")
     shutil.copy(sys.executable, data / "c.bin")  # binary: left out, and said so
-    r = subprocess.run([sys.executable, "-m", "tempo.pretokenize", "--tokenizer", tok, "--data", data, "--out", out],
-                       capture_output=True, text=True, env=env, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "tempo.pretokenize", "--tokenizer", tok, "--data", data, "--out", out],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     assert "left out 1 binary file under %s (%s)" % (data, data / "c.bin") in r.stdout, r.stdout
     from safetensors.torch import load_file
     import transformers
+
     want = transformers.AutoTokenizer.from_pretrained(tok)
     ids = load_file(str(out))["ids"].tolist()
     expect = sum((want(p, add_special_tokens=False)["input_ids"] for p in text.read_text().split("\n\n")), [])
@@ -525,12 +639,30 @@ def test_pretokenize_bad_input_exits_2_with_a_clear_message(tmp_path, capsys):
     # an output that cannot be written whole (a full disk; here a file size limit): exit 1 and
     # the reason, the good file from before left as it was, no temporary file
     good = out.read_bytes()
-    r = subprocess.run([sys.executable, "-m", "tempo.pretokenize", "--tokenizer", tok, "--data", data, "--out", out,
-                        "--max-bytes", "20"], capture_output=True, text=True, env=env, timeout=300,
-                       preexec_fn=_file_size_limit(100))
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tempo.pretokenize",
+            "--tokenizer",
+            tok,
+            "--data",
+            data,
+            "--out",
+            out,
+            "--max-bytes",
+            "20",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        preexec_fn=_file_size_limit(100),
+    )
     assert r.returncode == 1 and r.stderr.strip().startswith("tempo.pretokenize: writing %s failed:" % out), r.stderr
-    assert out.read_bytes() == good and sorted(os.listdir(tmp_path)) == sorted(["text.txt", "blank.txt", "data",
-                                                                               "ids.safetensors"])
+    assert out.read_bytes() == good and sorted(os.listdir(tmp_path)) == sorted(
+        ["text.txt", "blank.txt", "data", "ids.safetensors"]
+    )
 
 
 def test_plot_refuses_damaged_logs_and_leaves_non_finite_losses_out(text, tmp_path):
@@ -539,6 +671,7 @@ def test_plot_refuses_damaged_logs_and_leaves_non_finite_losses_out(text, tmp_pa
     (nan and inf losses) is plotted without them, and says how many it left out; the SVG is
     well-formed XML even for a run folder named with & (and given with a trailing slash)."""
     import xml.dom.minidom
+
     header = open(text[1].parent / "log.csv").readline().strip()
     assert header.startswith("step,loss,lr,tokens_per_s,held_bytes,eval_loss")
     blank = ["0"] * (len(header.split(",")) - 6)
@@ -550,21 +683,25 @@ def test_plot_refuses_damaged_logs_and_leaves_non_finite_losses_out(text, tmp_pa
         return d
 
     good = run_dir("a&b", [["1", "3.0", "0", "0", "0", ""], ["2", "2.5", "0", "0", "0", "2.6"]])
-    diverged = run_dir("div", [["1", "3.0", "0", "0", "0", ""], ["2", "nan", "0", "0", "0", ""],
-                               ["3", "inf", "0", "0", "0", "nan"]])
+    diverged = run_dir(
+        "div", [["1", "3.0", "0", "0", "0", ""], ["2", "nan", "0", "0", "0", ""], ["3", "inf", "0", "0", "0", "nan"]]
+    )
     damaged = run_dir("bad", [["1", "abc", "0", "0", "0", ""]])
     empty = run_dir("empty", [])
     svg = tmp_path / "p.svg"
-    cases = [([svg, damaged], "bad/log.csv line 2: 'abc' is not a number"),
-             ([svg, empty], "has no logged steps"),
-             ([tmp_path / "p.png", good], "give a file name ending in .svg"),
-             ([tmp_path / "no" / "p.svg", good], "is not a folder")]
+    cases = [
+        ([svg, damaged], "bad/log.csv line 2: 'abc' is not a number"),
+        ([svg, empty], "has no logged steps"),
+        ([tmp_path / "p.png", good], "give a file name ending in .svg"),
+        ([tmp_path / "no" / "p.svg", good], "is not a folder"),
+    ]
     for args, message in cases:
         r = subprocess.run([BIN, "plot", *map(str, args)], capture_output=True, text=True, timeout=60)
         assert r.returncode == 2 and message in r.stderr, (args, r.stderr)
         assert not svg.exists()
-    r = subprocess.run([BIN, "plot", str(svg), str(good) + "/", str(diverged)], capture_output=True, text=True,
-                       timeout=60)
+    r = subprocess.run(
+        [BIN, "plot", str(svg), str(good) + "/", str(diverged)], capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 0, r.stderr
     assert "div: 3 non-finite losses (the first at step 2) are left out of the plot" in r.stdout, r.stdout
     doc = xml.dom.minidom.parse(str(svg))
@@ -584,18 +721,57 @@ def test_minilm_fine_tunes_with_the_same_losses_under_each_policy(tmp_path):
         pytest.skip("this build cannot train: " + lacks)
     ids = tmp_path / "ids.safetensors"
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"), HF_HUB_OFFLINE="1")
-    r = subprocess.run([sys.executable, "-m", "tempo.pretokenize", "--tokenizer", gt.get_model_path(), "--data",
-                        os.path.join(CORPUS, "tutorial"), "--out", ids, "--max-bytes", "300000"],
-                       capture_output=True, text=True, env=env, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tempo.pretokenize",
+            "--tokenizer",
+            gt.get_model_path(),
+            "--data",
+            os.path.join(CORPUS, "tutorial"),
+            "--out",
+            ids,
+            "--max-bytes",
+            "300000",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
-    size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(os.path.join(CORPUS, "tutorial")) for f in fs)
+    size = sum(
+        os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(os.path.join(CORPUS, "tutorial")) for f in fs
+    )
     assert " tokens from %d bytes -> " % min(size, 300000) in r.stdout, r.stdout
     losses = {}
     for policy in ("eager", "tempo", "tempo-sdpa"):
         out = tmp_path / policy
-        r = train("--model", gt.get_model_path(), "--data", ids, "--policy", policy, "--seq", "64", "--batch", "4",
-                  "--steps", "4", "--warmup", "1", "--lr", "1e-4", "--eval-every", "2", "--save-every", "0",
-                  "--out", out)
+        r = train(
+            "--model",
+            gt.get_model_path(),
+            "--data",
+            ids,
+            "--policy",
+            policy,
+            "--seq",
+            "64",
+            "--batch",
+            "4",
+            "--steps",
+            "4",
+            "--warmup",
+            "1",
+            "--lr",
+            "1e-4",
+            "--eval-every",
+            "2",
+            "--save-every",
+            "0",
+            "--out",
+            out,
+        )
         assert r.returncode == 0, r.stderr
         losses[policy] = [float(x["loss"]) for x in log_rows(out)[1]]
     # dropout on: the policies draw the same masks, so the losses agree (the paper's bar: 0.5%)
@@ -611,9 +787,23 @@ def test_two_gloo_processes_equal_one_with_the_combined_batch(text, tmp_path):
     steps within fp32 rounding (dropout 0: each process would draw its own masks)."""
     st = pytest.importorskip("safetensors.torch")
     import torch
+
     data, tok = text
-    args = [*TINY, "--data", data, "--tokenizer", tok, "--steps", "10", "--save-every", "10", "--eval-every", "5",
-            "--dropout", "0"]
+    args = [
+        *TINY,
+        "--data",
+        data,
+        "--tokenizer",
+        tok,
+        "--steps",
+        "10",
+        "--save-every",
+        "10",
+        "--eval-every",
+        "5",
+        "--dropout",
+        "0",
+    ]
     one = tmp_path / "one"
     r = train(*args, "--out", one)
     assert r.returncode == 0, r.stderr
@@ -623,14 +813,18 @@ def test_two_gloo_processes_equal_one_with_the_combined_batch(text, tmp_path):
     # The default 25 MiB buckets (this model's gradients fill one; the parameters that get none,
     # the pooler's, go in a bucket of their own); about 20 KB buckets, each started from inside
     # the backward as its gradients become final; the same small buckets all after it.
-    for name, extra, overlapped in (("two", [], True), ("small", ["--bucket", "0.02"], True),
-                                    ("after", ["--bucket", "0.02", "--no-overlap"], False)):
+    for name, extra, overlapped in (
+        ("two", [], True),
+        ("small", ["--bucket", "0.02"], True),
+        ("after", ["--bucket", "0.02", "--no-overlap"], False),
+    ):
         r = train(*half, "--nproc", "2", *extra, "--out", tmp_path / name)
         assert r.returncode == 0, r.stderr
         _skip_without_gloo(r.stderr)
         assert "data parallel: 2 processes" in r.stdout
-        buckets, early = map(int, re.search(r"summed in (\d+) bucket\(s\) per step, (\d+) started during", r.stdout)
-                             .groups())
+        buckets, early = map(
+            int, re.search(r"summed in (\d+) bucket\(s\) per step, (\d+) started during", r.stdout).groups()
+        )
         assert (buckets > 4) == bool(extra), r.stdout
         assert (early > 0) == overlapped, r.stdout
         b = st.load_file(str(tmp_path / name / "checkpoints" / "step-000000010" / "model.safetensors"))
@@ -655,8 +849,21 @@ def test_nproc_passes_a_stop_on_and_workers_outlive_no_launcher(text, tmp_path):
     killed outright is named and the other stopped."""
     data, tok = text
     half = [("2" if (i > 0 and TINY[i - 1] == "--batch") else a) for i, a in enumerate(TINY)]
-    args = [*half, "--data", data, "--tokenizer", tok, "--steps", "40", "--eval-every", "0", "--save-every", "50",
-            "--nproc", "2"]
+    args = [
+        *half,
+        "--data",
+        data,
+        "--tokenizer",
+        tok,
+        "--steps",
+        "40",
+        "--eval-every",
+        "0",
+        "--save-every",
+        "50",
+        "--nproc",
+        "2",
+    ]
     a, b = tmp_path / "a", tmp_path / "b"
     r = train(*args, "--out", a)
     _skip_without_gloo(r.stderr)
@@ -685,8 +892,7 @@ def test_nproc_passes_a_stop_on_and_workers_outlive_no_launcher(text, tmp_path):
     # A worker killed outright (the kernel's OOM killer sends SIGKILL): the launcher names it,
     # kills the other (which cannot finish a step alone) and exits 137.
     p = _start(args, tmp_path / "d", rows=3)
-    rank1 = [pid for pid in _children(p.pid)
-             if b"RANK=1" in open("/proc/%d/environ" % pid, "rb").read().split(b"\0")]
+    rank1 = [pid for pid in _children(p.pid) if b"RANK=1" in open("/proc/%d/environ" % pid, "rb").read().split(b"\0")]
     assert len(rank1) == 1
     os.kill(rank1[0], signal.SIGKILL)
     _, stderr = p.communicate(timeout=120)
@@ -702,8 +908,21 @@ def test_nproc_ctrl_c_counts_once_whichever_copy_reaches_a_worker_first(text, tm
     under a group Ctrl-C: a worker took the direct copy as a second Ctrl-C and died of it.)"""
     data, tok = text
     half = [("2" if (i > 0 and TINY[i - 1] == "--batch") else a) for i, a in enumerate(TINY)]
-    args = [*half, "--data", data, "--tokenizer", tok, "--steps", "40", "--eval-every", "0", "--save-every", "50",
-            "--nproc", "2"]
+    args = [
+        *half,
+        "--data",
+        data,
+        "--tokenizer",
+        tok,
+        "--steps",
+        "40",
+        "--eval-every",
+        "0",
+        "--save-every",
+        "50",
+        "--nproc",
+        "2",
+    ]
     out = tmp_path / "r"
     p = _start(args, out, rows=3)
     workers = _children(p.pid)

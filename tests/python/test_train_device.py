@@ -4,6 +4,7 @@ the memory policies give eager's losses, a process group of one (Gloo on the CPU
 gives the plain run's, bf16 autocast learns as fp32 does, bad launch variables are refused. On
 CUDA also: a run follows the CPU's, --budget is enforced, held bytes do not grow over 400 steps,
 more processes than GPUs is refused."""
+
 import glob
 import math
 import os
@@ -19,11 +20,29 @@ from conftest import DEVICES, build_lacks
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 BIN = os.environ.get("TEMPO_BIN", os.path.join(ROOT, "build", "tempo"))
 LACKS = build_lacks(BIN, "hf checkpoints")
-pytestmark = [pytest.mark.skipif(not os.path.exists(BIN), reason="build/tempo is not built"),
-              pytest.mark.skipif(bool(LACKS), reason="this build cannot train: %s" % LACKS)]
+pytestmark = [
+    pytest.mark.skipif(not os.path.exists(BIN), reason="build/tempo is not built"),
+    pytest.mark.skipif(bool(LACKS), reason="this build cannot train: %s" % LACKS),
+]
 SEP, MASK, PAD = 256, 257, 258  # byte ids are 0..255
-SIZE = ["--hidden", "64", "--layers", "2", "--heads", "2", "--intermediate", "128", "--seq", "64", "--batch", "8",
-        "--warmup", "4", "--lr", "2e-3"]
+SIZE = [
+    "--hidden",
+    "64",
+    "--layers",
+    "2",
+    "--heads",
+    "2",
+    "--intermediate",
+    "128",
+    "--seq",
+    "64",
+    "--batch",
+    "8",
+    "--warmup",
+    "4",
+    "--lr",
+    "2e-3",
+]
 KEYS = ("step", "loss", "eval_loss", "grad_norm")
 
 
@@ -41,8 +60,13 @@ def byte_ids(tmp_path_factory):
 
 
 def train(*args, env=None):
-    return subprocess.run([BIN, "train", *map(str, args)], capture_output=True, text=True, timeout=600,
-                          env=None if env is None else dict(os.environ, **env))
+    return subprocess.run(
+        [BIN, "train", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=None if env is None else dict(os.environ, **env),
+    )
 
 
 def log(out):
@@ -72,8 +96,25 @@ def test_policies_give_eagers_losses_and_learn(byte_ids, tmp_path, device, model
     losses = {}
     for policy in policies:
         out = tmp_path / policy
-        r = train("--model", model, *SIZE, "--device", device, "--data", byte_ids, "--policy", policy, "--steps", 40,
-                  "--eval-every", 20, "--save-every", 0, "--out", out)
+        r = train(
+            "--model",
+            model,
+            *SIZE,
+            "--device",
+            device,
+            "--data",
+            byte_ids,
+            "--policy",
+            policy,
+            "--steps",
+            40,
+            "--eval-every",
+            20,
+            "--save-every",
+            0,
+            "--out",
+            out,
+        )
         assert r.returncode == 0, r.stderr[-2000:]
         losses[policy] = log(out)
     base = column(losses["eager"], "loss")
@@ -84,9 +125,19 @@ def test_policies_give_eagers_losses_and_learn(byte_ids, tmp_path, device, model
         ref = "sdpa" if (policy == "tempo-sdpa" and device == "cuda") else "eager"
         got, want = column(losses[policy], "loss"), column(losses[ref], "loss")
         got_eval, want_eval = column(losses[policy], "eval_loss"), column(losses[ref], "eval_loss")
-        print("%s %s %s: worst step loss vs %s %.2e, worst eval loss vs eager %.2e, eval %.4f -> %.4f" % (
-            model, device, policy, ref, max(abs(x - y) / y for x, y in zip(got, want)),
-            max(abs(x - y) / y for x, y in zip(got_eval, evals)), evals[0], evals[-1]))
+        print(
+            "%s %s %s: worst step loss vs %s %.2e, worst eval loss vs eager %.2e, eval %.4f -> %.4f"
+            % (
+                model,
+                device,
+                policy,
+                ref,
+                max(abs(x - y) / y for x, y in zip(got, want)),
+                max(abs(x - y) / y for x, y in zip(got_eval, evals)),
+                evals[0],
+                evals[-1],
+            )
+        )
         if not (close(got, want, 1e-3) and close(got_eval, want_eval, 1e-3)):
             bad.append((policy, ref, got, want))
         if not close(got_eval, evals, 5e-3):
@@ -106,27 +157,50 @@ def test_a_process_group_of_one_gives_the_plain_runs_losses(byte_ids, tmp_path, 
     the process group (Gloo, NCCL) in buckets started during the backward, summed over one
     process: the plain run's losses, bitwise on the CPU; on CUDA within 1e-5 (its kernels need
     not be bitwise reproducible)."""
-    args = ["--model", "bert-base", *SIZE, "--device", device, "--data", byte_ids, "--steps", 12, "--eval-every", 6,
-            "--save-every", 0, "--bucket", "0.05"]
+    args = [
+        "--model",
+        "bert-base",
+        *SIZE,
+        "--device",
+        device,
+        "--data",
+        byte_ids,
+        "--steps",
+        12,
+        "--eval-every",
+        6,
+        "--save-every",
+        0,
+        "--bucket",
+        "0.05",
+    ]
     r = train(*args, "--out", tmp_path / "plain")
     assert r.returncode == 0, r.stderr[-2000:]
-    env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(free_port())}
+    env = {
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+    }
     r = train(*args, "--out", tmp_path / "group", env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     backend = "NCCL" if device == "cuda" else "Gloo"
     if "data parallel" not in r.stdout and device == "cpu":
         pytest.skip("built without Gloo's headers: a world of one runs without a process group")
     assert "data parallel: 1 process (%s)" % backend in r.stdout, r.stdout
-    buckets, early = map(int, re.search(r"summed in (\d+) bucket\(s\) per step, (\d+) started during", r.stdout)
-                         .groups())
+    buckets, early = map(
+        int, re.search(r"summed in (\d+) bucket\(s\) per step, (\d+) started during", r.stdout).groups()
+    )
     assert buckets > 2 and early > 0, r.stdout  # 50 KB buckets over ~0.3 MB of gradients
     plain, group = log(tmp_path / "plain"), log(tmp_path / "group")
     if device == "cpu":
         assert [[x[k] for k in KEYS] for x in group] == [[x[k] for k in KEYS] for x in plain]
     else:
-        print("cuda process group of one: bitwise the plain run's log: %s" % (
-            [[x[k] for k in KEYS] for x in group] == [[x[k] for k in KEYS] for x in plain]))
+        print(
+            "cuda process group of one: bitwise the plain run's log: %s"
+            % ([[x[k] for k in KEYS] for x in group] == [[x[k] for k in KEYS] for x in plain])
+        )
         for k in ("loss", "eval_loss", "grad_norm"):
             assert close(column(group, k), column(plain, k), 1e-5), (k, column(group, k), column(plain, k))
 
@@ -139,8 +213,27 @@ def test_bf16_autocast_learns_as_fp32_does(byte_ids, tmp_path, device):
     runs = {}
     for policy, dtype in (("eager", "fp32"), ("eager", "bf16"), ("tempo", "bf16")):
         out = tmp_path / ("%s-%s" % (policy, dtype))
-        r = train("--model", "gpt2", *SIZE, "--device", device, "--data", byte_ids, "--policy", policy, "--dtype",
-                  dtype, "--steps", 40, "--eval-every", 20, "--save-every", 0, "--out", out)
+        r = train(
+            "--model",
+            "gpt2",
+            *SIZE,
+            "--device",
+            device,
+            "--data",
+            byte_ids,
+            "--policy",
+            policy,
+            "--dtype",
+            dtype,
+            "--steps",
+            40,
+            "--eval-every",
+            20,
+            "--save-every",
+            0,
+            "--out",
+            out,
+        )
         assert r.returncode == 0, r.stderr[-2000:]
         runs[policy, dtype] = log(out)
     fp32, eager, ours = (column(runs[k], "loss") for k in (("eager", "fp32"), ("eager", "bf16"), ("tempo", "bf16")))
@@ -163,8 +256,25 @@ def test_a_cuda_run_follows_the_cpu_run(byte_ids, tmp_path, model):
     runs = {}
     for device in ("cpu", "cuda"):
         out = tmp_path / device
-        r = train("--model", model, *SIZE, "--device", device, "--data", byte_ids, "--policy", "tempo", "--steps", 30,
-                  "--eval-every", 15, "--save-every", 0, "--out", out)
+        r = train(
+            "--model",
+            model,
+            *SIZE,
+            "--device",
+            device,
+            "--data",
+            byte_ids,
+            "--policy",
+            "tempo",
+            "--steps",
+            30,
+            "--eval-every",
+            15,
+            "--save-every",
+            0,
+            "--out",
+            out,
+        )
         assert r.returncode == 0, r.stderr[-2000:]
         runs[device] = log(out)
     for k in ("loss", "eval_loss", "grad_norm"):
@@ -184,8 +294,21 @@ def test_a_cuda_budget_is_enforced(byte_ids, tmp_path):
     t = st.load_file(str(byte_ids))
     ids = tmp_path / "ids40.safetensors"
     st.save_file({"ids": t["ids"].repeat(40), "meta": t["meta"]}, str(ids))
-    args = ["--model", "gpt2", *SIZE, "--device", "cuda", "--data", ids, "--budget", "256MiB", "--steps", 3,
-            "--save-every", 0]
+    args = [
+        "--model",
+        "gpt2",
+        *SIZE,
+        "--device",
+        "cuda",
+        "--data",
+        ids,
+        "--budget",
+        "256MiB",
+        "--steps",
+        3,
+        "--save-every",
+        0,
+    ]
     r = train(*args, "--out", tmp_path / "fits")
     assert r.returncode == 0, r.stderr[-2000:]
     big = [("2048" if (i > 0 and args[i - 1] == "--batch") else a) for i, a in enumerate(args)]
@@ -197,8 +320,21 @@ def test_a_cuda_budget_is_enforced(byte_ids, tmp_path):
 @pytest.mark.skipif("cuda" not in DEVICES, reason="needs a GPU")
 def test_more_processes_than_gpus_is_refused_on_cuda(byte_ids, tmp_path):
     n = torch.cuda.device_count() + 1
-    r = train("--model", "bert-base", *SIZE, "--device", "cuda", "--data", byte_ids, "--steps", 2, "--nproc", n,
-              "--out", tmp_path / "run")
+    r = train(
+        "--model",
+        "bert-base",
+        *SIZE,
+        "--device",
+        "cuda",
+        "--data",
+        byte_ids,
+        "--steps",
+        2,
+        "--nproc",
+        n,
+        "--out",
+        tmp_path / "run",
+    )
     assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
     assert "--nproc %d on CUDA needs a GPU per process, this machine has %d" % (n, n - 1) in r.stderr, r.stderr
     assert not (tmp_path / "run" / "log.csv").exists()
@@ -207,12 +343,16 @@ def test_more_processes_than_gpus_is_refused_on_cuda(byte_ids, tmp_path):
 def test_a_bad_launch_environment_is_refused_by_name(byte_ids, tmp_path):
     """torchrun's variables that are not numbers in their range: exit 2 naming the variable and
     its value, before anything is written."""
-    cases = [({"WORLD_SIZE": "0"}, "WORLD_SIZE='0' is not a whole number from 1 to"),
-             ({"WORLD_SIZE": "two"}, "WORLD_SIZE='two' is not a whole number"),
-             ({"WORLD_SIZE": "2", "RANK": "2"}, "RANK='2' is not a whole number from 0 to 1"),
-             ({"WORLD_SIZE": "2", "RANK": "0", "MASTER_PORT": "70000"}, "MASTER_PORT='70000' is not a whole number "
-                                                                         "from 1 to 65535"),
-             ({"WORLD_SIZE": "2", "RANK": "0", "MASTER_PORT": "29500x"}, "MASTER_PORT='29500x'")]
+    cases = [
+        ({"WORLD_SIZE": "0"}, "WORLD_SIZE='0' is not a whole number from 1 to"),
+        ({"WORLD_SIZE": "two"}, "WORLD_SIZE='two' is not a whole number"),
+        ({"WORLD_SIZE": "2", "RANK": "2"}, "RANK='2' is not a whole number from 0 to 1"),
+        (
+            {"WORLD_SIZE": "2", "RANK": "0", "MASTER_PORT": "70000"},
+            "MASTER_PORT='70000' is not a whole number from 1 to 65535",
+        ),
+        ({"WORLD_SIZE": "2", "RANK": "0", "MASTER_PORT": "29500x"}, "MASTER_PORT='29500x'"),
+    ]
     for env, message in cases:
         r = train("--model", "bert-base", *SIZE, "--data", byte_ids, "--steps", 1, "--out", tmp_path / "run", env=env)
         assert r.returncode == 2 and message in r.stderr, (env, r.returncode, r.stderr[-1000:])
@@ -226,8 +366,25 @@ def test_held_bytes_do_not_grow_over_many_cuda_steps(byte_ids, tmp_path):
     tensor, mask or bit buffer outlives its step."""
     for policy in ("eager", "sdpa", "tempo", "tempo-sdpa", "tempo-fused"):
         out = tmp_path / policy
-        r = train("--model", "bert-base", *SIZE, "--device", "cuda", "--data", byte_ids, "--policy", policy,
-                  "--steps", 400, "--eval-every", 0, "--save-every", 0, "--out", out)
+        r = train(
+            "--model",
+            "bert-base",
+            *SIZE,
+            "--device",
+            "cuda",
+            "--data",
+            byte_ids,
+            "--policy",
+            policy,
+            "--steps",
+            400,
+            "--eval-every",
+            0,
+            "--save-every",
+            0,
+            "--out",
+            out,
+        )
         assert r.returncode == 0, r.stderr[-2000:]
         held = [int(x["held_bytes"]) for x in log(out)]
         settled = held[20]  # weights, gradients and AdamW state all exist by now

@@ -4,6 +4,7 @@ must raise an error whose message names the op and the argument ('name'), never 
 or return garbage. The table below holds one valid call per op; the audit derives the bad calls
 from it, and a test fails listing every (op, argument, perturbation) that was not refused with
 such a message. A new op must be added to the table (test_every_op_is_audited)."""
+
 import re
 
 import pytest
@@ -35,8 +36,10 @@ def _valid_calls():
     y, rstd, kx = torch.ops.tempo.layer_norm_forward(x, [8], w, beta, 1e-5)
     calls["layer_norm"] = ((x, [8], w, beta, 1e-5), {"weight": "shape", "bias": "shape"})
     calls["layer_norm_forward"] = ((x, [8], w, beta, 1e-5), {"weight": "shape", "bias": "shape"})
-    calls["layer_norm_backward"] = ((r(4, 8), y, rstd, [8], w, beta),
-                                    {"grad": "shape", "rstd": "shape", "weight": "shape", "bias": "shape"})
+    calls["layer_norm_backward"] = (
+        (r(4, 8), y, rstd, [8], w, beta),
+        {"grad": "shape", "rstd": "shape", "weight": "shape", "bias": "shape"},
+    )
     yr, rr, _ = torch.ops.tempo.rms_norm_forward(x, [8], w, 1e-6)
     calls["rms_norm"] = ((x, [8], w, 1e-6), {"weight": "shape"})
     calls["rms_norm_forward"] = ((x, [8], w, 1e-6), {"weight": "shape"})
@@ -50,22 +53,26 @@ def _valid_calls():
     calls["bias_dropout_add_layer_norm_forward"] = ((x, b8, res, 0.1, w, beta, 1e-5, "bits"), fused_norm_checks)
     calls["bias_dropout_add_layer_norm_backward"] = (
         (r(4, 8), yb, rb, kb, 0.1, "bits", w, beta, True),
-        {"grad": "shape", "rstd": "shape", "keep": "shape", "weight": "shape", "beta": "shape"})
+        {"grad": "shape", "rstd": "shape", "keep": "shape", "weight": "shape", "beta": "shape"},
+    )
     q, k, v = r(2, 2, 5, 4), r(2, 2, 5, 4), r(2, 2, 5, 4)
     mask = torch.zeros(2, 1, 5, 5)
     out, probs, akeep = torch.ops.tempo.attention_forward(q, k, v, mask, 0.1, False, None, "bits")
     att = {"k": "shape", "v": -2, "attn_mask": "shape"}  # v's head dim may differ from q's; its length not
     calls["attention"] = ((q, k, v, mask, 0.1, False, None, "bits"), att)
     calls["attention_forward"] = ((q, k, v, mask, 0.1, False, None, "bits"), att)
-    calls["attention_backward"] = ((r(2, 2, 5, 4), q, k, v, probs, akeep, 0.1, None, "bits"),
-                                   {"grad": "shape", "k": "shape", "v": -2, "probs": "shape", "keep": "shape"})
+    calls["attention_backward"] = (
+        (r(2, 2, 5, 4), q, k, v, probs, akeep, 0.1, None, "bits"),
+        {"grad": "shape", "k": "shape", "v": -2, "probs": "shape", "keep": "shape"},
+    )
     fout, state = torch.ops.tempo.fused_attention_forward(q, k, v, mask, 0.1, False, None, 2)
     calls["fused_attention"] = ((q, k, v, mask, 0.1, False, None, 2), att)
     calls["fused_attention_backend"] = ((q, k, mask, 0.1, False, 2), {})
     calls["fused_attention_forward"] = ((q, k, v, mask, 0.1, False, None, 2), att)
-    calls["fused_attention_backward"] = ((r(2, 2, 5, 4), q, k, v, state, mask, 0.1, False, None, 2),
-                                         {"grad": "shape", "k": "shape", "v": -2, "keep": "shape",
-                                          "attn_mask": "shape"})
+    calls["fused_attention_backward"] = (
+        (r(2, 2, 5, 4), q, k, v, state, mask, 0.1, False, None, 2),
+        {"grad": "shape", "k": "shape", "v": -2, "keep": "shape", "attn_mask": "shape"},
+    )
     qf, kf, lv = r(2, 2, 6, 3).abs(), r(2, 2, 6, 3).abs(), r(2, 2, 6, 4)
     num, den = r(2, 2, 3, 4), r(2, 2, 3).abs()
     cla = {"kf": "shape", "v": -2, "num": "shape", "den": "shape"}  # v's D sets num's; its length must be qf's
@@ -73,30 +80,55 @@ def _valid_calls():
         calls[name] = ((qf, kf, lv, num, den, 1e-6), cla)
     calls["causal_linear_attention_backward"] = (
         (r(2, 2, 6, 4), r(2, 2, 3, 4), r(2, 2, 3), qf, kf, lv, num, den, 1e-6),
-        {"grad_y": "shape", "grad_num": "shape", "grad_den": "shape", "kf": "shape", "v": -2, "num": "shape",
-         "den": "shape"})
+        {
+            "grad_y": "shape",
+            "grad_num": "shape",
+            "grad_den": "shape",
+            "kf": "shape",
+            "v": -2,
+            "num": "shape",
+            "den": "shape",
+        },
+    )
     hid, wt, bt = r(6, 8), r(10, 8), r(10)
     labels = torch.tensor([1, 2, 3, -100, 9, 0])
     loss, lse = torch.ops.tempo.linear_cross_entropy_forward(hid, wt, bt, labels, -100, 0.0, "mean", 4)
     lce = {"weight": "shape", "bias": "shape", "labels": "shape"}
     calls["linear_cross_entropy"] = ((hid, wt, bt, labels, -100, 0.0, "mean", 4), lce)
     calls["linear_cross_entropy_forward"] = ((hid, wt, bt, labels, -100, 0.0, "mean", 4), lce)
-    calls["linear_cross_entropy_backward"] = ((torch.tensor(1.0), hid, wt, bt, labels, lse, -100, 0.0, "mean", 4),
-                                              {**lce, "lse": "shape"})
+    calls["linear_cross_entropy_backward"] = (
+        (torch.tensor(1.0), hid, wt, bt, labels, lse, -100, 0.0, "mean", 4),
+        {**lce, "lse": "shape"},
+    )
     calls["linear_cross_entropy_stats"] = ((hid, wt, bt, labels, -100, 1.0, 1.0, None, 4), lce)
     calls["qkv_split"] = ((r(2, 3, 12), r(12), 2), {"z": "shape", "bias": "shape"})
-    calls["qkv_split_backward"] = ((r(2, 2, 3, 2), r(2, 2, 3, 2), r(2, 2, 3, 2), True),
-                                   {"grad_k": "shape", "grad_v": "shape"})
+    calls["qkv_split_backward"] = (
+        (r(2, 2, 3, 2), r(2, 2, 3, 2), r(2, 2, 3, 2), True),
+        {"grad_k": "shape", "grad_v": "shape"},
+    )
     wg, wu, wd, bg, bu, bd = r(6, 8), r(6, 8), r(8, 6), r(6), r(6), r(8)
-    gmlp = {"gate_weight": "shape", "up_weight": "shape", "down_weight": "shape", "gate_bias": "shape",
-            "up_bias": "shape", "down_bias": "shape"}
+    gmlp = {
+        "gate_weight": "shape",
+        "up_weight": "shape",
+        "down_weight": "shape",
+        "gate_bias": "shape",
+        "up_bias": "shape",
+        "down_bias": "shape",
+    }
     calls["gated_mlp"] = ((x, wg, wu, wd, bg, bu, bd, "silu", 0), gmlp)
     calls["gated_mlp_forward"] = ((x, wg, wu, wd, bg, bu, bd, "silu"), gmlp)
     _, gate, up = torch.ops.tempo.gated_mlp_forward(x, wg, wu, wd, bg, bu, bd, "silu")
-    calls["gated_mlp_backward"] = ((r(4, 8), x, gate, up, wg, wu, wd, None, None, [True, True, True], "silu", 0,
-                                    [True] * 4),
-                                   {"grad": "shape", "gate": "shape", "up": "shape", "gate_weight": "shape",
-                                    "up_weight": "shape", "down_weight": "shape"})
+    calls["gated_mlp_backward"] = (
+        (r(4, 8), x, gate, up, wg, wu, wd, None, None, [True, True, True], "silu", 0, [True] * 4),
+        {
+            "grad": "shape",
+            "gate": "shape",
+            "up": "shape",
+            "gate_weight": "shape",
+            "up_weight": "shape",
+            "down_weight": "shape",
+        },
+    )
     return calls
 
 
@@ -108,8 +140,9 @@ def _schema(name):
 
 
 def _public_ops():
-    return sorted({s.name.split("::", 1)[1] for s in torch._C._jit_get_all_schemas()
-                   if s.name.startswith("tempo::")} - SKIP)
+    return sorted(
+        {s.name.split("::", 1)[1] for s in torch._C._jit_get_all_schemas() if s.name.startswith("tempo::")} - SKIP
+    )
 
 
 def test_every_op_is_audited():
@@ -134,8 +167,9 @@ def test_every_tensor_argument_is_validated_with_a_message_naming_op_and_argumen
     getattr(torch.ops.tempo, name)(*args)  # the valid call runs
     base = re.sub(r"_(forward|backward|prefix)$", "", name)
     misses = []
-    tensor_args = [(i, a.name) for i, a in enumerate(schema.arguments)
-                   if i < len(args) and isinstance(args[i], torch.Tensor)]
+    tensor_args = [
+        (i, a.name) for i, a in enumerate(schema.arguments) if i < len(args) and isinstance(args[i], torch.Tensor)
+    ]
     for i, arg in tensor_args:
         bad = [("dtype", _bad_dtype(args[i]))]
         if i != tensor_args[0][0]:  # the first tensor may be meta (tracing); the others must match it

@@ -12,6 +12,7 @@ several lines stays on as many), so that the emulator's messages name the source
 
 Usage: translate.py IN.cu OUT.cpp
 """
+
 import re
 import sys
 
@@ -52,7 +53,7 @@ def kernel_start(text, i):
         if k == j:
             raise SystemExit("translate.py: no kernel name before <<< at offset %d" % i)
         j = k
-        if text[j - 2:j] == "::":
+        if text[j - 2 : j] == "::":
             j -= 2
             continue
         return j
@@ -82,7 +83,7 @@ def translate(text):
             continue
         start = kernel_start(text, m.start())
         cfg_end = text.index(">>>", m.end())
-        config = split_top(text[m.end():cfg_end])
+        config = split_top(text[m.end() : cfg_end])
         if not 2 <= len(config) <= 4:
             raise SystemExit("translate.py: a launch configuration of %d parts" % len(config))
         shared = config[2] if len(config) > 2 else "0"
@@ -93,13 +94,16 @@ def translate(text):
             raise SystemExit("translate.py: no arguments after >>> at offset %d" % k)
         args_end = matching(text, k, "(", ")")
         out.append(text[pos:start])
-        out.append("::simt::launch(dim3(%s), dim3(%s), static_cast<size_t>(%s), [&] { %s%s; })" % (
-            config[0], config[1], shared, text[start:m.start()], text[k:args_end]))
+        out.append(
+            "::simt::launch(dim3(%s), dim3(%s), static_cast<size_t>(%s), [&] { %s%s; })"
+            % (config[0], config[1], shared, text[start : m.start()], text[k:args_end])
+        )
         pos = args_end
     out.append(text[pos:])
     text = "".join(out)
-    return re.sub(r"extern\s+__shared__\s+([\w:]+)\s+(\w+)\s*\[\s*\]\s*;",
-                  r"\1* \2 = ::simt::dynamic_shared<\1>();", text)
+    return re.sub(
+        r"extern\s+__shared__\s+([\w:]+)\s+(\w+)\s*\[\s*\]\s*;", r"\1* \2 = ::simt::dynamic_shared<\1>();", text
+    )
 
 
 def main():

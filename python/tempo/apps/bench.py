@@ -19,6 +19,7 @@ Memory is counted exactly: on CPU by tempo's counting allocator (tempo.memory), 
 --budget also enforces the budget (an allocation past it raises torch.OutOfMemoryError, as
 on a GPU); on CUDA by the caching allocator's statistics.
 """
+
 import argparse
 import contextlib
 import csv
@@ -32,13 +33,36 @@ import torch
 from .. import memory
 from .._measure import check_outputs, fits, format_bytes, heap_frozen, largest_batch, parse_bytes
 from ..hf import ATTENTION, AttentionNotComputed, optimize, restore
-from .runner import (SIZES, Unavailable, build_model, chosen, enable_checkpointing, liger_function, synthetic_batch,
-                     train_step)
+from .runner import (
+    SIZES,
+    Unavailable,
+    build_model,
+    chosen,
+    enable_checkpointing,
+    liger_function,
+    synthetic_batch,
+    train_step,
+)
 
 POLICIES = ("eager", "sdpa", "checkpoint", "compile", "tempo", "tempo-sdpa", "tempo-auto", "liger")
-FIELDS = ("model", "seq", "dtype", "device", "policy", "batch", "activation_bytes", "peak_bytes", "train_peak_bytes",
-          "optimizer_peak_bytes", "step_ms", "tokens_per_s", "max_batch", "max_batch_tokens_per_s", "max_batch_spread",
-          "skipped")
+FIELDS = (
+    "model",
+    "seq",
+    "dtype",
+    "device",
+    "policy",
+    "batch",
+    "activation_bytes",
+    "peak_bytes",
+    "train_peak_bytes",
+    "optimizer_peak_bytes",
+    "step_ms",
+    "tokens_per_s",
+    "max_batch",
+    "max_batch_tokens_per_s",
+    "max_batch_spread",
+    "skipped",
+)
 
 
 class Policies:
@@ -139,8 +163,9 @@ def run(args):
     if device.type == "cpu":
         memory.track()  # before the model: weights and optimizer state are counted too
     torch.manual_seed(0)
-    model, name, causal = build_model(args.model, args.size, args.model if os.path.isdir(args.model) else None,
-                                      args.vocab)
+    model, name, causal = build_model(
+        args.model, args.size, args.model if os.path.isdir(args.model) else None, args.vocab
+    )
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
     model.to(device=device, dtype=dtype)
     positions = getattr(model.config, "max_position_embeddings", None)  # None: not bounded by a table
@@ -159,12 +184,24 @@ def run(args):
                 try:
                     return train_step(callable_model, opt, b, device)
                 except AttentionNotComputed as e:
-                    raise ValueError("tempo.bench: policy %s cannot run on %s: %s; leave it out of --policies"
-                                     % (policy, name, e.reason)) from None
+                    raise ValueError(
+                        "tempo.bench: policy %s cannot run on %s: %s; leave it out of --policies"
+                        % (policy, name, e.reason)
+                    ) from None
+
         return step
 
-    results = {p: {"model": name, "seq": args.seq, "dtype": args.dtype, "device": device.type, "policy": p,
-                   "batch": args.batch} for p in args.policies}
+    results = {
+        p: {
+            "model": name,
+            "seq": args.seq,
+            "dtype": args.dtype,
+            "device": device.type,
+            "policy": p,
+            "batch": args.batch,
+        }
+        for p in args.policies
+    }
     skipped = {}
     if "liger" in args.policies:
         try:
@@ -191,8 +228,12 @@ def run(args):
                 say("step %d/%d: %s" % (r + 1, args.steps, p))
                 m = step_of(p)(args.batch)
                 if r == 0:
-                    results[p].update({k: m[k] for k in ("activation_bytes", "peak_bytes", "train_peak_bytes",
-                                                          "optimizer_peak_bytes")})
+                    results[p].update(
+                        {
+                            k: m[k]
+                            for k in ("activation_bytes", "peak_bytes", "train_peak_bytes", "optimizer_peak_bytes")
+                        }
+                    )
                 times[p].append(m["step_ms"])
         for p in group:
             results[p]["step_ms"] = statistics.median(times[p])
@@ -220,8 +261,9 @@ def run(args):
     if "liger" in policies:
         measure(["liger"])
     if args.budget is not None and not any(results[p]["max_batch"] for p in policies):
-        raise SystemExit("tempo.bench: the budget (%s) is too small for batch 1 under every policy"
-                         % format_bytes(args.budget))
+        raise SystemExit(
+            "tempo.bench: the budget (%s) is too small for batch 1 under every policy" % format_bytes(args.budget)
+        )
     say("")
     for p, why in skipped.items():
         results[p]["skipped"] = why
@@ -246,8 +288,15 @@ def print_table(rows, masks, budget):
     def of(row, key):
         return None if row is None else row[key]
 
-    head = "%-12s %14s %8s %14s %10s %11s %8s" % ("policy", "activations", "vs eager", "fwd+bwd peak", "step ms",
-                                                   "tokens/s", "vs eager")
+    head = "%-12s %14s %8s %14s %10s %11s %8s" % (
+        "policy",
+        "activations",
+        "vs eager",
+        "fwd+bwd peak",
+        "step ms",
+        "tokens/s",
+        "vs eager",
+    )
     if budget is not None:
         head += " %9s %8s %14s %8s %7s" % ("max batch", "vs eager", "tokens/s @max", "vs eager", "spread")
     print(head)
@@ -257,22 +306,33 @@ def print_table(rows, masks, budget):
             print("%-12s did not run: %s" % (r["policy"], r["skipped"]))
             continue
         line = "%-12s %10.1f MiB %s %10.1f MiB %10.1f %11.1f %s" % (
-            r["policy"], r["activation_bytes"] / 2**20,
-            ratio(of(eager, "activation_bytes"), max(r["activation_bytes"], 1)), r["train_peak_bytes"] / 2**20,
-            r["step_ms"], r["tokens_per_s"], ratio(r["tokens_per_s"], of(eager, "tokens_per_s")))
+            r["policy"],
+            r["activation_bytes"] / 2**20,
+            ratio(of(eager, "activation_bytes"), max(r["activation_bytes"], 1)),
+            r["train_peak_bytes"] / 2**20,
+            r["step_ms"],
+            r["tokens_per_s"],
+            ratio(r["tokens_per_s"], of(eager, "tokens_per_s")),
+        )
         if budget is not None:
             if not r["max_batch"]:
                 line += " %9s %8s %14s %8s %7s" % ("0", "-", "does not fit", "-", "-")
             else:
                 line += " %9d %s %14.1f %s %6.1f%%" % (
-                    r["max_batch"], ratio(r["max_batch"], of(base, "max_batch")), r["max_batch_tokens_per_s"],
-                    ratio(r["max_batch_tokens_per_s"], of(base, "max_batch_tokens_per_s")), 100 * r["max_batch_spread"])
+                    r["max_batch"],
+                    ratio(r["max_batch"], of(base, "max_batch")),
+                    r["max_batch_tokens_per_s"],
+                    ratio(r["max_batch_tokens_per_s"], of(base, "max_batch_tokens_per_s")),
+                    100 * r["max_batch_spread"],
+                )
         print(line)
     if masks:  # a model without dropout (LLaMA) keeps none
         bool_eager = eager["activation_bytes"] - masks * 3 // 4
-        print("dropout masks: the CPU eager baseline keeps 4-byte float masks (%s of its activations); with 1-byte "
-              "bool masks, as CUDA's dropout keeps, eager would hold %s:"
-              % (format_bytes(masks), format_bytes(bool_eager)))
+        print(
+            "dropout masks: the CPU eager baseline keeps 4-byte float masks (%s of its activations); with 1-byte "
+            "bool masks, as CUDA's dropout keeps, eager would hold %s:"
+            % (format_bytes(masks), format_bytes(bool_eager))
+        )
         for r in rows:
             if r["policy"] != "eager" and not r.get("skipped"):
                 print("  %-12s holds %7.2fx less than that" % (r["policy"], bool_eager / max(r["activation_bytes"], 1)))
@@ -310,15 +370,21 @@ def write_svg(path, rows):
     Policies that did not run are left out."""
     rows = [r for r in rows if not r.get("skipped")]
     W, bar, gap, left = 760, 22, 8, 130
-    charts = [("activation memory after forward (MiB, lower is better)", [r["activation_bytes"] / 2**20 for r in rows]),
-              ("tokens/s%s (higher is better)" % (" at the largest batch" if "max_batch" in rows[0] else ""),
-               [r.get("max_batch_tokens_per_s", r["tokens_per_s"]) for r in rows])]
+    charts = [
+        ("activation memory after forward (MiB, lower is better)", [r["activation_bytes"] / 2**20 for r in rows]),
+        (
+            "tokens/s%s (higher is better)" % (" at the largest batch" if "max_batch" in rows[0] else ""),
+            [r.get("max_batch_tokens_per_s", r["tokens_per_s"]) for r in rows],
+        ),
+    ]
     H = 60 + len(charts) * (40 + len(rows) * (bar + gap))
-    out = ['<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" '
-           'font-size="13">' % (W, H),
-           '<rect width="100%" height="100%" fill="white"/>',
-           '<text x="20" y="28" font-size="17" font-weight="bold">tempo.bench: %s, seq %d, %s, %s</text>'
-           % (rows[0]["model"], rows[0]["seq"], rows[0]["dtype"], rows[0]["device"])]
+    out = [
+        '<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" '
+        'font-size="13">' % (W, H),
+        '<rect width="100%" height="100%" fill="white"/>',
+        '<text x="20" y="28" font-size="17" font-weight="bold">tempo.bench: %s, seq %d, %s, %s</text>'
+        % (rows[0]["model"], rows[0]["seq"], rows[0]["dtype"], rows[0]["device"]),
+    ]
     y = 60
     colors = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948")
     for title, values in charts:
@@ -339,14 +405,16 @@ def write_svg(path, rows):
 
 def parser():
     p = argparse.ArgumentParser(prog="python -m tempo.bench", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="bert", help="bert | roberta | gpt2 | llama | qwen2 | gemma, or a local "
-                   "model folder")
+    p.add_argument(
+        "--model", default="bert", help="bert | roberta | gpt2 | llama | qwen2 | gemma, or a local model folder"
+    )
     p.add_argument("--size", default=None, help="base | large | medium | small | tiny (per family)")
     p.add_argument("--vocab", type=int, default=None, help="the vocabulary, instead of the preset's")
     p.add_argument("--seq", type=int, default=128)
     p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--policies", default="eager,sdpa,checkpoint,tempo,tempo-sdpa",
-                   help="comma-separated: " + ", ".join(POLICIES))
+    p.add_argument(
+        "--policies", default="eager,sdpa,checkpoint,tempo,tempo-sdpa", help="comma-separated: " + ", ".join(POLICIES)
+    )
     p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
     p.add_argument("--device", default="cpu")
     p.add_argument("--budget", type=parse_bytes, default=None, help="e.g. 11GiB: find each policy's largest batch")

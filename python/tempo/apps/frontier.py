@@ -45,10 +45,10 @@ measured (a run cut off by a time limit keeps the rows done), a table, CSV, an S
 tokens/s against budget (one line per method), and per budget a summary line: tempo's best
 against the best peer. A method that fails on a model is a row with its error, not a crash.
 """
+
 import argparse
 import contextlib
 import csv
-import inspect
 import itertools
 import json
 import os
@@ -57,145 +57,33 @@ import sys
 import time
 
 import torch
-import torch.nn.functional as F
 
 from .. import memory
-from .._measure import check_outputs, fits, free, heap_frozen, largest_batch, parse_bytes
-from ..hf import optimize, restore
-from ..hf.lm_head import set_head_loss
-from .frontier_report import is_tempo, print_table, summary, write_svg
-from .runner import (SIZES, Unavailable, build_model, chosen, enable_checkpointing, liger_function, synthetic_batch,
-                     train_step)
+from .._measure import check_outputs, fits, free, heap_frozen, largest_batch
+from ..hf import restore
+from .frontier_report import print_table, summary, write_svg
+from .runner import (
+    SIZES,
+    Unavailable,
+    build_model,
+    chosen,
+    synthetic_batch,
+    train_step,
+)
 
-PEERS = ("eager", "sdpa", "sdpa+ckpt", "sdpa+ckpt+offload", "compile", "compile-mem0.5", "compile-mem0.2")
-TORCH_LCE = "+torch-lce"
-METHODS = PEERS + tuple(p + TORCH_LCE for p in PEERS) + (
-    "liger", "tempo-sdpa", "tempo", "tempo+compile", "tempo+compile-mem0.5", "tempo+compile-mem0.2", "tempo+ckpt",
-    "tempo+liger", "tempo-auto", "tempo+recompute-up", "tempo+recompute-gate_up")
-PRECISIONS = ("autocast-bf16", "bf16", "fp32")
-FIELDS = ("model", "axis", "seq", "precision", "device", "method", "budget", "budget_bytes", "max_batch", "max_seq",
-          "tokens_per_s",
-          "step_ms", "spread", "peak_bytes", "activations_b1", "loss_mean", "choice", "optimizer", "error")
-
-
-@contextlib.contextmanager
-def _modeling_namespace_restored(model):
-    """Liger patches the family's modeling module (its RMSNorm and MLP classes, its RoPE
-    function) and may patch classes' forwards: both are put back afterwards, so that the
-    methods measured later in this process see transformers' own."""
-    module = sys.modules[type(model).__module__]
-    names = dict(vars(module))
-    forwards = {cls: cls.__dict__.get("forward") for cls in names.values()
-                if isinstance(cls, type) and cls.__module__ == module.__name__}
-    try:
-        yield
-    finally:
-        for k in set(vars(module)) - set(names):
-            delattr(module, k)
-        for k, v in names.items():
-            if vars(module).get(k) is not v:
-                setattr(module, k, v)
-        for cls, fwd in forwards.items():
-            if fwd is not None and cls.__dict__.get("forward") is not fwd:
-                cls.forward = fwd
-
-
-def _apply_liger(fn, model, with_tempo):
-    params = inspect.signature(fn).parameters
-    kwargs = {"model": model}
-    if with_tempo:  # only what tempo does not patch: RoPE and the gated MLP
-        kwargs.update({k: False for k in ("rms_norm", "layer_norm", "cross_entropy", "fused_linear_cross_entropy")
-                       if k in params})
-    fn(**kwargs)
-
-
-def compile_budget(method):
-    """(whether the method compiles, its activation_memory_budget or None for torch's default)."""
-    base = method[:-len(TORCH_LCE)] if method.endswith(TORCH_LCE) else method
-    if "compile" not in base:
-        return False, None
-    return True, float(base.rsplit("-mem", 1)[1]) if "-mem" in base else None
-
-
-def learned_positions(model):
-    """The number of positions a model's learned position embedding holds (BERT, GPT-2), or None
-    (rotary models: LLaMA, Qwen2, Gemma)."""
-    n = getattr(model.config, "max_position_embeddings", None) or getattr(model.config, "n_positions", None)
-    for name, m in model.named_modules():
-        if isinstance(m, torch.nn.Embedding) and ("position" in name or name.endswith("wpe")):
-            return min(n or m.num_embeddings, m.num_embeddings)
-    return None
-
-
-def torch_chunked_lce(hidden, weight, bias, labels, ignore_index=-100, reduction="mean"):
-    """PyTorch's chunked F.linear_cross_entropy in tempo's head-loss signature (hf.lm_head.set_head_loss)."""
-    return F.linear_cross_entropy(hidden, weight, labels, linear_bias=bias, ignore_index=ignore_index,
-                                  reduction=reduction, options=torch.nn.LinearCrossEntropyOptions())
-
-
-@contextlib.contextmanager
-def method_applied(name, model, compile_backend):
-    """`model` (fresh, train mode) under method `name` for as long as the block runs; yields
-    the callable that trains (the compiled module for the compile methods)."""
-    with contextlib.ExitStack() as stack:
-        model.set_attn_implementation("eager" if name.startswith("eager") else "sdpa")
-        if "liger" in name:
-            fn = liger_function(model)  # Unavailable before anything is patched
-            stack.enter_context(_modeling_namespace_restored(model))
-            _apply_liger(fn, model, with_tempo=is_tempo(name))
-        if "+offload" in name and next(model.parameters()).device.type != "cuda":
-            raise Unavailable("offloading to host memory is for CUDA (on the CPU it is the same memory)")
-        if name.endswith(TORCH_LCE):
-            if not hasattr(F, "linear_cross_entropy"):
-                raise Unavailable("this torch (%s) has no F.linear_cross_entropy (2.13 and later)" % torch.__version__)
-            optimize(model, techniques="lm_head")
-            set_head_loss(model, torch_chunked_lce)
-        if is_tempo(name) and name != "tempo-auto":  # tempo-auto decides under each budget
-            optimize(model, attention="auto" if name in ("tempo", "tempo+liger") else "sdpa",
-                     mlp_recompute=name.split("+recompute-", 1)[1] if "+recompute-" in name else "product")
-        if "+ckpt" in name and not enable_checkpointing(model):
-            raise Unavailable("%s does not support gradient checkpointing" % type(model).__name__)
-        compiled, budget = compile_budget(name)
-        run = model
-        if compiled:
-            if budget is not None:
-                stack.enter_context(torch._functorch.config.patch(activation_memory_budget=budget))
-            stack.callback(torch._dynamo.reset)
-            run = torch.compile(model, backend=compile_backend)
-        if "+offload" in name:
-            def offloaded(**batch):
-                with torch.autograd.graph.save_on_cpu(pin_memory=True):
-                    return model(**batch)
-            run = offloaded
-        yield run
-
-
-def _optimizer(model):
-    """AdamW, fused where this torch has it for these parameters; (optimizer, its name)."""
-    try:
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-        return opt, "AdamW (fused)"
-    except (RuntimeError, TypeError, ValueError):
-        return torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True), "AdamW (foreach)"
-
-
-def budgets_of(text, device):
-    """'8GiB,16GiB,all' -> [(label, bytes)] in ascending order; 'all' is the whole CUDA device."""
-    out = []
-    for part in [s for s in text.split(",") if s]:
-        if part == "all":
-            if device.type != "cuda":
-                raise ValueError("tempo.frontier: the budget 'all' (the whole device) is for CUDA; on %s give sizes"
-                                 % device.type)
-            out.append(("all", torch.cuda.get_device_properties(device).total_memory))
-        else:
-            try:
-                out.append((part, parse_bytes(part)))
-            except argparse.ArgumentTypeError as e:
-                raise ValueError("tempo.frontier: %s" % e) from None
-    if not out:
-        raise ValueError("tempo.frontier: no budget given")
-    return sorted(out, key=lambda b: b[1])
+from .frontier_methods import (  # noqa: F401  (the names tempo.frontier has always had)
+    PEERS,
+    TORCH_LCE,
+    METHODS,
+    PRECISIONS,
+    FIELDS,
+    compile_budget,
+    learned_positions,
+    torch_chunked_lce,
+    method_applied,
+    _optimizer,
+    budgets_of,
+)
 
 
 class Run:
@@ -225,11 +113,27 @@ class Run:
 
     def base_row(self, name, method, budget):
         label, nbytes = budget
-        return {"model": name, "axis": self.args.axis, "seq": self.args.seq, "precision": self.args.precision,
-                "device": self.device.type, "method": method, "budget": label, "budget_bytes": nbytes,
-                "max_batch": None, "max_seq": None, "tokens_per_s": None,
-                "step_ms": None, "spread": None, "peak_bytes": None, "activations_b1": None, "loss_mean": None,
-                "choice": None, "optimizer": None, "error": None}
+        return {
+            "model": name,
+            "axis": self.args.axis,
+            "seq": self.args.seq,
+            "precision": self.args.precision,
+            "device": self.device.type,
+            "method": method,
+            "budget": label,
+            "budget_bytes": nbytes,
+            "max_batch": None,
+            "max_seq": None,
+            "tokens_per_s": None,
+            "step_ms": None,
+            "spread": None,
+            "peak_bytes": None,
+            "activations_b1": None,
+            "loss_mean": None,
+            "choice": None,
+            "optimizer": None,
+            "error": None,
+        }
 
     def method(self, method, budgets):
         """Every budget's row for one method: a fresh model, its loss curve (--loss-steps), the
@@ -241,8 +145,11 @@ class Run:
 
     def _method(self, method, budgets):
         args, device = self.args, self.device
-        name = os.path.basename(os.path.normpath(args.model)) if os.path.isdir(args.model) else \
-            "%s-%s" % (args.model, args.size) + ("-v%d" % args.vocab if args.vocab else "")
+        name = (
+            os.path.basename(os.path.normpath(args.model))
+            if os.path.isdir(args.model)
+            else "%s-%s" % (args.model, args.size) + ("-v%d" % args.vocab if args.vocab else "")
+        )
         rows = [self.base_row(name, method, b) for b in budgets]
         if self.out_of_time():
             for r in rows:
@@ -252,8 +159,9 @@ class Run:
             torch.manual_seed(0)
             # made on the device (a 1B model's random initialisation takes seconds on the host per method)
             with torch.device(device):
-                model, _, causal = build_model(args.model, args.size,
-                                               args.model if os.path.isdir(args.model) else None, args.vocab)
+                model, _, causal = build_model(
+                    args.model, args.size, args.model if os.path.isdir(args.model) else None, args.vocab
+                )
             model.to(device=device, dtype=self.param_dtype)
             opt, opt_name = _optimizer(model)
             seeds = itertools.count(1)
@@ -263,6 +171,7 @@ class Run:
             self.seq_cap = min(args.max_seq, learned_positions(model) or args.max_seq) // args.seq_step
 
             with method_applied(method, model, args.compile_backend) as run:
+
                 def step(n):  # n: the batch (--axis batch), or the sequence in units of --seq-step at batch 1
                     batch, seq = (n, args.seq) if args.axis == "batch" else (1, n * args.seq_step)
                     data = synthetic_batch(model, batch, seq, causal, next(seeds), device)
@@ -276,8 +185,11 @@ class Run:
                     self.losses[method] = losses
                 step(1)  # warm-up (compiles; creates the optimizer's state), no budget
                 b1 = step(1)["activation_bytes"]
-                common = {"activations_b1": b1, "optimizer": opt_name,
-                          "loss_mean": statistics.fmean(losses[-10:]) if losses else None}
+                common = {
+                    "activations_b1": b1,
+                    "optimizer": opt_name,
+                    "loss_mean": statistics.fmean(losses[-10:]) if losses else None,
+                }
                 seen = {}  # batch -> measurements, every step seen to fit (under a smaller budget)
                 for row, budget in zip(rows, budgets):
                     row.update(common)
@@ -285,8 +197,12 @@ class Run:
                         self.emit(dict(row, error="not measured: the time limit (%g s) was reached" % args.time_limit))
                         continue
                     if method == "tempo-auto":
-                        row["choice"] = self.auto_choice(model, opt, budget[1], make_batch=lambda b: synthetic_batch(
-                            model, b, args.seq, causal, next(seeds), device))
+                        row["choice"] = self.auto_choice(
+                            model,
+                            opt,
+                            budget[1],
+                            make_batch=lambda b: synthetic_batch(model, b, args.seq, causal, next(seeds), device),
+                        )
                         seen = {}  # the choice may differ from the last budget's
                     self.measure(row, step, budget[1], seen)
                     self.emit(row)
@@ -297,8 +213,12 @@ class Run:
             done = {id(r) for r in self.rows}
             for r in rows:
                 if id(r) not in done:
-                    self.emit(dict(r, error="failed: %s: %s" % (type(e).__name__, str(e).splitlines()[0][:300]
-                                                              if str(e) else "")))
+                    self.emit(
+                        dict(
+                            r,
+                            error="failed: %s: %s" % (type(e).__name__, str(e).splitlines()[0][:300] if str(e) else ""),
+                        )
+                    )
 
     def measure(self, row, step, budget, seen):
         args, device = self.args, self.device
@@ -323,20 +243,29 @@ class Run:
             m = fits(step, mb, device, budget)
             if m is None:
                 what = "batch %d" % mb if args.axis == "batch" else "sequence %d" % (mb * args.seq_step)
-                row.update(max_batch=mb if args.axis == "batch" else 1,
-                           max_seq=None if args.axis == "batch" else mb * args.seq_step,
-                           error="%s fitted once, then ran out of memory" % what)
+                row.update(
+                    max_batch=mb if args.axis == "batch" else 1,
+                    max_seq=None if args.axis == "batch" else mb * args.seq_step,
+                    error="%s fitted once, then ran out of memory" % what,
+                )
                 return
             if i:
                 times.append(m["step_ms"])
         ms = statistics.median(times)
         batch, seq = (mb, args.seq) if args.axis == "batch" else (1, mb * args.seq_step)
-        row.update(max_batch=batch, max_seq=seq if args.axis == "seq" else None, step_ms=ms,
-                   tokens_per_s=batch * seq / (ms / 1e3), spread=max(times) / min(times) - 1.0,
-                   peak_bytes=at["peak_bytes"])
+        row.update(
+            max_batch=batch,
+            max_seq=seq if args.axis == "seq" else None,
+            step_ms=ms,
+            tokens_per_s=batch * seq / (ms / 1e3),
+            spread=max(times) / min(times) - 1.0,
+            peak_bytes=at["peak_bytes"],
+        )
         if mb == cap:
             row["error"] = "reached the longest %s tried (%d); more may fit" % (
-                "batch" if args.axis == "batch" else "sequence", batch if args.axis == "batch" else seq)
+                "batch" if args.axis == "batch" else "sequence",
+                batch if args.axis == "batch" else seq,
+            )
 
     def auto_choice(self, model, opt, budget, make_batch):
         """Auto-Tempo's choice under `budget`: tempo.auto measures forward + backward, so the
@@ -345,8 +274,9 @@ class Run:
 
         if "_tempo_undo" in model.__dict__:
             restore(model)
-        state = sum(t.numel() * t.element_size() for s in opt.state.values() for t in s.values()
-                    if isinstance(t, torch.Tensor))
+        state = sum(
+            t.numel() * t.element_size() for s in opt.state.values() for t in s.values() if isinstance(t, torch.Tensor)
+        )
         given = budget if self.device.type == "cuda" else budget - state  # on CPU tempo.auto counts from what is held
         with self.autocast():
             report = auto(model, make_batch, budget=max(given, 1), method="fast")
@@ -356,39 +286,70 @@ class Run:
 def say(row):
     if not sys.stderr.isatty():
         return
-    what = row["error"] or ("batch %s, %s tokens/s" % (row["max_batch"], "%.1f" % row["tokens_per_s"]
-                                                       if row["tokens_per_s"] else "-"))
+    what = row["error"] or (
+        "batch %s, %s tokens/s" % (row["max_batch"], "%.1f" % row["tokens_per_s"] if row["tokens_per_s"] else "-")
+    )
     print("%-15s %-8s %s" % (row["method"], row["budget"], what), file=sys.stderr, flush=True)
 
 
 def parser():
     p = argparse.ArgumentParser(prog="python -m tempo.frontier", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="llama", help="a tempo.bench preset family (%s) or a local model folder"
-                   % ", ".join(SIZES))
+    p.add_argument(
+        "--model", default="llama", help="a tempo.bench preset family (%s) or a local model folder" % ", ".join(SIZES)
+    )
     p.add_argument("--size", default=None, help="the family's size (tempo.bench's presets; e.g. llama 1b, qwen2 0.5b)")
     p.add_argument("--vocab", type=int, default=None, help="the vocabulary, instead of the preset's")
     p.add_argument("--seq", type=int, default=2048)
-    p.add_argument("--budgets", default="8GiB,16GiB,32GiB,64GiB,all",
-                   help="comma-separated sizes (e.g. 8GiB), 'all' for the whole CUDA device")
-    p.add_argument("--methods", default=",".join(METHODS), help="comma-separated, run in this order: "
-                   + ", ".join(METHODS))
+    p.add_argument(
+        "--budgets",
+        default="8GiB,16GiB,32GiB,64GiB,all",
+        help="comma-separated sizes (e.g. 8GiB), 'all' for the whole CUDA device",
+    )
+    p.add_argument(
+        "--methods", default=",".join(METHODS), help="comma-separated, run in this order: " + ", ".join(METHODS)
+    )
     p.add_argument("--precision", choices=PRECISIONS, default="autocast-bf16")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--steps", type=int, default=3, help="timed steps at each largest batch (median; at least 3 for "
-                   "a spread that means something)")
-    p.add_argument("--loss-steps", type=int, default=0, help="before the frontier, train this many steps on the same "
-                   "data under each method and compare the loss with sdpa's")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=3,
+        help="timed steps at each largest batch (median; at least 3 for a spread that means something)",
+    )
+    p.add_argument(
+        "--loss-steps",
+        type=int,
+        default=0,
+        help="before the frontier, train this many steps on the same "
+        "data under each method and compare the loss with sdpa's",
+    )
     p.add_argument("--loss-batch", type=int, default=1)
     p.add_argument("--max-batch", type=int, default=4096, help="no batch beyond this is tried")
-    p.add_argument("--axis", choices=("batch", "seq"), default="batch", help="what grows to fill a budget: the "
-                   "batch at --seq, or the sequence at batch 1")
+    p.add_argument(
+        "--axis",
+        choices=("batch", "seq"),
+        default="batch",
+        help="what grows to fill a budget: the batch at --seq, or the sequence at batch 1",
+    )
     p.add_argument("--seq-step", type=int, default=64, help="--axis seq: sequences are multiples of this")
-    p.add_argument("--max-seq", type=int, default=1 << 20, help="--axis seq: no sequence beyond this (nor beyond "
-                   "the learned position embeddings of a BERT or GPT-2) is tried")
-    p.add_argument("--compile-backend", default="inductor", help="torch.compile's backend (aot_eager: the same "
-                   "partitioner without code generation)")
-    p.add_argument("--time-limit", type=float, default=None, help="seconds: no (method, budget) is started after "
-                   "this; their rows say so")
+    p.add_argument(
+        "--max-seq",
+        type=int,
+        default=1 << 20,
+        help="--axis seq: no sequence beyond this (nor beyond "
+        "the learned position embeddings of a BERT or GPT-2) is tried",
+    )
+    p.add_argument(
+        "--compile-backend",
+        default="inductor",
+        help="torch.compile's backend (aot_eager: the same partitioner without code generation)",
+    )
+    p.add_argument(
+        "--time-limit",
+        type=float,
+        default=None,
+        help="seconds: no (method, budget) is started after this; their rows say so",
+    )
     p.add_argument("--jsonl", default=None, help="one JSON line per row, written as measured")
     p.add_argument("--csv", default=None)
     p.add_argument("--plot", default=None, help="an .svg file")

@@ -1,6 +1,7 @@
 """The runner tempo's applications share (python -m tempo.bench, python -m tempo.frontier):
 the model presets (random weights from a config, or a local folder), synthetic batches, the
 peers' pieces (Liger-Kernel's patch, activation checkpointing) and one measured training step."""
+
 import contextlib
 import math
 import os
@@ -14,10 +15,16 @@ from .._measure import free, sync
 SIZES = {  # (hidden, layers, heads, intermediate, positions, vocab): the C++ presets' sizes
     "bert": {"base": (768, 12, 12, 3072, 512, 30522), "large": (1024, 24, 16, 4096, 512, 30522)},
     "roberta": {"base": (768, 12, 12, 3072, 514, 50265), "large": (1024, 24, 16, 4096, 514, 50265)},
-    "gpt2": {"base": (768, 12, 12, 3072, 1024, 50257), "medium": (1024, 24, 16, 4096, 1024, 50257),
-             "large": (1280, 36, 20, 5120, 1024, 50257)},
-    "llama": {"small": (512, 8, 8, 1376, 2048, 32000), "tiny": (256, 2, 4, 688, 4096, 32000),
-              "1b": (2048, 16, 32, 8192, 8192, 128256)},
+    "gpt2": {
+        "base": (768, 12, 12, 3072, 1024, 50257),
+        "medium": (1024, 24, 16, 4096, 1024, 50257),
+        "large": (1280, 36, 20, 5120, 1024, 50257),
+    },
+    "llama": {
+        "small": (512, 8, 8, 1376, 2048, 32000),
+        "tiny": (256, 2, 4, 688, 4096, 32000),
+        "1b": (2048, 16, 32, 8192, 8192, 128256),
+    },
     "qwen2": {"tiny": (256, 2, 4, 688, 4096, 151936), "0.5b": (896, 24, 14, 4864, 32768, 151936)},
     "gemma": {"tiny": (256, 2, 4, 688, 4096, 256000)},
 }
@@ -28,8 +35,13 @@ KV_HEADS = {("llama", "1b"): 8, ("qwen2", "0.5b"): 2}
 TIED = {("llama", "1b"), ("qwen2", "0.5b")}
 CAUSAL = ("gpt2", "llama", "qwen2", "gemma")
 # LLaMA-style families: config class, model class
-LLAMA_STYLE = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
-               "gemma": ("GemmaConfig", "GemmaForCausalLM")}
+LLAMA_STYLE = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM"),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+    "gemma": ("GemmaConfig", "GemmaForCausalLM"),
+}
+
+
 def build_model(family, size="base", path=None, vocab=None):
     """A Hugging Face LM (masked for bert/roberta, causal for gpt2 and the LLaMA-style ones) in
     train mode: from `path` (a local folder, offline) or from the preset sizes with random
@@ -43,8 +55,10 @@ def build_model(family, size="base", path=None, vocab=None):
         # the head transformers has for it: masked LM where there is one (BERT, RoBERTa, ...), else causal
         causal = config.model_type not in modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES
         if causal and config.model_type not in modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
-            raise ValueError("tempo.bench: %s holds a %s model, for which transformers has neither a masked-LM nor a "
-                             "causal-LM class; tempo.bench trains those" % (path, config.model_type))
+            raise ValueError(
+                "tempo.bench: %s holds a %s model, for which transformers has neither a masked-LM nor a "
+                "causal-LM class; tempo.bench trains those" % (path, config.model_type)
+            )
         cls = tf.AutoModelForCausalLM if causal else tf.AutoModelForMaskedLM
         model = cls.from_pretrained(path, local_files_only=True, attn_implementation="eager")
         return model.train(), os.path.basename(os.path.normpath(path)), causal
@@ -57,8 +71,15 @@ def build_model(family, size="base", path=None, vocab=None):
     if family in ("bert", "roberta"):
         cls = tf.BertConfig if family == "bert" else tf.RobertaConfig
         extra = {"pad_token_id": 1} if family == "roberta" else {}
-        config = cls(hidden_size=h, num_hidden_layers=n, num_attention_heads=a, intermediate_size=i,
-                     max_position_embeddings=p, vocab_size=v, **extra)
+        config = cls(
+            hidden_size=h,
+            num_hidden_layers=n,
+            num_attention_heads=a,
+            intermediate_size=i,
+            max_position_embeddings=p,
+            vocab_size=v,
+            **extra,
+        )
         model = (tf.BertForMaskedLM if family == "bert" else tf.RobertaForMaskedLM)(config)
     elif family == "gpt2":
         config = tf.GPT2Config(n_embd=h, n_layer=n, n_head=a, n_inner=i, n_positions=p, vocab_size=v)
@@ -70,9 +91,16 @@ def build_model(family, size="base", path=None, vocab=None):
             kv["head_dim"] = h // a
         if (family, size) in TIED:
             kv["tie_word_embeddings"] = True
-        config = getattr(tf, config_class)(hidden_size=h, num_hidden_layers=n, num_attention_heads=a,
-                                           intermediate_size=i, max_position_embeddings=p, vocab_size=v,
-                                           rms_norm_eps=1e-6, **kv)
+        config = getattr(tf, config_class)(
+            hidden_size=h,
+            num_hidden_layers=n,
+            num_attention_heads=a,
+            intermediate_size=i,
+            max_position_embeddings=p,
+            vocab_size=v,
+            rms_norm_eps=1e-6,
+            **kv,
+        )
         model = getattr(tf, model_class)(config)
     model.set_attn_implementation("eager")
     name = "%s-%s" % (family, size) + ("-v%d" % v if vocab else "")
@@ -109,11 +137,13 @@ def liger_function(model):
         from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN as table
     except ImportError:
         table = {}
-    fn = table.get(model.config.model_type) or getattr(liger, "apply_liger_kernel_to_%s" % model.config.model_type,
-                                                        None)
+    fn = table.get(model.config.model_type) or getattr(
+        liger, "apply_liger_kernel_to_%s" % model.config.model_type, None
+    )
     if fn is None:
-        raise Unavailable("Liger-Kernel has no patch for %s (model type %r)" % (type(model).__name__,
-                                                                                  model.config.model_type))
+        raise Unavailable(
+            "Liger-Kernel has no patch for %s (model type %r)" % (type(model).__name__, model.config.model_type)
+        )
     return fn
 
 
@@ -156,9 +186,14 @@ def train_step(run, opt, batch, device, autocast=contextlib.nullcontext):
     value = loss.detach().float().item()
     if not math.isfinite(value):
         raise RuntimeError("tempo: the loss is not finite (%r)" % value)
-    return {"activation_bytes": activation, "train_peak_bytes": train_abs - base,
-            "optimizer_peak_bytes": opt_abs - base, "peak_bytes": max(train_abs, opt_abs), "step_ms": ms,
-            "loss": value}
+    return {
+        "activation_bytes": activation,
+        "train_peak_bytes": train_abs - base,
+        "optimizer_peak_bytes": opt_abs - base,
+        "peak_bytes": max(train_abs, opt_abs),
+        "step_ms": ms,
+        "loss": value,
+    }
 
 
 def chosen(parser, text, known, what):

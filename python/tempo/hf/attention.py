@@ -2,6 +2,7 @@
 registered as "tempo" and "tempo_fused", the model-wide switch (every config a model holds),
 the weights for a call that asks for them, and attention="auto" (the attention whose training
 forward keeps the fewest bytes, measured on the model)."""
+
 import sys
 
 import torch
@@ -49,8 +50,13 @@ def _kept_by_forward(model, tokens):
     training = [(m, m.training) for m in model.modules()]
     model.train()
     try:
-        with torch.random.fork_rng(devices=devices), hooks_suspended(model), torch.enable_grad(), \
-                torch.device(p.device), torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        with (
+            torch.random.fork_rng(devices=devices),
+            hooks_suspended(model),
+            torch.enable_grad(),
+            torch.device(p.device),
+            torch.autograd.graph.saved_tensors_hooks(pack, unpack),
+        ):
             model(**kwargs)
     finally:
         for m, mode in training:
@@ -67,7 +73,8 @@ def auto_attention(model):
     p = next(model.parameters(), None)
     if p is None or p.device.type == "meta" or getattr(model, "main_input_name", "input_ids") != "input_ids":
         return current, "not measured (%s), so the model's own is kept" % (
-            "no storage" if p is not None and p.device.type == "meta" else "no token ids to probe with")
+            "no storage" if p is not None and p.device.type == "meta" else "no token ids to probe with"
+        )
     tokens = min(AUTO_PROBE_TOKENS, getattr(model.config, "max_position_embeddings", None) or AUTO_PROBE_TOKENS)
     kept, skipped = {}, []
     try:
@@ -84,15 +91,19 @@ def auto_attention(model):
             except AttentionNotComputed as e:
                 skipped.append("%s (%s)" % (candidate, e.reason))
             except Exception as e:  # a model whose forward needs more than token ids (the finally sets it back)
-                return current, "not measured (a forward from token ids failed: %s: %s), so the model's own is " \
-                    "kept" % (type(e).__name__, str(e).split("\n")[0][:120])
+                return current, "not measured (a forward from token ids failed: %s: %s), so the model's own is kept" % (
+                    type(e).__name__,
+                    str(e).split("\n")[0][:120],
+                )
     finally:
         set_attention(model, current)
     best = min(kept, key=lambda c: (kept[c], c != current))
     if current in kept and kept[best] >= kept[current]:
         best = current
     why = "kept for backward by a training forward at batch 1, %d tokens: %s" % (
-        tokens, ", ".join("%s %.2f MiB" % (c, kept[c] / 2**20) for c in kept))
+        tokens,
+        ", ".join("%s %.2f MiB" % (c, kept[c] / 2**20) for c in kept),
+    )
     if skipped:
         why += "; not a candidate: " + ", ".join(skipped)
     return best, why
@@ -114,8 +125,11 @@ def _causal(module, attention_mask, query, is_causal):
 
 # What some models pass to their attention function that tempo's attention does not compute:
 # refused by name rather than ignored (sdpa refuses softcap the same way).
-_NOT_COMPUTED = {"softcap": "attention-logit soft-capping", "s_aux": "attention sinks",
-                 "position_bias": "a relative position bias added to the logits"}
+_NOT_COMPUTED = {
+    "softcap": "attention-logit soft-capping",
+    "s_aux": "attention sinks",
+    "position_bias": "a relative position bias added to the logits",
+}
 
 
 class AttentionNotComputed(ValueError):
@@ -124,8 +138,9 @@ class AttentionNotComputed(ValueError):
     `reason` says what was passed, without the advice."""
 
     def __init__(self, op, reason):
-        super().__init__("tempo.%s (tempo.optimize's attention): %s; optimize this model with attention='keep'"
-                         % (op, reason))
+        super().__init__(
+            "tempo.%s (tempo.optimize's attention): %s; optimize this model with attention='keep'" % (op, reason)
+        )
         self.reason = reason
 
 
@@ -133,18 +148,24 @@ def _attention_function(op):
     """transformers' attention-function signature over a tempo attention op: q, k, v
     [B, H, S, D], an additive (or boolean) mask broadcastable to [B, H, Sq, Sk]; returns
     ([B, S, H, D], None)."""
+
     def forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, is_causal=None, **kwargs):
         for name, what in _NOT_COMPUTED.items():
             if kwargs.get(name) is not None:
-                raise AttentionNotComputed(op.__name__, "%s passes `%s` (%s), which tempo's attention does not "
-                                           "compute" % (type(module).__name__, name, what))
+                raise AttentionNotComputed(
+                    op.__name__,
+                    "%s passes `%s` (%s), which tempo's attention does not "
+                    "compute" % (type(module).__name__, name, what),
+                )
         if kwargs.get("output_attentions") or _attentions_recorded():
             return _with_weights(module, query, key, value, attention_mask, scaling, dropout, is_causal, kwargs)
         key, value = _repeat_kv(module, key, value)
         mask = attention_mask[..., : key.shape[-2]] if attention_mask is not None else None
-        out = op(query, key, value, mask, dropout_p=dropout, causal=_causal(module, mask, query, is_causal),
-                 scale=scaling)
+        out = op(
+            query, key, value, mask, dropout_p=dropout, causal=_causal(module, mask, query, is_causal), scale=scaling
+        )
         return out.transpose(1, 2).contiguous(), None
+
     return forward
 
 
@@ -196,6 +217,7 @@ def register_attention():
 
     try:
         from transformers.utils.output_capturing import _active_collector
+
         _COLLECTOR[0] = _active_collector
     except ImportError:
         pass

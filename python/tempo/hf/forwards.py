@@ -1,6 +1,7 @@
 """tempo's forwards for the layer types tempo.optimize patches: each is installed as the
 forward of a subclass of the module's own class (patching.subclass), so `self` is the
 module with its own parameters and settings."""
+
 import torch
 import torch.nn.functional as F
 
@@ -51,12 +52,17 @@ def bias_dropout_add_layer_norm_forward(self, hidden_states, input_tensor):
         h, bias = F.linear(hidden_states, self.dense.weight), self.dense.bias
     else:  # e.g. LoRA on dense: dense runs as it is, dropout + residual + LayerNorm stay fused
         h, bias = self.dense(hidden_states), None
-    return ops.bias_dropout_add_layer_norm(h, bias, input_tensor, self.dropout.p, ln.weight, ln.bias,
-                                           ln.eps, training=self.training)
+    return ops.bias_dropout_add_layer_norm(
+        h, bias, input_tensor, self.dropout.p, ln.weight, ln.bias, ln.eps, training=self.training
+    )
 
 
-_GELU_APPROXIMATE = {"GELUActivation": "none", "NewGELUActivation": "tanh", "GELUTanh": "tanh",
-                     "PytorchGELUTanh": "tanh"}
+_GELU_APPROXIMATE = {
+    "GELUActivation": "none",
+    "NewGELUActivation": "tanh",
+    "GELUTanh": "tanh",
+    "PytorchGELUTanh": "tanh",
+}
 
 
 def gelu_approximate(act):
@@ -86,8 +92,9 @@ def gated_activation(act):
     if act is None or hooked(act):
         return None
     cls = getattr(type(act), "_tempo_patch", (type(act),))[0]
-    if cls in (torch.nn.SiLU, tnn.SiLU) or (cls.__name__ == "SiLUActivation"
-                                            and cls.__module__.startswith("transformers.")):
+    if cls in (torch.nn.SiLU, tnn.SiLU) or (
+        cls.__name__ == "SiLUActivation" and cls.__module__.startswith("transformers.")
+    ):
         return "silu"
     return {"none": "gelu", "tanh": "gelu_tanh"}.get(gelu_approximate(act))
 
@@ -97,8 +104,9 @@ def gated_mlp_forward(self, x):
     act = gated_activation(self.act_fn)
     if act is None:
         return original_forward(self, x)
-    return tnn.gated_mlp.gated_mlp(x, self.gate_proj, self.up_proj, self.down_proj, act,
-                                   recompute=getattr(self, "_tempo_mlp_recompute", "product"))
+    return tnn.gated_mlp.gated_mlp(
+        x, self.gate_proj, self.up_proj, self.down_proj, act, recompute=getattr(self, "_tempo_mlp_recompute", "product")
+    )
 
 
 def fused_gated_mlp_forward(self, hidden_states):
@@ -106,8 +114,13 @@ def fused_gated_mlp_forward(self, hidden_states):
     act = gated_activation(self.activation_fn)
     if act is None:
         return original_forward(self, hidden_states)
-    return tnn.gated_mlp.fused_gated_mlp(hidden_states, self.gate_up_proj, self.down_proj, act,
-                                         recompute=getattr(self, "_tempo_mlp_recompute", "product"))
+    return tnn.gated_mlp.fused_gated_mlp(
+        hidden_states,
+        self.gate_up_proj,
+        self.down_proj,
+        act,
+        recompute=getattr(self, "_tempo_mlp_recompute", "product"),
+    )
 
 
 def gated_experts_forward(self, hidden_states, top_k_index, top_k_weights):
@@ -127,8 +140,14 @@ def gated_experts_forward(self, hidden_states, top_k_index, top_k_weights):
         if expert == self.num_experts:
             continue
         top_k_pos, token = torch.where(expert_mask[expert])
-        y = ops.gated_mlp(hidden_states[token], self.gate_up_proj[expert], None, self.down_proj[expert],
-                          activation=act, recompute=getattr(self, "_tempo_mlp_recompute", "product"))
+        y = ops.gated_mlp(
+            hidden_states[token],
+            self.gate_up_proj[expert],
+            None,
+            self.down_proj[expert],
+            activation=act,
+            recompute=getattr(self, "_tempo_mlp_recompute", "product"),
+        )
         out.index_add_(0, token, (y * top_k_weights[token, top_k_pos, None]).to(out.dtype))
     return out
 
@@ -137,12 +156,15 @@ def qkv_split_forward(self, hidden_states, attention_mask=None, *args, **kwargs)
     # The original's third argument is its cache, named `cache` (transformers 5.24 on) or
     # `past_key_values` (5.17): passed on as it came when tempo does not compute this call.
     caches = list(args[:1]) + [kwargs.get(n) for n in ("cache", "past_key_values")]
-    if (any(c is not None for c in caches)  # decoding with a cache
-            or not all(plain(x, torch.nn.Linear) for x in (self.query, self.key, self.value))):  # e.g. LoRA
+    if (
+        any(c is not None for c in caches)  # decoding with a cache
+        or not all(plain(x, torch.nn.Linear) for x in (self.query, self.key, self.value))
+    ):  # e.g. LoRA
         return original_forward(self, hidden_states, attention_mask, *args, **kwargs)
     kwargs = {k: v for k, v in kwargs.items() if k not in ("cache", "past_key_values")}
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
     from transformers.models.bert.modeling_bert import eager_attention_forward
+
     w = torch.cat([self.query.weight, self.key.weight, self.value.weight])
     b = torch.cat([self.query.bias, self.key.bias, self.value.bias])
     q, k, v = ops.qkv_split(F.linear(hidden_states, w), b, self.num_attention_heads)
@@ -151,6 +173,14 @@ def qkv_split_forward(self, hidden_states, attention_mask=None, *args, **kwargs)
         interface = ALL_ATTENTION_FUNCTIONS.get_interface(name, eager_attention_forward)
     else:  # transformers 5.0: "eager" is the modeling module's own function, not in the registry
         interface = eager_attention_forward if name == "eager" else ALL_ATTENTION_FUNCTIONS[name]
-    out, weights = interface(self, q, k, v, attention_mask, dropout=0.0 if not self.training else self.dropout.p,
-                             scaling=self.scaling, **kwargs)
+    out, weights = interface(
+        self,
+        q,
+        k,
+        v,
+        attention_mask,
+        dropout=0.0 if not self.training else self.dropout.p,
+        scaling=self.scaling,
+        **kwargs,
+    )
     return out.reshape(*hidden_states.shape[:-1], -1).contiguous(), weights

@@ -27,6 +27,7 @@ logits_scaling); a language model not
 in a table is refused by name (its forward may transform the logits otherwise), as is a masked
 LM with such a transform and a causal LM whose loss function a user replaced.
 """
+
 import contextlib
 import dataclasses
 import functools
@@ -39,6 +40,7 @@ from .. import ops
 
 try:  # the error a config that validates its fields (a strict dataclass: Gemma 3n's) raises
     from huggingface_hub.errors import StrictDataclassError
+
     _STRICT = (StrictDataclassError,)
 except ImportError:
     _STRICT = ()
@@ -46,23 +48,66 @@ except ImportError:
 # Causal-LM classes whose forward is head -> loss_function, checked by tests/python/test_lm_head.py; some
 # transform the logits between the two (_LOGIT_TRANSFORMS), and the mixtures of experts add their router's
 # auxiliary loss to the loss function's after it (unchanged).
-FAMILIES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "GemmaForCausalLM",
-            "Phi3ForCausalLM", "GPT2LMHeadModel", "GPTNeoXForCausalLM", "OPTForCausalLM", "FalconForCausalLM",
-            "Gemma2ForCausalLM", "Gemma3ForCausalLM", "CohereForCausalLM", "Cohere2ForCausalLM", "GraniteForCausalLM",
-            "GraniteMoeForCausalLM", "Olmo2ForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM",
-            "Qwen3MoeForCausalLM", "OlmoeForCausalLM", "OlmoForCausalLM", "Glm4ForCausalLM", "SmolLM3ForCausalLM",
-            "MllamaForCausalLM", "Olmo3ForCausalLM", "Llama4ForCausalLM", "GptOssForCausalLM", "Qwen3NextForCausalLM",
-            "Glm4MoeForCausalLM", "FalconH1ForCausalLM", "Gemma3nForCausalLM", "HunYuanDenseV1ForCausalLM",
-            "HunYuanMoEV1ForCausalLM", "Exaone4ForCausalLM",
-            # multimodal: the text model's hidden states, its head, its loss function (images go in before)
-            "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration", "LlavaForConditionalGeneration",
-            "Gemma3ForConditionalGeneration", "PaliGemmaForConditionalGeneration", "MllamaForConditionalGeneration",
-            "InternVLForConditionalGeneration", "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration",
-            "Glm4vForConditionalGeneration", "SmolVLMForConditionalGeneration", "Glm4vMoeForConditionalGeneration",
-            "Llama4ForConditionalGeneration")
+FAMILIES = (
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+    "GemmaForCausalLM",
+    "Phi3ForCausalLM",
+    "GPT2LMHeadModel",
+    "GPTNeoXForCausalLM",
+    "OPTForCausalLM",
+    "FalconForCausalLM",
+    "Gemma2ForCausalLM",
+    "Gemma3ForCausalLM",
+    "CohereForCausalLM",
+    "Cohere2ForCausalLM",
+    "GraniteForCausalLM",
+    "GraniteMoeForCausalLM",
+    "Olmo2ForCausalLM",
+    "MixtralForCausalLM",
+    "Qwen2MoeForCausalLM",
+    "Qwen3MoeForCausalLM",
+    "OlmoeForCausalLM",
+    "OlmoForCausalLM",
+    "Glm4ForCausalLM",
+    "SmolLM3ForCausalLM",
+    "MllamaForCausalLM",
+    "Olmo3ForCausalLM",
+    "Llama4ForCausalLM",
+    "GptOssForCausalLM",
+    "Qwen3NextForCausalLM",
+    "Glm4MoeForCausalLM",
+    "FalconH1ForCausalLM",
+    "Gemma3nForCausalLM",
+    "HunYuanDenseV1ForCausalLM",
+    "HunYuanMoEV1ForCausalLM",
+    "Exaone4ForCausalLM",
+    # multimodal: the text model's hidden states, its head, its loss function (images go in before)
+    "Qwen2VLForConditionalGeneration",
+    "Qwen2_5_VLForConditionalGeneration",
+    "LlavaForConditionalGeneration",
+    "Gemma3ForConditionalGeneration",
+    "PaliGemmaForConditionalGeneration",
+    "MllamaForConditionalGeneration",
+    "InternVLForConditionalGeneration",
+    "Qwen3VLForConditionalGeneration",
+    "Qwen3VLMoeForConditionalGeneration",
+    "Glm4vForConditionalGeneration",
+    "SmolVLMForConditionalGeneration",
+    "Glm4vMoeForConditionalGeneration",
+    "Llama4ForConditionalGeneration",
+)
 # Masked-LM classes whose forward is transform -> head -> CrossEntropyLoss()(logits.view(-1, V), labels.view(-1)).
-MASKED_FAMILIES = ("BertForMaskedLM", "RobertaForMaskedLM", "XLMRobertaForMaskedLM", "DistilBertForMaskedLM",
-                   "ElectraForMaskedLM", "AlbertForMaskedLM")
+MASKED_FAMILIES = (
+    "BertForMaskedLM",
+    "RobertaForMaskedLM",
+    "XLMRobertaForMaskedLM",
+    "DistilBertForMaskedLM",
+    "ElectraForMaskedLM",
+    "AlbertForMaskedLM",
+)
 # Config fields that transform the logits between the head and the loss: (name, the value that does
 # nothing). A scale (Cohere's logit_scale, Granite's 1 / logits_scaling, Falcon-H1's lm_head_multiplier)
 # the model applies to what the head passes through, the hidden states, which is the same; the
@@ -85,7 +130,7 @@ class Refused(ValueError):
 
 
 def kind(m):
-    """"causal" for what looks like a transformers causal LM (a head and a loss function),
+    """ "causal" for what looks like a transformers causal LM (a head and a loss function),
     "masked" for a masked LM (a head), else None."""
     name = type(m).__name__
     if not hasattr(m, "get_output_embeddings") or getattr(m, "config", None) is None:
@@ -110,8 +155,10 @@ def check(m):
             if value is not None and value != neutral:
                 raise Refused("%s has %s=%r, which tempo's lm_head does not know it to apply" % (name, field, value))
     if name not in (MASKED_FAMILIES if masked else FAMILIES):
-        raise Refused("%s is not in the lm_head table (tempo/hf/lm_head.py %s): its forward may transform the logits "
-                      "before the loss" % (name, "MASKED_FAMILIES" if masked else "FAMILIES"))
+        raise Refused(
+            "%s is not in the lm_head table (tempo/hf/lm_head.py %s): its forward may transform the logits "
+            "before the loss" % (name, "MASKED_FAMILIES" if masked else "FAMILIES")
+        )
     head = m.get_output_embeddings()
     if not isinstance(head, torch.nn.Linear):
         raise Refused("%s's output embedding is %s, not a Linear" % (name, type(head).__name__))
@@ -142,8 +189,17 @@ def _passing_hidden(head):
         head.__dict__.pop("_tempo_pass_hidden", None)
 
 
-def _loss(head, logits, labels, vocab_size=None, num_items_in_batch=None, ignore_index=-100, shift_labels=None,
-          head_fn=ops.linear_cross_entropy, **kwargs):
+def _loss(
+    head,
+    logits,
+    labels,
+    vocab_size=None,
+    num_items_in_batch=None,
+    ignore_index=-100,
+    shift_labels=None,
+    head_fn=ops.linear_cross_entropy,
+    **kwargs,
+):
     """transformers' ForCausalLMLoss with `logits` the hidden states before the head (a masked
     LM passes its labels as shift_labels: no shift). `head_fn`: the fused head's function,
     (hidden, weight, bias, labels, ignore_index=, reduction=) -> loss: tempo's, or another one a
@@ -186,8 +242,14 @@ def _bound(self, args, kwargs):
         return None
     signature = inspect.signature(type(self)._tempo_patch[0].forward)
     bound = signature.bind_partial(self, *args, **kwargs)
-    extra = next((bound.arguments[p.name] for p in signature.parameters.values()
-                  if p.kind is inspect.Parameter.VAR_KEYWORD and p.name in bound.arguments), {})
+    extra = next(
+        (
+            bound.arguments[p.name]
+            for p in signature.parameters.values()
+            if p.kind is inspect.Parameter.VAR_KEYWORD and p.name in bound.arguments
+        ),
+        {},
+    )
     if bound.arguments.get("labels") is None or bound.arguments.get("return_dict", extra.get("return_dict")) is False:
         return None
     return bound
@@ -263,7 +325,6 @@ def _set(config, field, value):
         setattr(config, field, value)
     except (TypeError, ValueError, *_STRICT):
         object.__setattr__(config, field, value)
-
 
 
 _MISSING = object()

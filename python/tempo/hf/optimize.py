@@ -7,6 +7,7 @@ hooks and references to the modules are unaffected; modules keep their eps, drop
 train/eval mode, dtype and device. What is patched is declared in rules.RULES, one row per
 layer type: which modules it matches, which technique it belongs to, and how it is patched.
 """
+
 import sys
 import warnings
 
@@ -14,8 +15,16 @@ import torch
 
 from . import lm_head as _lm_head
 from ..nn.gated_mlp import check_recompute
-from .attention import (ATTENTION, AttentionRegistered, attention_configs, auto_attention, register_attention,
-                        set_attention, transformers_models, uses_attention_registry)
+from .attention import (
+    ATTENTION,
+    AttentionRegistered,
+    attention_configs,
+    auto_attention,
+    register_attention,
+    set_attention,
+    transformers_models,
+    uses_attention_registry,
+)
 from .patching import is_patched, subclass
 from .probes import Differs
 from .report import Report
@@ -44,13 +53,22 @@ def _warn_on_untested_transformers():
     except ValueError:
         return
     if version < TESTED_TRANSFORMERS:
-        warnings.warn("tempo.optimize: transformers %s is older than %d.%d, the oldest release tempo is tested with; "
-                      "some patches may differ from the unpatched model (pip install 'transformers>=%d.%d')"
-                      % ((release,) + TESTED_TRANSFORMERS * 2), stacklevel=3)
+        warnings.warn(
+            "tempo.optimize: transformers %s is older than %d.%d, the oldest release tempo is tested with; "
+            "some patches may differ from the unpatched model (pip install 'transformers>=%d.%d')"
+            % ((release,) + TESTED_TRANSFORMERS * 2),
+            stacklevel=3,
+        )
 
 
-def optimize(model: torch.nn.Module, techniques="all", attention: str = "keep", modules=None,
-             fused: bool = False, mlp_recompute: str = "product") -> torch.nn.Module:
+def optimize(
+    model: torch.nn.Module,
+    techniques="all",
+    attention: str = "keep",
+    modules=None,
+    fused: bool = False,
+    mlp_recompute: str = "product",
+) -> torch.nn.Module:
     """Patches `model` in place with tempo's layers and returns it.
 
     techniques: "all", or one or a list of "gelu", "silu", "layer_norm", "rms_norm", "dropout",
@@ -82,11 +100,15 @@ def optimize(model: torch.nn.Module, techniques="all", attention: str = "keep", 
     try:  # "all", one technique by name, or a list of them
         chosen = set(TECHNIQUES if techniques == "all" else [techniques] if isinstance(techniques, str) else techniques)
     except TypeError:
-        raise TypeError("tempo.optimize: techniques must be 'all', a technique's name or a list of them, got %r"
-                        % (techniques,)) from None
+        raise TypeError(
+            "tempo.optimize: techniques must be 'all', a technique's name or a list of them, got %r" % (techniques,)
+        ) from None
     if "bdrln" in chosen:
-        warnings.warn('tempo.optimize: technique "bdrln" is now named "bias_dropout_add_layer_norm"',
-                      DeprecationWarning, stacklevel=2)
+        warnings.warn(
+            'tempo.optimize: technique "bdrln" is now named "bias_dropout_add_layer_norm"',
+            DeprecationWarning,
+            stacklevel=2,
+        )
         chosen = (chosen - {"bdrln"}) | {"bias_dropout_add_layer_norm"}
     if not isinstance(fused, bool):
         raise TypeError("tempo.optimize: fused must be True or False, got %r" % (fused,))
@@ -94,8 +116,10 @@ def optimize(model: torch.nn.Module, techniques="all", attention: str = "keep", 
         chosen |= set(FUSED_TECHNIQUES)
     unknown = chosen - set(TECHNIQUES) - set(FUSED_TECHNIQUES)
     if unknown:
-        raise ValueError("tempo.optimize: unknown technique(s) %s; known: %s" % (
-            sorted(unknown), ", ".join(TECHNIQUES + FUSED_TECHNIQUES)))
+        raise ValueError(
+            "tempo.optimize: unknown technique(s) %s; known: %s"
+            % (sorted(unknown), ", ".join(TECHNIQUES + FUSED_TECHNIQUES))
+        )
     check_recompute(mlp_recompute, "tempo.optimize: mlp_recompute")
     if attention != "keep" and attention not in ATTENTION:
         raise ValueError("tempo.optimize: unknown attention %r; known: keep, %s" % (attention, ", ".join(ATTENTION)))
@@ -103,8 +127,10 @@ def optimize(model: torch.nn.Module, techniques="all", attention: str = "keep", 
         raise TypeError("tempo.optimize: expected a torch.nn.Module, got %s" % type(model).__name__)
     hf_models = transformers_models(model) if attention != "keep" else []
     if attention != "keep" and not hf_models:
-        raise ValueError("tempo.optimize: attention=%r needs a transformers model (its attention-function "
-                         "registry); %s is not one and has none inside it" % (attention, type(model).__name__))
+        raise ValueError(
+            "tempo.optimize: attention=%r needs a transformers model (its attention-function "
+            "registry); %s is not one and has none inside it" % (attention, type(model).__name__)
+        )
     if modules is None:
         inside = None
     elif callable(modules):
@@ -115,8 +141,10 @@ def optimize(model: torch.nn.Module, techniques="all", attention: str = "keep", 
         except TypeError:
             paths = None
         if paths is None or not all(isinstance(p, str) for p in paths):
-            raise TypeError("tempo.optimize: modules must be None, a module path, a list of them or a callable "
-                            "path -> bool, got %r" % (modules,))
+            raise TypeError(
+                "tempo.optimize: modules must be None, a module path, a list of them or a callable "
+                "path -> bool, got %r" % (modules,)
+            )
         if not paths:
             raise ValueError("tempo.optimize: modules is empty")
         known = {n for n, _ in model.named_modules()}
@@ -126,13 +154,16 @@ def optimize(model: torch.nn.Module, techniques="all", attention: str = "keep", 
 
         def inside(path):
             return any(path == p or path.startswith(p + ".") for p in paths)
+
     undo = model.__dict__.setdefault("_tempo_undo", [])
     rows = []
     for path, hf in hf_models:
         if not uses_attention_registry(hf):
-            why = ("kept: %s computes its attention itself, not through transformers' attention-function registry, "
-                   "so attention=%r cannot apply" % (type(hf).__name__, attention))
-            warnings.warn("tempo.optimize: " + why[len("kept: "):], stacklevel=2)
+            why = (
+                "kept: %s computes its attention itself, not through transformers' attention-function registry, "
+                "so attention=%r cannot apply" % (type(hf).__name__, attention)
+            )
+            warnings.warn("tempo.optimize: " + why[len("kept: ") :], stacklevel=2)
             rows.append((path, type(hf).__name__, "attention", why))
             continue
         register_attention()
@@ -145,8 +176,8 @@ def optimize(model: torch.nn.Module, techniques="all", attention: str = "keep", 
                 rows.append((path, type(hf).__name__, "attention", "kept: %s%s" % (implementation, decided)))
                 continue
         if not set_attention(hf, implementation):
-            why = ("kept: transformers did not let %s set its attention to %r" % (type(hf).__name__, implementation))
-            warnings.warn("tempo.optimize: " + why[len("kept: "):], stacklevel=2)
+            why = "kept: transformers did not let %s set its attention to %r" % (type(hf).__name__, implementation)
+            warnings.warn("tempo.optimize: " + why[len("kept: ") :], stacklevel=2)
             rows.append((path, type(hf).__name__, "attention", why))
             continue
         undo.append(("attention", hf, before))
@@ -172,9 +203,15 @@ def optimize(model: torch.nn.Module, techniques="all", attention: str = "keep", 
             subclass(m, "Tempo", _lm_head.causal_lm_forward if lm == "causal" else _lm_head.masked_lm_forward)
             subclass(head, "Tempo", _lm_head._head_forward)
             done.add(id(head))
-            rows.append((path or "(model)", type(m)._tempo_patch[0].__name__, "lm_head",
-                         "patched: training loss by tempo.linear_cross_entropy (logits None when labels are given "
-                         "in training)"))
+            rows.append(
+                (
+                    path or "(model)",
+                    type(m)._tempo_patch[0].__name__,
+                    "lm_head",
+                    "patched: training loss by tempo.linear_cross_entropy (logits None when labels are given "
+                    "in training)",
+                )
+            )
 
     def visit(parent, prefix):
         for name, child in list(parent.named_children()):
@@ -222,9 +259,11 @@ def optimize(model: torch.nn.Module, techniques="all", attention: str = "keep", 
                 other = rules_for(child, set(TECHNIQUES))
                 if other:
                     rows.append((path, type(child).__name__, other[0][0], "skipped: technique not chosen"))
-                elif ("attention" in lname
-                      and not any("attention" in type(c).__name__.lower() for c in child.children())
-                      and attention == "keep"):
+                elif (
+                    "attention" in lname
+                    and not any("attention" in type(c).__name__.lower() for c in child.children())
+                    and attention == "keep"
+                ):
                     rows.append((path, type(child).__name__, "attention", "kept: attention='keep'"))
                 elif any(k in lname for k in LOOKS_PATCHABLE) and not list(child.children()):
                     rows.append((path, type(child).__name__, "-", "skipped: not understood, left as it is"))
@@ -235,8 +274,10 @@ def optimize(model: torch.nn.Module, techniques="all", attention: str = "keep", 
     if not any(r[3].startswith("patched") for r in rows) and not undo:
         model.__dict__.pop("_tempo_undo", None)  # the model is as it was: not "patched"
         model.__dict__.pop("_tempo_report", None)
-        raise ValueError("tempo.optimize: nothing to patch in %s (no layer of a known type for techniques %s)"
-                         % (type(model).__name__, sorted(chosen)))
+        raise ValueError(
+            "tempo.optimize: nothing to patch in %s (no layer of a known type for techniques %s)"
+            % (type(model).__name__, sorted(chosen))
+        )
     return model
 
 

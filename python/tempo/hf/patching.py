@@ -2,6 +2,7 @@
 forward (the same object: its parameters, state dict, hooks and every reference a user holds
 to it are unchanged), and a patched model pickles, deep-copies and undoes exactly. Also the
 tests a fused forward makes before it reads a sub-module's parameters instead of calling it."""
+
 import functools
 
 from torch.nn.modules import module as _nn_module
@@ -23,6 +24,7 @@ def subclass_of(cls, prefix, forward):
             # HF Trainer reads (the dataset columns it passes, whether the forward takes num_items_in_batch)
             def method(self, *args, **kwargs):
                 return forward(self, *args, **kwargs)
+
             functools.update_wrapper(method, cls.forward)
         # A transformers model (a class with save_pretrained) keeps its name and module: transformers dispatches
         # on them (save_pretrained writes config.json's "architectures" from the class name, which vLLM, TGI
@@ -31,9 +33,17 @@ def subclass_of(cls, prefix, forward):
         # one. Layers show the prefix (print(model) shows what was patched).
         model = hasattr(cls, "save_pretrained")
         name = cls.__name__ if model else prefix + cls.__name__
-        _SUBCLASSES[key] = type(name, (cls,), {
-            "forward": method, "__module__": cls.__module__ if model else __name__, "__qualname__": name,
-            "_tempo_patch": (cls, prefix, forward), "__reduce_ex__": _reduce_patched})
+        _SUBCLASSES[key] = type(
+            name,
+            (cls,),
+            {
+                "forward": method,
+                "__module__": cls.__module__ if model else __name__,
+                "__qualname__": name,
+                "_tempo_patch": (cls, prefix, forward),
+                "__reduce_ex__": _reduce_patched,
+            },
+        )
     return _SUBCLASSES[key]
 
 
@@ -61,9 +71,11 @@ def is_patched(module):
 def retype(cls):
     """A rule's replace for a torch module: re-class it in place as tempo's subclass of its class
     (same object, parameters, state dict, hooks, and every reference the user holds to it)."""
+
     def replace(m):
         m.__class__ = cls
         return m
+
     return replace
 
 
@@ -80,10 +92,16 @@ def plain(module, *classes):
 
 def hooked(module):
     # the condition under which torch.nn.Module.__call__ runs hooks rather than forward alone
-    return bool(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
-                or module._backward_pre_hooks or _nn_module._global_forward_hooks
-                or _nn_module._global_forward_pre_hooks or _nn_module._global_backward_hooks
-                or _nn_module._global_backward_pre_hooks)
+    return bool(
+        module._forward_hooks
+        or module._forward_pre_hooks
+        or module._backward_hooks
+        or module._backward_pre_hooks
+        or _nn_module._global_forward_hooks
+        or _nn_module._global_forward_pre_hooks
+        or _nn_module._global_backward_hooks
+        or _nn_module._global_backward_pre_hooks
+    )
 
 
 def original_forward(self, *args, **kwargs):

@@ -1,6 +1,7 @@
 """Patch-time probes: a module matched by its name and attributes is patched only after its
 own forward and tempo's agree on random inputs, so that a layer computing something else is
 left as it is and reported, not silently changed."""
+
 import contextlib
 import copy
 
@@ -100,7 +101,9 @@ def hooks_suspended(m):
 
 def probed(forward, shapes):
     """A rule's replace: subclass the module with `forward` if the probe agrees."""
+
     def replace(m):
         probe(m, forward, *shapes(m))
         return subclass(m, "Tempo", forward)
+
     return replace

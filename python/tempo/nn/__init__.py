@@ -1,4 +1,5 @@
 """Drop-in modules."""
+
 from .activation import GELU, SiLU
 from .attention import SelfAttention
 from .linear_attention import CausalLinearAttention, FeatureMap
@@ -6,5 +7,14 @@ from .dropout import Dropout
 from .gated_mlp import GatedMLP
 from .norm import LayerNorm, RMSNorm
 
-__all__ = ["GELU", "SiLU", "LayerNorm", "RMSNorm", "Dropout", "GatedMLP", "SelfAttention", "CausalLinearAttention",
-           "FeatureMap"]
+__all__ = [
+    "GELU",
+    "SiLU",
+    "LayerNorm",
+    "RMSNorm",
+    "Dropout",
+    "GatedMLP",
+    "SelfAttention",
+    "CausalLinearAttention",
+    "FeatureMap",
+]

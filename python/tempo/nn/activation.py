@@ -4,6 +4,7 @@ They subclass the torch modules, so state dicts, repr and isinstance checks are 
 tempo.optimize can re-class a model's own modules in place (keeping their hooks and every
 reference to them); only forward differs (what the backward keeps).
 """
+
 import torch
 
 from .. import ops

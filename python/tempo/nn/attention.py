@@ -1,4 +1,5 @@
 """Multi-head self-attention with a choice of what the attention core keeps for backward."""
+
 import math
 from typing import Optional
 
@@ -55,8 +56,18 @@ class SelfAttention(torch.nn.Module):
     attend to that key), or a bool (True: attend) / additive mask broadcastable to
     [batch, heads, seq, seq]."""
 
-    def __init__(self, hidden: int, heads: int, dropout: float = 0.0, bias: bool = True, causal: bool = False,
-                 backend: str = "auto", mode: str = "bits", device=None, dtype=None) -> None:
+    def __init__(
+        self,
+        hidden: int,
+        heads: int,
+        dropout: float = 0.0,
+        bias: bool = True,
+        causal: bool = False,
+        backend: str = "auto",
+        mode: str = "bits",
+        device=None,
+        dtype=None,
+    ) -> None:
         super().__init__()
         name = "tempo.nn.SelfAttention"
         if hidden <= 0 or heads <= 0:
@@ -77,16 +88,19 @@ class SelfAttention(torch.nn.Module):
 
     def forward(self, x: torch.Tensor, attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         if x.dim() != 3 or x.size(2) != self.hidden:
-            raise ValueError("tempo.nn.SelfAttention: x must be [batch, seq, %d], got %s" % (self.hidden,
-                                                                                         tuple(x.shape)))
+            raise ValueError(
+                "tempo.nn.SelfAttention: x must be [batch, seq, %d], got %s" % (self.hidden, tuple(x.shape))
+            )
         B, S, _ = x.shape
         A, d = self.heads, self.hidden // self.heads
         q, k, v = self.qkv(x).view(B, S, 3, A, d).permute(2, 0, 3, 1, 4).unbind(0)
         mask = attention_mask
         if mask is not None and mask.dim() == 2:
             if tuple(mask.shape) != (B, S):
-                raise ValueError("tempo.nn.SelfAttention: a 2-D attention_mask must be [batch, seq] = [%d, %d], "
-                                 "got %s" % (B, S, tuple(mask.shape)))
+                raise ValueError(
+                    "tempo.nn.SelfAttention: a 2-D attention_mask must be [batch, seq] = [%d, %d], "
+                    "got %s" % (B, S, tuple(mask.shape))
+                )
             mask = (mask != 0).view(B, 1, 1, S)
         p = self.dropout if self.training else 0.0
         backend = self.backend
@@ -107,4 +121,9 @@ class SelfAttention(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return "hidden=%d, heads=%d, dropout=%r, causal=%r, backend=%r" % (
-            self.hidden, self.heads, self.dropout, self.causal, self.backend)
+            self.hidden,
+            self.heads,
+            self.dropout,
+            self.causal,
+            self.backend,
+        )

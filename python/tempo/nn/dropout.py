@@ -4,6 +4,7 @@ It subclasses torch's module, so state dicts and isinstance checks are torch's, 
 tempo.optimize can re-class a model's own Dropout in place; only forward differs (what the
 backward keeps).
 """
+
 import torch
 
 from .. import ops

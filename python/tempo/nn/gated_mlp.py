@@ -9,6 +9,7 @@ product act(gate) * up and the down projection run under a saved-tensor hook tha
 and up only: whatever the down projection and the product save of act(gate) or of h (LoRA's
 A matrix saves h too) is recomputed from them in the backward (recompute_gated below).
 """
+
 import functools
 
 import torch
@@ -30,8 +31,11 @@ def recompute_gated(gate, up, activation, down):
     active (activation checkpointing, torch.autograd.graph.save_on_cpu) or under torch.compile,
     the region runs as it is, so that those keep deciding what is saved."""
     act = _TORCH_FUNCTION[activation]
-    if (torch.compiler.is_compiling() or not torch.is_grad_enabled()
-            or torch._C._autograd._top_saved_tensors_default_hooks(False) is not None):
+    if (
+        torch.compiler.is_compiling()
+        or not torch.is_grad_enabled()
+        or torch._C._autograd._top_saved_tensors_default_hooks(False) is not None
+    ):
         return down(act(gate) * up)
     g, u = gate.detach(), up.detach()  # the recipes' inputs, without the graph that made them
     marks = {}  # storage address -> what it holds; addresses only, so nothing here keeps a or h alive
@@ -61,6 +65,7 @@ def recompute_gated(gate, up, activation, down):
 
 def _plain(*modules):
     from ..hf.patching import hooked  # tempo.hf imports tempo.nn
+
     return all(type(m) is torch.nn.Linear and not hooked(m) for m in modules)
 
 
@@ -72,8 +77,18 @@ class GatedMLP(torch.nn.Module):
     gate's rows first) instead of gate_proj and up_proj; chunk: tempo.gated_mlp's backward block;
     recompute: what its backward recomputes ("product", "up", "gate_up": tempo.gated_mlp)."""
 
-    def __init__(self, hidden: int, intermediate: int, activation: str = "silu", bias: bool = False,
-                 fused: bool = False, chunk: int = 0, recompute: str = "product", device=None, dtype=None) -> None:
+    def __init__(
+        self,
+        hidden: int,
+        intermediate: int,
+        activation: str = "silu",
+        bias: bool = False,
+        fused: bool = False,
+        chunk: int = 0,
+        recompute: str = "product",
+        device=None,
+        dtype=None,
+    ) -> None:
         super().__init__()
         if activation not in ACTIVATIONS:
             raise ValueError("tempo.nn.GatedMLP: activation must be one of %s, got %r" % (ACTIVATIONS, activation))
@@ -96,8 +111,7 @@ class GatedMLP(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fused:
             return fused_gated_mlp(x, self.gate_up_proj, self.down_proj, self.activation, self.chunk, self.recompute)
-        return gated_mlp(x, self.gate_proj, self.up_proj, self.down_proj, self.activation, self.chunk,
-                         self.recompute)
+        return gated_mlp(x, self.gate_proj, self.up_proj, self.down_proj, self.activation, self.chunk, self.recompute)
 
 
 def check_recompute(recompute, who):
@@ -110,15 +124,35 @@ def gated_mlp(x, gate_proj, up_proj, down_proj, activation, chunk=0, recompute="
     Linear modules, else the modules called as they are with recompute_gated's saving (which
     keeps gate and up whatever `recompute` asks: a wrapped projection is not re-run)."""
     if _plain(gate_proj, up_proj, down_proj):
-        return ops.gated_mlp(x, gate_proj.weight, up_proj.weight, down_proj.weight, gate_proj.bias, up_proj.bias,
-                             down_proj.bias, activation, chunk, recompute)
+        return ops.gated_mlp(
+            x,
+            gate_proj.weight,
+            up_proj.weight,
+            down_proj.weight,
+            gate_proj.bias,
+            up_proj.bias,
+            down_proj.bias,
+            activation,
+            chunk,
+            recompute,
+        )
     return recompute_gated(gate_proj(x), up_proj(x), activation, down_proj)
 
 
 def fused_gated_mlp(x, gate_up_proj, down_proj, activation, chunk=0, recompute="product"):
     """The same with one gate_up projection (its output's first half is the gate)."""
     if _plain(gate_up_proj, down_proj):
-        return ops.gated_mlp(x, gate_up_proj.weight, None, down_proj.weight, gate_up_proj.bias, None, down_proj.bias,
-                             activation, chunk, recompute)
+        return ops.gated_mlp(
+            x,
+            gate_up_proj.weight,
+            None,
+            down_proj.weight,
+            gate_up_proj.bias,
+            None,
+            down_proj.bias,
+            activation,
+            chunk,
+            recompute,
+        )
     gate, up = gate_up_proj(x).chunk(2, dim=-1)
     return recompute_gated(gate, up, activation, down_proj)

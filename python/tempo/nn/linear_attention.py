@@ -1,5 +1,6 @@
 """Causal linear attention (Performer-style) over chunks with a carried state, on
 tempo.causal_linear_attention, and its feature maps."""
+
 import math
 
 import torch
@@ -49,7 +50,7 @@ class FeatureMap(torch.nn.Module):
             return torch.nn.functional.elu(x) + 1
         if self.kind == "sqr":
             return x * x
-        x = x * self.head_dim ** -0.25
+        x = x * self.head_dim**-0.25
         logits = x @ self.projection.to(x.dtype).T - (x * x).sum(-1, keepdim=True) / 2
         if is_query:
             logits = logits - logits.amax(-1, keepdim=True).detach()
@@ -62,12 +63,20 @@ class CausalLinearAttention(torch.nn.Module):
     give the output of one call over the whole sequence. `kv_sums(x)` is the state increment
     that x contributes (what SLiM's backward subtracts to recover the state before a chunk)."""
 
-    def __init__(self, d_model: int, heads: int, feature_map: str = "sqr", features: int = 0, eps: float = 1e-6,
-                 mode: str = "iterative") -> None:
+    def __init__(
+        self,
+        d_model: int,
+        heads: int,
+        feature_map: str = "sqr",
+        features: int = 0,
+        eps: float = 1e-6,
+        mode: str = "iterative",
+    ) -> None:
         super().__init__()
         if d_model % heads:
-            raise ValueError("tempo.nn.CausalLinearAttention: d_model %d is not a multiple of heads %d"
-                             % (d_model, heads))
+            raise ValueError(
+                "tempo.nn.CausalLinearAttention: d_model %d is not a multiple of heads %d" % (d_model, heads)
+            )
         self.heads, self.head_dim, self.eps, self.mode = heads, d_model // heads, eps, mode
         self.qkv = torch.nn.Linear(d_model, 3 * d_model)
         self.out = torch.nn.Linear(d_model, d_model)
@@ -103,7 +112,9 @@ class CausalLinearAttention(torch.nn.Module):
         qf, kf, v = self._features(x)
         with torch.no_grad():
             num_inc, den_inc = self._sums(kf, v)
-            before = ((state_after[0] - num_inc.to(state_after[0].dtype)).requires_grad_(),
-                      (state_after[1] - den_inc.to(state_after[1].dtype)).requires_grad_())
+            before = (
+                (state_after[0] - num_inc.to(state_after[0].dtype)).requires_grad_(),
+                (state_after[1] - den_inc.to(state_after[1].dtype)).requires_grad_(),
+            )
         y, state = causal_linear_attention(qf, kf, v, before, eps=self.eps, mode=self.mode)
         return self._merge(y), state, before

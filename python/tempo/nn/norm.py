@@ -3,6 +3,7 @@
 They subclass the torch modules, so parameters, state dicts, initialisation and
 isinstance checks are torch's; only forward differs (what the backward keeps).
 """
+
 import torch
 
 from .. import ops
