@@ -70,6 +70,10 @@ def test_cmake_takes_the_op_sources_from_the_registry():
         if name.endswith(".cmake") and name != "TempoOps.cmake":
             with open(os.path.join(ROOT, "cmake", name)) as f:
                 text += f.read()
+    with open(os.path.join(ROOT, "tests", "fuzz", "CMakeLists.txt")) as f:  # the fuzzers' own project too
+        fuzz = f.read()
+    assert "csrc/ops.json" in fuzz
+    text += fuzz
     # a file's own compile options (activation.cu's --fmad=false) may name it; no source list does
     text = "\n".join(line for line in text.splitlines() if "set_source_files_properties" not in line)
     for unit in registry.UNITS:
