@@ -20,6 +20,15 @@ import transformers as T  # noqa: E402
 import tempo  # noqa: E402
 from saved import saved_bytes  # noqa: E402
 
+# the small decoders of the optimize and LoRA tests (LLaMA, Phi-3)
+SMALL = dict(
+    hidden_size=64,
+    intermediate_size=176,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=128,
+)
 ACT = {"silu": F.silu, "gelu": F.gelu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh")}
 ACTS = list(ACT)
 
@@ -285,17 +294,7 @@ def test_optimize_with_mlp_recompute_matches_and_keeps_less(family, recompute):
         ref = _llama()
     else:
         torch.manual_seed(0)
-        ref = T.Phi3ForCausalLM(
-            T.Phi3Config(
-                hidden_size=64,
-                intermediate_size=176,
-                num_hidden_layers=2,
-                num_attention_heads=4,
-                num_key_value_heads=2,
-                vocab_size=128,
-                pad_token_id=0,
-            )
-        ).train()
+        ref = T.Phi3ForCausalLM(T.Phi3Config(**SMALL, pad_token_id=0)).train()
     base = tempo.optimize(copy.deepcopy(ref))
     ours = tempo.optimize(copy.deepcopy(ref), mlp_recompute=recompute)
     loss_ref, _, grads_ref = _step(ref)
@@ -467,15 +466,7 @@ def test_module_loads_llama_and_phi3_mlps_and_computes_them():
 
 
 def _llama(dropout=0.0):
-    cfg = T.LlamaConfig(
-        hidden_size=64,
-        intermediate_size=176,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=128,
-        attention_dropout=dropout,
-    )
+    cfg = T.LlamaConfig(**SMALL, attention_dropout=dropout)
     torch.manual_seed(0)
     return T.LlamaForCausalLM(cfg).train()
 
