@@ -182,11 +182,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_kernel(
       p.h = h.mutable_data_ptr();
       run_core(x, p, gated_mlp_forward_cpu, gated_mlp_forward_cuda, kOp);
     }
-    at::Tensor yr = at::linear(h, down_weight, down_bias);
-    if (y.defined())
-      y.narrow(0, r0, m).copy_(yr);
-    else
-      y = yr;
+    if (y.defined()) {  // written in place: its rows are contiguous
+      at::Tensor yr = y.narrow(0, r0, m);
+      at::linear_out(yr, h, down_weight, down_bias);
+    } else {
+      y = at::linear(h, down_weight, down_bias);
+    }
   }
   return {y.view_symint(with_last(x, s.O)), gate, up};
 }
