@@ -168,7 +168,7 @@ def gated_mlp(
     "gelu_tanh"; "gelu" is the erf form). up_weight None: gate_weight is one fused gate_up
     projection [2 I, H], the gate's rows first (Phi-3). The backward keeps x, gate(x) and up(x), not
     act(gate) or their product: it recomputes the product in blocks of `chunk` intermediate columns
-    (0: automatic, H rounded up to 64) by at most 2^20 / chunk rows, so its transients stay bounded
+    (0: automatic, H rounded up to 64) by 2^20 / chunk rows (at least 1024), so its transients stay bounded
     whatever the sequence length, recomputing no matmul. recompute: what the backward recomputes,
     "product" (the product only), "up" (also up(x), one of the forward's three GEMMs, block by
     block: gate(x) alone kept) or "gate_up" (also gate(x), two GEMMs: nothing of the intermediate

@@ -181,7 +181,7 @@ def test_every_backward_block_size_gives_the_same_gradients(dtype):
 
 def test_blocked_backward_transient_does_not_grow_with_the_rows():
     """The backward's peak over what the forward left, by tempo's counting allocator: blocks of
-    H columns and at most 2^20 / H rows, so from 4096 rows (one block) to 16384 (four) the peak
+    H columns and 2^20 / H rows (at least 1,024), so from 4096 rows (one block) to 16384 (four) the peak
     grows by dx's rows (H floats a row) alone, where blocks of all rows would add 4-6 [rows, H]
     transients (h, dh, dgate, dup; gate and up when recomputed). The forward's by y and what it
     keeps alone (its blocks: 2^20 / I rows)."""

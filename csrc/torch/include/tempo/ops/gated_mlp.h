@@ -4,8 +4,8 @@
 // [2 I, H] with the gate's rows first). For backward it keeps x (the MLP's input, which the norm
 // before it keeps anyway), gate(x) and up(x): two I-wide tensors, where autograd keeps four
 // (gate, act(gate), up, and their product h for the down projection's weight gradient). The
-// backward recomputes h one block at a time (`chunk` intermediate columns by at most 2^20 /
-// chunk rows), so that its transient tensors (h, dh, dgate, dup of a block) stay bounded
+// backward recomputes h one block at a time (`chunk` intermediate columns by 2^20 / chunk
+// rows, at least 1024), so that its transient tensors (h, dh, dgate, dup of a block) stay bounded
 // whatever the sequence length; each weight-gradient block sums its row blocks' GEMMs in the
 // math type (float32 for 16-bit data), rounded once, and no matmul is recomputed.
 #pragma once
