@@ -259,6 +259,42 @@ def test_recompute_gives_the_float64_gradients(fused, recompute, act):
         assert _rel(a, b) < 1e-12
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("fused", [False, True])
+def test_output_is_one_route_in_every_mode(fused, dtype):
+    """The output is bitwise the same whatever is kept (product, up, gate_up) and with or without
+    a graph (no_grad, inference_mode: the plain kernel), over one row block and three (2,048
+    rows a block at I = 512; the last one short), with every bias: one route to y, so no CPU's
+    BLAS can round the modes apart. The profiler's record of the GEMMs shows that route:
+    the same shapes in every mode."""
+    H, I = 24, 512
+    for rows in (7, 5000):
+        x = _rand(rows, H, seed=50, dtype=dtype)
+        w = [
+            _rand(2 * I if fused else I, H, seed=51, scale=0.3, dtype=dtype),
+            None if fused else _rand(I, H, seed=52, scale=0.3, dtype=dtype),
+            _rand(H, I, seed=53, scale=0.2, dtype=dtype),
+            _rand(2 * I if fused else I, seed=54, dtype=dtype),
+            None if fused else _rand(I, seed=55, dtype=dtype),
+            _rand(H, seed=56, dtype=dtype),
+        ]
+        outs, routes = {}, {}
+        for mode in ("grad", "no_grad", "inference"):
+            for recompute in KEPT_I_WIDE:
+                xs = x.clone().requires_grad_(mode == "grad")
+                guard = {"grad": torch.enable_grad, "no_grad": torch.no_grad, "inference": torch.inference_mode}[mode]
+                with guard(), torch.profiler.profile(record_shapes=True) as prof:
+                    outs[mode, recompute] = tempo.gated_mlp(xs, *w, recompute=recompute).detach().clone()
+                routes[mode, recompute] = [
+                    (e.name, e.input_shapes) for e in prof.events() if e.name in ("aten::addmm", "aten::mm")
+                ]
+        want = outs["grad", "product"]
+        assert want.shape == (rows, H) and torch.isfinite(want).all()
+        for key, got in outs.items():
+            assert torch.equal(got, want), (rows, key, (got.double() - want.double()).abs().max().item())
+            assert routes[key] == routes["grad", "product"], (rows, key)
+
+
 def test_recompute_keeps_the_transient_bounded():
     """Recomputing up(x) and gate(x) block by block adds two [rows, block] tensors to the
     backward's transient, not two [rows, I] ones: with blocks of 64 of 1024 columns (all 2048

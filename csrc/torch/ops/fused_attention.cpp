@@ -165,6 +165,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_attention_backward_kernel(
 at::Tensor fused_attention_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                   const std::optional<at::Tensor>& attn_mask, double dropout_p, bool causal,
                                   std::optional<double> scale, int64_t block_rows) {
+  // the autograd kernel's choice (torch's sdpa where the semantics match), so the output is the
+  // same with and without a graph
+  if (fused_attention_uses_sdpa(q, k, attn_mask, dropout_p, causal, block_rows))
+    return at::scaled_dot_product_attention(q, k, v, std::nullopt, 0.0, causal, scale);
   return std::get<0>(fused_attention_forward_kernel(q, k, v, attn_mask, dropout_p, causal, scale, block_rows));
 }
 

@@ -155,39 +155,40 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_kernel(
   c10::OptionalDeviceGuard guard(x.device());
   const int64_t N = rows.expect_int();
   const at::Tensor x2 = x.reshape({N, s.H});
-  const at::Tensor& wu_all = s.fused ? gate_weight : *up_weight;
-  const std::optional<at::Tensor>& ub_all = s.fused ? gate_bias : up_bias;
-  const int64_t up_row0 = s.fused ? s.I : 0;
-  // the kept projections, whole; a recomputed one only block by block below
-  at::Tensor gate = none(), up = none();
-  if (whole) {
-    gate = at::linear(x2, gate_weight, gate_bias).contiguous();
-  } else {
-    if (keep_gate) gate = block_of(at::Tensor(), x2, gate_weight, gate_bias, 0, 0, s.I).contiguous();
-    if (keep_up) up = at::linear(x2, *up_weight, up_bias).contiguous();
-  }
-  const at::Tensor g = whole ? gate.narrow(1, 0, s.I) : keep_gate ? gate : at::Tensor();
-  const at::Tensor u = whole ? gate.narrow(1, s.I, s.I) : keep_up ? up : at::Tensor();
-  const int64_t R = rows_per_block(s.I);
-  at::Tensor y = N > R ? at::empty({N, s.O}, x.options()) : at::Tensor();
+  const int64_t I = s.I;
+  // What is kept is allocated whole and filled block by block; the rest lives one block at a time.
+  at::Tensor gate = keep_gate ? at::empty({N, whole ? 2 * I : I}, x.options()) : none();
+  at::Tensor up = keep_up && !s.fused ? at::empty({N, I}, x.options()) : none();
+  at::Tensor y = at::empty({N, s.O}, x.options());
+  const int64_t R = rows_per_block(I);
   for (int64_t r0 = 0; r0 < N || (N == 0 && r0 == 0); r0 += R) {
     const int64_t m = std::min(R, N - r0);
     const at::Tensor xr = x2.narrow(0, r0, m);
-    const at::Tensor gr = block_of(g.defined() ? g.narrow(0, r0, m) : g, xr, gate_weight, gate_bias, 0, 0, s.I);
-    const at::Tensor ur = block_of(u.defined() ? u.narrow(0, r0, m) : u, xr, wu_all, ub_all, up_row0, 0, s.I);
-    at::Tensor h = at::empty({m, s.I}, x.options());
+    // The block's projections by one route whatever is kept, so that the output is bitwise the
+    // same in every recompute mode and below autograd (the plain kernel computes it as "gate_up"):
+    // fused, one GEMM against the [2 I, H] weight; else one per weight. Each writes straight
+    // into the kept tensor's rows (contiguous) where there is one.
+    at::Tensor gr, ur;
+    if (s.fused) {
+      at::Tensor gu = whole ? gate.narrow(0, r0, m) : at::empty({m, 2 * I}, x.options());
+      at::linear_out(gu, xr, gate_weight, gate_bias);
+      gr = gu.narrow(1, 0, I), ur = gu.narrow(1, I, I);
+      if (keep_gate && !whole) gate.narrow(0, r0, m).copy_(gr);
+    } else {
+      gr = keep_gate ? gate.narrow(0, r0, m) : at::empty({m, I}, x.options());
+      ur = keep_up ? up.narrow(0, r0, m) : at::empty({m, I}, x.options());
+      at::linear_out(gr, xr, gate_weight, gate_bias);
+      at::linear_out(ur, xr, *up_weight, up_bias);
+    }
+    at::Tensor h = at::empty({m, I}, x.options());
     if (m > 0) {
       GatedMlpForwardParams p;
       fill_gate_up(p, s, gr, ur, m);
       p.h = h.mutable_data_ptr();
       run_core(x, p, gated_mlp_forward_cpu, gated_mlp_forward_cuda, kOp);
     }
-    if (y.defined()) {  // written in place: its rows are contiguous
-      at::Tensor yr = y.narrow(0, r0, m);
-      at::linear_out(yr, h, down_weight, down_bias);
-    } else {
-      y = at::linear(h, down_weight, down_bias);
-    }
+    at::Tensor yr = y.narrow(0, r0, m);  // written in place: its rows are contiguous
+    at::linear_out(yr, h, down_weight, down_bias);
   }
   return {y.view_symint(with_last(x, s.O)), gate, up};
 }
