@@ -6,7 +6,11 @@
 # nlohmann-json (every other build here has it): the CLI links, and refuses what needs it by name.
 # Before it, the CUDA kernels as the CPU runs them (tests/simt) under UBSan alone, in a small
 # build of the core without LibTorch: ASan does not follow the emulator's own stack switching.
-# Environment from the Makefile: PYTHON, JOBS, NATIVE, ASAN_BUILD, SIMT_UBSAN_BUILD.
+# This build is also the portable one (TEMPO_NATIVE=OFF: no -march=native; the AVX2 / AVX-512
+# kernels chosen at run time), and its Python suites run with PyTorch, MKL and oneDNN held to
+# AVX2 (ATEN_CPU_CAPABILITY, MKL_ENABLE_INSTRUCTIONS, ONEDNN_MAX_CPU_ISA): a CPU other than the
+# one that built `make check`'s library, so that no test passes on one x86-64 CPU alone.
+# Environment from the Makefile: PYTHON, JOBS, ASAN_BUILD, SIMT_UBSAN_BUILD.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PYTHON_ABS=$(realpath -s "$(command -v "$PYTHON")")
@@ -24,7 +28,7 @@ for s in round-robin warp-first warp-last; do
 done
 
 [ -f "$ASAN_BUILD/build.ninja" ] || cmake -S . -B "$ASAN_BUILD" -G Ninja -DPython_EXECUTABLE="$PYTHON_ABS" \
-  -DTEMPO_SANITIZE=ON -DTEMPO_CUDA_COMPILE_CHECK=OFF -DTEMPO_NATIVE="$NATIVE" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DTEMPO_SANITIZE=ON -DTEMPO_CUDA_COMPILE_CHECK=OFF -DTEMPO_NATIVE=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_DISABLE_FIND_PACKAGE_nlohmann_json=ON
 cmake --build "$ASAN_BUILD" -j "$JOBS" --target tempo_core_tests tempo_torch tempo
 "$ASAN_BUILD/tempo" env | grep -E "hf checkpoints +no: built without nlohmann-json"
@@ -37,6 +41,6 @@ if ! grep -q "this build has no nlohmann-json" "$ASAN_BUILD/no-json.txt" || [ $r
 fi
 "$ASAN_BUILD/tempo_core_tests"
 LD_PRELOAD="$(g++ -print-file-name=libasan.so) $(g++ -print-file-name=libubsan.so)" \
-  TEMPO_LIBRARY="$(realpath -s -m "$ASAN_BUILD")/lib/libtempo_torch.so" PYTHONPATH=python "$PYTHON" -m pytest -q -x \
+  ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 TEMPO_LIBRARY="$(realpath -s -m "$ASAN_BUILD")/lib/libtempo_torch.so" PYTHONPATH=python "$PYTHON" -m pytest -q -x \
   -p no:cacheprovider tests/python/test_validation_audit.py tests/python/test_fused_kernels.py tests/python/test_qkv_split.py \
-  tests/python/test_determinism.py tests/python/test_dropout.py
+  tests/python/test_determinism.py tests/python/test_dropout.py tests/python/test_properties.py
