@@ -10,8 +10,10 @@ differ.
 
 Kept per layer: the bytes held after the forward (tempo's counting allocator: exact) of a model
 with --layers L2 minus those of one with L1 layers, over L2 - L1 (embeddings and head cancel).
-Time: the median of --steps steps (forward, backward), the methods interleaved step by step at
-L2 layers, as a ratio to sdpa's. Prints a table; --json writes the rows.
+Time: --steps rounds of one step (forward, backward) of each method, interleaved; a method's ratio is
+the median over the rounds of its step time over the baseline's in the same round (± half the
+interquartile range of those ratios) at L2 layers, sdpa's the baseline. Prints a table; --json
+writes the rows.
 
     python benchmarks/layer_memory.py --families llama,qwen2,gemma,minilm --json build/results/layer_memory.json
 """
@@ -138,8 +140,8 @@ def held_after_forward(family, layers, method, seq, backend):
 
 
 def timed(family, layers, methods, seq, steps, backend):
-    """Median step seconds per method, the methods interleaved step by step after a first
-    (compiling) step of each."""
+    """Step seconds per method, a list of one per round: the methods interleaved step by step
+    after a first (compiling) step of each."""
     torch._dynamo.reset()
     runs = {}
     for m in methods:
@@ -154,7 +156,15 @@ def timed(family, layers, methods, seq, steps, backend):
                 t = step(run, model, batch)
             if i:
                 times[m].append(t)
-    return {m: statistics.median(v) for m, v in times.items()}
+    return times
+
+
+def ratio_and_spread(times, m, base):
+    """The median over the rounds of m's step time over base's in the same round, and half the
+    interquartile range of those ratios over the median."""
+    r = sorted(a / b for a, b in zip(times[m], times[base]))
+    q = statistics.quantiles(r, n=4, method="inclusive") if len(r) > 1 else [r[0]] * 3
+    return statistics.median(r), (q[2] - q[0]) / 2 / statistics.median(r)
 
 
 def main(argv=None):
@@ -208,9 +218,12 @@ def main(argv=None):
                 "held_ratio": held[m] / held[base] if base in held else None,
                 "kept_per_layer": int(kept[m]) if kept else None,
                 "per_layer_vs_sdpa": kept[m] / kept["sdpa"] if kept and "sdpa" in kept else None,
-                "step_s": secs.get(m),
-                "time_ratio": secs[m] / secs[base] if m in secs and base in secs else None,
+                "step_s": statistics.median(secs[m]) if m in secs else None,
+                "time_ratio": None,
+                "time_spread": None,
             }
+            if m in secs and base in secs:
+                row["time_ratio"], row["time_spread"] = ratio_and_spread(secs, m, base)
             rows.append(row)
             print(
                 "%-7s S=%-5d %-22s held %10d B (%s)   per layer %s   step %s"
@@ -223,7 +236,9 @@ def main(argv=None):
                     "%d B, %.3fx sdpa" % (row["kept_per_layer"], row["per_layer_vs_sdpa"])
                     if row["per_layer_vs_sdpa"]
                     else "-",
-                    "%.3f s, %.3fx %s" % (row["step_s"], row["time_ratio"], base) if row["time_ratio"] else "-",
+                    "%.3f s, %.3fx %s ±%.1f%%" % (row["step_s"], row["time_ratio"], base, 100 * row["time_spread"])
+                    if row["time_ratio"]
+                    else "-",
                 ),
                 flush=True,
             )

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <memory>
 #include <stdexcept>
 
 #include <unistd.h>
@@ -277,20 +278,14 @@ BenchResult bench_policy(const BenchOptions& o, const ModelConfig& c, const std:
   r.layer_bytes_moved = traffic_total(layer_traffic(o, c, policy)) / o.batch;  // per sequence of the batch
   progress(o, tag + "warm-up step");
   run.step(o.batch, 1);
-  std::vector<double> times;
-  for (int s = 0; s < o.steps; ++s) {
-    progress(o, tag + "step " + std::to_string(s + 1) + "/" + std::to_string(o.steps) + " at batch " +
-                    std::to_string(o.batch));
-    const StepStats st = run.step(o.batch, 2 + s);
-    if (s == 0) r.activation_bytes = st.activation;
-    r.peak_bytes = std::max(r.peak_bytes, st.peak);
-    r.train_peak_bytes = std::max(r.train_peak_bytes, st.train_peak);
-    r.optimizer_peak_bytes = std::max(r.optimizer_peak_bytes, st.optimizer_peak);
-    times.push_back(st.ms);
-  }
-  std::sort(times.begin(), times.end());
-  r.step_ms = times[times.size() / 2];
-  r.tokens_per_s = static_cast<double>(o.batch * o.seq) / (r.step_ms / 1000.0);
+  // Memory is a function of the shapes: one step gives it exactly. Time comes from the
+  // interleaved rounds (time_interleaved).
+  progress(o, tag + "measured step at batch " + std::to_string(o.batch));
+  const StepStats st = run.step(o.batch, 2);
+  r.activation_bytes = st.activation;
+  r.peak_bytes = st.peak;
+  r.train_peak_bytes = st.train_peak;
+  r.optimizer_peak_bytes = st.optimizer_peak;
   if (o.budget) {
     const int64_t budget = *o.budget;
     progress(o, tag + "budget search: batch 1");
@@ -331,19 +326,97 @@ BenchResult bench_policy(const BenchOptions& o, const ModelConfig& c, const std:
       }
     }
     r.max_batch = lo;
-    // Throughput at the largest batch, measured as the equal-batch figure is: the verifying
-    // step served as a warm-up, then the median of at least 3 steps (o.steps if more), and
-    // the spread (slowest / fastest - 1) reported beside it.
-    std::vector<double> ms;
-    for (int s = 0; s < std::max(o.steps, 3); ++s) {
-      progress(o, tag + "throughput at batch " + std::to_string(lo) + ": step " + std::to_string(s + 1));
-      ms.push_back(run.step(lo, 200 + s).ms);
-    }
-    std::sort(ms.begin(), ms.end());
-    r.max_batch_tokens_per_s = static_cast<double>(lo * o.seq) / (ms[ms.size() / 2] / 1000.0);
-    r.max_batch_spread = ms.back() / ms.front() - 1.0;
   }
   return r;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+// Half the interquartile range of v over its median: the spread printed beside a ratio.
+double relative_spread(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const double q1 = v[(v.size() - 1) / 4], q3 = v[(3 * (v.size() - 1) + 3) / 4];
+  return (q3 - q1) / 2 / median(v);
+}
+
+// Step time and tokens/s of every policy from interleaved rounds: each round runs one step of
+// each policy back to back (in an order rotated round by round), so a slow spell of the machine
+// falls on all of them; each policy's ratio to the baseline (eager, else the first policy) is
+// the median over the rounds of the two steps' ratio in that round, with its spread (half the
+// interquartile range). The same at each policy's largest batch with --budget. Every model is
+// alive at once; where they would not fit in host memory together, each policy is timed alone,
+// one after the other (said on stderr).
+void time_interleaved(const BenchOptions& o, const ModelConfig& c, std::vector<BenchResult>& results) {
+  const size_t P = results.size(), base = [&] {
+    for (size_t i = 0; i < P; ++i)
+      if (results[i].policy == "eager") return i;
+    return size_t{0};
+  }();
+  bool together = true;
+  if (o.device == "cpu") {
+    try {
+      memory::check_host_fits(static_cast<int64_t>(P) * 4 * c.parameter_count() * (o.dtype == "bf16" ? 2 : 4),
+                              "tempo bench: the " + std::to_string(P) + " policies' models at once");
+    } catch (const c10::Error&) {
+      together = false;
+      std::fprintf(stderr, "tempo bench: the %zu models do not fit in host memory together: timed one at a time\n", P);
+    }
+  }
+  const int rounds = o.steps;
+  std::vector<std::vector<double>> ms(P), at_max(P);
+  auto time_policy = [&](Runner& run, size_t k, int round) {
+    progress(o, "timing: round " + std::to_string(round + 1) + "/" + std::to_string(rounds) + ", " + results[k].policy);
+    ms[k].push_back(run.step(o.batch, 1000 + round).ms);
+    if (results[k].max_batch) at_max[k].push_back(run.step(*results[k].max_batch, 2000 + round).ms);
+  };
+  auto warm = [&](Runner& run, size_t k) {
+    run.step(o.batch, 3);
+    if (results[k].max_batch) run.step(*results[k].max_batch, 4);
+  };
+  if (together) {
+    std::vector<std::unique_ptr<Runner>> runs;
+    for (size_t k = 0; k < P; ++k) {
+      progress(o, "timing: building " + results[k].policy);
+      runs.push_back(std::make_unique<Runner>(o, c, results[k].policy));
+      warm(*runs.back(), k);
+    }
+    for (int round = 0; round < rounds; ++round)
+      for (size_t j = 0; j < P; ++j) {
+        const size_t k = (j + static_cast<size_t>(round)) % P;
+        time_policy(*runs[k], k, round);
+      }
+  } else {
+    for (size_t k = 0; k < P; ++k) {
+      Runner run(o, c, results[k].policy);
+      warm(run, k);
+      for (int round = 0; round < rounds; ++round) time_policy(run, k, round);
+    }
+  }
+  for (size_t k = 0; k < P; ++k) {
+    BenchResult& r = results[k];
+    r.rounds = rounds;
+    r.step_ms = median(ms[k]);
+    r.tokens_per_s = static_cast<double>(o.batch * o.seq) / (r.step_ms / 1000.0);
+    std::vector<double> ratio(rounds);
+    for (int i = 0; i < rounds; ++i) ratio[i] = ms[base][i] / ms[k][i];
+    r.speedup = median(ratio);
+    r.speedup_spread = relative_spread(ratio);
+    if (r.max_batch) {
+      r.max_batch_tokens_per_s = static_cast<double>(*r.max_batch * o.seq) / (median(at_max[k]) / 1000.0);
+      r.max_batch_spread = relative_spread(at_max[k]);
+      if (results[base].max_batch) {  // tokens/s over the baseline's at its own largest batch, round by round
+        for (int i = 0; i < rounds; ++i)
+          ratio[i] = (static_cast<double>(*r.max_batch) / at_max[k][i]) /
+                     (static_cast<double>(*results[base].max_batch) / at_max[base][i]);
+        r.max_batch_speedup = median(ratio);
+        r.max_batch_speedup_spread = relative_spread(ratio);
+      }
+    }
+  }
 }
 
 // Per-layer activation bytes (forward of 2 layers minus 1, batch 1) of each technique.
@@ -418,6 +491,7 @@ int run_bench(const BenchOptions& o) {
   std::vector<BenchResult> results;
   for (size_t i = 0; i < o.policies.size(); ++i)
     results.push_back(bench_policy(o, c, o.policies[i], i, o.policies.size()));
+  time_interleaved(o, c, results);
   progress(o, "");
   if (o.json)
     print_json(results);

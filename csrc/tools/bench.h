@@ -20,7 +20,7 @@ struct BenchOptions {
   std::vector<std::string> policies{"eager", "checkpoint", "sdpa", "tempo", "tempo-sdpa"};
   std::string dtype = "fp32", device = "cpu";
   std::optional<int64_t> budget;  // bytes
-  int steps = 3;
+  int steps = 9;                  // interleaved timing rounds: one step of each policy a round
   bool json = false;
   std::string csv, plot;
   bool ablation = false;
@@ -39,11 +39,18 @@ struct BenchResult {
   // step (gradients and the optimizer's temporaries: the same for every policy).
   int64_t train_peak_bytes = 0;
   int64_t optimizer_peak_bytes = 0;
+  // Time from interleaved rounds (bench.cpp's time_interleaved): the median step, and the median
+  // over the rounds of the baseline's step time over this policy's (eager's, else the first
+  // policy's) with its spread, half the interquartile range over the median.
+  int rounds = 0;
   double step_ms = 0, tokens_per_s = 0;
+  double speedup = 0, speedup_spread = 0;
   std::optional<int64_t> max_batch;
-  double max_batch_tokens_per_s = 0;  // median of >= 3 steps at max_batch after a warm-up
-  double max_batch_spread = 0;        // slowest / fastest of those steps - 1
-  int64_t layer_bytes_moved = 0;      // one layer's forward + backward at --batch, per sequence (data_movement.cpp)
+  double max_batch_tokens_per_s = 0;  // at max_batch, the median of the rounds
+  double max_batch_spread = 0;        // the spread of those steps' times
+  // tokens/s at max_batch over the baseline's at its own, round by round: median and spread
+  double max_batch_speedup = 0, max_batch_speedup_spread = 0;
+  int64_t layer_bytes_moved = 0;  // one layer's forward + backward at --batch, per sequence (data_movement.cpp)
 };
 
 // Parses `tempo bench` arguments; throws std::invalid_argument with a clear message.

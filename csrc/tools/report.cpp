@@ -21,6 +21,12 @@ std::string ratio(double a, double b) {
   std::snprintf(buf, sizeof buf, "%.2fx", b > 0 ? a / b : 0.0);
   return buf;
 }
+// A measured ratio and its spread: "1.03x ±2%".
+std::string ratio_spread(double r, double spread) {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%.2fx ±%.0f%%", r, 100.0 * spread);
+  return buf;
+}
 // Text for an SVG element: a run's folder name may hold &, < or >.
 std::string xml_text(const std::string& s) {
   std::string out;
@@ -41,26 +47,28 @@ std::string xml_text(const std::string& s) {
 void print_table(const std::vector<BenchResult>& rs, bool budget) {
   if (rs.empty()) return;
   const BenchResult* e = eager_of(rs);
-  std::printf("%s, seq %lld, batch %lld, %s, %s\n", rs[0].model.c_str(), (long long)rs[0].seq, (long long)rs[0].batch,
-              rs[0].dtype.c_str(), rs[0].device.c_str());
+  std::printf(
+      "%s, seq %lld, batch %lld, %s, %s; time: %d interleaved rounds, ratios the median of the rounds' "
+      "(± half their interquartile range)\n",
+      rs[0].model.c_str(), (long long)rs[0].seq, (long long)rs[0].batch, rs[0].dtype.c_str(), rs[0].device.c_str(),
+      rs[0].rounds);
   // Beyond what the step starts with (weights, optimizer state), the peak of forward +
   // backward (where the policies differ) apart from the optimizer step's (the same for all).
-  std::printf("%-22s %14s %8s %14s %8s %13s %10s %11s %8s", "policy", "activations", "vs eager", "fwd+bwd peak",
+  std::printf("%-22s %14s %8s %14s %8s %13s %10s %11s %12s", "policy", "activations", "vs eager", "fwd+bwd peak",
               "vs eager", "optim peak", "step ms", "tokens/s", "vs eager");
-  if (budget) std::printf(" %9s %8s %14s %8s %7s", "max batch", "vs eager", "tokens/s @max", "vs eager", "spread");
+  if (budget) std::printf(" %9s %8s %14s %12s", "max batch", "vs eager", "tokens/s @max", "vs eager");
   std::printf("\n");
   for (const auto& r : rs) {
-    std::printf("%-22s %10.1f MiB %8s %10.1f MiB %8s %9.1f MiB %10.1f %11.1f %8s", r.policy.c_str(),
+    std::printf("%-22s %10.1f MiB %8s %10.1f MiB %8s %9.1f MiB %10.1f %11.1f %12s", r.policy.c_str(),
                 mib(r.activation_bytes), e ? ratio(r.activation_bytes, e->activation_bytes).c_str() : "-",
                 mib(r.train_peak_bytes), e ? ratio(r.train_peak_bytes, e->train_peak_bytes).c_str() : "-",
                 mib(r.optimizer_peak_bytes), r.step_ms, r.tokens_per_s,
-                e ? ratio(r.tokens_per_s, e->tokens_per_s).c_str() : "-");
+                e ? ratio_spread(r.speedup, r.speedup_spread).c_str() : "-");
     if (budget)
-      std::printf(" %9lld %8s %14.1f %8s %7s", (long long)r.max_batch.value_or(0),
+      std::printf(" %9lld %8s %14.1f %12s", (long long)r.max_batch.value_or(0),
                   e && e->max_batch ? ratio(r.max_batch.value_or(0), *e->max_batch).c_str() : "-",
                   r.max_batch_tokens_per_s,
-                  e ? ratio(r.max_batch_tokens_per_s, e->max_batch_tokens_per_s).c_str() : "-",
-                  (std::to_string(static_cast<int>(100.0 * r.max_batch_spread + 0.5)) + "%").c_str());
+                  e ? ratio_spread(r.max_batch_speedup, r.max_batch_speedup_spread).c_str() : "-");
     std::printf("\n");
   }
 }
@@ -72,15 +80,18 @@ void print_json(const std::vector<BenchResult>& rs) {
     std::printf(
         "%s\n  {\"model\": \"%s\", \"seq\": %lld, \"dtype\": \"%s\", \"device\": \"%s\", \"policy\": \"%s\", "
         "\"batch\": %lld, \"activation_bytes\": %lld, \"peak_bytes\": %lld, \"train_peak_bytes\": %lld, "
-        "\"optimizer_peak_bytes\": %lld, \"step_ms\": %.3f, "
-        "\"tokens_per_s\": %.3f, \"max_batch\": %s, \"max_batch_tokens_per_s\": %s, "
-        "\"max_batch_spread\": %s, \"layer_bytes_moved\": %lld}",
+        "\"optimizer_peak_bytes\": %lld, \"rounds\": %d, \"step_ms\": %.3f, "
+        "\"tokens_per_s\": %.3f, \"speedup\": %.4f, \"speedup_spread\": %.4f, \"max_batch\": %s, "
+        "\"max_batch_tokens_per_s\": %s, \"max_batch_spread\": %s, \"max_batch_speedup\": %s, "
+        "\"max_batch_speedup_spread\": %s, \"layer_bytes_moved\": %lld}",
         i ? "," : "", r.model.c_str(), (long long)r.seq, r.dtype.c_str(), r.device.c_str(), r.policy.c_str(),
         (long long)r.batch, (long long)r.activation_bytes, (long long)r.peak_bytes, (long long)r.train_peak_bytes,
-        (long long)r.optimizer_peak_bytes, r.step_ms, r.tokens_per_s,
+        (long long)r.optimizer_peak_bytes, r.rounds, r.step_ms, r.tokens_per_s, r.speedup, r.speedup_spread,
         r.max_batch ? std::to_string(*r.max_batch).c_str() : "null",
         r.max_batch ? std::to_string(r.max_batch_tokens_per_s).c_str() : "null",
-        r.max_batch ? std::to_string(r.max_batch_spread).c_str() : "null", (long long)r.layer_bytes_moved);
+        r.max_batch ? std::to_string(r.max_batch_spread).c_str() : "null",
+        r.max_batch ? std::to_string(r.max_batch_speedup).c_str() : "null",
+        r.max_batch ? std::to_string(r.max_batch_speedup_spread).c_str() : "null", (long long)r.layer_bytes_moved);
   }
   std::printf("\n]\n");
 }
@@ -90,13 +101,17 @@ void append_csv(const std::string& path, const std::vector<BenchResult>& rs) {
   std::ostringstream f;
   if (fresh)
     f << "model,seq,dtype,device,policy,batch,activation_bytes,peak_bytes,train_peak_bytes,optimizer_peak_bytes,"
-         "step_ms,tokens_per_s,max_batch,max_batch_tokens_per_s,max_batch_spread,layer_bytes_moved\n";
+         "rounds,step_ms,tokens_per_s,speedup,speedup_spread,max_batch,max_batch_tokens_per_s,max_batch_spread,"
+         "max_batch_speedup,max_batch_speedup_spread,layer_bytes_moved\n";
   for (const auto& r : rs)
     f << r.model << "," << r.seq << "," << r.dtype << "," << r.device << "," << r.policy << "," << r.batch << ","
       << r.activation_bytes << "," << r.peak_bytes << "," << r.train_peak_bytes << "," << r.optimizer_peak_bytes << ","
-      << r.step_ms << "," << r.tokens_per_s << "," << (r.max_batch ? std::to_string(*r.max_batch) : "") << ","
+      << r.rounds << "," << r.step_ms << "," << r.tokens_per_s << "," << r.speedup << "," << r.speedup_spread << ","
+      << (r.max_batch ? std::to_string(*r.max_batch) : "") << ","
       << (r.max_batch ? std::to_string(r.max_batch_tokens_per_s) : "") << ","
-      << (r.max_batch ? std::to_string(r.max_batch_spread) : "") << "," << r.layer_bytes_moved << "\n";
+      << (r.max_batch ? std::to_string(r.max_batch_spread) : "") << ","
+      << (r.max_batch ? std::to_string(r.max_batch_speedup) : "") << ","
+      << (r.max_batch ? std::to_string(r.max_batch_speedup_spread) : "") << "," << r.layer_bytes_moved << "\n";
   tempo::models::append_to_file(path, f.str(), "tempo bench: --csv");
 }
 
