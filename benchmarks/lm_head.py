@@ -30,6 +30,14 @@ def methods(device):
         "torch-chunked": lambda h, w, y: F.linear_cross_entropy(h, w, y, options=torch.nn.LinearCrossEntropyOptions()),
         "plain": lambda h, w, y: F.cross_entropy(F.linear(h, w), y),
     }
+    try:  # TRL's chunked log-prob head, as its trainers install it (trl.trainer.utils.add_fused_lm_head)
+        from trl.kernels import ChunkedLogProbFunction
+
+        out["trl"] = lambda h, w, y: (
+            -ChunkedLogProbFunction.apply(h, w, None, y, 1.0, 32768, None, 1.0, ("entropy", "is_top1"))[0].mean()
+        )
+    except ImportError:
+        pass
     if device.type == "cuda":
         try:
             from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy

@@ -14,6 +14,7 @@ import warnings
 import torch
 
 from . import lm_head as _lm_head
+from . import trl as _trl
 from ..nn.gated_mlp import check_recompute
 from .attention import (
     ATTENTION,
@@ -95,7 +96,19 @@ def optimize(
     (attention, set model-wide, is not limited by it).
     Layers not recognised are left exactly as they are (tempo.report lists them);
     tempo.restore undoes the patch. A second call patches only what the first did not.
+    A TRL trainer (or any Trainer with a `model`) instead of a model: its model and reference
+    model patched alike, and TRL's fused log-prob head computed by tempo's (tempo/hf/trl.py).
     """
+    if _trl.is_trainer(model):
+        return _trl.optimize_trainer(
+            model,
+            optimize,
+            techniques=techniques,
+            attention=attention,
+            modules=modules,
+            fused=fused,
+            mlp_recompute=mlp_recompute,
+        )
     _warn_on_untested_transformers()
     try:  # "all", one technique by name, or a list of them
         chosen = set(TECHNIQUES if techniques == "all" else [techniques] if isinstance(techniques, str) else techniques)
@@ -271,9 +284,22 @@ def optimize(
 
     visit(model, "")
     model.__dict__["_tempo_report"] = Report(model.__dict__.get("_tempo_report", Report([])).rows + rows)
+    # what tempo.optimize(trainer) patches a reference model with (a callable `modules` is not kept:
+    # the model must pickle)
+    model.__dict__.setdefault(
+        "_tempo_options",
+        dict(
+            techniques=techniques,
+            attention=attention,
+            modules=None if callable(modules) else modules,
+            fused=fused,
+            mlp_recompute=mlp_recompute,
+        ),
+    )
     if not any(r[3].startswith("patched") for r in rows) and not undo:
         model.__dict__.pop("_tempo_undo", None)  # the model is as it was: not "patched"
         model.__dict__.pop("_tempo_report", None)
+        model.__dict__.pop("_tempo_options", None)
         raise ValueError(
             "tempo.optimize: nothing to patch in %s (no layer of a known type for techniques %s)"
             % (type(model).__name__, sorted(chosen))
@@ -282,7 +308,10 @@ def optimize(
 
 
 def report(model: torch.nn.Module) -> Report:
-    """What tempo.optimize patched in `model`, module by module, and what it left and why."""
+    """What tempo.optimize patched in `model` (a trainer: in its model), module by module, and
+    what it left and why."""
+    if _trl.is_trainer(model):
+        model = model.model
     rep = model.__dict__.get("_tempo_report")
     if rep is None:
         raise ValueError("tempo.report: %s has not been through tempo.optimize" % type(model).__name__)
@@ -291,7 +320,9 @@ def report(model: torch.nn.Module) -> Report:
 
 def restore(model: torch.nn.Module) -> torch.nn.Module:
     """Undoes tempo.optimize exactly: the original modules and classes come back (the
-    Parameters were never replaced)."""
+    Parameters were never replaced); a trainer's models and TRL's head alike."""
+    if _trl.is_trainer(model):
+        return _trl.restore_trainer(model, restore)
     undo = model.__dict__.pop("_tempo_undo", None)
     if undo is None:
         raise ValueError("tempo.restore: %s has not been through tempo.optimize" % type(model).__name__)
@@ -311,4 +342,5 @@ def restore(model: torch.nn.Module) -> torch.nn.Module:
             module.__class__ = cls
             module.__dict__.pop("_tempo_mlp_recompute", None)
     model.__dict__.pop("_tempo_report", None)
+    model.__dict__.pop("_tempo_options", None)
     return model
