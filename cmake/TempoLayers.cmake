@@ -12,6 +12,7 @@ if(TEMPO_BUILD_TORCH)
     ${TEMPO_TORCH_OP_SOURCES}
     csrc/torch/autocast.cpp
     csrc/torch/memory/host.cpp
+    csrc/torch/memory/plan.cpp
     csrc/torch/memory/tracker.cpp
     csrc/torch/memory/traffic.cpp)
   target_include_directories(tempo_torch PUBLIC

@@ -29,6 +29,7 @@ from .ops import (  # noqa: E402
 )
 from .hf import optimize, report, restore  # noqa: E402
 from .auto import AutoReport, auto  # noqa: E402
+from . import plan  # noqa: E402  (a module that is also the function: tempo.plan(...))
 
 __version__ = torch.ops.tempo.build_info()[0]  # CMake's project version, compiled into the library
 __all__ = [
@@ -37,6 +38,7 @@ __all__ = [
     "restore",
     "auto",
     "AutoReport",
+    "plan",
     "gelu",
     "silu",
     "attention",

@@ -60,6 +60,7 @@ void free_block(void* data) {
     auto it = b.live.find(data);
     if (it == b.live.end()) return;
     g_current.fetch_sub(it->second.second);
+    plan_note_cpu(data, -it->second.second);
     inner = std::move(it->second.first);
     b.live.erase(it);
   }
@@ -87,6 +88,7 @@ class CountingAllocator final : public c10::Allocator {
       b.live.emplace(data, std::make_pair(std::move(inner), static_cast<int64_t>(n)));
     }
     add(static_cast<int64_t>(n));
+    plan_note_cpu(data, static_cast<int64_t>(n));
     return {data, data, &free_block, device};
   }
   c10::DeleterFnPtr raw_deleter() const override { return &free_block; }

@@ -94,12 +94,18 @@ std::tuple<at::Tensor, at::Tensor> activation_backward(const at::Tensor& grad, c
   at::Tensor db = bias_grad ? (y.sym_numel() == 0 ? at::zeros_symint({y.sym_size(-1)}, y.options())
                                                   : at::empty_symint({y.sym_size(-1)}, y.options()))
                             : at::empty({0}, y.options());
-  if (y.is_meta() || y.numel() == 0) return {dx, db};
+  if (shapes_only(y) || y.numel() == 0) return {dx, db};
 
   c10::OptionalDeviceGuard guard(y.device());
   const at::Tensor yc = y.contiguous();
   const at::Tensor gc = grad.contiguous();
   const at::Tensor mc = mask.contiguous();
+  if (y.is_meta()) {  // tempo.plan's count: the copies above and CUDA's workspace, then the outputs
+    if (bias_grad && on_cuda(y))
+      at::empty({activation_backward_workspace_elems(y.numel(), y.size(-1))},
+                y.options().dtype(y.scalar_type() == at::kDouble ? at::kDouble : at::kFloat));
+    return {dx, db};
+  }
   ActivationBackwardParams p;
   p.act = act;
   p.dtype = to_core_dtype(y.scalar_type());

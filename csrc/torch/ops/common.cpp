@@ -14,6 +14,7 @@
 #endif
 
 #include "dtype.h"
+#include "tempo/memory.h"
 
 namespace tempo::torch_impl {
 
@@ -139,7 +140,38 @@ void read_dropout_keep(const at::Tensor& keep, const at::Tensor& like, double p,
   }
 }
 
+bool shapes_only(const at::Tensor& t) { return t.is_meta() && t.unsafeGetTensorImpl()->has_symbolic_sizes_strides(); }
+
+bool on_cuda(const at::Tensor& t) {
+  return t.is_cuda() || (t.is_meta() && memory::planned_device() == memory::PlannedDevice::kCuda);
+}
+
+void linear_into(at::Tensor& out, const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b) {
+  if (out.is_meta()) {
+    memory::plan_note_flops(2.0 * static_cast<double>(x.numel()) * static_cast<double>(w.size(0)));
+    return;
+  }
+  at::linear_out(out, x, w, b);
+}
+
+void bmm_into(at::Tensor& acc, const at::Tensor& a, const at::Tensor& b, bool accumulate) {
+  if (acc.is_meta()) {
+    memory::plan_note_flops(2.0 * static_cast<double>(a.numel()) * static_cast<double>(b.size(-1)));
+    return;
+  }
+  if (accumulate)
+    acc.baddbmm_(a, b);
+  else
+    at::bmm_out(acc, a, b);
+}
+
 void add_matmul(at::Tensor& acc, const at::Tensor& a, const at::Tensor& b, bool low) {
+  const double flops = 2.0 * static_cast<double>(a.numel()) * static_cast<double>(b.size(1));
+  if (acc.is_meta()) {  // tempo.plan: the float32 copies the CPU makes of 16-bit data, and the FLOPs
+    if (low && !on_cuda(acc)) (void)a.to(at::kFloat), (void)b.to(at::kFloat);
+    memory::plan_note_flops(flops);
+    return;
+  }
   if (!low) {
     acc.addmm_(a, b);
     return;

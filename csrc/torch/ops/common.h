@@ -69,6 +69,20 @@ const c10::TypedOperatorHandle<typename signature_of<decltype(Fn)>::type>& op_fo
   return handle;
 }
 
+// tempo.plan (csrc/torch/memory/plan.cpp) runs the kernels on meta tensors of concrete sizes:
+// there they make every allocation the real kernel makes, in the same order, and skip the
+// core's work. With symbolic sizes (torch.compile's tracing) they make their outputs alone.
+bool shapes_only(const at::Tensor& t);  // a meta tensor with a symbolic size
+// A CUDA tensor, or a meta one while tempo.plan plans for CUDA: where a kernel allocates
+// differently on CUDA (workspaces, chunk sizes), it decides by this.
+bool on_cuda(const at::Tensor& t);
+
+// GEMMs into a tensor that exists (out = x w^T + b; acc = a b or acc += a b, batched): on meta
+// tensors (tempo.plan) the meta kernels of these out= and in-place forms make a temporary the
+// real kernels do not, so there the GEMM is not run: its FLOPs are noted instead.
+void linear_into(at::Tensor& out, const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b);
+void bmm_into(at::Tensor& acc, const at::Tensor& a, const at::Tensor& b, bool accumulate);
+
 // acc += a b (2-D matmul) into an accumulator of the math type (float32 for 16-bit data,
 // `low`): on CUDA one 16-bit GEMM (tensor cores) with its float32 accumulation written into the
 // float32 sum (addmm's out_dtype, torch >= 2.9), rather than a float32 GEMM of float32 copies;
@@ -80,6 +94,7 @@ void add_matmul(at::Tensor& acc, const at::Tensor& a, const at::Tensor& b, bool 
 template <typename P>
 void run_core(const at::Tensor& on, const P& params, Status (*cpu)(const P&), Status (*cuda)(const P&, void*),
               const char* op) {
+  if (on.is_meta()) return;  // tempo.plan's count: the allocations were the point
   raise_if_error(on.is_cuda() ? cuda(params, stream_of(on)) : cpu(params), op);
 }
 

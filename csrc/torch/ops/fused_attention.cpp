@@ -60,7 +60,7 @@ std::tuple<at::Tensor, at::Tensor> fused_attention_forward_kernel(const at::Tens
   if (attn_mask.has_value() && attn_mask->defined()) mask = additive_mask(*attn_mask, full, q.device(), op);
   DropoutKeep keep = new_dropout_keep(q, dropout_p, DropoutMode::kPhilox);
   at::Tensor out = at::empty_symint({q.sym_size(0), q.sym_size(1), q.sym_size(2), v.sym_size(3)}, q.options());
-  if (q.is_meta()) return {out, keep.keep};
+  if (shapes_only(q)) return {out, keep.keep};
   const int64_t Sq = q.size(2), blk = block_rows_for(q, k, block_rows);
   // Contiguous once (q, k, v may be views of one projection): each block's matmuls would
   // otherwise copy them again.
@@ -94,7 +94,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_attention_backward_kernel(
   c10::OptionalDeviceGuard guard(q.device());
   at::Tensor dq = at::empty_like(q, at::MemoryFormat::Contiguous);
   at::Tensor dk = at::empty_like(k, at::MemoryFormat::Contiguous), dv = at::empty_like(v, at::MemoryFormat::Contiguous);
-  if (q.is_meta()) return {dq, dk, dv};
+  if (shapes_only(q)) return {dq, dk, dv};
   if (q.size(2) == 0) {  // no query rows: no block writes dk, dv
     dk.zero_(), dv.zero_();
     return {dq, dk, dv};
@@ -119,10 +119,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_attention_backward_kernel(
   auto accumulate = [&](at::Tensor& acc, const at::Tensor& a, const at::Tensor& b, bool first) {
     at::Tensor a3 = a.reshape({BA, a.size(2), a.size(3)}), b3 = b.reshape({BA, b.size(2), b.size(3)});
     if (widen) a3 = a3.to(at::kFloat), b3 = b3.to(at::kFloat);
-    if (first)
-      at::bmm_out(acc, a3, b3);
-    else
-      acc.baddbmm_(a3, b3);
+    bmm_into(acc, a3, b3, !first);
   };
   for (int64_t i0 = 0; i0 < Sq; i0 += blk) {
     const int64_t n = std::min(blk, Sq - i0);
@@ -134,7 +131,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_attention_backward_kernel(
     accumulate(dv3, (d.defined() ? d : s).transpose(-2, -1), gb, i0 == 0);
     d.reset();
     at::Tensor ds = at::matmul(gb, vt).contiguous();
-    if (ds.numel() > 0) {
+    if (ds.numel() > 0 && !q.is_meta()) {
       AttentionSoftmaxBackwardParams params;
       params.dtype = to_core_dtype(q.scalar_type());
       params.grad = ds.mutable_data_ptr();

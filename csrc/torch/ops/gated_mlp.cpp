@@ -147,7 +147,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_kernel(
   const c10::SymInt rows = x.sym_numel() / s.H;
   // an output not kept: empty, and a tensor of its own (outputs may not alias one another)
   auto none = [&] { return at::empty({0}, x.options()); };
-  if (x.is_meta()) {  // shapes only, symbolic where they are (torch.compile)
+  if (shapes_only(x)) {  // symbolic sizes (torch.compile): the outputs' shapes alone
     return {at::empty_symint(with_last(x, s.O), x.options()),
             keep_gate ? at::empty_symint({rows, c10::SymInt(whole ? 2 * s.I : s.I)}, x.options()) : none(),
             keep_up && !s.fused ? at::empty_symint({rows, c10::SymInt(s.I)}, x.options()) : none()};
@@ -171,24 +171,24 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_kernel(
     at::Tensor gr, ur;
     if (s.fused) {
       at::Tensor gu = whole ? gate.narrow(0, r0, m) : at::empty({m, 2 * I}, x.options());
-      at::linear_out(gu, xr, gate_weight, gate_bias);
+      linear_into(gu, xr, gate_weight, gate_bias);
       gr = gu.narrow(1, 0, I), ur = gu.narrow(1, I, I);
       if (keep_gate && !whole) gate.narrow(0, r0, m).copy_(gr);
     } else {
       gr = keep_gate ? gate.narrow(0, r0, m) : at::empty({m, I}, x.options());
       ur = keep_up ? up.narrow(0, r0, m) : at::empty({m, I}, x.options());
-      at::linear_out(gr, xr, gate_weight, gate_bias);
-      at::linear_out(ur, xr, *up_weight, up_bias);
+      linear_into(gr, xr, gate_weight, gate_bias);
+      linear_into(ur, xr, *up_weight, up_bias);
     }
     at::Tensor h = at::empty({m, I}, x.options());
-    if (m > 0) {
+    if (m > 0 && !x.is_meta()) {
       GatedMlpForwardParams p;
       fill_gate_up(p, s, gr, ur, m);
       p.h = h.mutable_data_ptr();
       run_core(x, p, gated_mlp_forward_cpu, gated_mlp_forward_cuda, kOp);
     }
     at::Tensor yr = y.narrow(0, r0, m);  // written in place: its rows are contiguous
-    at::linear_out(yr, h, down_weight, down_bias);
+    linear_into(yr, h, down_weight, down_bias);
   }
   return {y.view_symint(with_last(x, s.O)), gate, up};
 }
@@ -216,7 +216,7 @@ Grads backward_kernel(const at::Tensor& grad, const at::Tensor& x, const std::op
   at::Tensor dgb = maybe(bias_grad[0], [&] { return at::zeros({fused ? 2 * s.I : s.I}, x.options()); });
   at::Tensor dub = maybe(bias_grad[1], [&] { return at::zeros({s.I}, x.options()); });
   at::Tensor ddb = maybe(bias_grad[2], [&] { return at::empty({s.O}, x.options()); });
-  if (x.is_meta()) {
+  if (shapes_only(x) || shapes_only(grad)) {
     at::Tensor dx = maybe(need_dx, [&] { return at::empty_like(x, at::MemoryFormat::Contiguous); });
     return {dx, dgw, duw, ddw, dgb, dub, ddb};
   }
@@ -276,14 +276,16 @@ Grads backward_kernel(const at::Tensor& grad, const at::Tensor& x, const std::op
       const at::Tensor u_block = block_of(u.defined() ? u.narrow(0, r0, m) : u, xr, wu_all, ub_all, up_row0, c0, n);
       at::Tensor dg = at::empty({m, n}, x.options()), du = at::empty({m, n}, x.options());
       at::Tensor h = maybe(need_ddown, [&] { return at::empty({m, n}, x.options()); });
-      GatedMlpBackwardParams p;
-      fill_gate_up(p, s, g_block, u_block, m);
-      p.grad_h = dh.const_data_ptr();
-      p.grad_gate = dg.mutable_data_ptr();
-      p.grad_up = du.mutable_data_ptr();
-      p.grad_gate_stride = p.grad_up_stride = n;
-      p.h = need_ddown ? h.mutable_data_ptr() : nullptr;
-      run_core(x, p, gated_mlp_backward_cpu, gated_mlp_backward_cuda, bop);
+      if (!x.is_meta()) {
+        GatedMlpBackwardParams p;
+        fill_gate_up(p, s, g_block, u_block, m);
+        p.grad_h = dh.const_data_ptr();
+        p.grad_gate = dg.mutable_data_ptr();
+        p.grad_up = du.mutable_data_ptr();
+        p.grad_gate_stride = p.grad_up_stride = n;
+        p.h = need_ddown ? h.mutable_data_ptr() : nullptr;
+        run_core(x, p, gated_mlp_backward_cpu, gated_mlp_backward_cuda, bop);
+      }
       if (acc_d.defined()) add_matmul(acc_d, dyr.t(), h, low);
       if (acc_g.defined()) add_matmul(acc_g, dg.t(), xr, low);
       if (acc_u.defined()) add_matmul(acc_u, du.t(), xr, low);

@@ -79,8 +79,9 @@ std::tuple<int64_t, int64_t, int64_t> check(const at::Tensor& h, const at::Tenso
 }
 
 void check_labels(const at::Tensor& labels, int64_t V, int64_t ignore) {
-  if (labels.is_meta() || labels.numel() == 0) return;
+  if (labels.numel() == 0) return;
   const at::Tensor bad = labels.ne(ignore).logical_and(labels.lt(0).logical_or(labels.ge(V)));
+  if (labels.is_meta()) return;  // tempo.plan's count: the check's tensors, no values to check
   if (!labels.is_cpu()) {
     // On CUDA the result is not read on the host (no synchronisation, and a CUDA graph
     // capture could not): a device-side assert, as torch's cross_entropy makes (the kernels
@@ -105,7 +106,7 @@ int64_t rows_per_chunk(int64_t chunk, int64_t V, int64_t N, const at::Tensor& hi
   if (chunk > 0) return chunk;
   const int64_t elem = static_cast<int64_t>(hidden.element_size());
   int64_t bytes = 32ll << 20;
-  if (hidden.is_cuda()) bytes = std::max<int64_t>(64ll << 20, N * hidden.size(-1) * elem);
+  if (on_cuda(hidden)) bytes = std::max<int64_t>(64ll << 20, N * hidden.size(-1) * elem);
   return std::max<int64_t>(1, std::min<int64_t>(N, bytes / (elem * V)));
 }
 
@@ -169,7 +170,7 @@ std::tuple<at::Tensor, at::Tensor> forward_kernel(const at::Tensor& hidden, cons
   // The math type: float64 for float64 data, float32 otherwise (16-bit logits reduced in fp32).
   const auto math_t = hidden.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   const auto math_opts = hidden.options().dtype(math_t);
-  if (hidden.is_meta()) {  // shapes only, symbolic where they are (torch.compile)
+  if (shapes_only(hidden)) {  // symbolic sizes (torch.compile): the outputs' shapes alone
     TORCH_CHECK(hidden.dim() >= 1 && weight.dim() == 2 && labels.scalar_type() == at::kLong, kOp,
                 ": hidden [..., H], weight [V, H] and int64 labels");
     at::Tensor loss = red == Reduction::kNone ? at::empty_symint(labels.sym_sizes(), hidden.options().dtype(out_t))
@@ -189,6 +190,7 @@ std::tuple<at::Tensor, at::Tensor> forward_kernel(const at::Tensor& hidden, cons
       const int64_t n = std::min(C, N - r0);
       at::Tensor z = at::linear(h.narrow(0, r0, n), weight, b).contiguous();  // [n, V], hidden's dtype
       transform_logits(z, opts);
+      if (z.is_meta()) continue;
       LinearCrossEntropyForwardParams params;
       fill_rows(params, z, y, r0, n, V, ignore, smoothing);
       params.logits = z.const_data_ptr();
@@ -230,7 +232,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_kernel(
                                 {&lse, "lse"}})
     TORCH_CHECK(t->device() == hidden.device(), bop, ": argument '", name, "' must be on hidden's device (",
                 hidden.device(), "), got ", t->device());
-  if (hidden.is_meta())
+  if (shapes_only(hidden))
     return {at::empty_like(hidden, at::MemoryFormat::Contiguous), at::empty_like(weight),
             has_bias ? at::empty_like(*bias) : at::Tensor()};
   auto [N, H, V] = check(hidden, weight, bias, labels, smoothing);
@@ -276,12 +278,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_kernel(
     const at::Tensor hc = h.narrow(0, r0, n);
     at::Tensor dz = at::linear(hc, weight, b).contiguous();  // the logits again, made their gradient in place
     const at::Tensor t = transform_logits(dz, opts);
-    LinearCrossEntropyBackwardParams params;
-    fill_rows(params, dz, y, r0, n, V, ignore, smoothing);
-    params.logits = dz.mutable_data_ptr();
-    params.lse = lse_c.narrow(0, r0, n).const_data_ptr();
-    params.scale = kernel_scale.narrow(0, r0, n).const_data_ptr();
-    run_core(dz, params, linear_cross_entropy_backward_cpu, linear_cross_entropy_backward_cuda, bop);
+    if (!dz.is_meta()) {
+      LinearCrossEntropyBackwardParams params;
+      fill_rows(params, dz, y, r0, n, V, ignore, smoothing);
+      params.logits = dz.mutable_data_ptr();
+      params.lse = lse_c.narrow(0, r0, n).const_data_ptr();
+      params.scale = kernel_scale.narrow(0, r0, n).const_data_ptr();
+      run_core(dz, params, linear_cross_entropy_backward_cpu, linear_cross_entropy_backward_cuda, bop);
+    }
     if (z_extra.defined()) {  // + s 2 z_loss lse ((1 - eps) onehot(y) + eps / V)
       const at::Tensor extra = z_extra.narrow(0, r0, n).unsqueeze(1);
       if (smoothing > 0.0) dz.add_((extra * (smoothing / V)).to(dz.scalar_type()));
@@ -312,7 +316,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> stats_kernel(const at::Tensor& hi
   TORCH_CHECK(chunk >= 0, op, ": chunk must be >= 0 (0: automatic), got ", chunk);
   const auto math_t = hidden.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   const auto math_opts = hidden.options().dtype(math_t);
-  if (hidden.is_meta())
+  if (shapes_only(hidden))
     return {at::empty_symint(labels.sym_sizes(), math_opts), at::empty_symint(labels.sym_sizes(), math_opts),
             at::empty_symint(labels.sym_sizes(), labels.options().dtype(at::kBool))};
   auto [N, H, V] = check(hidden, weight, bias, labels, 0.0, op);

@@ -10,6 +10,7 @@
 #include <mutex>
 
 #include "common.h"
+#include "tempo/memory.h"
 #include "dtype.h"
 #include "norm_kept_columns.h"
 #include "tempo/norm.h"
@@ -217,6 +218,13 @@ std::optional<at::Tensor> norm_kept_columns_for(const at::Tensor& x, const std::
   const bool traced =
       x.is_meta() ||
       x.key_set().has_any(c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::Functionalize}));
+  if (traced && memory::planned_device() == memory::PlannedDevice::kCpu) {
+    // tempo.plan for the CPU, where norm_kept_columns decides on the host: what it makes there
+    // for parameters whose every column recovers, as initialised ones do (the plan has no
+    // values): a scratch of one int64 a column, and no column kept
+    (void)at::empty({(w ? *weight : *beta).numel()}, x.options().dtype(at::kLong));
+    return at::empty({0}, x.options().dtype(at::kLong));
+  }
   return traced ? norm_kept_slots(wo, bo, x.scalar_type()) : norm_kept_columns(wo, bo, x.scalar_type());
 }
 

@@ -104,7 +104,13 @@ ForwardOut norm_forward(NormKind kind, const at::Tensor& x, const c10::SymInt& r
       at::empty_symint({rows, kept_cols ? kept_cols->sym_size(0) : c10::SymInt(0)}, x.options().dtype(acc_type(x)));
   DropoutKeep k;
   if (pro) out.keep = (k = new_dropout_keep(x, pro->p, pro->mode)).keep;
-  if (x.is_meta() || x.numel() == 0) return out;
+  if (shapes_only(x) || x.numel() == 0) return out;
+  if (x.is_meta()) {  // tempo.plan's count: the copies the kernel makes of what is not contiguous
+    const at::Tensor xc = x.contiguous();
+    for (const at::Tensor* t : {w, b, pro ? pro->residual : nullptr, pro ? pro->bias : nullptr})
+      if (t) t->contiguous();
+    return out;
+  }
   c10::OptionalDeviceGuard guard(x.device());
   const at::Tensor xc = x.contiguous();
   at::Tensor wc, bc, rc, pbc;
@@ -199,10 +205,16 @@ BackwardOut norm_backward(NormKind kind, const at::Tensor& grad, const at::Tenso
   out.dbeta = b ? at::empty({cols}, param_opts) : at::empty({0}, param_opts);
   out.dres = prologue ? at::empty_like(y, at::MemoryFormat::Contiguous) : at::empty({0}, opts);
   out.dbias = has_bias ? at::empty({cols}, opts) : at::empty({0}, opts);
-  if (y.is_meta()) return out;
+  if (shapes_only(y)) return out;
   c10::OptionalDeviceGuard guard(y.device());
   const at::Tensor gc = grad.contiguous(), yc = y.contiguous(), rc = rstd.contiguous();
   at::Tensor wc, bc;
+  if (y.is_meta()) {  // tempo.plan's count: the copies above and below and CUDA's workspace, then the outputs
+    if (w) wc = w->contiguous();
+    if (b) bc = b->contiguous();
+    if (on_cuda(y)) at::empty({norm_backward_workspace_elems(rows.expect_int(), cols)}, opts.dtype(acc_type(y)));
+    return out;
+  }
   NormBackwardParams params;
   params.kind = kind;
   params.dtype = to_core_dtype(y.scalar_type());

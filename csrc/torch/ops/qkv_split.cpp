@@ -76,9 +76,15 @@ std::tuple<at::Tensor, at::Tensor> qkv_split_backward_kernel(const at::Tensor& g
   at::Tensor db = bias_grad ? (grad_q.sym_numel() == 0 ? at::zeros_symint({cols}, grad_q.options())
                                                        : at::empty_symint({cols}, grad_q.options()))
                             : at::empty({0}, grad_q.options());
-  if (grad_q.is_meta() || grad_q.numel() == 0) return {dz, db};
+  if (shapes_only(grad_q) || grad_q.numel() == 0) return {dz, db};
   c10::OptionalDeviceGuard guard(grad_q.device());
   const at::Tensor gq = grad_q.contiguous(), gk = grad_k.contiguous(), gv = grad_v.contiguous();
+  if (grad_q.is_meta()) {  // tempo.plan's count: the copies above and CUDA's workspace, then the outputs
+    if (bias_grad && on_cuda(grad_q))
+      at::empty({qkv_split_workspace_elems(grad_q.size(0) * grad_q.size(2), cols.expect_int())},
+                grad_q.options().dtype(grad_q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat));
+    return {dz, db};
+  }
   QkvSplitBackwardParams p;
   p.dtype = to_core_dtype(grad_q.scalar_type());
   p.batch = grad_q.size(0);

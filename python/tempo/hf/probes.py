@@ -16,7 +16,38 @@ class Differs(Exception):
     the fused op would (probed at patch time): it is left as it is, and the report says why."""
 
 
+# Verdicts remembered by class and replacement (probes.remembered), innermost last.
+_REMEMBERED = []
+
+
+@contextlib.contextmanager
+def remembered():
+    """Inside: a module's probe against a replacement runs once per module class; every later
+    module of the class takes the first one's verdict. tempo.plan patches a small CPU model of the
+    family first, then its plan's model of fake tensors (whose forward gives no values to
+    compare) with the verdicts that model gave."""
+    _REMEMBERED.append({})
+    try:
+        yield _REMEMBERED[-1]
+    finally:
+        _REMEMBERED.pop()
+
+
 def probe(m, forward, *shapes):
+    if not _REMEMBERED:
+        return _probe(m, forward, *shapes)
+    key = (type(m), forward)
+    if key not in _REMEMBERED[-1]:
+        try:
+            _probe(m, forward, *shapes)
+            _REMEMBERED[-1][key] = None
+        except Differs as e:
+            _REMEMBERED[-1][key] = e
+    if _REMEMBERED[-1][key] is not None:
+        raise Differs(str(_REMEMBERED[-1][key]))
+
+
+def _probe(m, forward, *shapes):
     """Runs the module's own forward and `forward` (the replacement, with the module as self)
     on the same random inputs (a shape each, or a callable generator -> tensor for an input that
     is not random floats), in eval mode without grad, and raises Differs unless they

@@ -57,6 +57,17 @@ std::optional<int64_t> host_available();
 // certain to come (a model's parameters, its optimizer state), exceed host_available().
 void check_host_fits(int64_t bytes, const std::string& what);
 
+// While tempo.plan counts a training step on the meta device (memory_plan_start), the device it
+// plans for: kernels that decide by the device (what a CUDA kernel keeps or works in) decide
+// for it on meta tensors. kNone outside a plan.
+enum class PlannedDevice { kNone, kCpu, kCuda };
+PlannedDevice planned_device();
+// The counting CPU allocator's allocations and frees (bytes < 0), keyed by address: a trace opened
+// with cpu=true records them beside the meta device's (to set a real CPU run beside its plan).
+void plan_note_cpu(const void* data, int64_t bytes);
+// Matmul FLOPs a kernel ran without dispatching them (on meta tensors, in tempo.plan's count).
+void plan_note_flops(double flops);
+
 // bytes -> "512 B", "2.83 MiB", "11.00 GiB": the largest binary unit that keeps the value >= 1.
 std::string format_bytes(int64_t bytes);
 

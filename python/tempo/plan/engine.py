@@ -1,0 +1,270 @@
+"""Counting a training step without a device: the model is built from its config under
+PyTorch's FakeTensorMode (tensors with shapes, dtypes and a device, but no data: each one a meta
+storage underneath), two full training steps run on it (forward, backward, the optimizer's step;
+the second is the one planned, after the first has made the optimizer's state), and tempo's
+planner count (csrc/torch/memory/plan.cpp) records every storage allocated and freed, in order,
+with the phase and layer the planner was in and the operator running. The fake tensors are CPU
+tensors, so every layer, PyTorch's CPU dispatch (scaled_dot_product_attention's choice of kernel,
+autocast) and tempo's ops run as on the CPU; for a GPU, what differs there is put in: torch's
+attention kernel on CUDA (flash or memory-efficient, with the tensors those keep), and tempo's
+kernels decide as on CUDA (the planned device)."""
+
+import contextlib
+import math
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+from .. import memory  # noqa: F401  (loads the library's memory ops)
+
+
+class Trace:
+    """The planner's record of one run: `events` [N, 4] int64 (allocation id, +bytes or -bytes,
+    tag index, operator index), the tag and operator names, the matmul FLOPs by tag."""
+
+    def __init__(self, events, tags, ops, flops):
+        self.events, self.tags, self.ops = events, list(tags), list(ops)
+        self.flops = {tag: f for tag, f in zip(self.tags, flops.tolist()) if f}
+
+    def first(self, prefix):
+        """The index of the first event whose tag starts with `prefix` (len(events) if none)."""
+        ids = [i for i, t in enumerate(self.tags) if t.startswith(prefix)]
+        if not ids:
+            return len(self.events)
+        hit = torch.isin(self.events[:, 2], torch.tensor(ids)).nonzero()
+        return int(hit[0, 0]) if len(hit) else len(self.events)
+
+    def flops_of(self, prefix):
+        return sum(f for tag, f in self.flops.items() if tag.startswith(prefix))
+
+
+def tag(text):
+    torch.ops.tempo.memory_plan_tag(text)
+
+
+@contextlib.contextmanager
+def recording(device):
+    """Inside: every meta storage counted, tagged; on exit `holder[0]` is the Trace."""
+    holder = []
+    torch.ops.tempo.memory_plan_start(device)
+    try:
+        yield holder
+    finally:
+        holder.append(Trace(*torch.ops.tempo.memory_plan_stop()))
+
+
+# ---- torch's attention kernel on CUDA --------------------------------------------------------
+
+
+def cuda_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    """F.scaled_dot_product_attention as torch's CUDA dispatch runs it (sdp_utils): the flash
+    kernel for 16-bit data without a mask and head dims up to 256 (grouped-query attention
+    native: k and v keep their own heads), else the memory-efficient kernel (fp32, or a mask;
+    k and v repeated to the query's heads for grouped-query attention), each called on the fake
+    tensors through its own autograd formula, so that what it keeps for backward (q, k, v, the
+    output, the log-sum-exp, the RNG state) is what the CUDA kernel keeps."""
+    d = query.shape[-1]
+    flash = query.dtype in (torch.float16, torch.bfloat16) and attn_mask is None and d <= 256 and d % 8 == 0
+    if flash:
+        return torch.ops.aten._scaled_dot_product_flash_attention(
+            query, key, value, dropout_p, is_causal, False, scale=scale
+        )[0]
+    if enable_gqa and key.shape[1] != query.shape[1]:
+        rep = query.shape[1] // key.shape[1]
+        key, value = key.repeat_interleave(rep, 1), value.repeat_interleave(rep, 1)
+    if attn_mask is not None and attn_mask.dtype == torch.bool:  # the kernel takes an additive bias
+        attn_mask = torch.zeros(attn_mask.shape, dtype=query.dtype).masked_fill(~attn_mask, -math.inf)
+    return torch.ops.aten._scaled_dot_product_efficient_attention(
+        query, key, value, attn_mask, True, dropout_p, is_causal, scale=scale
+    )[0]
+
+
+class CudaAttention(TorchFunctionMode):
+    """Inside: F.scaled_dot_product_attention runs as on CUDA (cuda_sdpa)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention:
+            return cuda_sdpa(*args, **kwargs)
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def custom_ops_run_through():
+    """Inside: PyTorch's own Python custom ops that a method calls (the chunked
+    F.linear_cross_entropy's) run their implementation on the fake tensors instead of their fake
+    kernel (which makes the outputs alone), so that what they allocate inside (the chunks) is
+    counted."""
+    ops = []
+    try:
+        import torch.nn.modules.linear_cross_entropy as lce
+
+        ops = [
+            getattr(lce, name)
+            for name in ("_linear_cross_entropy_batch_chunked", "_linear_cross_entropy_batch_chunked_no_reduction")
+            if hasattr(getattr(lce, name, None), "_abstract_fn")
+        ]
+    except ImportError:  # a torch without it
+        pass
+    saved = [op._abstract_fn for op in ops]
+    try:
+        for op in ops:
+            op._abstract_fn = op._init_fn
+        yield
+    finally:
+        for op, fn in zip(ops, saved):
+            op._abstract_fn = fn
+
+
+@contextlib.contextmanager
+def not_tracing():
+    """Inside: transformers does not take the plan's fake tensors for a graph being traced (it
+    would build the explicit causal mask that torch.compile and export need, where a real run
+    passes none and lets sdpa mask)."""
+    try:
+        import transformers.masking_utils as masking
+        import transformers.utils.import_utils as hf_utils
+    except ImportError:
+        yield
+        return
+    is_fake, find_packed = hf_utils.is_fake_tensor, masking.find_packed_sequence_indices
+
+    def unpacked(position_ids):
+        # the check for packed sequences reads the positions: the plan's are one sequence a row
+        # (arange); it makes the check's tensors as the real run does, and answers as it does
+        hf_utils.is_fake_tensor = is_fake
+        try:
+            find_packed(position_ids)
+        finally:
+            hf_utils.is_fake_tensor = lambda tensor: False
+        return None
+
+    hf_utils.is_fake_tensor = lambda tensor: False
+    masking.find_packed_sequence_indices = unpacked
+    try:
+        yield
+    finally:
+        hf_utils.is_fake_tensor, masking.find_packed_sequence_indices = is_fake, find_packed
+
+
+# ---- optimizers ------------------------------------------------------------------------------
+
+
+class PlannedOptimizer:
+    """The memory an optimizer allocates, in the order it allocates it: its state on its first
+    step, nothing for a fused step after that (torch's fused AdamW updates in place; an unfused
+    one's temporaries are not modelled). kind: "adamw" (exp_avg and exp_avg_sq in float32 and a
+    float32 step count on the device per parameter, as torch's fused AdamW makes them for float32
+    weights; for 16-bit weights float32 state too, as the plan's "bf16" precision states),
+    "adamw8bit" (bitsandbytes' blockwise 8-bit AdamW: one byte a moment per element, a float32
+    absolute maximum per block of 256 and two 256-entry quantisation maps; float32 moments for
+    tensors under 4,096 elements) or "sgd" (no momentum: no state)."""
+
+    def __init__(self, params, kind):
+        self.params = [p for p in params if p.requires_grad]
+        self.kind = kind
+        self.state = {}
+
+    def zero_grad(self, set_to_none=True):
+        for p in self.params:
+            p.grad = None
+
+    def step(self):
+        if self.state or self.kind == "sgd":
+            return
+        if self.kind == "adamw8bit":
+            self.state["qmap"] = [torch.zeros(256), torch.zeros(256)]
+        for p in self.params:
+            if self.kind == "adamw":
+                self.state[p] = (
+                    torch.zeros((), dtype=torch.float32),
+                    torch.zeros(p.shape, dtype=torch.float32),
+                    torch.zeros(p.shape, dtype=torch.float32),
+                )
+            elif p.numel() < 4096:
+                self.state[p] = (torch.zeros(p.shape, dtype=torch.float32), torch.zeros(p.shape, dtype=torch.float32))
+            else:
+                blocks = -(-p.numel() // 256)
+                self.state[p] = (
+                    torch.zeros(p.shape, dtype=torch.uint8),
+                    torch.zeros(p.shape, dtype=torch.uint8),
+                    torch.zeros(blocks, dtype=torch.float32),
+                    torch.zeros(blocks, dtype=torch.float32),
+                )
+
+
+# ---- one traced training ---------------------------------------------------------------------
+
+
+def layers_of(model):
+    """The model's stack of blocks (the ModuleList with the most parameters), or []."""
+    best, size = [], 0
+    for m in model.modules():
+        if isinstance(m, torch.nn.ModuleList) and len(m) > 1:
+            n = sum(p.numel() for p in m.parameters())
+            if n > size:
+                best, size = list(m), n
+    return best
+
+
+class _Phases:
+    """Tags the trace with the phase, the layer and what runs in it: forward pre-hooks and hooks
+    on each block, and a hook on each block's output gradient (the start of its backward)."""
+
+    def __init__(self, layers):
+        self.step = 0
+        self.backward = False
+        self.handles = []
+        for i, layer in enumerate(layers):
+            self.handles.append(layer.register_forward_pre_hook(self._pre(i)))
+            self.handles.append(layer.register_forward_hook(self._post(i, len(layers))))
+
+    def set(self, what):
+        tag("step %d: %s" % (self.step, what))
+
+    def _pre(self, i):
+        def hook(module, args):
+            self.set("backward, layer %d (recomputed forward)" % i if self.backward else "forward, layer %d" % i)
+
+        return hook
+
+    def _post(self, i, count):
+        def hook(module, args, out):
+            if self.backward:
+                self.set("backward, layer %d" % i)
+                return
+            self.set("head and loss" if i == count - 1 else "forward")
+            t = out[0] if isinstance(out, (tuple, list)) else out
+            if isinstance(t, torch.Tensor) and t.requires_grad:
+                t.register_hook(lambda g: self.set("backward, layer %d" % i))
+
+        return hook
+
+    def remove(self):
+        for h in self.handles:
+            h.remove()
+
+
+def train(model, run, batch, optimizer, autocast, steps=2, on_step=None):
+    """`steps` training steps of `model` (called as `run(**batch)`), tagged; the planned step is
+    the last. on_step(step) runs as each step begins (a measurement resets its peak there)."""
+    phases = _Phases(layers_of(model))
+    try:
+        for step in range(1, steps + 1):
+            phases.step, phases.backward = step, False
+            if on_step is not None:
+                on_step(step)
+            phases.set("zero_grad")
+            optimizer.zero_grad(set_to_none=True)
+            phases.set("forward")
+            with autocast():
+                loss = run(**batch).loss
+            phases.backward = True
+            phases.set("backward, head")
+            loss.backward()
+            phases.set("optimizer")
+            optimizer.step()
+            del loss
+    finally:
+        phases.remove()
