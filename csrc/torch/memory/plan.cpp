@@ -12,10 +12,13 @@
 
 #include <array>
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "tempo/memory.h"
@@ -31,20 +34,66 @@ struct Trace {
   std::unordered_map<int64_t, double> flops;  // by tag: the matmul FLOPs the operators ran
   uint64_t session = 0;
   int64_t next_id = 0;
-  std::vector<std::array<int64_t, 4>> events;  // (allocation id, +bytes or -bytes, tag, operator)
+  // (allocation id, +bytes or -bytes, tag, operator, -1; or a sum's marker: id, 0, tag, operator, the operand)
+  std::vector<std::array<int64_t, 5>> events;
   std::vector<std::string> tags{""}, ops{""};
   std::unordered_map<std::string, int64_t> tag_ids{{"", 0}}, op_ids{{"", 0}};
   int64_t tag = 0;
   uint64_t callback = 0;
+  std::unordered_set<int64_t> live;  // allocations not yet freed
 };
 Trace& trace() {
   static Trace* t = new Trace();  // never destroyed: storages may be freed during static destruction
   return *t;
 }
 
-thread_local std::vector<int64_t> t_ops;
-std::atomic<bool> g_cpu{false};  // a trace with the CPU's events is open (checked before any lock)  // the operators
-                                 // open on this thread, innermost last
+thread_local std::vector<int64_t> t_ops;  // the operators open on this thread, innermost last
+std::atomic<bool> g_cpu{false};           // a trace with the CPU's events is open (checked before any lock)
+
+// Gradient accumulation: autograd sums two gradients of one tensor (the engine's own add, outside
+// any backward function) or a gradient into a parameter's existing one (AccumulateGrad). A device
+// adds in place into an operand whose storage nothing else shares; for a tensor subclass, such as
+// the plan's fake tensors, autograd always makes a new tensor. For such an add, t_sums holds the
+// operand a device would have added into and the allocations the add makes; when it returns, the
+// one still alive (the sum) is marked by an event of 0 bytes carrying that operand's id
+// (allocator.py then counts the sum as the operand, updated in place).
+struct Sum {
+  int64_t target = -1;  // -1: not an accumulating add (or nothing to add into: a new tensor there too)
+  std::vector<int64_t> made;
+};
+thread_local std::vector<Sum> t_sums;  // beside t_ops
+const char* const kAccumulateGrad = "torch::autograd::AccumulateGrad";
+
+struct Record {
+  uint64_t session;
+  int64_t id, bytes;
+};
+
+void free_record(void* ctx);
+
+// The allocation id of t's storage, if the plan counted it and (sole) nothing else holds the
+// storage: a fake tensor's storage carries a reference or two more than a device tensor's (at
+// most two where the device's would hold one). Else -1.
+int64_t counted_id(const c10::IValue& v, bool sole) {
+  if (!v.isTensor()) return -1;
+  const at::Tensor& t = v.toTensor();
+  if (!t.has_storage() || !t.is_non_overlapping_and_dense()) return -1;
+  const c10::Storage& s = t.storage();
+  if ((sole && s.use_count() > 2) || s.data_ptr().get_deleter() != &free_record) return -1;
+  return static_cast<const Record*>(s.data_ptr().get_context())->id;
+}
+
+// For an add that accumulates gradients, the operand a device adds into in place, else -1: the
+// engine adds into the gradient it holds where nothing else shares its storage (InputBuffer's
+// accumulate), AccumulateGrad into the parameter's existing gradient.
+int64_t inplace_target(const std::string& name, const at::RecordFunction& fn, const std::vector<std::string>& ops) {
+  if (name != "aten::add" || t_ops.empty()) return -1;
+  const std::string& parent = ops[t_ops.back()];
+  const bool engine = parent.rfind("autograd::engine::evaluate_function", 0) == 0;
+  if (parent != kAccumulateGrad && !engine) return -1;
+  const auto in = fn.inputs();
+  return in.size() < 2 ? -1 : counted_id(in[0], engine);
+}
 
 int64_t intern(std::unordered_map<std::string, int64_t>& ids, std::vector<std::string>& names, const std::string& s) {
   auto it = ids.find(s);
@@ -53,18 +102,15 @@ int64_t intern(std::unordered_map<std::string, int64_t>& ids, std::vector<std::s
   return ids[s] = static_cast<int64_t>(names.size()) - 1;
 }
 
-struct Record {
-  uint64_t session;
-  int64_t id, bytes;
-};
-
 void free_record(void* ctx) {
   auto* r = static_cast<Record*>(ctx);
   {
     Trace& t = trace();
     std::lock_guard<std::mutex> g(t.mutex);
-    if (t.on && r->session == t.session)
-      t.events.push_back({r->id, -r->bytes, t.tag, t_ops.empty() ? 0 : t_ops.back()});
+    if (t.on && r->session == t.session) {
+      t.events.push_back({r->id, -r->bytes, t.tag, t_ops.empty() ? 0 : t_ops.back(), -1});
+      t.live.erase(r->id);
+    }
   }
   delete r;
 }
@@ -78,7 +124,10 @@ class MetaCounting final : public c10::Allocator {
     std::lock_guard<std::mutex> g(t.mutex);
     if (!t.on || n == 0) return inner;
     auto* r = new Record{t.session, t.next_id++, static_cast<int64_t>(n)};
-    t.events.push_back({r->id, r->bytes, t.tag, t_ops.empty() ? 0 : t_ops.back()});
+    t.events.push_back({r->id, r->bytes, t.tag, t_ops.empty() ? 0 : t_ops.back(), -1});
+    t.live.insert(r->id);
+    for (Sum& sum : t_sums)
+      if (sum.target >= 0) sum.made.push_back(r->id);
     return {inner.get(), r, &free_record, inner.device()};
   }
   c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
@@ -146,11 +195,21 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   const int64_t id = intern(t.op_ids, t.ops, name);
   // an operator called again inside its own call (a fake tensor's dispatch, then its kernel) counted once
   if (f > 0 && (t_ops.empty() || t_ops.back() != id)) t.flops[t.tag] += f;
+  t_sums.push_back(Sum{inplace_target(name, fn, t.ops), {}});
   t_ops.push_back(id);
   return nullptr;
 }
 void on_end(const at::RecordFunction&, at::ObserverContext*) {
-  if (!t_ops.empty()) t_ops.pop_back();
+  if (t_ops.empty()) return;
+  const int64_t op = t_ops.back();
+  t_ops.pop_back();
+  const Sum sum = std::move(t_sums.back());
+  t_sums.pop_back();
+  if (sum.target < 0) return;
+  Trace& t = trace();
+  std::lock_guard<std::mutex> g(t.mutex);
+  for (int64_t id : sum.made)
+    if (t.live.count(id)) t.events.push_back({id, 0, t.tag, op, sum.target});
 }
 
 void plan_start(c10::string_view device, bool cpu) {
@@ -169,6 +228,7 @@ void plan_start(c10::string_view device, bool cpu) {
     ++t.session;
     t.next_id = 0;
     t.events.clear();
+    t.live.clear();
     t.flops.clear();
     t.tag = 0;
     t.device = device == "cuda" ? PlannedDevice::kCuda : PlannedDevice::kCpu;
@@ -176,6 +236,7 @@ void plan_start(c10::string_view device, bool cpu) {
     g_cpu = cpu;
   }
   t_ops.clear();
+  t_sums.clear();
   t.callback = at::addThreadLocalCallback(at::RecordFunctionCallback(on_start, on_end)
                                               .needsInputs(true)
                                               .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
@@ -187,7 +248,8 @@ void plan_tag(c10::string_view tag) {
   t.tag = intern(t.tag_ids, t.tags, std::string(tag));
 }
 
-// (events [N, 4] int64: allocation id, bytes (negative: freed), tag index, operator index; the
+// (events [N, 5] int64: allocation id, bytes (negative: freed), tag index, operator index, -1; or
+// a sum's marker (t_sums); the
 // tags; the operators; the matmul FLOPs by tag index, a float64 vector as long as the tags)
 std::tuple<at::Tensor, std::vector<std::string>, std::vector<std::string>, at::Tensor> plan_stop() {
   Trace& t = trace();
@@ -197,9 +259,9 @@ std::tuple<at::Tensor, std::vector<std::string>, std::vector<std::string>, at::T
   t.on = false;
   g_cpu = false;
   t.device = PlannedDevice::kNone;
-  at::Tensor events = at::empty({static_cast<int64_t>(t.events.size()), 4}, at::kLong);
+  at::Tensor events = at::empty({static_cast<int64_t>(t.events.size()), 5}, at::kLong);
   if (!t.events.empty())
-    std::memcpy(events.data_ptr<int64_t>(), t.events.data(), t.events.size() * 4 * sizeof(int64_t));
+    std::memcpy(events.data_ptr<int64_t>(), t.events.data(), t.events.size() * 5 * sizeof(int64_t));
   t.events.clear();
   at::Tensor flops = at::zeros({static_cast<int64_t>(t.tags.size())}, at::kDouble);
   for (const auto& [tag, f] : t.flops) flops[tag] = f;
@@ -220,7 +282,7 @@ void plan_note_cpu(const void* data, int64_t bytes) {
   std::lock_guard<std::mutex> g(t.mutex);
   if (t.on && t.cpu)
     t.events.push_back(
-        {static_cast<int64_t>(reinterpret_cast<intptr_t>(data)), bytes, t.tag, t_ops.empty() ? 0 : t_ops.back()});
+        {static_cast<int64_t>(reinterpret_cast<intptr_t>(data)), bytes, t.tag, t_ops.empty() ? 0 : t_ops.back(), -1});
 }
 
 PlannedDevice planned_device() {

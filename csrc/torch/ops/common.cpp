@@ -154,6 +154,11 @@ void linear_into(at::Tensor& out, const at::Tensor& x, const at::Tensor& w, cons
   at::linear_out(out, x, w, b);
 }
 
+at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b) {
+  if (x.is_meta() && b.has_value() && b->defined()) return at::mm(x, w.t());
+  return at::linear(x, w, b);
+}
+
 void bmm_into(at::Tensor& acc, const at::Tensor& a, const at::Tensor& b, bool accumulate) {
   if (acc.is_meta()) {
     memory::plan_note_flops(2.0 * static_cast<double>(a.numel()) * static_cast<double>(b.size(-1)));

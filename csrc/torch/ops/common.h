@@ -81,6 +81,9 @@ bool on_cuda(const at::Tensor& t);
 // tensors (tempo.plan) the meta kernels of these out= and in-place forms make a temporary the
 // real kernels do not, so there the GEMM is not run: its FLOPs are noted instead.
 void linear_into(at::Tensor& out, const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b);
+// at::linear(x, w, b) of 2-D x: on meta tensors (tempo.plan) with a bias, as one product (the meta
+// kernel of addmm makes two temporaries the real one does not; the bias' addition is no GEMM).
+at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b);
 void bmm_into(at::Tensor& acc, const at::Tensor& a, const at::Tensor& b, bool accumulate);
 
 // acc += a b (2-D matmul) into an accumulator of the math type (float32 for 16-bit data,

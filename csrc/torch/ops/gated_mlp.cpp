@@ -132,7 +132,7 @@ at::Tensor block_of(const at::Tensor& kept, const at::Tensor& x2, const at::Tens
   if (kept.defined()) return kept.narrow(1, c0, n);
   const std::optional<at::Tensor> b =
       bias.has_value() && bias->defined() ? std::optional<at::Tensor>(bias->narrow(0, row0 + c0, n)) : std::nullopt;
-  return at::linear(x2, weight.narrow(0, row0 + c0, n), b);
+  return torch_impl::linear(x2, weight.narrow(0, row0 + c0, n), b);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_kernel(

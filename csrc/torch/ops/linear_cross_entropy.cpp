@@ -188,7 +188,7 @@ std::tuple<at::Tensor, at::Tensor> forward_kernel(const at::Tensor& hidden, cons
     const int64_t C = rows_per_chunk(chunk, V, N, hidden);
     for (int64_t r0 = 0; r0 < N; r0 += C) {
       const int64_t n = std::min(C, N - r0);
-      at::Tensor z = at::linear(h.narrow(0, r0, n), weight, b).contiguous();  // [n, V], hidden's dtype
+      at::Tensor z = torch_impl::linear(h.narrow(0, r0, n), weight, b).contiguous();  // [n, V], hidden's dtype
       transform_logits(z, opts);
       if (z.is_meta()) continue;
       LinearCrossEntropyForwardParams params;
@@ -276,7 +276,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_kernel(
   for (int64_t r0 = 0; r0 < N; r0 += C) {
     const int64_t n = std::min(C, N - r0);
     const at::Tensor hc = h.narrow(0, r0, n);
-    at::Tensor dz = at::linear(hc, weight, b).contiguous();  // the logits again, made their gradient in place
+    at::Tensor dz = torch_impl::linear(hc, weight, b).contiguous();  // the logits again, made their gradient in place
     const at::Tensor t = transform_logits(dz, opts);
     if (!dz.is_meta()) {
       LinearCrossEntropyBackwardParams params;
@@ -331,7 +331,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> stats_kernel(const at::Tensor& hi
     const int64_t C = rows_per_chunk(chunk, V, N, hidden);
     for (int64_t r0 = 0; r0 < N; r0 += C) {
       const int64_t n = std::min(C, N - r0);
-      at::Tensor z = at::linear(h.narrow(0, r0, n), weight, b).contiguous();
+      at::Tensor z = torch_impl::linear(h.narrow(0, r0, n), weight, b).contiguous();
       transform_logits(z, opts);
       const at::Tensor zf = z.to(math_t);  // the chunk in the math type (a chunk's worth, freed per chunk)
       const at::Tensor yc = y.narrow(0, r0, n), kept = yc.ne(ignore);

@@ -267,6 +267,7 @@ class _Job:
                 FakeTensorMode(),
                 engine.custom_ops_run_through(),
                 engine.not_tracing(),
+                engine.grouped_mm_any_dtype(),
                 contextlib.ExitStack() as stack,
             ):
                 engine.tag("build")

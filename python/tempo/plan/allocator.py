@@ -19,12 +19,16 @@ K_ROUND_LARGE = 2 * MIB  # segments for requests of K_MIN_LARGE_ALLOC and more r
 
 
 def cleaned(trace):
-    """The trace's events without the fake-tensor artefacts: a fake tensor rebuilt from the
-    fake-tensor cache as a view is allocated and at once given its base's storage (`set_`),
-    which a real device never does."""
+    """The trace's events as a real device would see them, without the fake tensors' artefacts:
+    - a fake tensor rebuilt from the fake-tensor cache as a view is allocated and at once given
+      its base's storage (`set_`): neither happens on a device;
+    - autograd sums two gradients of one tensor (a parameter used twice: tied embeddings; an
+      activation read by two layers) in place into one of them, but out of place for a tensor
+      subclass such as a fake tensor: there the sum is a new allocation and the gradient it
+      would have been added into is freed; on a device neither happens."""
     ev = trace.events
     if len(ev) < 2:
-        return ev
+        return ev[:, :4]
     set_ops = [i for i, o in enumerate(trace.ops) if o == "aten::set_"]
     nxt = ev[1:]
     phantom = (ev[:-1, 1] > 0) & (nxt[:, 1] == -ev[:-1, 1]) & (nxt[:, 0] == ev[:-1, 0])
@@ -32,7 +36,25 @@ def cleaned(trace):
     keep = torch.ones(len(ev), dtype=torch.bool)
     keep[:-1] &= ~phantom
     keep[1:] &= ~phantom
-    return ev[keep]
+    ev = ev[keep]
+    if not bool((ev[:, 4] >= 0).any()):
+        return ev[:, :4]
+    out, alias, dropped, made = [], {}, set(), {}
+    for ident, n, tag, op, target in ev.tolist():
+        if n == 0 and target >= 0:  # a sum: on a device the operand `target` became it, in place
+            if ident in made:
+                out[made.pop(ident)] = None  # so the sum's allocation does not happen there
+            alias[ident] = alias.get(target, target)
+            dropped.add(target)  # nor the operand's own free
+            continue
+        if n < 0 and ident in dropped:
+            dropped.discard(ident)
+            continue
+        if n > 0:
+            made[ident] = len(out)
+        out.append([alias.get(ident, ident), n, tag, op])
+    out = [r for r in out if r is not None]
+    return torch.tensor(out, dtype=torch.long).reshape(-1, 4)
 
 
 def first(trace, events, which):

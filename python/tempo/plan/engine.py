@@ -148,6 +148,27 @@ def not_tracing():
         hf_utils.is_fake_tensor, masking.find_packed_sequence_indices = is_fake, find_packed
 
 
+@contextlib.contextmanager
+def grouped_mm_any_dtype():
+    """Inside: torch._grouped_mm's meta kernel takes any floating dtype, as its CPU kernel does (the
+    meta kernel checks for bfloat16, which CUDA's needs): the mixture-of-experts layers of a
+    float32 plan run."""
+    import torch._meta_registrations as meta
+
+    common = meta._meta_grouped_mm_common
+
+    def any_dtype(mat_a, mat_b, scale_a, scale_b, offs, bias, scale_result, out_dtype, *args, **kwargs):
+        if scale_a is not None or scale_b is not None:
+            return common(mat_a, mat_b, scale_a, scale_b, offs, bias, scale_result, out_dtype, *args, **kwargs)
+        return meta._create_grouped_mm_output_tensor(mat_a, mat_b, offs, out_dtype)
+
+    meta._meta_grouped_mm_common = any_dtype
+    try:
+        yield
+    finally:
+        meta._meta_grouped_mm_common = common
+
+
 # ---- optimizers ------------------------------------------------------------------------------
 
 

@@ -11,10 +11,11 @@ from .. import memory
 from . import engine, methods as methods_module, models
 
 
-def measure_cpu(model_or_config, method, batch, seq, precision="fp32", seed=0):
+def measure_cpu(model_or_config, method, batch, seq, precision="fp32", seed=0, record=False):
     """The peak tempo.memory counts over the second of two training steps of `method` (weights,
     gradients and optimizer state included: everything allocated since the model was built), on
-    random weights."""
+    random weights. record: also the CPU's allocations as a trace (engine.Trace), tagged as the
+    plan's are (peak, trace)."""
     config, _ = models.config_of(model_or_config)
     cls, causal = models.model_class(config)
     memory.track()
@@ -28,8 +29,14 @@ def measure_cpu(model_or_config, method, batch, seq, precision="fp32", seed=0):
         else contextlib.nullcontext
     )
     with contextlib.ExitStack() as stack:
+        if record:
+            torch.ops.tempo.memory_plan_start("cpu", True)
+            stack.callback(lambda: traced.append(engine.Trace(*torch.ops.tempo.memory_plan_stop())))
+            engine.tag("build")
+        traced = []
         model = cls._from_config(config, dtype=weights).train()
         run, _, _ = methods_module.apply(method, model, config, causal, "cpu", stack)
+        engine.tag("inputs")
         ids = torch.randint(4, config.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(seed))
         data = {"input_ids": ids, "labels": ids.clone()}
         opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
@@ -43,4 +50,4 @@ def measure_cpu(model_or_config, method, batch, seq, precision="fp32", seed=0):
         peak = memory.stats()[1] - start
         del model, run, opt, data
     gc.collect()
-    return peak
+    return (peak, traced[0]) if record else peak
