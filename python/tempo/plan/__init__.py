@@ -91,9 +91,10 @@ class Plan:
     """The plans of a model's training step, one per method: `plan[method]` (a MethodPlan),
     iterating gives the methods; str() is the table, to_json() and plot(path) the rest."""
 
-    def __init__(self, setup, rows):
+    def __init__(self, setup, rows, job=None):
         self.setup = setup
         self.rows = rows
+        self._job = job
         self.__dict__.update(setup)
 
     def __getitem__(self, method):
@@ -140,6 +141,7 @@ def plan(
     gpus=1,
     budget=None,
     seq_step=256,
+    workers=None,
 ):
     """Plans a training step of `model_or_config` (a preset name: tempo.plan.PRESETS; a
     transformers config or its folder; a model) at `batch` x `seq` tokens per method (default
@@ -150,7 +152,8 @@ def plan(
     {"r": rank, "bits": 16 or 4}: adapters on every linear layer of the blocks, the rest frozen.
     gpus: FSDP2 full sharding over that many GPUs. budget: the bytes to fit in (default: the
     device's memory less CUDA_CONTEXT; on the CPU none unless given). seq_step: the granularity of
-    max_seq. Returns a Plan."""
+    max_seq. workers: processes to plan the methods in (default: one a core for three methods or
+    more). Returns a Plan."""
     kind, capacity = models.device_of(device)
     if precision not in PRECISIONS:
         raise PlanError("tempo.plan: unknown precision %r; known: %s" % (precision, ", ".join(PRECISIONS)))
@@ -192,9 +195,64 @@ def plan(
     )
     job = _Job(config, cls, causal, setup)
     rows = {}
-    for method in chosen:
+    workers = _workers(workers, len(chosen))
+    groups = [chosen[i::workers] for i in range(workers)]
+    others = [_start_worker(config, cls.__name__, causal, setup, g) for g in groups[1:]]
+    for method in groups[0]:
         rows[method] = job.plan_method(method)
-    return Plan(setup, rows)
+    for worker in others:
+        for row in _finish_worker(worker, job):
+            row._search = _Search(job, row.name).find if row.error is None else None
+            rows[row.name] = row
+    rows = {m: rows[m] for m in chosen}
+    return Plan(setup, rows, job)
+
+
+def _workers(workers, methods):
+    """Processes to plan the methods in: each plan is one core's work (PyTorch's fake tensors are
+    Python), so up to one a core; one for fewer than three methods (a process costs seconds to
+    start)."""
+    if workers is not None:
+        return max(1, int(workers))
+    import os
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return min(cores, methods) if methods >= 3 else 1
+
+
+def _start_worker(config, cls_name, causal, setup, methods):
+    """A process planning `methods` (tempo/plan/_worker.py), started."""
+    import os
+    import pickle
+    import subprocess
+
+    import tempo
+
+    env = dict(os.environ)
+    here = os.path.dirname(os.path.dirname(os.path.abspath(tempo.__file__)))
+    env["PYTHONPATH"] = os.pathsep.join([here] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tempo.plan._worker"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    proc.stdin.write(pickle.dumps((config, cls_name, causal, setup, methods)))
+    proc.stdin.close()
+    return proc
+
+
+def _finish_worker(proc, job):
+    import pickle
+
+    out = proc.stdout.read()
+    err = proc.stderr.read()
+    if proc.wait() != 0 or not out:
+        raise RuntimeError("tempo.plan: a planning process failed:\n%s" % err.decode(errors="replace")[-2000:])
+    rows, peaks = pickle.loads(out)
+    job.peaks.update(peaks)
+    return rows
 
 
 def _lora_of(lora):
@@ -218,6 +276,58 @@ class _Job:
     def __init__(self, config, cls, causal, setup):
         self.config, self.cls, self.causal, self.setup = config, cls, causal, setup
         self.verdicts = None
+        self.peaks = {}  # (method, batch, seq) -> the planned peak (a GPU's: its reserved bytes)
+
+    def peak_of(self, method, batch, seq):
+        """The planned step's peak of `method` at batch x seq (a GPU's: the allocated bytes; what
+        fits is decided on the reserved ones: reserve_of), cached."""
+        key = (method, batch, seq)
+        if key not in self.peaks:
+            trace, _, _ = self.trace(method, batch, seq)
+            peak, _, reserved, _, _, _ = self.figures(trace)
+            self.peaks[key] = (peak, reserved if reserved is not None else peak)
+        return self.peaks[key][0]
+
+    def reserve_of(self, method, batch, seq):
+        self.peak_of(method, batch, seq)
+        return self.peaks[(method, batch, seq)][1]
+
+    def extrapolated(self, method, batch, seq):
+        """The peak (a GPU's reserved bytes) of the whole model from models of 3 and 4 blocks: each
+        phase's peak, per place of its block (first, middle, last), extrapolated along a line in
+        the number of blocks; the largest. The whole model's plan where it has 4 blocks or fewer."""
+        blocks = _blocks(self.config)
+        if blocks is None or blocks <= 4:
+            return self.reserve_of(method, batch, seq)
+        key = (method, batch, seq, "extrapolated")
+        if key not in self.peaks:
+            phases = [self._phases(method, batch, seq, n) for n in (3, 4)]
+            out = 0
+            for name in set(phases[0]) & set(phases[1]):
+                a, b = phases[0][name], phases[1][name]
+                out = max(out, b + (blocks - 4) * (b - a))
+            self.peaks[key] = (out, out)
+        return self.peaks[key][0]
+
+    def _phases(self, method, batch, seq, layers):
+        """The largest bytes held (a GPU's reserved bytes) in each phase of the planned step, the
+        blocks' phases named by the block's place: first, middle or last."""
+        trace, _, _ = self.trace(method, batch, seq, layers=layers)
+        peak, index, reserved, events, current, mark = self.figures(trace)
+        if reserved is not None:  # the reserved bytes only grow: the step's is its end's
+            return {"step": reserved}
+        out = {"before": int(current[mark - 1]) if mark > 0 else 0}
+        tags = trace.tags
+        for k in range(mark, len(events)):
+            tag = tags[int(events[k, 2])]
+            name = tag.split(": ", 1)[-1]
+            if ", layer " in name:
+                head, rest = name.split(", layer ", 1)
+                i = int(rest.split()[0])
+                place = "first" if i == 0 else ("last" if i == layers - 1 else "middle")
+                name = "%s, %s block%s" % (head, place, rest[len(str(i)) :])
+            out[name] = max(out.get(name, 0), int(current[k]))
+        return out
 
     # ---- one traced step ------------------------------------------------------------------
 
@@ -329,10 +439,18 @@ class _Job:
             trace, events, index, mark
         )
         row.flops = trace.flops_of("step 2")
+        self.peaks[(method, s["batch"], s["seq"])] = (peak, reserved if reserved is not None else peak)
         if s["budget"] is not None:
             row.fits = (reserved if reserved is not None else peak) <= s["budget"]
         row._search = _Search(self, method).find
         return row
+
+
+def _blocks(config):
+    for attr in ("num_hidden_layers", "n_layer"):
+        if getattr(config, attr, None):
+            return getattr(config, attr)
+    return None
 
 
 def _with_lora(model, lora, weights):
@@ -491,20 +609,15 @@ def _breakdown(trace, events, index, mark):
 
 class _Search:
     """The longest sequence (batch 1) and the largest batch (at seq) whose planned step fits the
-    budget: candidates from a quadratic fit of the peak in the length (a line in the batch),
-    each checked by a plan; the answer is a length that fits beside one a step longer that does
-    not (a batch beside the next)."""
-
-    cache = {}
+    budget. The search plans models of 3 and 4 blocks (blocks are identical: each phase's peak
+    moves by the same bytes from one block more to the next) and extrapolates each phase to the
+    model's blocks; its answer is then planned whole, and stepped down until the whole plan fits
+    (up while the next one fits): a length that fits beside one a step longer that does not (a
+    batch beside the next), by the whole model's plans."""
 
     def __init__(self, job, method):
         self.job, self.method = job, method
         self.found = {}
-
-    def peak_at(self, batch, seq):
-        trace, _, _ = self.job.trace(self.method, batch, seq)
-        peak, _, reserved, _, _, _ = self.job.figures(trace)
-        return reserved if reserved is not None else peak
 
     def find(self, axis):
         if axis in self.found:
@@ -515,8 +628,19 @@ class _Search:
             return None
         step = s["seq_step"] if axis == "seq" else 1
         cap = (s["positions"] or 1 << 20) // step if axis == "seq" else 1 << 16
-        f = (lambda n: self.peak_at(1, n * step)) if axis == "seq" else (lambda n: self.peak_at(n, s["seq"]))
-        self.found[axis] = _largest(f, budget, cap, quadratic=axis == "seq") * step or None
+        if axis == "seq":
+            whole = lambda n: self.job.reserve_of(self.method, 1, n * step)  # noqa: E731
+            quick = lambda n: self.job.extrapolated(self.method, 1, n * step)  # noqa: E731
+        else:
+            whole = lambda n: self.job.reserve_of(self.method, n, s["seq"])  # noqa: E731
+            quick = lambda n: self.job.extrapolated(self.method, n, s["seq"])  # noqa: E731
+        n = _largest(quick, budget, cap, quadratic=axis == "seq")
+        n = max(n, 1)
+        while n > 1 and whole(n) > budget:
+            n -= 1
+        while n < cap and whole(n + 1) <= budget:
+            n += 1
+        self.found[axis] = n * step if whole(n) <= budget else None
         return self.found[axis]
 
 

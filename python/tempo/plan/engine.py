@@ -14,7 +14,6 @@ import math
 
 import torch
 import torch.nn.functional as F
-from torch.overrides import TorchFunctionMode
 
 from .. import memory  # noqa: F401  (loads the library's memory ops)
 
@@ -80,14 +79,16 @@ def cuda_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
     )[0]
 
 
-class CudaAttention(TorchFunctionMode):
-    """Inside: F.scaled_dot_product_attention runs as on CUDA (cuda_sdpa)."""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is F.scaled_dot_product_attention:
-            return cuda_sdpa(*args, **kwargs)
-        return func(*args, **kwargs)
+@contextlib.contextmanager
+def cuda_attention():
+    """Inside: F.scaled_dot_product_attention runs as on CUDA (cuda_sdpa), also where autograd
+    reruns a checkpointed forward in the backward."""
+    before = F.scaled_dot_product_attention
+    F.scaled_dot_product_attention = cuda_sdpa
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention = before
 
 
 @contextlib.contextmanager

@@ -8,7 +8,7 @@ import torch
 
 from ..apps.runner import Unavailable, enable_checkpointing
 from ..hf import optimize
-from .engine import CudaAttention
+from .engine import cuda_attention
 
 METHODS = (
     "eager",
@@ -90,7 +90,7 @@ def apply(method, model, config, causal, device_kind, stack):
         notes.append(why)
     model.set_attn_implementation(implementation)
     if device_kind == "cuda" and implementation == "sdpa":
-        stack.enter_context(CudaAttention())
+        stack.enter_context(cuda_attention())
     run = model
     if method.startswith("tempo"):
         recompute = method.split("+recompute-", 1)[1] if "+recompute-" in method else "product"
@@ -118,7 +118,7 @@ def _trl_head(model, device_kind, stack):
     """TRL's fused log-prob head (trl.trainer.utils.add_fused_lm_head, which TRL's trainers
     install), the model called as they call it. On a GPU its tiles are folded by a Triton kernel
     in place: there the plan keeps TRL's GEMMs and buffers and takes the fold as allocating
-    nothing (as the kernel does), and scores only the labelled positions (TRL's compact mode)."""
+    nothing (as the kernel does)."""
     try:
         import trl.kernels.chunked_logprob as trl_kernels
         import trl.trainer.utils as trl_utils
@@ -126,7 +126,17 @@ def _trl_head(model, device_kind, stack):
         raise Unavailable("TRL is not installed (%s)" % e) from None
     trl_utils.add_fused_lm_head(model, outputs=("log_probs", "entropy", "is_top1"))
     if device_kind == "cuda":
-        stack.enter_context(_patched(trl_utils, "_use_triton", lambda device: True))
+        # the fold allocates nothing; the labelled rows are gathered into a tensor of their own
+        # (compact mode: hidden_states[mask], with every label valid here), which the plan makes
+        # as a copy of the rows (the gather's size is the mask's values', which fake tensors lack)
+        head = trl_utils._ChunkedLogProbFunction
+
+        class Compact:
+            @staticmethod
+            def apply(hidden, *args):
+                return head.apply(hidden.clone() if hidden._is_view() else hidden, *args)
+
+        stack.enter_context(_patched(trl_utils, "_ChunkedLogProbFunction", Compact))
         stack.enter_context(_patched(trl_kernels, "_use_triton", lambda device: False))
         stack.enter_context(_patched(trl_kernels, "_forward_tile", lambda *a, **k: None))
         stack.enter_context(_patched(trl_kernels, "_backward_tile", lambda *a, **k: None))

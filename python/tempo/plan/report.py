@@ -1,5 +1,7 @@
 """tempo.plan's table, JSON and chart."""
 
+import math
+
 GIB = 1 << 30
 
 
@@ -48,3 +50,80 @@ def table(plan):
             )
         )
     return "\n".join(lines)
+
+
+COLORS = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f")
+
+
+def seqs_for(plan):
+    """The sequence lengths a chart plots: powers of two from 512 to the model's positions (at most
+    131,072), and the plan's own."""
+    top = min(plan.setup["positions"] or 131072, 131072)
+    seqs, s = [], 512
+    while s <= top:
+        seqs.append(s)
+        s *= 2
+    return sorted(set(seqs + [plan.setup["seq"]]))
+
+
+def plot(plan, path, seqs=None):
+    """The peak against the sequence length at the plan's batch (log2 x), one line per method, the
+    budget as a line: an SVG file at `path`. Returns {method: [(seq, peak)]}."""
+    seqs = seqs or seqs_for(plan)
+    curves = {m: [(s, plan._job.peak_of(m, plan.setup["batch"], s)) for s in seqs] for m in plan if not plan[m].error}
+    s = plan.setup
+    W, H, left, right, top, bottom = 900, 500, 80, 220, 50, 60
+    peaks = [p for c in curves.values() for _, p in c]
+    ymax = max(peaks + [s["budget"] or 0]) * 1.08
+    lo, hi = math.log2(seqs[0]), math.log2(seqs[-1])
+
+    def x(v):
+        return left + (W - left - right) * (0.5 if hi == lo else (math.log2(v) - lo) / (hi - lo))
+
+    def y(v):
+        return top + (H - top - bottom) * (1 - v / ymax)
+
+    out = [
+        '<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="12">'
+        % (W, H),
+        '<rect width="100%" height="100%" fill="white"/>',
+        '<text x="20" y="26" font-size="16" font-weight="bold">tempo.plan: %s, batch %d, %s, %s, %s</text>'
+        % (s["model"], s["batch"], s["precision"], s["optimizer"], s["device"]),
+        '<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="black"/>' % (left, H - bottom, W - right, H - bottom),
+        '<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="black"/>' % (left, top, left, H - bottom),
+        '<text x="%d" y="%d" text-anchor="middle">sequence length (tokens)</text>' % ((left + W - right) / 2, H - 18),
+        '<text x="18" y="%d" transform="rotate(-90 18 %d)" text-anchor="middle">peak of a training step (GiB)</text>'
+        % ((top + H - bottom) / 2, (top + H - bottom) / 2),
+    ]
+    for v in seqs:
+        out.append('<text x="%.1f" y="%d" text-anchor="middle">%d</text>' % (x(v), H - bottom + 18, v))
+    for i in range(6):
+        v = ymax * i / 5
+        out.append('<text x="%d" y="%.1f" text-anchor="end">%.0f</text>' % (left - 6, y(v) + 4, v / GIB))
+    if s["budget"]:
+        out.append(
+            '<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="black" stroke-dasharray="6,4"/>'
+            % (left, y(s["budget"]), W - right, y(s["budget"]))
+        )
+        out.append(
+            '<text x="%d" y="%.1f">budget %.1f GiB</text>' % (W - right + 6, y(s["budget"]) + 4, s["budget"] / GIB)
+        )
+    for i, (m, pts) in enumerate(curves.items()):
+        c = COLORS[i % len(COLORS)]
+        dash = "" if m.startswith("tempo") else ' stroke-dasharray="5,3"'
+        xy = [(x(a), y(b)) for a, b in pts]
+        out.append(
+            '<polyline fill="none" stroke="%s" stroke-width="2"%s points="%s"/>'
+            % (c, dash, " ".join("%.1f,%.1f" % p for p in xy))
+        )
+        out += ['<circle cx="%.1f" cy="%.1f" r="3" fill="%s"/>' % (px, py, c) for px, py in xy]
+        ly = top + 18 * i + 20
+        out.append(
+            '<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="%s" stroke-width="2"%s/>'
+            % (W - right + 6, ly, W - right + 30, ly, c, dash)
+        )
+        out.append('<text x="%d" y="%d">%s</text>' % (W - right + 36, ly + 4, m))
+    out.append("</svg>")
+    with open(path, "w") as f:
+        f.write("\n".join(out) + "\n")
+    return curves
