@@ -276,6 +276,13 @@ void plan_note_flops(double flops) {
   if (t.on) t.flops[t.tag] += flops;
 }
 
+double plan_flops_now() {
+  Trace& t = trace();
+  std::lock_guard<std::mutex> g(t.mutex);
+  auto it = t.flops.find(t.tag);
+  return it == t.flops.end() ? 0.0 : it->second;
+}
+
 void plan_note_cpu(const void* data, int64_t bytes) {
   if (!g_cpu.load(std::memory_order_relaxed)) return;
   Trace& t = trace();

@@ -146,6 +146,20 @@ bool on_cuda(const at::Tensor& t) {
   return t.is_cuda() || (t.is_meta() && memory::planned_device() == memory::PlannedDevice::kCuda);
 }
 
+PlannedBlocks::PlannedBlocks(const at::Tensor& on, int64_t count) : meta_(on.is_meta()), count_(count) {}
+
+bool PlannedBlocks::skip(int64_t b) {
+  if (!meta_ || count_ <= 3) return false;
+  if (b == 1) start_ = memory::plan_flops_now();
+  if (b < 2 || b >= count_ - 1) return false;
+  memory::plan_note_flops(block_);
+  return true;
+}
+
+void PlannedBlocks::done(int64_t b) {
+  if (meta_ && b == 1) block_ = memory::plan_flops_now() - start_;
+}
+
 void linear_into(at::Tensor& out, const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b) {
   if (out.is_meta()) {
     memory::plan_note_flops(2.0 * static_cast<double>(x.numel()) * static_cast<double>(w.size(0)));

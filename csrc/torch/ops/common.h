@@ -86,6 +86,23 @@ void linear_into(at::Tensor& out, const at::Tensor& x, const at::Tensor& w, cons
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b);
 void bmm_into(at::Tensor& acc, const at::Tensor& a, const at::Tensor& b, bool accumulate);
 
+// A kernel's loop over blocks of equal size (the last may be shorter), counted by tempo.plan on
+// meta tensors: blocks 2 to count - 2 make the allocations block 1 makes, in the same order, so
+// they are not run there; block 1's FLOPs are noted for each. `if (blocks.skip(b)) continue;`
+// begins block b's body and `blocks.done(b)` ends it.
+class PlannedBlocks {
+ public:
+  PlannedBlocks(const at::Tensor& on, int64_t count);
+  bool skip(int64_t b);
+  void done(int64_t b);
+
+ private:
+  bool meta_;
+  int64_t count_;
+  double start_ = 0, block_ = 0;
+};
+inline int64_t blocks_of(int64_t n, int64_t size) { return size > 0 ? (n + size - 1) / size : 0; }
+
 // acc += a b (2-D matmul) into an accumulator of the math type (float32 for 16-bit data,
 // `low`): on CUDA one 16-bit GEMM (tensor cores) with its float32 accumulation written into the
 // float32 sum (addmm's out_dtype, torch >= 2.9), rather than a float32 GEMM of float32 copies;

@@ -66,13 +66,16 @@ std::tuple<at::Tensor, at::Tensor> fused_attention_forward_kernel(const at::Tens
   // otherwise copy them again.
   const at::Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
   const at::Tensor kt = kc.transpose(-2, -1);
-  for (int64_t i0 = 0; i0 < Sq; i0 += blk) {
+  PlannedBlocks blocks(q, blocks_of(Sq, blk));
+  for (int64_t i0 = 0, b = 0; i0 < Sq; i0 += blk, ++b) {
+    if (blocks.skip(b)) continue;
     const int64_t n = std::min(blk, Sq - i0);
     const at::Tensor qb = qc.narrow(2, i0, n);
     at::Tensor s = at::matmul(qb, kt).contiguous();
     at::Tensor d = dropout_p > 0.0 ? at::empty_like(s) : at::Tensor();
     softmax_forward(s, d, mask, q, i0, sc, causal, dropout_p, DropoutMode::kPhilox, nullptr, keep.rng, op);
     out.narrow(2, i0, n).copy_(at::matmul(d.defined() ? d : s, vc));
+    blocks.done(b);
   }
   return {out, keep.keep};
 }
@@ -121,7 +124,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_attention_backward_kernel(
     if (widen) a3 = a3.to(at::kFloat), b3 = b3.to(at::kFloat);
     bmm_into(acc, a3, b3, !first);
   };
-  for (int64_t i0 = 0; i0 < Sq; i0 += blk) {
+  PlannedBlocks blocks(q, blocks_of(Sq, blk));
+  for (int64_t i0 = 0, b = 0; i0 < Sq; i0 += blk, ++b) {
+    if (blocks.skip(b)) continue;
     const int64_t n = std::min(blk, Sq - i0);
     const at::Tensor qb = qc.narrow(2, i0, n), gb = gc.narrow(2, i0, n);
     // Recompute the block's P and P_d exactly as the forward did.
@@ -151,6 +156,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_attention_backward_kernel(
     }
     dq.narrow(2, i0, n).copy_(at::matmul(ds, kc));
     accumulate(dk3, ds.transpose(-2, -1), qb, i0 == 0);
+    blocks.done(b);
   }
   if (widen) {
     dk.view({BA, k.size(2), k.size(3)}).copy_(dk3);

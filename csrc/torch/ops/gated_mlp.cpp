@@ -161,7 +161,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_kernel(
   at::Tensor up = keep_up && !s.fused ? at::empty({N, I}, x.options()) : none();
   at::Tensor y = at::empty({N, s.O}, x.options());
   const int64_t R = rows_per_block(I);
-  for (int64_t r0 = 0; r0 < N || (N == 0 && r0 == 0); r0 += R) {
+  PlannedBlocks blocks(x, blocks_of(N, R));
+  for (int64_t r0 = 0, b = 0; r0 < N || (N == 0 && r0 == 0); r0 += R, ++b) {
+    if (blocks.skip(b)) continue;
     const int64_t m = std::min(R, N - r0);
     const at::Tensor xr = x2.narrow(0, r0, m);
     // The block's projections by one route whatever is kept, so that the output is bitwise the
@@ -189,6 +191,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_kernel(
     }
     at::Tensor yr = y.narrow(0, r0, m);  // written in place: its rows are contiguous
     linear_into(yr, h, down_weight, down_bias);
+    blocks.done(b);
   }
   return {y.view_symint(with_last(x, s.O)), gate, up};
 }
@@ -256,7 +259,9 @@ Grads backward_kernel(const at::Tensor& grad, const at::Tensor& x, const std::op
   if (bias_grad[2]) ddb.copy_(dy.sum(0));
   const int64_t C = columns_per_block(chunk, s), R = rows_per_block(C);
   const at::TensorOptions math = x.options().dtype(low ? at::kFloat : x.scalar_type());
-  for (int64_t c0 = 0; c0 < s.I && N > 0; c0 += C) {
+  PlannedBlocks columns(x, N > 0 ? blocks_of(s.I, C) : 0);
+  for (int64_t c0 = 0, cb = 0; c0 < s.I && N > 0; c0 += C, ++cb) {
+    if (columns.skip(cb)) continue;
     const int64_t n = std::min(C, s.I - c0);
     // rows [c0, c0 + n) of the gate and up weights (fused: up's are I rows further), columns of down's
     const at::Tensor wg = gate_weight.narrow(0, c0, n);
@@ -268,7 +273,9 @@ Grads backward_kernel(const at::Tensor& grad, const at::Tensor& x, const std::op
     at::Tensor acc_d = maybe(need_ddown, [&] { return at::zeros({s.O, n}, math); });
     at::Tensor acc_gb = maybe(bias_grad[0], [&] { return at::zeros({n}, math); });
     at::Tensor acc_ub = maybe(bias_grad[1] || (fused && bias_grad[0]), [&] { return at::zeros({n}, math); });
-    for (int64_t r0 = 0; r0 < N; r0 += R) {
+    PlannedBlocks rows(x, blocks_of(N, R));
+    for (int64_t r0 = 0, rb = 0; r0 < N; r0 += R, ++rb) {
+      if (rows.skip(rb)) continue;
       const int64_t m = std::min(R, N - r0);
       const at::Tensor xr = x2.narrow(0, r0, m), dyr = dy.narrow(0, r0, m);
       const at::Tensor dh = at::mm(dyr, wd);  // [m, n]
@@ -296,6 +303,7 @@ Grads backward_kernel(const at::Tensor& grad, const at::Tensor& x, const std::op
         add_matmul(dxr, dg, wg, low);
         add_matmul(dxr, du, wu, low);
       }
+      rows.done(rb);
     }
     if (need_ddown) ddw.narrow(1, c0, n).copy_(acc_d);
     if (need_dgate) dgw.narrow(0, c0, n).copy_(acc_g);
@@ -304,6 +312,7 @@ Grads backward_kernel(const at::Tensor& grad, const at::Tensor& x, const std::op
     if (bias_grad[0]) dgb.narrow(0, c0, n).copy_(acc_gb);
     if (bias_grad[0] && fused) dgb.narrow(0, s.I + c0, n).copy_(acc_ub);
     if (bias_grad[1]) dub.narrow(0, c0, n).copy_(acc_ub);
+    columns.done(cb);
   }
   if (N == 0) {  // no rows: every weight gradient is 0
     for (at::Tensor* t : {&dgw, &duw, &ddw})

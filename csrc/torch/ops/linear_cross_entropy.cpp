@@ -186,11 +186,16 @@ std::tuple<at::Tensor, at::Tensor> forward_kernel(const at::Tensor& hidden, cons
     const at::Tensor h = hidden.reshape({N, H}), y = labels.reshape({N}).contiguous();
     const std::optional<at::Tensor> b = bias.has_value() && bias->defined() ? bias : std::nullopt;
     const int64_t C = rows_per_chunk(chunk, V, N, hidden);
-    for (int64_t r0 = 0; r0 < N; r0 += C) {
+    PlannedBlocks chunks(hidden, blocks_of(N, C));
+    for (int64_t r0 = 0, cb = 0; r0 < N; r0 += C, ++cb) {
+      if (chunks.skip(cb)) continue;
       const int64_t n = std::min(C, N - r0);
       at::Tensor z = torch_impl::linear(h.narrow(0, r0, n), weight, b).contiguous();  // [n, V], hidden's dtype
       transform_logits(z, opts);
-      if (z.is_meta()) continue;
+      if (z.is_meta()) {
+        chunks.done(cb);
+        continue;
+      }
       LinearCrossEntropyForwardParams params;
       fill_rows(params, z, y, r0, n, V, ignore, smoothing);
       params.logits = z.const_data_ptr();
@@ -273,7 +278,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_kernel(
   }
   const std::optional<at::Tensor> b = has_bias ? bias : std::nullopt;
   const int64_t C = rows_per_chunk(chunk, V, N, hidden);
-  for (int64_t r0 = 0; r0 < N; r0 += C) {
+  PlannedBlocks chunks(hidden, blocks_of(N, C));
+  for (int64_t r0 = 0, cb = 0; r0 < N; r0 += C, ++cb) {
+    if (chunks.skip(cb)) continue;
     const int64_t n = std::min(C, N - r0);
     const at::Tensor hc = h.narrow(0, r0, n);
     at::Tensor dz = torch_impl::linear(hc, weight, b).contiguous();  // the logits again, made their gradient in place
@@ -296,6 +303,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_kernel(
     ghf.narrow(0, r0, n).copy_(at::matmul(dz, weight));
     add_matmul(gw, dz.t(), hc, low);
     if (has_bias) gb.add_(dz.sum(0, false, acc));
+    chunks.done(cb);
   }
   return {gh, gw.to(weight.scalar_type()), has_bias ? gb.to(weight.scalar_type()) : gb};
 }
@@ -329,7 +337,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> stats_kernel(const at::Tensor& hi
     const at::Tensor h = hidden.reshape({N, H}), y = labels.reshape({N});
     const std::optional<at::Tensor> b = bias.has_value() && bias->defined() ? bias : std::nullopt;
     const int64_t C = rows_per_chunk(chunk, V, N, hidden);
-    for (int64_t r0 = 0; r0 < N; r0 += C) {
+    PlannedBlocks chunks(hidden, blocks_of(N, C));
+    for (int64_t r0 = 0, cb = 0; r0 < N; r0 += C, ++cb) {
+      if (chunks.skip(cb)) continue;
       const int64_t n = std::min(C, N - r0);
       at::Tensor z = torch_impl::linear(h.narrow(0, r0, n), weight, b).contiguous();
       transform_logits(z, opts);
@@ -340,6 +350,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> stats_kernel(const at::Tensor& hi
       correct.narrow(0, r0, n).copy_(kept.logical_and(zf.argmax(1).eq(yc)));
       const at::Tensor zt = zf / temperature, lt = zt.logsumexp(1, true);
       entropy.narrow(0, r0, n).copy_(lt.squeeze(1) - ((zt - lt).exp_() * zt).sum(1));
+      chunks.done(cb);
     }
   }
   return {logprob.view(labels.sizes()), entropy.view(labels.sizes()), correct.view(labels.sizes())};

@@ -65,8 +65,10 @@ PlannedDevice planned_device();
 // The counting CPU allocator's allocations and frees (bytes < 0), keyed by address: a trace opened
 // with cpu=true records them beside the meta device's (to set a real CPU run beside its plan).
 void plan_note_cpu(const void* data, int64_t bytes);
-// Matmul FLOPs a kernel ran without dispatching them (on meta tensors, in tempo.plan's count).
+// Matmul FLOPs a kernel ran without dispatching them (on meta tensors, in tempo.plan's count), and
+// those counted so far under the current tag.
 void plan_note_flops(double flops);
+double plan_flops_now();
 
 // bytes -> "512 B", "2.83 MiB", "11.00 GiB": the largest binary unit that keeps the value >= 1.
 std::string format_bytes(int64_t bytes);
