@@ -38,10 +38,12 @@ def recompute_gated(gate, up, activation, down):
     ):
         return down(act(gate) * up)
     g, u = gate.detach(), up.detach()  # the recipes' inputs, without the graph that made them
-    marks = {}  # storage address -> what it holds; addresses only, so nothing here keeps a or h alive
+    # storage -> what it holds, by the storage's identity (its StorageImpl: also for fake tensors,
+    # whose data pointers are all null); identities only, so nothing here keeps a or h alive
+    marks = {}
 
     def pack(t):
-        kind = marks.get(t.untyped_storage().data_ptr())
+        kind = marks.get(t.untyped_storage()._cdata)
         if kind is None:
             return t
         return kind, t.shape, t.stride(), t.storage_offset(), t.dtype
@@ -56,9 +58,9 @@ def recompute_gated(gate, up, activation, down):
 
     with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
         a = act(gate)
-        marks[a.untyped_storage().data_ptr()] = "act"
+        marks[a.untyped_storage()._cdata] = "act"
         h = a * up
-        marks[h.untyped_storage().data_ptr()] = "h"
+        marks[h.untyped_storage()._cdata] = "h"
         del a
         return down(h)
 

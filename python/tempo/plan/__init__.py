@@ -459,9 +459,19 @@ def _with_lora(model, lora, weights):
     absolute maximum a block of 64 and a float32 per 256 of those), dequantised to 16 bits for
     each matmul and not kept."""
     import peft
+    import peft.tuners.tuners_utils as peft_tuners
 
     config = peft.LoraConfig(r=lora["r"], lora_alpha=2 * lora["r"], target_modules="all-linear", lora_dropout=0.0)
-    model = peft.get_peft_model(model, config)
+    # the adapters are made float32 on the plan's device, where peft then keeps them for a 16-bit base
+    # (autocast_adapter_dtype); its moves to the base layer's device are the one step that fake
+    # tensors refuse (module._apply swaps them), and move nothing here
+    move, to = peft_tuners.BaseTunerLayer._move_adapter_to_device_of_base_layer, torch.nn.Module.to
+    peft_tuners.BaseTunerLayer._move_adapter_to_device_of_base_layer = lambda self, *a, **k: None
+    torch.nn.Module.to = lambda self, *a, **k: self
+    try:
+        model = peft.get_peft_model(model, config)
+    finally:
+        peft_tuners.BaseTunerLayer._move_adapter_to_device_of_base_layer, torch.nn.Module.to = move, to
     if lora["bits"] == 4:
         for module in model.modules():
             base = getattr(module, "base_layer", None)
@@ -634,14 +644,46 @@ class _Search:
         else:
             whole = lambda n: self.job.reserve_of(self.method, n, s["seq"])  # noqa: E731
             quick = lambda n: self.job.extrapolated(self.method, n, s["seq"])  # noqa: E731
-        n = _largest(quick, budget, cap, quadratic=axis == "seq")
-        n = max(n, 1)
-        while n > 1 and whole(n) > budget:
-            n -= 1
-        while n < cap and whole(n + 1) <= budget:
-            n += 1
-        self.found[axis] = n * step if whole(n) <= budget else None
+        n = max(1, _largest(quick, budget, cap, quadratic=axis == "seq"))
+        self.found[axis] = _bracketed(whole, budget, n, cap) * step or None
         return self.found[axis]
+
+
+def _bracketed(f, budget, guess, cap):
+    """The largest n in [1, cap] with f(n) <= budget (f increasing), 0 if none, from a guess:
+    steps out from it, doubling, until a fitting and a failing n bracket the answer, then
+    bisects."""
+    if f(guess) <= budget:
+        lo, hi, stride = guess, None, 1
+        while hi is None and lo < cap:
+            probe = min(cap, lo + stride)
+            if f(probe) <= budget:
+                lo = probe
+            else:
+                hi = probe
+            stride *= 2
+        if hi is None:
+            return lo
+    else:
+        lo, hi, stride = 0, guess, 1
+        while lo == 0:
+            probe = hi - stride
+            if probe < 1:
+                if f(1) > budget:
+                    return 0
+                lo = 1
+            elif f(probe) <= budget:
+                lo = probe
+            else:
+                hi = probe
+            stride *= 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if f(mid) <= budget:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 def _largest(f, budget, cap, quadratic):

@@ -11,11 +11,12 @@ from .. import memory
 from . import engine, methods as methods_module, models
 
 
-def measure_cpu(model_or_config, method, batch, seq, precision="fp32", seed=0, record=False):
+def measure_cpu(model_or_config, method, batch, seq, precision="fp32", seed=0, record=False, lora=None):
     """The peak tempo.memory counts over the second of two training steps of `method` (weights,
     gradients and optimizer state included: everything allocated since the model was built), on
     random weights. record: also the CPU's allocations as a trace (engine.Trace), tagged as the
-    plan's are (peak, trace)."""
+    plan's are (peak, trace). lora: a rank: peft's LoRA as the plan puts it (every linear layer of
+    the blocks; the optimizer over the adapters)."""
     config, _ = models.config_of(model_or_config)
     cls, causal = models.model_class(config)
     memory.track()
@@ -36,10 +37,17 @@ def measure_cpu(model_or_config, method, batch, seq, precision="fp32", seed=0, r
         traced = []
         model = cls._from_config(config, dtype=weights).train()
         run, _, _ = methods_module.apply(method, model, config, causal, "cpu", stack)
+        if lora:
+            import peft
+
+            model = peft.get_peft_model(
+                model,
+                peft.LoraConfig(r=lora, lora_alpha=2 * lora, target_modules="all-linear", lora_dropout=0.0),
+            )
         engine.tag("inputs")
         ids = torch.randint(4, config.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(seed))
         data = {"input_ids": ids, "labels": ids.clone()}
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5, fused=True)
         peak = []
 
         def on_step(step):
