@@ -1,11 +1,14 @@
-"""tempo.auto(model, make_batch, budget): Auto-Tempo (the Tempo paper, section 5.2). Decides,
-by measurement under a memory budget, whether (fast) or where (fine) to apply tempo.
+"""tempo.auto(model, make_batch, budget): Auto-Tempo. Decides under a memory budget whether
+(fast) or where (fine) to apply tempo: by tempo.plan where the plan covers the model (a
+transformers language model fed token ids of one length: no step runs), else by measurement.
 
-Each candidate is applied to the model (tempo.optimize), its largest batch under the budget is
-found by running training steps (forward and backward) until a real out-of-memory error
+Measured, each candidate is applied to the model (tempo.optimize), its largest batch under the
+budget is found by running training steps (forward and backward) until a real out-of-memory error
 (torch.OutOfMemoryError: on CUDA from the allocator under the budget's memory fraction, on CPU
 from tempo's counting allocator under the budget), and its throughput at that batch is the
-median of timed steps after a warm-up. The winner is left applied; the others are undone.
+median of timed steps after a warm-up. Planned, each candidate's largest batch is tempo.plan's
+(with SGD, which keeps no state) and the one with the largest wins. The winner is left applied;
+the others are undone.
 
 The budget covers the model's parameters and buffers, their gradients and everything a step
 allocates; an optimizer's state is not part of the step, so leave room for it in the budget
@@ -156,8 +159,84 @@ def _candidates(model, method, transformers_model):
     return out
 
 
-def auto(model, make_batch, budget=None, method="fast", loss_fn=None, steps=3, max_batch=1 << 16):
-    """Applies tempo to `model` where measurement says it pays, and returns an AutoReport.
+def _by_plan(model, make_batch, budget, method, device, held_by_model, loss_fn, max_batch):
+    """(AutoReport, None) decided by tempo.plan, or (None, why the plan does not cover the model)."""
+    from . import plan as planner
+    from .plan.methods import attention_of, tempo_attention_of
+    from .plan.models import model_class
+
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(model, "set_attn_implementation"):
+        return None, "%s is not a transformers model" % type(model).__name__
+    try:
+        planned_class = model_class(config)[0]
+    except planner.PlanError as e:
+        return None, str(e)
+    if type(model) is not planned_class:
+        return None, "the plan builds %s from the config, not %s" % (planned_class.__name__, type(model).__name__)
+    if loss_fn is not None:
+        return None, "a loss_fn is given (the plan takes the model's own loss)"
+    if not all(p.requires_grad for p in model.parameters()):
+        return None, "some parameters are frozen (tempo.plan plans LoRA through its lora= argument)"
+    if model.config._attn_implementation not in ("eager", "sdpa"):
+        return None, "its attention is %r (the plan takes eager or sdpa)" % model.config._attn_implementation
+    try:
+        batch = make_batch(1)
+    except Exception as e:  # noqa: BLE001  (the measurement would meet it too)
+        return None, "make_batch(1) failed (%s)" % e
+    ids = batch.get("input_ids") if isinstance(batch, dict) else None
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or set(batch) - {"input_ids", "labels", "attention_mask"}:
+        return None, "the batch is not token ids of one length (input_ids, labels)"
+    seq = ids.shape[1]
+    dtype = next(model.parameters()).dtype
+    precision = {torch.float32: "fp32", torch.bfloat16: "bf16"}.get(dtype)
+    if precision is None:
+        return None, "its weights are %s (the plan takes float32 or bfloat16)" % dtype
+    own = "eager" if model.config._attn_implementation == "eager" else "sdpa"
+    candidates = {"baseline (as given)": own, "tempo: all": "tempo"}
+    if method == "fine" and any(rules_for(m, {"gated_mlp"}) for m in model.modules()):
+        for what in ("up", "gate_up"):  # as measured, on tempo-sdpa (tempo.plan's and the frontier's)
+            candidates["tempo: all, gated MLPs recomputing %s" % what] = "tempo+recompute-" + what
+    try:
+        result = planner.plan(
+            config,
+            batch=1,
+            seq=seq,
+            methods=list(dict.fromkeys(candidates.values())),
+            device="cpu" if device.type == "cpu" else budget,
+            precision=precision,
+            optimizer="sgd",  # tempo.auto's budget leaves the optimizer's state out
+            budget=budget,
+            workers=1,
+        )
+    except planner.PlanError as e:
+        return None, str(e)
+    rows, best = [], None
+    for name, m in candidates.items():
+        row = result[m]
+        if row.error:
+            continue
+        mb = row.max_batch if row.max_batch is None else min(row.max_batch, max_batch)
+        rows.append((name, mb, None, None))
+        if mb is not None and (best is None or mb > best[1]):
+            best = (name, mb, m)
+    if best is None:
+        grads = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+        raise ValueError(
+            "tempo.auto: the model does not fit the budget (%.3f GiB) at batch 1, with or without tempo (by "
+            "tempo.plan; its parameters, buffers and gradients alone take %.3f GiB)"
+            % (budget / 2**30, (held_by_model + grads) / 2**30)
+        )
+    name, mb, m = best
+    if m != own:  # as the plan applied it
+        attention = tempo_attention_of(config, device.type) if m == "tempo" else attention_of(config)[0]
+        optimize(model, attention=attention, mlp_recompute=m.split("+recompute-", 1)[1] if "+recompute-" in m else "product")
+    why = "decided by tempo.plan (no trial step): the largest batch under the budget, %d at %d tokens" % (mb, seq)
+    return AutoReport(method, budget, rows, name, why, ["no throughput measured: the plan counts memory"]), None
+
+
+def auto(model, make_batch, budget=None, method="fast", loss_fn=None, steps=3, max_batch=1 << 16, decide="auto"):
+    """Applies tempo to `model` where the plan or measurement says it pays; returns an AutoReport.
 
     make_batch(batch_size) -> a training batch: a dict of model kwargs (with labels, so that
     the output has .loss), a tuple of positional args, or one tensor; loss_fn(output) -> loss
@@ -167,7 +246,14 @@ def auto(model, make_batch, budget=None, method="fast", loss_fn=None, steps=3, m
     (the candidate with the most throughput at its largest batch among: no change, all
     techniques, all with the gated MLPs recomputing up(x) or gate(x) and up(x) (mlp_recompute),
     each technique alone, attention alone, all techniques on half the layers).
+    decide: "measure" (trial steps, as above), "plan" (tempo.plan's largest batch of each
+    candidate under the budget, planned without a step: baseline, tempo and, fine, tempo with
+    the gated MLPs recomputing; the one that fits the largest batch, the baseline on a tie; no
+    throughput is measured) or "auto" (the plan where it covers the model: a transformers
+    language model fed token ids of one length; else measurement). The report says which.
     """
+    if decide not in ("auto", "plan", "measure"):
+        raise ValueError("tempo.auto: decide must be 'auto', 'plan' or 'measure', got %r" % (decide,))
     if method not in ("fast", "fine"):
         raise ValueError("tempo.auto: method must be 'fast' or 'fine', got %r" % (method,))
     if not callable(make_batch):
@@ -196,6 +282,7 @@ def auto(model, make_batch, budget=None, method="fast", loss_fn=None, steps=3, m
     budget = int(budget)
     if "_tempo_undo" in model.__dict__:
         raise ValueError("tempo.auto: the model is already patched by tempo.optimize; tempo.restore it first")
+
     loss_of = loss_fn or _loss
     # attention is a candidate only where it can be switched (a transformers model using the registry)
     transformers_model = any(uses_attention_registry(m) for _, m in transformers_models(model))
@@ -215,6 +302,15 @@ def auto(model, make_batch, budget=None, method="fast", loss_fn=None, steps=3, m
             "tempo.auto: the budget (%.3f GiB) does not even hold the model's parameters and buffers "
             "(%.3f GiB)" % (budget / 2**30, held_by_model / 2**30)
         )
+    if decide != "measure":
+        planned, why_not = _by_plan(model, make_batch, budget, method, device, held_by_model, loss_fn, max_batch)
+        if planned is not None:
+            model.train(was_training)
+            planned.notes[:0] = notes
+            return planned
+        if decide == "plan":
+            raise ValueError("tempo.auto: decide='plan', but tempo.plan does not cover this model: %s" % why_not)
+        notes.append("measured: tempo.plan does not cover this model (%s)" % why_not)
 
     def probe(batch_size):
         """One forward + backward at batch_size under the budget: its peak as the budget sees

@@ -218,7 +218,7 @@ def test_auto_chooses_a_measured_candidate_and_its_largest_batch_is_exact(method
     model = small_bert()
     ref = copy.deepcopy(model).eval()
     budget = 10 * 2**20
-    rep = tempo.auto(model, make_batch, budget=budget, method=method, steps=1)
+    rep = tempo.auto(model, make_batch, budget=budget, method=method, steps=1, decide="measure")
     names = [r[0] for r in rep.rows]
     assert rep.choice in names and names[0] == "baseline (as given)" and "tempo: all" in names
     if method == "fine":
@@ -317,14 +317,14 @@ def test_auto_leaves_the_collector_as_it_found_it():
     frozen objects itself. The largest batches are those measured without it."""
     model = small_bert()
     assert gc.get_freeze_count() == 0
-    first = tempo.auto(model, make_batch, budget="10MiB", method="fast", steps=1)
+    first = tempo.auto(model, make_batch, budget="10MiB", method="fast", steps=1, decide="measure")
     assert gc.get_freeze_count() == 0
     if "_tempo_undo" in model.__dict__:
         tempo.restore(model)
     gc.freeze()
     try:
         frozen = gc.get_freeze_count()
-        second = tempo.auto(model, make_batch, budget="10MiB", method="fast", steps=1)
+        second = tempo.auto(model, make_batch, budget="10MiB", method="fast", steps=1, decide="measure")
         assert 0 < gc.get_freeze_count() <= frozen  # neither released nor added to (some were freed)
     finally:
         gc.unfreeze()
@@ -368,6 +368,47 @@ def test_auto_errors():
         tempo.auto(model, broken, budget="1GiB")
     assert gc.get_freeze_count() == 0
     assert "_tempo_undo" not in model.__dict__  # left unpatched after the error
+
+
+@pytest.mark.parametrize("method", ["fast", "fine"])
+def test_auto_by_plan_finds_the_batches_measurement_finds(method):
+    """Where tempo.plan covers the model (a transformers language model fed token ids), tempo.auto
+    decides from the plan, runs no step, and says so: each candidate's largest batch is the one
+    that trial steps find (measured here by tempo.auto itself and by step_fits, independently), and
+    the candidate applied is the plan's choice."""
+    model = small_bert()
+    budget = 10 * 2**20
+    planned = tempo.auto(model, make_batch, budget=budget, method=method)
+    assert "decided by tempo.plan" in planned.why and "no throughput measured" in str(planned), str(planned)
+    assert all(r[2] is None for r in planned.rows)  # nothing timed
+    by_plan = {r[0]: r[1] for r in planned.rows}
+    assert planned.choice == max(by_plan, key=lambda k: by_plan[k]) and planned.choice == "tempo: all"
+    assert tempo.report(model).patched and model.config._attn_implementation == "tempo"  # BERT's dropout on a CPU
+    tempo.restore(model)
+    measured = tempo.auto(model, make_batch, budget=budget, method=method, steps=1, decide="measure")
+    by_measure = {r[0]: r[1] for r in measured.rows}
+    assert all(by_plan[k] == by_measure[k] for k in by_plan), (str(planned), str(measured))
+    if "_tempo_undo" in model.__dict__:
+        tempo.restore(model)
+    base, all_ = by_plan["baseline (as given)"], by_plan["tempo: all"]
+    assert step_fits(model, base, budget) and not step_fits(model, base + 1, budget)
+    tempo.optimize(model, attention="tempo")
+    assert step_fits(model, all_, budget) and not step_fits(model, all_ + 1, budget)
+
+
+def test_auto_says_where_the_plan_does_not_cover_the_model():
+    """A user's module around a transformers model, or a loss of its own: measured, and the
+    report says why; decide="plan" refuses it in one line."""
+    model = _Classifier()
+    kwargs = dict(budget="8MiB", steps=1, max_batch=4, loss_fn=lambda out: out.square().mean())
+    rep = tempo.auto(model, lambda b: (make_batch(b)["input_ids"],), **kwargs)
+    assert any(n.startswith("measured: tempo.plan does not cover this model (_Classifier") for n in rep.notes), str(rep)
+    if "_tempo_undo" in model.__dict__:
+        tempo.restore(model)
+    with pytest.raises(ValueError, match="decide='plan', but tempo.plan does not cover this model: a loss_fn"):
+        tempo.auto(small_bert(), make_batch, budget="8MiB", loss_fn=lambda out: out.loss, decide="plan")
+    with pytest.raises(ValueError, match="decide must be 'auto', 'plan' or 'measure'"):
+        tempo.auto(small_bert(), make_batch, budget="8MiB", decide="guess")
 
 
 def test_auto_on_minilm_keeps_its_outputs():
@@ -637,10 +678,11 @@ def test_bench_module_errors(capsys):
         assert message in err, (args, err)
 
 
-def test_auto_fine_weighs_the_gated_mlps_recomputing_their_projections():
-    """On a LLaMA, method="fine" also measures tempo with the gated MLPs recomputing up(x), and
+@pytest.mark.parametrize("decide", ["measure", "plan"])
+def test_auto_fine_weighs_the_gated_mlps_recomputing_their_projections(decide):
+    """On a LLaMA, method="fine" also weighs tempo with the gated MLPs recomputing up(x), and
     gate(x) and up(x) (mlp_recompute): each fits at least "tempo: all"'s batch under the same
-    budget, and a chosen one is what the model ends up with."""
+    budget, and a chosen one is what the model ends up with; measured and planned alike."""
     import transformers as T
 
     torch.manual_seed(0)
@@ -659,7 +701,8 @@ def test_auto_fine_weighs_the_gated_mlps_recomputing_their_projections():
         ids = torch.randint(0, 128, (b, 64), generator=torch.Generator().manual_seed(b))
         return {"input_ids": ids, "labels": ids}
 
-    rep = tempo.auto(model, batch, budget="6MiB", method="fine", steps=1, max_batch=64)
+    rep = tempo.auto(model, batch, budget="6MiB", method="fine", steps=1, max_batch=64, decide=decide)
+    assert ("tempo.plan" in rep.why) == (decide == "plan"), str(rep)
     rows = {r[0]: r for r in rep.rows}
     names = ["tempo: all, gated MLPs recomputing up", "tempo: all, gated MLPs recomputing gate_up"]
     assert all(n in rows for n in names), str(rep)

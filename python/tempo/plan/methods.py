@@ -18,6 +18,7 @@ METHODS = (
     "sdpa+torch-lce",
     "sdpa+trl-head",
     "tempo",
+    "tempo-sdpa",
     "tempo+recompute-up",
     "tempo+recompute-gate_up",
     "tempo+ckpt",
@@ -48,6 +49,23 @@ def attention_of(config):
     if getattr(config, "attn_logit_softcapping", None):
         return "eager", "its attention logits are soft-capped, which transformers' sdpa refuses: eager attention"
     return "sdpa", None
+
+
+# where a config keeps its attention-probability dropout, by family
+_ATTENTION_DROPOUT = ("attention_probs_dropout_prob", "attention_dropout", "attn_pdrop", "attn_dropout")
+
+
+def tempo_attention_of(config, device_kind):
+    """The attention of the method "tempo" (tempo.optimize(attention="auto"), the frontier's
+    name): tempo's own where it keeps fewer bytes than torch's sdpa, which is on the CPU with
+    attention dropout (sdpa falls back to its math path there, probabilities and mask kept);
+    elsewhere sdpa keeps no S x S tensor, tempo's attention one, so sdpa (or eager, as
+    attention_of says). The other tempo methods are tempo-sdpa's, as the frontier's are."""
+    implementation, _ = attention_of(config)
+    dropout = max((float(getattr(config, k, 0) or 0) for k in _ATTENTION_DROPOUT), default=0.0)
+    if device_kind == "cpu" and dropout > 0 and implementation == "sdpa":
+        return "tempo"
+    return implementation
 
 
 class HostOffload(torch.autograd.graph.saved_tensors_hooks):
@@ -94,7 +112,8 @@ def apply(method, model, config, causal, device_kind, stack):
     run = model
     if method.startswith("tempo"):
         recompute = method.split("+recompute-", 1)[1] if "+recompute-" in method else "product"
-        optimize(model, attention=implementation, mlp_recompute=recompute)
+        attention = tempo_attention_of(config, device_kind) if method == "tempo" else implementation
+        optimize(model, attention=attention, mlp_recompute=recompute)
     if method.endswith("+torch-lce"):
         from ..apps.frontier_methods import torch_chunked_lce
         from ..hf.lm_head import set_head_loss
