@@ -17,6 +17,7 @@
 #              frontier: python -m tempo.frontier, LLaMA-1B and gpt2-medium in bf16 autocast, each
 #              method's largest batch and tokens/s per budget beside sdpa, checkpointing,
 #              torch.compile (with its memory budget) and Liger-Kernel
+#              plan: tempo.plan's peaks against max_memory_allocated (scripts/plan_check.py)
 #   3. sanitize  compute-sanitizer memcheck and racecheck over one case of each op
 #              (scripts/sanitize_ops.py); sync: ops and a patched training step under
 #              torch.cuda.set_sync_debug_mode("error") (tests/python/test_cuda_sync.py)
@@ -245,6 +246,14 @@ frontier() {
   return $rc
 }
 
+# tempo.plan against the device (scripts/plan_check.py): each method's planned peak against
+# max_memory_allocated (and reserved) over a real step, Llama-3.2-1B and Llama-3.1-8B shapes with
+# random bf16 weights and SGD, two lengths each; passes within 3%. The dry run: a small LLaMA on the CPU.
+plan() {
+  TEMPO_LIBRARY="$BUILD/lib/libtempo_torch.so" PYTHONPATH="$PWD/python" \
+    "$PYTHON" scripts/plan_check.py --device $DEVICE --json "$OUT/plan.json"
+}
+
 # compute-sanitizer memcheck and racecheck over one small case of each op (tempo's kernels only).
 sanitize() {
   local env=(TEMPO_LIBRARY="$BUILD/lib/libtempo_torch.so" PYTHONPATH="$PWD/python")
@@ -310,7 +319,7 @@ bench_hf() {
 }
 
 export DRY OUT PYTHON BUILD DEVICE JOBS
-export -f build tests graphs train liger_site bandwidth heads frontier sanitize sync layer bench_cpp bench_hf
+export -f build tests graphs train liger_site bandwidth heads frontier plan sanitize sync layer bench_cpp bench_hf
 
 if [ $DRY = 1 ]; then
   B1=6MiB; B2=8MiB; M1=bert-base; M2=gpt2
@@ -330,6 +339,7 @@ if [ -x "$BUILD/tempo" ]; then
   step heads 60 heads
   step layer 60 layer
   step frontier 200 frontier
+  step plan 120 plan
   step sanitize 90 sanitize
   step sync 60 sync
   step tests 150 tests

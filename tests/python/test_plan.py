@@ -12,80 +12,9 @@ import transformers as T
 
 import tempo
 from tempo.plan import allocator
-from tempo.plan.validate import measure_cpu
+from tempo.plan.validate import FAMILIES, measure_cpu, methods_for
 
-# Tiny models of each family (the validation's shapes; docs/results/plan-cpu.md has more points).
-FAMILIES = {
-    "llama": lambda: T.LlamaConfig(
-        hidden_size=128,
-        intermediate_size=352,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=2048,
-        max_position_embeddings=4096,
-    ),
-    "qwen2": lambda: T.Qwen2Config(
-        hidden_size=128,
-        intermediate_size=352,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=2048,
-        max_position_embeddings=4096,
-    ),
-    "gemma": lambda: T.GemmaConfig(
-        hidden_size=128,
-        intermediate_size=352,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        vocab_size=2048,
-        max_position_embeddings=4096,
-    ),
-    "phi3": lambda: T.Phi3Config(
-        hidden_size=128,
-        intermediate_size=352,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        vocab_size=2048,
-        max_position_embeddings=4096,
-        pad_token_id=0,
-    ),
-    "mixtral": lambda: T.MixtralConfig(
-        hidden_size=128,
-        intermediate_size=352,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        num_local_experts=4,
-        num_experts_per_tok=2,
-        vocab_size=2048,
-        max_position_embeddings=4096,
-    ),
-    "gpt2": lambda: T.GPT2Config(n_embd=128, n_layer=2, n_head=4, n_inner=512, vocab_size=2048, n_positions=1024),
-    "bert": lambda: T.BertConfig(
-        hidden_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=512,
-        vocab_size=2048,
-        max_position_embeddings=512,
-    ),
-}
-GATED = ("llama", "qwen2", "gemma", "phi3", "mixtral")
 POINTS = [(2, 64), (1, 384)]
-
-
-def methods_for(family):
-    out = ["sdpa", "tempo", "sdpa+ckpt", "tempo+ckpt", "sdpa+torch-lce"]
-    if family in GATED:
-        out.append("tempo+recompute-gate_up")
-    if family not in ("bert",):
-        out.append("sdpa+trl-head")
-    return out
 
 
 def _check(config, methods, batch, seq, what):

@@ -123,6 +123,28 @@ class Plan:
 
         return plot(self, path, seqs)
 
+    def on(self, device, budget=None):
+        """The same plan on another GPU (a name in DEVICES or a byte count; budget as plan()'s):
+        the peaks stand (a step's tensors and the caching allocator's rounding do not depend on
+        the GPU's size), what fits and the searches are the new budget's. The planned steps are
+        shared, so searching on several GPUs plans each (batch, seq) once."""
+        kind, capacity = models.device_of(device)
+        if kind != self.kind:
+            raise PlanError("tempo.plan: Plan.on moves a plan between GPUs; this one is for %r" % self.device)
+        setup = dict(self.setup, device=models.device_name(device), capacity=capacity)
+        setup["budget"] = capacity - CUDA_CONTEXT if budget is None else budget
+        job = _Job(self._job.config, self._job.cls, self._job.causal, setup)
+        job.peaks, job.verdicts = self._job.peaks, self._job.verdicts
+        rows = {}
+        for name, row in self.rows.items():
+            moved = copy.copy(row)
+            if row.error is None:
+                held = row.reserved if row.reserved is not None else row.peak
+                moved.fits = held <= setup["budget"]
+                moved._search = _Search(job, name).find
+            rows[name] = moved
+        return Plan(setup, rows, job)
+
 
 def _gib(n):
     return "-" if n is None else "%.2f GiB" % (n / 2**30)

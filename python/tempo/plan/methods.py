@@ -92,9 +92,11 @@ class HostOffload(torch.autograd.graph.saved_tensors_hooks):
         super().__init__(pack, unpack)
 
 
-def apply(method, model, config, causal, device_kind, stack):
+def apply(method, model, config, causal, device_kind, stack, planning=True):
     """Applies `method` to `model` inside `stack` (an ExitStack: what the method keeps on for
-    the run); returns (the callable that trains, notes, the offloader or None)."""
+    the run); returns (the callable that trains, notes, the offloader or None). planning=False:
+    for a real run on the device (validate.measure_cuda), without the plan's emulations of the
+    GPU's kernels (sdpa's dispatch, TRL's Triton fold) and with torch's own save_on_cpu."""
     if method.endswith("+trl-head") and not causal:
         raise Unavailable("TRL's head is a causal language model's, and %s is a masked one" % type(model).__name__)
     if method not in METHODS:
@@ -107,7 +109,7 @@ def apply(method, model, config, causal, device_kind, stack):
     elif why:
         notes.append(why)
     model.set_attn_implementation(implementation)
-    if device_kind == "cuda" and implementation == "sdpa":
+    if device_kind == "cuda" and implementation == "sdpa" and planning:
         stack.enter_context(cuda_attention())
     run = model
     if method.startswith("tempo"):
@@ -121,15 +123,18 @@ def apply(method, model, config, causal, device_kind, stack):
         optimize(model, techniques="lm_head")
         set_head_loss(model, torch_chunked_lce)
     if method.endswith("+trl-head"):
-        run = _trl_head(model, device_kind, stack)
+        run = _trl_head(model, device_kind if planning else "real", stack)
     if "+ckpt" in method and not enable_checkpointing(model):
         raise Unavailable("%s does not support gradient checkpointing" % type(model).__name__)
     offload = None
     if method.endswith("+offload"):
         if device_kind != "cuda":
             raise Unavailable("offloading to host memory is for a GPU (on the CPU it is the same memory)")
-        offload = HostOffload(model.parameters())
-        stack.enter_context(offload)
+        if planning:
+            offload = HostOffload(model.parameters())
+            stack.enter_context(offload)
+        else:
+            stack.enter_context(torch.autograd.graph.save_on_cpu(pin_memory=True))
     return run, notes, offload
 
 

@@ -27,8 +27,8 @@ def table(plan):
         ", FSDP over %d GPUs" % s["gpus"] if s["gpus"] > 1 else "",
         _gib(s["budget"]),
     )
-    cols = ("method", "peak GiB", "fits", "activations", "act/layer", "TFLOPs", "max seq", "max batch", "peak at")
-    lines = [head, "%-26s %9s %5s %11s %10s %8s %8s %9s  %s" % cols]
+    cols = ("method", "peak GiB", "reserved", "fits", "activations", "act/layer", "TFLOPs", "max seq", "max batch")
+    lines = [head, "%-26s %9s %9s %5s %11s %10s %8s %8s %9s  %s" % (cols + ("peak at",))]
     for m in plan:
         r = plan[m]
         if r.error:
@@ -36,10 +36,11 @@ def table(plan):
             continue
         per = max(r.activations_per_layer) if r.activations_per_layer else None
         lines.append(
-            "%-26s %9s %5s %11s %10s %8s %8s %9s  %s"
+            "%-26s %9s %9s %5s %11s %10s %8s %8s %9s  %s"
             % (
                 m,
                 _gib(r.peak),
+                _gib(r.reserved),
                 "-" if r.fits is None else ("yes" if r.fits else "no"),
                 _gib(r.activations),
                 _gib(per),
@@ -49,7 +50,18 @@ def table(plan):
                 r.where,
             )
         )
+    if s["kind"] == "cuda":
+        lines.append(NOT_MODELLED)
     return "\n".join(lines)
+
+
+# What a GPU plan leaves out, said under its table.
+NOT_MODELLED = (
+    "peak: max_memory_allocated's; reserved: the caching allocator's segments as its rules make them "
+    "(default settings, no expandable_segments), the low end of what max_memory_reserved shows: not "
+    "modelled are the CUDA context (768 MiB taken off the budget), cuBLAS/cuBLASLt workspaces (up to "
+    "tens of MiB a stream) and segments split across steps (fragmentation)"
+)
 
 
 COLORS = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f")

