@@ -158,6 +158,7 @@ def validate_cpu():
     from tempo.plan.validate import FAMILIES, GATED, measure_cpu, methods_for
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
     def every(family):  # methods_for's, and the ones that keep what another does on these shapes
         more = ["eager", "tempo-sdpa"] + (["tempo+recompute-up"] if family in GATED else [])
         return methods_for(family) + more
@@ -171,7 +172,9 @@ def validate_cpu():
             for m in methods:
                 real = measure_cpu(config, m, batch, seq)
                 rows.append(dict(family=family, method=m, batch=batch, seq=seq, plan=p[m].peak, measured=real))
-                print("%-8s %-26s %dx%-4d plan %11d measured %11d" % (family, m, batch, seq, p[m].peak, real), flush=True)
+                print(
+                    "%-8s %-26s %dx%-4d plan %11d measured %11d" % (family, m, batch, seq, p[m].peak, real), flush=True
+                )
     return rows, frontier_seq()
 
 
@@ -247,7 +250,7 @@ def cpu_page(rows, frontier, when):
         "# tempo.plan against the CPU's own count",
         "",
         "For each family and method, the plan's peak of a training step (`tempo.plan(config, batch=,",
-        "seq=, device=\"cpu\", precision=\"fp32\")`, on fake tensors) against the peak tempo's counting",
+        'seq=, device="cpu", precision="fp32")`, on fake tensors) against the peak tempo\'s counting',
         "allocator measures over the same step run for real on this CPU (`tempo.plan.validate.measure_cpu`:",
         "the model built and patched as the plan builds it, random weights, the second of two steps with",
         "torch's fused AdamW, weights, gradients and optimizer state included). Families: the small",

@@ -46,7 +46,9 @@ def main():
             t = time.time()
             device = torch.cuda.get_device_properties(0).total_memory if a.device == "cuda" else "cpu"
             precision = "bf16" if a.device == "cuda" else "fp32"
-            p = tempo.plan(config, batch=1, seq=seq, methods=methods, device=device, precision=precision, optimizer="sgd")
+            p = tempo.plan(
+                config, batch=1, seq=seq, methods=methods, device=device, precision=precision, optimizer="sgd"
+            )
             planned_s = time.time() - t
             for m in methods:
                 row = dict(model=model, seq=seq, method=m, plan_peak=p[m].peak, plan_reserved=p[m].reserved)

@@ -230,7 +230,9 @@ def _by_plan(model, make_batch, budget, method, device, held_by_model, loss_fn, 
     name, mb, m = best
     if m != own:  # as the plan applied it
         attention = tempo_attention_of(config, device.type) if m == "tempo" else attention_of(config)[0]
-        optimize(model, attention=attention, mlp_recompute=m.split("+recompute-", 1)[1] if "+recompute-" in m else "product")
+        optimize(
+            model, attention=attention, mlp_recompute=m.split("+recompute-", 1)[1] if "+recompute-" in m else "product"
+        )
     why = "decided by tempo.plan (no trial step): the largest batch under the budget, %d at %d tokens" % (mb, seq)
     return AutoReport(method, budget, rows, name, why, ["no throughput measured: the plan counts memory"]), None
 

@@ -7,7 +7,6 @@ CUDA's caching allocator model against its rules; the search; errors."""
 import os
 
 import pytest
-import torch
 import transformers as T
 
 import tempo
@@ -23,7 +22,9 @@ def _check(config, methods, batch, seq, what):
         assert plan[m].error is None, (what, m, plan[m].error)
         real = measure_cpu(config, m, batch, seq)
         err = (plan[m].peak - real) / real
-        print("%-26s %-26s b%d s%-5d plan %11d real %11d %+.4f%%" % (what, m, batch, seq, plan[m].peak, real, 100 * err))
+        print(
+            "%-26s %-26s b%d s%-5d plan %11d real %11d %+.4f%%" % (what, m, batch, seq, plan[m].peak, real, 100 * err)
+        )
         # exact, but for the CPU flash attention's per-thread scratch (a few KB, not modelled)
         assert abs(err) < 0.01 and abs(plan[m].peak - real) <= 65536, (what, m, batch, seq, plan[m].peak, real)
 
@@ -60,7 +61,13 @@ def test_flops_count_each_matmul_once_and_recomputation_costs():
     c = FAMILIES["llama"]()
     b, s = 2, 64
     plan = tempo.plan(
-        c, batch=b, seq=s, device="cpu", precision="fp32", methods=["sdpa", "tempo", "sdpa+ckpt", "tempo+recompute-gate_up"], workers=1
+        c,
+        batch=b,
+        seq=s,
+        device="cpu",
+        precision="fp32",
+        methods=["sdpa", "tempo", "sdpa+ckpt", "tempo+recompute-gate_up"],
+        workers=1,
     )
     n, h, i, v, layers = b * s, c.hidden_size, c.intermediate_size, c.vocab_size, c.num_hidden_layers
     kv = c.num_key_value_heads * (h // c.num_attention_heads)
@@ -118,13 +125,46 @@ def test_longest_sequence_fits_and_a_step_longer_does_not():
     planned whole), and a real step at it runs under the budget as tempo.memory counts it."""
     c = FAMILIES["llama"]()
     budget = 40 << 20
-    plan = tempo.plan(c, batch=1, seq=256, device="cpu", precision="fp32", methods=["tempo"], budget=budget, seq_step=128, workers=1)
+    plan = tempo.plan(
+        c, batch=1, seq=256, device="cpu", precision="fp32", methods=["tempo"], budget=budget, seq_step=128, workers=1
+    )
     n = plan["tempo"].max_seq
     assert n is not None and n % 128 == 0
     at = tempo.plan(c, batch=1, seq=n, device="cpu", precision="fp32", methods=["tempo"], workers=1)["tempo"]
     over = tempo.plan(c, batch=1, seq=n + 128, device="cpu", precision="fp32", methods=["tempo"], workers=1)["tempo"]
     assert at.peak <= budget < over.peak
     assert measure_cpu(c, "tempo", 1, n) == at.peak
+
+
+def test_a_gpu_plan_does_not_depend_on_what_the_process_planned_before():
+    """FakeTensorMode's cache holds each operator's output by shape, and a miss allocates more
+    than the operator: a plan traced cold (the first of its shapes in a process) and one traced
+    after its shapes were cached give the same allocated and reserved bytes, bit for bit."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    c = FAMILIES["llama"]()
+    kw = dict(batch=1, seq=640, precision="fp32", methods=["sdpa", "tempo"], device=1 << 31, workers=1)
+    FakeTensorMode.cache_clear()
+    cold = tempo.plan(c, **kw)
+    warm = tempo.plan(c, **kw)
+    for m in kw["methods"]:
+        assert (cold[m].peak, cold[m].reserved) == (warm[m].peak, warm[m].reserved), m
+
+
+def test_a_plan_moved_to_another_gpu_searches_as_a_plan_made_there():
+    """Plan.on(device, budget): the same longest sequences and verdicts as a plan made for that
+    GPU from the start (the planned steps shared, not planned again); a CPU plan is not moved."""
+    c = FAMILIES["llama"]()
+    kw = dict(batch=1, seq=256, precision="fp32", methods=["sdpa", "tempo"], seq_step=128, workers=1)
+    small = tempo.plan(c, device=1 << 30, budget=40 << 20, **kw)
+    moved = small.on(1 << 31, budget=56 << 20)
+    fresh = tempo.plan(c, device=1 << 31, budget=56 << 20, **kw)
+    assert moved.budget == 56 << 20 and small.budget == 40 << 20
+    for m in kw["methods"]:
+        assert moved[m].max_seq == fresh[m].max_seq > small[m].max_seq, m
+        assert moved[m].fits == fresh[m].fits and moved[m].peak == fresh[m].peak
+    with pytest.raises(tempo.plan.PlanError, match="moves a plan between GPUs"):
+        tempo.plan(c, device="cpu", **kw).on("H100-80GB")
 
 
 # ---- errors ------------------------------------------------------------------------------------
@@ -155,7 +195,9 @@ def test_bad_input_is_refused_clearly(kwargs, message):
 def test_a_method_that_does_not_apply_says_why():
     """TRL's head on a masked LM, offloading on the CPU, torch.compile: a row with the reason."""
     c = FAMILIES["bert"]()
-    plan = tempo.plan(c, batch=1, seq=64, device="cpu", methods=["sdpa+trl-head", "tempo+offload", "compile-mem0.5"], workers=1)
+    plan = tempo.plan(
+        c, batch=1, seq=64, device="cpu", methods=["sdpa+trl-head", "tempo+offload", "compile-mem0.5"], workers=1
+    )
     assert "causal language model" in plan["sdpa+trl-head"].error
     assert "offloading to host memory is for a GPU" in plan["tempo+offload"].error
     assert "partitioner" in plan["compile-mem0.5"].error

@@ -134,7 +134,7 @@ class Plan:
         setup = dict(self.setup, device=models.device_name(device), capacity=capacity)
         setup["budget"] = capacity - CUDA_CONTEXT if budget is None else budget
         job = _Job(self._job.config, self._job.cls, self._job.causal, setup)
-        job.peaks, job.verdicts = self._job.peaks, self._job.verdicts
+        job.peaks, job.verdicts, job.primed = self._job.peaks, self._job.verdicts, self._job.primed
         rows = {}
         for name, row in self.rows.items():
             moved = copy.copy(row)
@@ -298,6 +298,7 @@ class _Job:
     def __init__(self, config, cls, causal, setup):
         self.config, self.cls, self.causal, self.setup = config, cls, causal, setup
         self.verdicts = None
+        self.primed = set()  # (method, batch, seq) whose shapes FakeTensorMode's cache holds
         self.peaks = {}  # (method, batch, seq) -> the planned peak (a GPU's: its reserved bytes)
 
     def peak_of(self, method, batch, seq):
@@ -370,7 +371,20 @@ class _Job:
 
     def trace(self, method, batch, seq, layers=None):
         """(Trace, notes, host bytes) of `method` at batch x seq (layers: a model of that many
-        blocks instead of the config's)."""
+        blocks instead of the config's), traced warm: FakeTensorMode caches each operator's
+        output by its inputs' shapes, and the first call of a shape (a cache miss) allocates
+        more than the operator does (the output made twice to check the cache entry, a kernel's
+        scratch the cached path skips), so a step traced cold would hold phantom blocks that move
+        the caching allocator's segments and splits. Each (method, batch, seq) is first run once
+        on a model of two blocks (every shape the whole model's step has), unrecorded."""
+        key = (method, batch, seq)
+        if key not in self.primed:
+            blocks = _blocks(self.config)
+            self._traced(method, batch, seq, layers=min(2, blocks) if blocks else None)
+            self.primed.add(key)
+        return self._traced(method, batch, seq, layers)
+
+    def _traced(self, method, batch, seq, layers=None):
         from torch._subclasses.fake_tensor import FakeTensorMode
 
         from ..hf import probes

@@ -63,7 +63,9 @@ FAMILIES = {
         vocab_size=2048,
         max_position_embeddings=4096,
     ),
-    "gpt2": lambda: transformers.GPT2Config(n_embd=128, n_layer=2, n_head=4, n_inner=512, vocab_size=2048, n_positions=1024),
+    "gpt2": lambda: transformers.GPT2Config(
+        n_embd=128, n_layer=2, n_head=4, n_inner=512, vocab_size=2048, n_positions=1024
+    ),
     "bert": lambda: transformers.BertConfig(
         hidden_size=128,
         num_hidden_layers=2,
@@ -163,7 +165,9 @@ def measure_cuda(model_or_config, method, batch, seq, precision="bf16", optimize
     torch.manual_seed(seed)
     weights = torch.float32 if precision in ("fp32", "bf16-autocast") else torch.bfloat16
     autocast = (
-        (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if precision == "bf16-autocast" else contextlib.nullcontext
+        (lambda: torch.autocast("cuda", dtype=torch.bfloat16))
+        if precision == "bf16-autocast"
+        else contextlib.nullcontext
     )
     with contextlib.ExitStack() as stack:
         with torch.device("cuda"):
