@@ -11,6 +11,7 @@ import torch
 
 from .. import memory
 from .._measure import free, sync
+from .._method import Unavailable, enable_checkpointing  # noqa: F401  (the apps import them from here)
 
 SIZES = {  # (hidden, layers, heads, intermediate, positions, vocab): the C++ presets' sizes
     "bert": {"base": (768, 12, 12, 3072, 512, 30522), "large": (1024, 24, 16, 4096, 512, 30522)},
@@ -119,11 +120,6 @@ def synthetic_batch(model, batch, seq, causal, seed, device):
     return {"input_ids": ids.to(device), "labels": labels.to(device)}
 
 
-class Unavailable(Exception):
-    """A policy or method that cannot run here (Liger-Kernel without CUDA, a family Liger has no
-    patch for, a model without gradient checkpointing): its row says why."""
-
-
 def liger_function(model):
     """Liger-Kernel's apply function for the model's family (MODEL_TYPE_TO_APPLY_LIGER_FN, or
     apply_liger_kernel_to_<model type>), or Unavailable naming why there is none here."""
@@ -145,19 +141,6 @@ def liger_function(model):
             "Liger-Kernel has no patch for %s (model type %r)" % (type(model).__name__, model.config.model_type)
         )
     return fn
-
-
-def enable_checkpointing(model):
-    """Activation checkpointing of every layer (use_reentrant=False); False, changing nothing,
-    where the model does not support it."""
-    if not model.supports_gradient_checkpointing:
-        return False
-    enable = getattr(model, "activation_checkpointing_enable", None)  # transformers >= 5.2x's name
-    if enable is not None:
-        enable(activation_checkpointing_kwargs={"use_reentrant": False})
-    else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    return True
 
 
 def train_step(run, opt, batch, device, autocast=contextlib.nullcontext):

@@ -6,7 +6,7 @@ import contextlib
 
 import torch
 
-from ..apps.runner import Unavailable, enable_checkpointing
+from .._method import Unavailable, enable_checkpointing
 from ..hf import optimize
 from .engine import cuda_attention
 
