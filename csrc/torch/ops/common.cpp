@@ -140,7 +140,12 @@ void read_dropout_keep(const at::Tensor& keep, const at::Tensor& like, double p,
   }
 }
 
-bool shapes_only(const at::Tensor& t) { return t.is_meta() && t.unsafeGetTensorImpl()->has_symbolic_sizes_strides(); }
+bool shapes_only(const at::Tensor& t) {
+  // Outside a tempo.plan trace a meta tensor is torch.compile's tracing, where any argument's
+  // sizes may be symbolic (not only the one a kernel asks about): shapes alone.
+  return t.is_meta() && (t.unsafeGetTensorImpl()->has_symbolic_sizes_strides() ||
+                         memory::planned_device() == memory::PlannedDevice::kNone);
+}
 
 bool on_cuda(const at::Tensor& t) {
   return t.is_cuda() || (t.is_meta() && memory::planned_device() == memory::PlannedDevice::kCuda);

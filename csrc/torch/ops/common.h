@@ -72,7 +72,7 @@ const c10::TypedOperatorHandle<typename signature_of<decltype(Fn)>::type>& op_fo
 // tempo.plan (csrc/torch/memory/plan.cpp) runs the kernels on meta tensors of concrete sizes:
 // there they make every allocation the real kernel makes, in the same order, and skip the
 // core's work. With symbolic sizes (torch.compile's tracing) they make their outputs alone.
-bool shapes_only(const at::Tensor& t);  // a meta tensor with a symbolic size
+bool shapes_only(const at::Tensor& t);  // a meta tensor with a symbolic size, or outside a plan
 // A CUDA tensor, or a meta one while tempo.plan plans for CUDA: where a kernel allocates
 // differently on CUDA (workspaces, chunk sizes), it decides by this.
 bool on_cuda(const at::Tensor& t);
