@@ -13,56 +13,28 @@ from . import engine, methods as methods_module, models
 
 # Small models of each family the plan is validated on (tests/python/test_plan.py and
 # benchmarks/plan_results.py, which writes docs/results/plan-cpu.md): configs, made on call.
+# The decoders share one shape: hidden 128, 2 layers, 4 heads, MLP 352, vocabulary 2,048.
+_DECODER = dict(
+    hidden_size=128,
+    intermediate_size=352,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=2048,
+    max_position_embeddings=4096,
+)
+
+
+def _decoder(cls, **changes):
+    return lambda: cls(**dict(_DECODER, **changes))
+
+
 FAMILIES = {
-    "llama": lambda: transformers.LlamaConfig(
-        hidden_size=128,
-        intermediate_size=352,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=2048,
-        max_position_embeddings=4096,
-    ),
-    "qwen2": lambda: transformers.Qwen2Config(
-        hidden_size=128,
-        intermediate_size=352,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=2048,
-        max_position_embeddings=4096,
-    ),
-    "gemma": lambda: transformers.GemmaConfig(
-        hidden_size=128,
-        intermediate_size=352,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        vocab_size=2048,
-        max_position_embeddings=4096,
-    ),
-    "phi3": lambda: transformers.Phi3Config(
-        hidden_size=128,
-        intermediate_size=352,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        vocab_size=2048,
-        max_position_embeddings=4096,
-        pad_token_id=0,
-    ),
-    "mixtral": lambda: transformers.MixtralConfig(
-        hidden_size=128,
-        intermediate_size=352,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        num_local_experts=4,
-        num_experts_per_tok=2,
-        vocab_size=2048,
-        max_position_embeddings=4096,
-    ),
+    "llama": _decoder(transformers.LlamaConfig),
+    "qwen2": _decoder(transformers.Qwen2Config),
+    "gemma": _decoder(transformers.GemmaConfig, head_dim=32),
+    "phi3": _decoder(transformers.Phi3Config, num_key_value_heads=4, pad_token_id=0),
+    "mixtral": _decoder(transformers.MixtralConfig, num_local_experts=4, num_experts_per_tok=2),
     "gpt2": lambda: transformers.GPT2Config(
         n_embd=128, n_layer=2, n_head=4, n_inner=512, vocab_size=2048, n_positions=1024
     ),
