@@ -66,6 +66,7 @@ if(TEMPO_BUILD_TESTS)
     # The C++ side of tests/python/test_pretrained.py (comparisons with transformers).
     add_executable(pretrained_tool tests/cpp/torch/pretrained_tool.cpp)
     target_link_libraries(pretrained_tool PRIVATE tempo_models)
+    tempo_reuse_pch(tempo_torch_tests pretrained_tool)
     # A separate project that finds this build with find_package(Tempo), builds and runs.
     add_test(NAME example_find_package
              COMMAND ${CMAKE_COMMAND} -DSRC=${CMAKE_CURRENT_SOURCE_DIR}/examples/cpp
