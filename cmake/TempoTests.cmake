@@ -6,7 +6,9 @@ if(TEMPO_BUILD_TESTS)
   find_package(GTest REQUIRED)
   include(GoogleTest)
   add_executable(tempo_core_tests tests/cpp/core/test_activation.cpp tests/cpp/core/test_attention.cpp
-                                  tests/cpp/core/test_linear_attention.cpp tests/cpp/core/test_norm_dropout.cpp)
+                                  tests/cpp/core/test_gated_mlp.cpp tests/cpp/core/test_linear_attention.cpp
+                                  tests/cpp/core/test_linear_cross_entropy.cpp tests/cpp/core/test_norm_dropout.cpp
+                                  tests/cpp/core/test_qkv_split.cpp)
   target_link_libraries(tempo_core_tests PRIVATE tempo_core GTest::gtest_main)
   # The core's tests may read its internal math (csrc/core/math) as "math/...".
   target_include_directories(tempo_core_tests PRIVATE csrc/core)

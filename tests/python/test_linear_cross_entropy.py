@@ -73,6 +73,29 @@ def test_all_labels_ignored_gives_zero_not_nan_and_zero_gradients():
     assert torch.isnan(ref(h, w, b, y))
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+def test_a_vocabulary_masked_by_a_minus_inf_bias_gives_torchs_loss(dtype):
+    """A bias of -inf on tokens a model may not emit: without smoothing the loss and gradients are
+    torch's (finite; the kernels once added 0 * -inf, a NaN, for the smoothing's mean term); with
+    smoothing the loss is torch's +inf."""
+    torch.manual_seed(0)
+    h = torch.randn(6, 16, dtype=dtype, requires_grad=True)
+    w = torch.randn(40, 16, dtype=dtype, requires_grad=True)
+    b = torch.zeros(40, dtype=dtype)
+    b[30:] = float("-inf")
+    b.requires_grad_()
+    y = torch.randint(0, 30, (6,))
+    got = tempo.linear_cross_entropy(h, w, b, y)
+    want = F.cross_entropy(h.double() @ w.double().T + b.double(), y)
+    assert torch.isfinite(got) and abs(got.double() - want) <= 1e-5 * want.abs()
+    g = torch.autograd.grad(got, (h, w))
+    gw = torch.autograd.grad(want, (h, w))
+    for a, c in zip(g, gw):
+        assert torch.isfinite(a).all() and (a.double() - c).abs().max() <= 1e-5 * c.abs().max()
+    smoothed = tempo.linear_cross_entropy(h, w, b, y, label_smoothing=0.1)
+    assert smoothed.item() == F.cross_entropy(h @ w.T + b, y, label_smoothing=0.1).item() == float("inf")
+
+
 def test_bf16_within_twice_plain_pytorch_error():
     h, w, b, y = inputs(N=64, H=48, V=500, dtype=torch.bfloat16)
     exact_l, exact_g = grads(lambda *a: ref(*a), h.double(), w.double(), b.double(), y)

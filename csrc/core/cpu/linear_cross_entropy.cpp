@@ -50,7 +50,8 @@ void forward(const LinearCrossEntropyForwardParams& p) {
     const Acc zy = math::to_float(zr[linear_cross_entropy_label_column(y, V)]);
     const Acc eps = static_cast<Acc>(p.smoothing);
     const Acc mean = static_cast<Acc>(zs / static_cast<double>(V));
-    loss[r] = -(Acc(1) - eps) * (zy - l) - eps * (mean - l);
+    // without smoothing no mean term: a row with a -inf logit (a masked token) has a finite loss
+    loss[r] = eps != Acc(0) ? -(Acc(1) - eps) * (zy - l) - eps * (mean - l) : -(zy - l);
   }
 }
 

@@ -90,7 +90,9 @@ __global__ void linear_cross_entropy_forward_kernel(LinearCrossEntropyForwardPar
       if (y != p.ignore_index) {
         const int64_t yc = linear_cross_entropy_label_column(y, V);
         const Acc eps = static_cast<Acc>(p.smoothing);
-        loss = -(Acc(1) - eps) * (math::to_float(zr[yc]) - l) - eps * (all.zs / static_cast<Acc>(V) - l);
+        loss = -(Acc(1) - eps) * (math::to_float(zr[yc]) - l);
+        // without smoothing no mean term: a row with a -inf logit (a masked token) has a finite loss
+        if (eps != Acc(0)) loss -= eps * (all.zs / static_cast<Acc>(V) - l);
       }
       static_cast<Acc*>(p.loss)[r] = loss;
     }

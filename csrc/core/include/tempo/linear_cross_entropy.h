@@ -3,7 +3,8 @@
 // GEMM; these kernels take one pass over each row of the chunk, in the math type (float64 for
 // float64 data, float32 otherwise), reading 16-bit logits as they are (no float32 copy):
 //   forward:  lse_r = log sum_j e^(z_rj)  (shifted by the row's maximum), and the row's loss
-//             l_r = -(1 - eps) (z_r,y_r - lse_r) - eps (mean_j z_rj - lse_r); 0 where y_r is ignored
+//             l_r = -(1 - eps) (z_r,y_r - lse_r) - eps (mean_j z_rj - lse_r); 0 where y_r is ignored;
+//             the mean term only where eps > 0 (a -inf logit, a masked token, leaves l_r finite)
 //   backward: in place, z_rj <- s_r (e^(z_rj - lse_r) - (1 - eps) [j = y_r] - eps / V), the
 //             gradient of the logits (s_r: the row's gradient weight, 0 where ignored), which the
 //             framework's GEMMs turn into those of the hidden states, the weight and the bias.
