@@ -23,6 +23,8 @@
 #include "tempo/attention.h"
 #include "tempo/qkv_split.h"
 #include "tempo/dropout.h"
+#include "tempo/gated_mlp.h"
+#include "tempo/linear_cross_entropy.h"
 #include "tempo/linear_attention.h"
 #include "tempo/norm.h"
 #include "../../csrc/core/math/numeric.h"
@@ -665,6 +667,168 @@ void fuzz_qkv_split(Gen& g) {
           }
 }
 
+// ---- gated MLP ----------------------------------------------------------------------------------------
+
+// act(g) in double: SiLU, the erf GELU, the tanh GELU (as g sigma(2u): no cancellation).
+double gated_act(Activation act, double g) {
+  if (act == Activation::kSilu) return g / (1.0 + std::exp(-g));
+  if (act == Activation::kGeluErf) return 0.5 * g * std::erfc(-g * 0.70710678118654752440);
+  const double u = 0.79788456080286535588 * (g + 0.044715 * g * g * g);
+  return g / (1.0 + std::exp(-2.0 * u));
+}
+
+void fuzz_gated_mlp(Gen& g) {
+  GatedMlpForwardParams p;
+  const int a = g.f.ConsumeIntegralInRange(0, 6);
+  p.act = static_cast<Activation>(a < 6 ? a % 3 : g.f.ConsumeIntegral<int32_t>());
+  p.dtype = g.dtype();
+  p.rows = g.dim(9);
+  p.cols = g.dim(40);
+  // a fused gate_up row (stride 2 cols, up after gate) or separate rows, sometimes too short
+  const bool fused = g.flag();
+  const int64_t pad = g.f.ConsumeIntegralInRange<int64_t>(-1, 3);
+  const int64_t c = std::clamp<int64_t>(p.cols, 0, int64_t{1} << 60);  // no overflow in the stride
+  p.gate_stride = p.up_stride = (fused ? 2 * c : c) + pad;
+  const bool known_act = static_cast<int32_t>(p.act) >= 0 && static_cast<int32_t>(p.act) <= 2;
+  int64_t n = 0, span = 0;
+  const bool runnable = count({p.rows, p.cols}, kMaxRun, &n) && count({p.rows, p.gate_stride}, kMaxRun, &span) &&
+                        valid(p.dtype) && known_act && p.gate_stride >= p.cols;
+  if (!runnable) {
+    static unsigned char one[8];
+    p.gate = p.up = p.h = one;
+    const Status s = detail::validate(p);
+    if (!valid(p.dtype))
+      expect_refused(s, "gated mlp forward", "an unknown dtype");
+    else if (!known_act)
+      expect_refused(s, "gated mlp forward", "an unknown activation");
+    else if (any_negative({p.rows, p.cols}))
+      expect_refused(s, "gated mlp forward", "a negative size");
+    else if (p.gate_stride < p.cols)
+      expect_refused(s, "gated mlp forward", "a row stride under cols");
+    else if (overflowing({p.rows, p.gate_stride}))
+      expect_refused(s, "gated mlp forward", "sizes whose element count overflows");
+    return;
+  }
+  const int64_t up_offset = fused ? p.cols : 0;
+  Buffer gate = g.data(p.dtype, span + up_offset), up = fused ? Buffer(p.dtype, 0) : g.data(p.dtype, span);
+  Buffer h(p.dtype, n);
+  p.gate = gate.data();
+  p.up =
+      fused ? static_cast<const void*>(static_cast<const char*>(gate.data()) + up_offset * esize(p.dtype)) : up.data();
+  p.h = h.data();
+  const Status s = gated_mlp_forward_cpu(p);
+  if (!s.ok()) {
+    if (n > 0) fail("gated mlp forward refused a valid call: " + s.message());
+    return;
+  }
+  const Buffer& ub = fused ? gate : up;
+  for (int64_t r = 0; r < p.rows; ++r)
+    for (int64_t j = 0; j < p.cols; ++j) {
+      const double gv = gate.get(r * p.gate_stride + j), uv = ub.get(r * p.up_stride + j + up_offset);
+      const double want = gated_act(p.act, gv) * uv;
+      if (!close(p.dtype, h.get(r * p.cols + j), want, tol(p.dtype) + 1e-9))
+        fail("gated mlp forward: element " + std::to_string(r * p.cols + j) + " is " +
+             std::to_string(h.get(r * p.cols + j)) + ", not " + std::to_string(want));
+    }
+  GatedMlpBackwardParams b;
+  b.act = p.act;
+  b.dtype = p.dtype;
+  b.gate = p.gate;
+  b.up = p.up;
+  b.rows = p.rows;
+  b.cols = p.cols;
+  b.gate_stride = p.gate_stride;
+  b.up_stride = p.up_stride;
+  Buffer grad_h = g.data(p.dtype, n), grad_gate(p.dtype, n), grad_up(p.dtype, n), h2(p.dtype, n);
+  b.grad_h = grad_h.data();
+  b.grad_gate = grad_gate.data();
+  b.grad_up = grad_up.data();
+  b.grad_gate_stride = b.grad_up_stride = p.cols;
+  b.h = h2.data();
+  if (!gated_mlp_backward_cpu(b).ok()) {
+    if (n > 0) fail("gated mlp backward refused the forward's call");
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i)
+    if (!(h2.get(i) == h.get(i) || (std::isnan(h2.get(i)) && std::isnan(h.get(i)))))
+      fail("gated mlp backward: its h differs from the forward's at " + std::to_string(i));
+  if (p.dtype != DType::kFloat16 && h.finite() && (!grad_gate.finite() || !grad_up.finite()))
+    fail("gated mlp backward: non-finite gradient from finite input");
+}
+
+// ---- the LM head's row passes (linear_cross_entropy) --------------------------------------------
+
+void fuzz_linear_cross_entropy(Gen& g) {
+  LinearCrossEntropyForwardParams p;
+  p.dtype = g.dtype();
+  p.rows = g.dim(6);
+  p.vocab = g.dim(300);
+  p.smoothing = g.flag() ? 0.0 : g.prob();
+  p.ignore_index = -100;
+  int64_t n = 0;
+  const bool good_eps = p.smoothing >= 0.0 && p.smoothing <= 1.0;
+  const bool runnable =
+      count({p.rows, p.vocab}, kMaxRun, &n) && valid(p.dtype) && good_eps && p.vocab > 0 && p.rows >= 0;
+  std::vector<int64_t> labels(static_cast<size_t>(std::clamp<int64_t>(p.rows, 0, kMaxRun)) + 1);
+  for (auto& y : labels) {
+    const int r = g.f.ConsumeIntegralInRange(0, 9);
+    y = r == 0 ? -100 : r == 1 ? g.f.ConsumeIntegral<int64_t>() : g.f.ConsumeIntegralInRange<int64_t>(0, 299);
+  }
+  p.labels = labels.data();
+  if (!runnable) {
+    static unsigned char one[8];
+    p.logits = p.lse = p.loss = one;
+    const Status s = detail::validate(p);
+    if (!valid(p.dtype))
+      expect_refused(s, "linear cross entropy forward", "an unknown dtype");
+    else if (!good_eps)
+      expect_refused(s, "linear cross entropy forward", "a smoothing outside [0, 1]");
+    else if (p.vocab <= 0)
+      expect_refused(s, "linear cross entropy forward", "an empty or negative vocabulary");
+    else if (p.rows < 0)
+      expect_refused(s, "linear cross entropy forward", "a negative size");
+    else if (overflowing({p.rows, p.vocab}))
+      expect_refused(s, "linear cross entropy forward", "sizes whose element count overflows");
+    return;
+  }
+  const DType acc = p.dtype == DType::kFloat64 ? DType::kFloat64 : DType::kFloat32;
+  Buffer z = g.data(p.dtype, n), lse(acc, p.rows), loss(acc, p.rows);
+  p.logits = z.data();
+  p.lse = lse.data();
+  p.loss = loss.data();
+  if (!linear_cross_entropy_forward_cpu(p).ok()) {
+    if (n > 0) fail("linear cross entropy forward refused a valid call");
+    return;
+  }
+  for (int64_t r = 0; r < p.rows; ++r) {
+    double mx = -INFINITY, sum = 0.0;
+    for (int64_t j = 0; j < p.vocab; ++j) mx = std::max(mx, z.get(r * p.vocab + j));
+    for (int64_t j = 0; j < p.vocab; ++j) sum += std::exp(z.get(r * p.vocab + j) - mx);
+    const double want = mx + std::log(sum);
+    if (std::fabs(lse.get(r) - want) > 4 * tol(acc) * (std::fabs(want) + 1))
+      fail("linear cross entropy forward: row " + std::to_string(r) + "'s lse is " + std::to_string(lse.get(r)) +
+           ", not " + std::to_string(want));
+    if (!std::isfinite(loss.get(r))) fail("linear cross entropy forward: a non-finite loss from finite logits");
+    if (labels[static_cast<size_t>(r)] == p.ignore_index && loss.get(r) != 0.0)
+      fail("linear cross entropy forward: an ignored row's loss is not 0");
+  }
+  LinearCrossEntropyBackwardParams b;
+  static_cast<LinearCrossEntropyParams&>(b) = static_cast<const LinearCrossEntropyParams&>(p);
+  Buffer scale(acc, p.rows);
+  for (int64_t r = 0; r < p.rows; ++r) scale.set(r, labels[static_cast<size_t>(r)] == p.ignore_index ? 0.0 : 0.5);
+  b.logits = z.data();
+  b.lse = lse.data();
+  b.scale = scale.data();
+  if (!linear_cross_entropy_backward_cpu(b).ok()) {
+    if (n > 0) fail("linear cross entropy backward refused the forward's output");
+    return;
+  }
+  // each gradient is scale (p - eps / V - (1 - eps) [j = y]): within [-scale, scale]
+  for (int64_t i = 0; i < n; ++i)
+    if (!(std::fabs(z.get(i)) <= 0.5 * (1 + 4 * tol(p.dtype))))
+      fail("linear cross entropy backward: gradient " + std::to_string(z.get(i)) + " outside [-scale, scale]");
+}
+
 // ---- causal linear attention ------------------------------------------------------------------------
 
 void fuzz_linear_attention(Gen& g) {
@@ -729,7 +893,7 @@ void fuzz_linear_attention(Gen& g) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FuzzedDataProvider f(data, size);
   Gen g{f};
-  switch (f.ConsumeIntegralInRange(0, 5)) {
+  switch (f.ConsumeIntegralInRange(0, 7)) {
     case 0:
       fuzz_dropout(g);
       break;
@@ -744,6 +908,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       break;
     case 4:
       fuzz_qkv_split(g);
+      break;
+    case 5:
+      fuzz_gated_mlp(g);
+      break;
+    case 6:
+      fuzz_linear_cross_entropy(g);
       break;
     default:
       fuzz_linear_attention(g);

@@ -3,13 +3,74 @@ CPU autocast (norms in x's dtype with float32 gamma and beta, attention in bf16,
 the wider dtype of x and bias), with the same output dtype, an error against float64 within 2x
 torch's (the norms: within 1.1x), and gradients in the inputs' dtypes."""
 
+import importlib.util
+import os
+
 import pytest
+import registry
 import torch
 import torch.nn.functional as F
 
 import tempo
 
 AC = dict(device_type="cpu", dtype=torch.bfloat16)
+
+_spec = importlib.util.spec_from_file_location(
+    "_autocast_cases", os.path.join(registry.ROOT, "scripts", "sanitize_ops.py")
+)
+CASES = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(CASES)
+
+# The output dtype each autocast kind of csrc/ops.json gives under CPU autocast (bf16), for inputs
+# all of one dtype: lower_precision casts to bf16; head gives a float32 loss; the others run in the
+# inputs' dtype (promote: the wider of x's and the bias's; norm: x's on the CPU; like_x: x's; none:
+# no autocast kernel).
+KIND_OUTPUT = {
+    "lower_precision": lambda d: torch.bfloat16,
+    "head": lambda d: torch.float32,
+    "promote": lambda d: d,
+    "norm": lambda d: d,
+    "like_x": lambda d: d,
+    "none": lambda d: d,
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("name", registry.on("cpu"))
+def test_every_op_under_autocast_gives_what_its_registry_kind_says(name, dtype):
+    """Every op of the registry (each case of the sanitizer's script, variants included) under CPU
+    autocast: the output dtype its kind says, and a backward that gives each input's gradient in
+    the input's own dtype."""
+    kind = registry.OPS[name]["autocast"]
+    assert kind in KIND_OUTPUT, (name, kind)
+    torch.manual_seed(0)
+    cases = {k: f for k, f in CASES.cases(dtype, "cpu").items() if registry.base(k) == name}
+    assert cases, name
+    for key, f in cases.items():
+        with torch.autocast(**AC):
+            y = f()
+        assert y.dtype == KIND_OUTPUT[kind](dtype), (key, kind, dtype, y.dtype)
+        if y.requires_grad:
+            inputs = graph_leaves(y)
+            assert inputs, key
+            (y.float().square().sum() * 1e-3).backward()
+            for t in inputs:
+                assert t.grad is not None and t.grad.dtype == t.dtype, (key, t.dtype, t.grad)
+                t.grad = None
+
+
+def graph_leaves(y):
+    """The leaf tensors y's autograd graph reaches (its AccumulateGrad nodes' variables)."""
+    seen, out, stack = set(), [], [y.grad_fn]
+    while stack:
+        fn = stack.pop()
+        if fn is None or fn in seen:
+            continue
+        seen.add(fn)
+        if hasattr(fn, "variable"):
+            out.append(fn.variable)
+        stack.extend(f for f, _ in fn.next_functions)
+    return out
 
 
 def leaves(*ts):

@@ -80,6 +80,30 @@ def test_cmake_takes_the_op_sources_from_the_registry():
         assert not re.search(r"csrc/(core|torch/ops|torch/autograd|nn)/(cpu/|cuda/)?%s\.(cpp|cu)\b" % unit, text), unit
 
 
+def _read(path):
+    with open(os.path.join(ROOT, path)) as f:
+        return f.read()
+
+
+@pytest.mark.parametrize("unit", sorted(u for u, layers in registry.UNITS.items() if "core" in layers))
+def test_every_core_unit_has_its_tests_in_each_harness(unit):
+    """The per-unit places of docs/architecture.md's checklist that hold a kernel to its reference:
+    a GoogleTest file of the core (tests/cpp/core/test_<unit>.cpp, or a file naming it beside
+    another unit) built into tempo_core_tests; a case of the CUDA emulator (tests/simt); a fuzz
+    target's function (tests/fuzz/fuzz_core.cpp: fuzz_<unit>), called from its entry point."""
+    core_tests = [f for f in os.listdir(os.path.join(ROOT, "tests/cpp/core")) if f.endswith(".cpp")]
+    mine = [f for f in core_tests if unit in f[: -len(".cpp")].split("test_", 1)[-1]]
+    assert mine, "no tests/cpp/core/test_%s.cpp" % unit
+    cmake = _read("cmake/TempoTests.cmake")
+    assert all("tests/cpp/core/" + f in cmake for f in mine), (unit, mine, "not in tempo_core_tests")
+    simt = _read("tests/simt/test_simt.cpp")
+    assert re.search(r"\b%s_\w*(forward|backward)" % unit, simt), "no emulator case of " + unit
+    assert re.search(r"\b%s" % unit, _read("tests/simt/api.h")), "tests/simt/api.h has no entry of " + unit
+    fuzz = _read("tests/fuzz/fuzz_core.cpp")
+    assert re.search(r"^void fuzz_%s\(Gen& g\)" % unit, fuzz, re.M), "no fuzz_%s in fuzz_core.cpp" % unit
+    assert re.search(r"^\s+fuzz_%s\(g\);" % unit, fuzz, re.M), "fuzz_%s is never called" % unit
+
+
 @pytest.mark.parametrize(
     "suite,device",
     [

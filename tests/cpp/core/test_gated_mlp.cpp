@@ -48,7 +48,7 @@ struct Case {
     std::normal_distribution<double> nd;
     for (auto& v : gate_up) v = static_cast<T>(3 * nd(gen));
     for (auto& v : grad_h) v = static_cast<T>(nd(gen));
-    gate_up[0] = T(0);  // act's and act''s value at 0
+    gate_up[0] = T(0);    // act's and act''s value at 0
     gate_up[1] = T(-30);  // far tails
     gate_up[2] = T(30);
   }

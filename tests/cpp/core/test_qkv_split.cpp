@@ -17,7 +17,9 @@ namespace {
 constexpr int64_t B = 2, S = 5, H = 3, D = 6, kCols = 3 * H * D;
 
 // z's element (b, s, t, h, d) and the output's (b, h, s, d): the layouts qkv_split.h states
-int64_t z_index(int64_t b, int64_t s, int64_t t, int64_t h, int64_t d) { return (((b * S + s) * 3 + t) * H + h) * D + d; }
+int64_t z_index(int64_t b, int64_t s, int64_t t, int64_t h, int64_t d) {
+  return (((b * S + s) * 3 + t) * H + h) * D + d;
+}
 int64_t out_index(int64_t b, int64_t h, int64_t s, int64_t d) { return ((b * H + h) * S + s) * D + d; }
 
 template <typename T>
@@ -75,7 +77,8 @@ void check(bool with_bias) {
           }
   if (with_bias) {
     for (int64_t c = 0; c < kCols; ++c) {
-      const long double ulp = std::ldexp(1.0L, std::ilogb(static_cast<double>(sums[c])) - std::numeric_limits<T>::digits + 1);
+      const long double ulp =
+          std::ldexp(1.0L, std::ilogb(static_cast<double>(sums[c])) - std::numeric_limits<T>::digits + 1);
       EXPECT_LE(std::fabs(gbias[c] - sums[c]), 0.5L * ulp + 1e-12L * std::fabs(sums[c])) << c;
     }
   } else {
