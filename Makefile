@@ -98,8 +98,8 @@ deps: sysdeps
 cuda-build: setup deps
 	scripts/make/cuda_build.sh
 
-# Formatting: `make format` applies clang-format (.clang-format) and ruff (pyproject.toml) to the
-# files changed since FORMAT_BASE; `make format-check` (in make check) fails on any they would change.
+# Formatting: `make format` applies clang-format (.clang-format) and ruff (pyproject.toml) to every
+# tracked C++, CUDA and Python file; `make format-check` (in make check) fails on any they would change.
 format:
 	scripts/make/format.sh apply
 

@@ -1,5 +1,5 @@
 """SLiM (NeurIPS 2021): training causal linear-attention Transformers in memory that does not
-grow with the sequence length, with exact gradients (design notes: TECHNIQUES.md section 8).
+grow with the sequence length, with exact gradients (docs/slim.md).
 
 `loss_and_backward(model, tokens, chunk)` runs the sequence in chunks twice: a forward without
 a graph that carries each layer's prefix-sum state up to the last chunk, then a backward over

@@ -80,7 +80,7 @@ def sweep(name, dtype, n=1_000_000):
 
 def recovery_bound(name, x_dtype):
     """2 b(x) + 2 u(f'(x)) + 1e-6, with b the error any method that keeps only the rounded
-    output and one bit cannot avoid (../shared/design/TECHNIQUES.md section 2), capped at the minimum."""
+    output and one bit cannot avoid (docs/accuracy.md, "The bound, and what the tests hold"), capped at the minimum."""
     dtype = x_dtype.dtype
     x64 = x_dtype.to(torch.float64)
     y, d1, d2 = exact(name, x64)

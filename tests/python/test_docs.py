@@ -1,6 +1,7 @@
 """The docs hold code that runs: the README's Python block runs as it is written, and its C++
 block builds with the CMake lines above it against this build and runs (each extracted from
-README.md, not copied); every relative link in the README and docs/ leads to a file."""
+README.md, not copied); every relative link in the README and docs/ leads to a file, and every
+file path the sources name (comments, docstrings, messages) exists."""
 
 import os
 import re
@@ -87,3 +88,54 @@ def test_every_relative_link_in_the_docs_leads_to_a_file():
             if not os.path.exists(where):
                 broken.append("%s: %s" % (os.path.relpath(path, ROOT), target))
     assert not broken, broken
+
+
+SOURCE_DIRS = ["csrc", "python", "tests", "scripts", "cmake", "benchmarks", "tools", "examples", ".ci"]
+SOURCE_FILE = re.compile(r"\.(py|cpp|h|cu|cuh|cmake|sh|toml)$|^(Makefile|CMakeLists\.txt|run)$")
+# a path in the tree (from a top-level folder, a header's tempo/... include name) or a markdown file
+NAMED_PATH = re.compile(
+    r"(?<![\w./$<{-])((?:\.\./)*(?:csrc|python|tests|docs|scripts|cmake|benchmarks|tools|examples|tempo)/"
+    r"[\w./-]*?\.(?:py|cpp|h|cu|cuh|md|cmake|sh|json|toml)|[\w-]+\.md|\.\./shared/[\w./-]*\w)(?![\w.])"
+)
+
+
+def _sources():
+    yield os.path.join(ROOT, "Makefile")
+    yield os.path.join(ROOT, "CMakeLists.txt")
+    yield os.path.join(ROOT, "pyproject.toml")
+    for top in SOURCE_DIRS:
+        for folder, dirs, names in os.walk(os.path.join(ROOT, top)):
+            dirs[:] = [d for d in dirs if d not in ("__pycache__", "corpus")]
+            for n in names:
+                if SOURCE_FILE.search(n):
+                    yield os.path.join(folder, n)
+
+
+def test_every_file_path_named_in_the_sources_exists():
+    """A comment, docstring or message that names a file of the tree names one that exists (from
+    the root, from the naming file's folder, or as a header's include name), and none names the
+    references beside the checkout (../shared: the project cites none of them)."""
+    tree = [os.path.relpath(p, ROOT) for p in _sources()]
+    tree += [os.path.relpath(os.path.join(d, n), ROOT) for d, _, ns in os.walk(os.path.join(ROOT, "docs")) for n in ns]
+    tree += ["README.md"]
+    stale = []
+    for path in _sources():
+        with open(path, errors="replace") as f:
+            lines = f.read().splitlines()
+        for number, line in enumerate(lines, 1):
+            if line.lstrip().startswith("#include"):
+                continue
+            for name in NAMED_PATH.findall(line):
+                if name.startswith("../shared") or "shared/design" in name or "shared/papers" in name:
+                    stale.append(
+                        "%s:%d: %s (a reference outside the project)" % (os.path.relpath(path, ROOT), number, name)
+                    )
+                    continue
+                here = os.path.normpath(os.path.join(os.path.dirname(path), name))
+                if os.path.exists(os.path.join(ROOT, name)) or os.path.exists(here):
+                    continue
+                bare = name.lstrip("./")
+                if any(t == bare or t.endswith("/" + bare) for t in tree):
+                    continue
+                stale.append("%s:%d: %s" % (os.path.relpath(path, ROOT), number, name))
+    assert not stale, "\n".join(stale)

@@ -187,8 +187,8 @@ TEST(Models, PerLayerActivationBytesMatchTheModel) {
   const double H = 1024, A = 16;
   for (int64_t S : {128, 512}) {
     const double SH = S * H, AS2 = A * S * S;
-    // ../shared/design/TECHNIQUES.md section 1: eager 66 SH + 9 A S^2; tempo (bit masks) 40.75 SH + 4.125 A S^2;
-    // tempo with fused attention 40.75 SH + 4 A S (log-sum-exp) + the seed.
+    // The bytes a bert-large layer keeps in fp32, by count of its saved tensors: eager 66 SH + 9 A S^2; tempo (bit
+    // masks) 40.75 SH + 4.125 A S^2; tempo with fused attention 40.75 SH + 4 A S (log-sum-exp) + the seed.
     const double expect_eager = 66 * SH + 9 * AS2;
     const double expect_tempo = 40.75 * SH + 4.125 * AS2;
     const double expect_fused = 40.75 * SH + 16;  // + the 16-byte Philox state

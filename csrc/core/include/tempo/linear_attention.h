@@ -1,5 +1,5 @@
 // Causal linear attention over one chunk of a sequence, with carried prefix-sum states (SLiM;
-// design notes: ../shared/design/TECHNIQUES.md section 8). Per row (a batch x head pair), with
+// docs/slim.md, docs/accuracy.md). Per row (a batch x head pair), with
 // feature-mapped queries q_l, keys k_l (M values each, non-negative) and values v_l (D):
 //   S_l = num_in + sum_{i<=l} k_i v_i^T   (M x D),   z_l = den_in + sum_{i<=l} k_i   (M)
 //   y_l = S_l^T q_l / (z_l . q_l + eps)

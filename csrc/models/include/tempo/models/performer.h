@@ -31,7 +31,7 @@ struct PerformerConfig {
   std::string mode = "iterative";   // the attention op's mode: iterative | prefix
   double attention_eps = 1e-6, norm_eps = 1e-5;
 
-  // The SLiM paper's configurations (TECHNIQUES.md section 8): copy (L 512, d 256, 1 layer,
+  // The SLiM paper's configurations (docs/slim.md): copy (L 512, d 256, 1 layer,
   // FFN 1024, 4 heads), ptb (L 1024, d 512, 3 layers, FFN 2048, 8 heads), enwik8 (L 4096,
   // d 1024, 3 layers, FFN 4096, 16 heads); byte vocabulary, sqr features.
   static PerformerConfig preset(const std::string& name);

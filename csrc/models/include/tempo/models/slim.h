@@ -1,5 +1,5 @@
 // SLiM (NeurIPS 2021): training a PerformerLM on a long sequence in memory that does not grow
-// with its length, with the gradients of full backpropagation (TECHNIQUES.md section 8).
+// with its length, with the gradients of full backpropagation (docs/slim.md).
 //
 // loss_and_backward runs the sequence in chunks twice: a forward without a graph that carries
 // each layer's prefix-sum state up to the last chunk, then a backward over the chunks in
