@@ -28,7 +28,7 @@ from .ops import (  # noqa: E402
     silu,
 )
 from .hf import optimize, report, restore  # noqa: E402
-from .auto import AutoReport, auto  # noqa: E402
+from ._auto import AutoReport, auto  # noqa: E402
 from . import plan  # noqa: E402  (a module that is also the function: tempo.plan(...))
 
 __version__ = torch.ops.tempo.build_info()[0]  # CMake's project version, compiled into the library

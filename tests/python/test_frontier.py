@@ -198,3 +198,27 @@ def test_bad_arguments_are_refused_by_name(capsys):
     assert "cannot read a size from 'lots'" in str(code)
     code, _, err = run_main(capsys, "--model", "llama", "--size", "7b")
     assert code == 2 and "llama has sizes" in err
+
+
+def test_tempo_auto_decides_under_each_budget(tmp_path, capsys):
+    """The tempo-auto method runs tempo.auto under each budget and reports its choice (it once
+    imported tempo.auto from a module path that no longer existed, failing every such row)."""
+    jsonl = tmp_path / "f.jsonl"
+    code, out, err = run_main(
+        capsys,
+        *TINY,
+        "--budgets",
+        "64MiB",
+        "--methods",
+        "tempo-auto",
+        "--steps",
+        "1",
+        "--loss-steps",
+        "1",
+        "--jsonl",
+        str(jsonl),
+    )
+    assert code == 0, err
+    (row,) = [json.loads(line) for line in jsonl.read_text().splitlines()]
+    assert row["error"] is None, row
+    assert row["choice"] and row["max_batch"] >= 1 and row["peak_bytes"] <= row["budget_bytes"], row

@@ -975,7 +975,7 @@ def test_patched_bert_keeps_what_the_cpp_policies_keep_per_layer():
 def test_an_older_transformers_than_tested_is_named_once(monkeypatch):
     """transformers older than the oldest release the tests pass with (5.17) gets one warning
     naming both versions; the installed (tested) one gets none."""
-    module = sys.modules["tempo.hf.optimize"]
+    module = sys.modules["tempo.hf._optimize"]
     monkeypatch.setattr(module, "_warned_transformers", [])
     with warnings.catch_warnings():
         warnings.simplefilter("error")

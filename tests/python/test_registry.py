@@ -159,7 +159,7 @@ def test_the_library_never_imports_its_applications():
     import subprocess
 
     code = (
-        "import sys, tempo, tempo.hf, tempo.nn, tempo.auto, tempo.memory, tempo.slim; "
+        "import sys, tempo, tempo.hf, tempo.nn, tempo._auto, tempo.memory, tempo.slim; "
         "print(sorted(m for m in sys.modules if m.startswith('tempo.apps') or m in ('tempo.bench', 'tempo.frontier')))"
     )
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))

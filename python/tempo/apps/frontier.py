@@ -270,7 +270,7 @@ class Run:
     def auto_choice(self, model, opt, budget, make_batch):
         """Auto-Tempo's choice under `budget`: tempo.auto measures forward + backward, so the
         optimizer's state, which exists by now, is left out of what it is given."""
-        from .auto import auto
+        from .._auto import auto
 
         if "_tempo_undo" in model.__dict__:
             restore(model)

@@ -28,7 +28,7 @@ from .attention import (
 )
 from .patching import is_patched, subclass
 from .probes import Differs
-from .report import Report
+from ._report import Report
 from .rules import FUSED_TECHNIQUES, LOOKS_PATCHABLE, TECHNIQUES, rules_for
 
 
