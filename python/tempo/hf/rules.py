@@ -247,6 +247,20 @@ RULES = [
 
 LOOKS_PATCHABLE = ("norm", "gelu", "silu", "swish", "act", "dropout")
 
+# What a module patched by a technique then runs itself: the children it no longer calls (the
+# walk leaves them), and whether the rest of what is under it is walked as usual (the gated MLP's
+# projections stay theirs: a LoRA adapter's dropout inside them is patched) or left (the fused
+# ops run all of it).
+ABSORBS = {
+    "bias_dropout_add_layer_norm": (("LayerNorm", "dropout"), False),
+    "bias_gelu": (("intermediate_act_fn",), False),
+    "gated_mlp": (("act_fn", "activation_fn"), True),
+}
+# The option of tempo.optimize a technique takes: (its name, its default, the report's word). A
+# value other than the default is set on each patched module as `_tempo_<name>`, which its
+# forward reads.
+OPTIONS = {"gated_mlp": ("mlp_recompute", "product", "recompute")}
+
 
 def rules_for(module, chosen):
     return [r for r in RULES if r[0] in chosen and r[1](module)]
