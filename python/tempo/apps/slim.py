@@ -16,7 +16,6 @@ def measure(model, tokens, chunks, repeats=1):
     import statistics
     import time
 
-
     device = tokens.device
     if device.type == "cpu":
         memory.track()
