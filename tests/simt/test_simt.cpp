@@ -893,8 +893,8 @@ TEST(SimtCuda, AttentionSoftmaxMatchesTheCpuKernels) {
 // ---- linear_cross_entropy's row passes ---------------------------------------------------------
 
 // One case (forward, then the backward from the CPU forward's lse) against the CPU kernels: rows
-// with ignored, out-of-range (clamped) and ordinary labels, a row holding a NaN, a row of -inf,
-// label smoothing; shift 1 misaligns the logits (the scalar path).
+// with ignored, out-of-range (clamped) and ordinary labels, a row holding a NaN, a row of -inf, a
+// masked row (a finite loss without smoothing), label smoothing; shift 1 misaligns the logits (the scalar path).
 void run_lce(DType t, int64_t rows, int64_t V, double smoothing, int shift, std::mt19937& gen) {
   const DType acc = t == DType::kFloat64 ? DType::kFloat64 : DType::kFloat32;
   const std::string what = tag(t, rows * V) + " V " + std::to_string(V) + " smoothing " + std::to_string(smoothing) +
@@ -906,6 +906,10 @@ void run_lce(DType t, int64_t rows, int64_t V, double smoothing, int shift, std:
   if (rows > 2) z.set(2 * V + V / 2, NAN);  // row 2: NaN loss and lse
   if (rows > 3)
     for (int64_t j = 0; j < V; ++j) z.set(3 * V + j, -INFINITY);  // row 3: every logit -inf
+  if (rows > 4) {  // row 4: a masked vocabulary (every odd logit -inf), its label on a finite one
+    for (int64_t j = 1; j < V; j += 2) z.set(4 * V + j, -INFINITY);
+    labels[4] = 0;
+  }
   tempo::LinearCrossEntropyForwardParams f;
   f.dtype = t;
   f.rows = rows;
