@@ -1,6 +1,7 @@
 """The op registry (csrc/ops.json) for the test suites: every cross-cutting suite takes its list
 of ops from here (test_registry.py fails any suite that misses one)."""
 
+import importlib.util
 import json
 import os
 
@@ -40,3 +41,12 @@ def missing(keys, device=None):
     """The registry ops (on `device`, or all) that none of a suite's case keys names."""
     covered = {base(k) for k in keys}
     return sorted(set(on(device) if device else NAMES) - covered)
+
+
+def load(path, name):
+    """The Python file at `path` (from the repository's root) as a module named `name`: the
+    scripts and suites whose tables or cases another suite reads."""
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, path))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

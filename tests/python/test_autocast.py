@@ -3,9 +3,6 @@ CPU autocast (norms in x's dtype with float32 gamma and beta, attention in bf16,
 the wider dtype of x and bias), with the same output dtype, an error against float64 within 2x
 torch's (the norms: within 1.1x), and gradients in the inputs' dtypes."""
 
-import importlib.util
-import os
-
 import pytest
 import registry
 import torch
@@ -15,11 +12,7 @@ import tempo
 
 AC = dict(device_type="cpu", dtype=torch.bfloat16)
 
-_spec = importlib.util.spec_from_file_location(
-    "_autocast_cases", os.path.join(registry.ROOT, "scripts", "sanitize_ops.py")
-)
-CASES = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(CASES)
+CASES = registry.load("scripts/sanitize_ops.py", "_autocast_cases")
 
 # The output dtype each autocast kind of csrc/ops.json gives under CPU autocast (bf16), for inputs
 # all of one dtype: lower_precision casts to bf16; head gives a float32 loss; the others run in the

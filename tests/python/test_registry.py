@@ -4,7 +4,6 @@ layer, and CMakeLists.txt names none of them by hand; every cross-cutting suite 
 CUDA synchronisation, the sanitizer's script, determinism, second derivatives) has a case of
 every op; each op's autocast kernel, dtypes and differentiable inputs are what the registry says."""
 
-import importlib.util
 import inspect
 import os
 import re
@@ -22,11 +21,7 @@ pytestmark = pytest.mark.cpu_only
 ROOT = registry.ROOT
 
 
-def _module(path, name):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, path))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+_module = registry.load
 
 
 def test_the_registry_names_exactly_the_public_ops_and_the_schemas():

@@ -383,15 +383,11 @@ def test_train_example_resumes_from_its_checkpoint_exactly(tmp_path):
 
 def test_train_example_decay_schedule():
     """slim_train.py --decay-after N: --lr through step N, then a straight line to --lr-min at --steps."""
-    import importlib.util
     import types
 
-    root = os.path.join(os.path.dirname(__file__), "..", "..")
-    spec = importlib.util.spec_from_file_location(
-        "slim_train", os.path.join(root, "examples", "python", "slim_train.py")
-    )
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    import registry
+
+    mod = registry.load("examples/python/slim_train.py", "slim_train")
     a = types.SimpleNamespace(lr=1e-3, lr_min=1e-4, decay_after=100, steps=200)
     assert [mod.learning_rate(a, s) for s in (1, 100)] == [1e-3, 1e-3]
     assert math.isclose(mod.learning_rate(a, 150), 5.5e-4) and math.isclose(mod.learning_rate(a, 200), 1e-4)

@@ -50,8 +50,10 @@ void forward(const LinearCrossEntropyForwardParams& p) {
     const Acc zy = math::to_float(zr[linear_cross_entropy_label_column(y, V)]);
     const Acc eps = static_cast<Acc>(p.smoothing);
     const Acc mean = static_cast<Acc>(zs / static_cast<double>(V));
+    Acc row_loss = -(Acc(1) - eps) * (zy - l);
     // without smoothing no mean term: a row with a -inf logit (a masked token) has a finite loss
-    loss[r] = eps != Acc(0) ? -(Acc(1) - eps) * (zy - l) - eps * (mean - l) : -(zy - l);
+    if (eps != Acc(0)) row_loss -= eps * (mean - l);
+    loss[r] = row_loss;
   }
 }
 

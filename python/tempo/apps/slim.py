@@ -2,6 +2,11 @@
 size: the step's peak bytes, its time and the gradients' discrepancy (docs/slim.md). The model and
 the chunked backward are the library's (tempo/slim.py)."""
 
+import argparse
+import json
+import statistics
+import time
+
 import torch
 
 from .. import memory
@@ -13,9 +18,6 @@ def measure(model, tokens, chunks, repeats=1):
     held (tempo's CPU tracker, or CUDA's allocator), its time (median of `repeats`), and the
     relative L2 gradient discrepancy to full backpropagation. A warm-up step each, then
     `repeats` rounds of one step per configuration."""
-    import statistics
-    import time
-
     device = tokens.device
     if device.type == "cpu":
         memory.track()
@@ -61,9 +63,6 @@ def measure(model, tokens, chunks, repeats=1):
 
 
 def main(argv=None):
-    import argparse
-    import json
-
     p = argparse.ArgumentParser(
         prog="python -m tempo.slim",
         description="SLiM: peak memory, step time and gradient discrepancy to full backpropagation for each chunk size",
