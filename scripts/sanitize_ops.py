@@ -32,6 +32,9 @@ def cases(dtype, dev="cuda"):
     vv = torch.randn(2, 17, 5, device=dev, dtype=dtype, requires_grad=True)
     wg = (torch.randn(2 * 45, 24, device=dev, dtype=dtype) * 0.2).requires_grad_()  # odd widths: the vector tails
     wd = (torch.randn(24, 45, device=dev, dtype=dtype) * 0.2).requires_grad_()
+    # rope's tables: x's dtype, float32 beside 16-bit x (as transformers under autocast gives them)
+    tdt = torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
+    ang = torch.arange(33, device=dev, dtype=tdt)[:, None] * torch.rand(12, device=dev, dtype=tdt)
     return {
         "gelu": lambda: tempo.gelu(x, bias=b),
         "gelu_tanh": lambda: tempo.gelu(x, "tanh"),
@@ -44,6 +47,8 @@ def cases(dtype, dev="cuda"):
         "attention": lambda: tempo.attention(q, q, q, mask, dropout_p=0.1),
         "fused_attention": lambda: tempo.fused_attention(q, q, q, mask, dropout_p=0.1),
         "qkv_split": lambda: torch.stack(tempo.qkv_split(torch.cat([q.flatten(1, 2)] * 3, -1)[:, :33], None, 4)),
+        "rope": lambda: tempo.rope(q.view(2, 33, 3, 16).transpose(1, 2), ang.cos(), ang.sin()),  # 12 of 16 rotate
+        "rope_own_dtype": lambda: tempo.rope(q, ang.cos().to(dtype), ang.sin().to(dtype)),
         "causal_linear_attention": lambda: tempo.causal_linear_attention(pos, pos, vv)[0],
         "linear_cross_entropy": lambda: tempo.linear_cross_entropy(h, head, None, labels),
         "linear_cross_entropy_stats": lambda: tempo.linear_cross_entropy_stats(h, head, None, labels)["entropy"],

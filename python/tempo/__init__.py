@@ -11,22 +11,9 @@ from ._library import library_path, load_library
 load_library()
 
 from . import _fake, _flops, memory, nn  # noqa: E402,F401
-from .ops import (  # noqa: E402
-    attention,
-    bias_dropout_add_layer_norm,
-    causal_linear_attention,
-    dropout,
-    fused_attention,
-    fused_attention_backend,  # noqa: F401  (tempo.ops's, exported for tempo.fused_attention_backend)
-    gated_mlp,
-    gelu,
-    layer_norm,
-    linear_cross_entropy,
-    linear_cross_entropy_stats,
-    qkv_split,
-    rms_norm,
-    silu,
-)
+from . import ops  # noqa: E402
+from .ops import *  # noqa: E402,F401,F403  (the ops: tempo.ops.__all__)
+from .ops import fused_attention_backend  # noqa: E402,F401  (for tempo.fused_attention_backend)
 from .hf import optimize, report, restore  # noqa: E402
 from ._auto import AutoReport, auto  # noqa: E402
 from . import plan  # noqa: E402  (a module that is also the function: tempo.plan(...))
@@ -39,19 +26,7 @@ __all__ = [
     "auto",
     "AutoReport",
     "plan",
-    "gelu",
-    "silu",
-    "attention",
-    "fused_attention",
-    "causal_linear_attention",
-    "gated_mlp",
-    "linear_cross_entropy",
-    "linear_cross_entropy_stats",
-    "qkv_split",
-    "dropout",
-    "layer_norm",
-    "rms_norm",
-    "bias_dropout_add_layer_norm",
+    *ops.__all__,
     "nn",
     "memory",
     "library_path",

@@ -4,6 +4,24 @@ from typing import Optional
 
 import torch
 
+# The public ops (tempo.<name>), exactly csrc/ops.json's (tests/python/test_registry.py).
+__all__ = [
+    "gelu",
+    "silu",
+    "attention",
+    "fused_attention",
+    "causal_linear_attention",
+    "gated_mlp",
+    "linear_cross_entropy",
+    "linear_cross_entropy_stats",
+    "qkv_split",
+    "rope",
+    "dropout",
+    "layer_norm",
+    "rms_norm",
+    "bias_dropout_add_layer_norm",
+]
+
 
 def gelu(x: torch.Tensor, approximate: str = "none", bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """GELU(x + bias), as torch.nn.functional.gelu; backward keeps the output and 1 bit per element."""
@@ -130,6 +148,17 @@ def qkv_split(z: torch.Tensor, bias: Optional[torch.Tensor], heads: int):
     (z + bias).view(B, S, 3, heads, -1).permute(2, 0, 3, 1, 4) made contiguous; the backward
     gathers dz and sums the bias gradient in one pass. Keeps nothing for backward."""
     return torch.ops.tempo.qkv_split(z, bias, heads)
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The rotary position embedding in one pass: x cos + rotate_half(x) sin over the first r
+    columns of x ([B, heads, S, head_dim], any strides with a contiguous last dimension), the rest
+    passed through; cos, sin [S, r], [B or 1, S, r] or [B or 1, 1, S, r] (r even, at most
+    head_dim), in x's dtype or float32 for 16-bit x. rotate_half(x) = cat(-x[..., r/2:r],
+    x[..., :r/2]): transformers' apply_rotary_pos_emb for q and for k. Computed in float32
+    (float64 for float64) and rounded once; keeps only cos and sin for backward (the caller's,
+    shared by every layer). Returns a contiguous tensor."""
+    return torch.ops.tempo.rope(x, cos, sin)
 
 
 def causal_linear_attention(

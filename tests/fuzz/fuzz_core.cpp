@@ -22,6 +22,7 @@
 #include "tempo/activation.h"
 #include "tempo/attention.h"
 #include "tempo/qkv_split.h"
+#include "tempo/rope.h"
 #include "tempo/dropout.h"
 #include "tempo/gated_mlp.h"
 #include "tempo/linear_cross_entropy.h"
@@ -667,6 +668,90 @@ void fuzz_qkv_split(Gen& g) {
           }
 }
 
+// ---- rotary embedding ----------------------------------------------------------------------------------
+
+// Random sizes, rotary_dim (sometimes odd or past head_dim), a table batch of 1, batch or
+// neither, x contiguous, transposed or with padded rows, tables in x's dtype or float32; the
+// valid calls against a double loop of x cos + rotate_half(x) sin (or its transpose), each
+// element within the dtype's rounding of the terms' magnitude.
+void fuzz_rope(Gen& g) {
+  RopeParams p;
+  p.dtype = g.dtype();
+  p.table_dtype = g.flag() ? DType::kFloat32 : p.dtype;
+  p.batch = g.dim(3);
+  p.heads = g.dim(3);
+  p.seq = g.dim(6);
+  p.head_dim = g.dim(12);
+  p.rotary_dim = g.flag() ? p.head_dim : g.dim(12);
+  const int tb = g.f.ConsumeIntegralInRange(0, 4);
+  p.table_batch = tb == 0 ? p.batch : tb == 4 ? g.dim(4) : 1;
+  const int layout = g.f.ConsumeIntegralInRange(0, 2);  // contiguous, transposed, padded rows
+  const int64_t pad = layout == 2 ? g.f.ConsumeIntegralInRange<int64_t>(0, 3) : 0;
+  int64_t n = 0, tn = 0;
+  const bool sizes_ok =
+      p.head_dim <= kMaxRun && count({p.batch, p.heads, p.seq, p.head_dim + pad}, kMaxRun, &n) &&
+      count({std::max<int64_t>(p.table_batch, 0), p.seq, std::max<int64_t>(p.rotary_dim, 0)}, kMaxRun, &tn);
+  const bool table_ok = p.table_dtype == p.dtype || (p.table_dtype == DType::kFloat32 && p.dtype != DType::kFloat64);
+  const bool runnable = sizes_ok && valid(p.dtype) && table_ok && p.rotary_dim >= 0 && p.rotary_dim % 2 == 0 &&
+                        p.rotary_dim <= p.head_dim && (p.table_batch == 1 || p.table_batch == p.batch);
+  if (!runnable) {
+    static unsigned char one[8];
+    p.x = p.cos = p.sin = p.out = one;
+    p.x_stride_batch = p.x_stride_head = p.x_stride_seq = 1;
+    const Status s = detail::validate(p);
+    if (!valid(p.dtype))
+      expect_refused(s, "rope", "an unknown dtype");
+    else if (!table_ok)
+      expect_refused(s, "rope", "tables of another dtype");
+    else if (any_negative({p.batch, p.heads, p.seq, p.head_dim}))
+      expect_refused(s, "rope", "a negative size");
+    else if (p.rotary_dim < 0 || p.rotary_dim % 2 != 0 || p.rotary_dim > p.head_dim)
+      expect_refused(s, "rope", "a rotary_dim that is odd, negative or past head_dim");
+    else if (p.table_batch != 1 && p.table_batch != p.batch)
+      expect_refused(s, "rope", "a table batch that is neither 1 nor x's");
+    else if (overflowing({p.batch, p.heads, p.seq, p.head_dim}))
+      expect_refused(s, "rope", "sizes whose element count overflows");
+    return;
+  }
+  const int64_t B = p.batch, H = p.heads, S = p.seq, D = p.head_dim, R = p.rotary_dim, h = R / 2;
+  const int64_t row = D + pad;  // x's row pitch
+  p.x_stride_batch = H * S * row;
+  p.x_stride_head = layout == 1 ? row : S * row;
+  p.x_stride_seq = layout == 1 ? H * row : row;
+  Buffer x = g.data(p.dtype, n), cos = g.data(p.table_dtype, tn), sin = g.data(p.table_dtype, tn), out(p.dtype, n);
+  const bool backward = g.flag();
+  p.x = x.data();
+  p.cos = cos.data();
+  p.sin = sin.data();
+  p.out = out.data();
+  const Status s = backward ? rope_backward_cpu(p) : rope_forward_cpu(p);
+  if (!s.ok()) {
+    if (n > 0) fail("rope refused a valid call: " + s.message());
+    return;
+  }
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t a = 0; a < H; ++a)
+      for (int64_t q = 0; q < S; ++q) {
+        const int64_t xo = b * p.x_stride_batch + a * p.x_stride_head + q * p.x_stride_seq;
+        const int64_t to = ((p.table_batch == 1 ? 0 : b) * S + q) * R;
+        for (int64_t j = 0; j < D; ++j) {
+          double want = x.get(xo + j), mag = std::fabs(want);
+          if (j < R) {
+            const int64_t o = j < h ? j + h : j - h;  // the pair's other column
+            const double sign = (j < h) != backward ? -1.0 : 1.0;
+            const double sn = backward ? sin.get(to + o) : sin.get(to + j);
+            want = x.get(xo + j) * cos.get(to + j) + sign * x.get(xo + o) * sn;
+            mag = std::fabs(x.get(xo + j) * cos.get(to + j)) + std::fabs(x.get(xo + o) * sn);
+          }
+          const double got = out.get(((b * H + a) * S + q) * D + j);
+          if (!(std::fabs(got - want) <= tol(p.dtype) * (mag + 1e-300) + tiny(p.dtype)) &&
+              !(std::isinf(got) && p.dtype == DType::kFloat16))
+            fail("rope: element (" + std::to_string(b) + ", " + std::to_string(a) + ", " + std::to_string(q) + ", " +
+                 std::to_string(j) + ") is " + std::to_string(got) + ", not " + std::to_string(want));
+        }
+      }
+}
+
 // ---- gated MLP ----------------------------------------------------------------------------------------
 
 // act(g) in double: SiLU, the erf GELU, the tanh GELU (as g sigma(2u): no cancellation).
@@ -893,7 +978,7 @@ void fuzz_linear_attention(Gen& g) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FuzzedDataProvider f(data, size);
   Gen g{f};
-  switch (f.ConsumeIntegralInRange(0, 7)) {
+  switch (f.ConsumeIntegralInRange(0, 8)) {
     case 0:
       fuzz_dropout(g);
       break;
@@ -914,6 +999,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       break;
     case 6:
       fuzz_linear_cross_entropy(g);
+      break;
+    case 7:
+      fuzz_rope(g);
       break;
     default:
       fuzz_linear_attention(g);

@@ -51,6 +51,11 @@ OPS = {
         + (x * 0).sum()
     ),
     "qkv_split": lambda x, w, b: torch.stack(tempo.qkv_split(torch.cat([x, x, x], -1).view(2, 64, 96), b.repeat(3), 4)),
+    "rope": lambda x, w, b: tempo.rope(
+        x.view(2, 64, 4, 8).transpose(1, 2),
+        torch.linspace(-1, 1, 512, device=x.device, dtype=x.dtype).view(64, 8),
+        torch.linspace(1, -1, 512, device=x.device, dtype=x.dtype).view(64, 8),
+    ),
     "causal_linear_attention": lambda x, w, b: tempo.causal_linear_attention(
         x.view(2, 4, 16, 32).abs() + 0.1, x.view(2, 4, 16, 32).abs() + 0.1, x.view(2, 4, 16, 32)
     )[0],

@@ -116,6 +116,12 @@ def _qkv_split():
     return (z, b), tempo.qkv_split(z, b, 4)
 
 
+def _rope():
+    (x,) = _inputs(13, (4, 256, 8, 64))
+    ang = torch.arange(256.0)[:, None] * torch.linspace(0.01, 1, 64)
+    return (x,), tempo.rope(x.transpose(1, 2), ang.cos(), ang.sin())
+
+
 OPS = {
     "gelu+bias": _gelu,
     "silu+bias": _silu,
@@ -133,6 +139,7 @@ OPS = {
     "gated_mlp silu": _gated_mlp("silu"),
     "gated_mlp gelu_tanh": _gated_mlp("gelu_tanh"),
     "qkv_split": _qkv_split,
+    "rope": _rope,
 }
 
 

@@ -749,6 +749,37 @@ def gen_qkv_split(rng):
     )
 
 
+def gen_rope(rng):
+    B, H, S = rng.choice([1, 2, 3]), rng.choice([1, 2, 4]), rng.choice([1, 5, 13, 64])
+    D = rng.choice([2, 8, 10, 64, 130])
+    r = rng.choice([D, D, D - D % 4, 2 * rng.randint(0, D // 2)])
+    tb = rng.choice([1, B])
+    dtype = rng.choice(DTYPES)
+    x = values(rng, [B, H, S, D], "wide")
+    cos, sin = values(rng, [tb, S, r]), values(rng, [tb, S, r])
+    valid = True
+    if rng.random() < 0.1:
+        cos, sin, valid = values(rng, [tb, S, r + 1]), values(rng, [tb, S, r + 1]), False  # odd or past head_dim
+
+    def ref(t):
+        xx, c, sn = t[0], t[1].unsqueeze(1), t[2].unsqueeze(1)
+        h = r // 2
+        xr = xx[..., :r]
+        return torch.cat([xr * c + torch.cat([-xr[..., h:], xr[..., :h]], -1) * sn, xx[..., r:]], -1)
+
+    lay = draw_layouts(rng, 1) + ["contiguous", "contiguous"]
+    return Case(
+        [x, cos, sin],
+        dtype,
+        lambda t: tempo.rope(t[0], t[1], t[2]),
+        ref,
+        valid,
+        [True, False, False],
+        lay,
+        describe=f"rope B{B} H{H} S{S} D{D} r{r} tables {tb} {dtype} {lay[0]}",
+    )
+
+
 def gen_gated_mlp(rng):
     lead = [rng.choice([1, 2, 3])] + ([rng.choice([1, 5, 13])] if rng.random() < 0.5 else [])
     H, I, O = rng.choice([1, 8, 17, 64]), rng.choice([1, 8, 33, 100]), rng.choice([1, 8, 17, 64])
@@ -841,6 +872,7 @@ OPS = {
     "linear_cross_entropy": gen_lce,
     "linear_cross_entropy_stats": gen_lce_stats,
     "qkv_split": gen_qkv_split,
+    "rope": gen_rope,
     "gated_mlp": gen_gated_mlp,
 }
 

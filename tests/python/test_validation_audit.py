@@ -113,6 +113,9 @@ def _valid_calls():
         {**lce, "lse": "shape"},
     )
     calls["linear_cross_entropy_stats"] = ((hid, wt, bt, labels, -100, 1.0, 1.0, None, 4), lce)
+    rc, rs = r(5, 6), r(5, 6)
+    calls["rope"] = ((r(2, 3, 5, 8), rc, rs), {"x": 2, "cos": "shape", "sin": "shape"})
+    calls["rope_backward"] = ((r(2, 3, 5, 8), rc, rs), {"grad": 2, "cos": "shape", "sin": "shape"})
     calls["qkv_split"] = ((r(2, 3, 12), r(12), 2), {"z": "shape", "bias": "shape"})
     calls["qkv_split_backward"] = (
         (r(2, 2, 3, 2), r(2, 2, 3, 2), r(2, 2, 3, 2), True),

@@ -5,6 +5,7 @@
 #include "tempo/activation.h"
 #include "tempo/attention.h"
 #include "tempo/qkv_split.h"
+#include "tempo/rope.h"
 #include "tempo/dropout.h"
 #include "tempo/gated_mlp.h"
 #include "tempo/linear_attention.h"
@@ -28,6 +29,8 @@ SIMT_API_ENTRY(norm_forward, NormForwardParams)
 SIMT_API_ENTRY(norm_backward, NormBackwardParams)
 SIMT_API_ENTRY(qkv_split_forward, QkvSplitForwardParams)
 SIMT_API_ENTRY(qkv_split_backward, QkvSplitBackwardParams)
+SIMT_API_ENTRY(rope_forward, RopeParams)
+SIMT_API_ENTRY(rope_backward, RopeParams)
 SIMT_API_ENTRY(attention_softmax_forward, AttentionSoftmaxForwardParams)
 SIMT_API_ENTRY(attention_softmax_backward, AttentionSoftmaxBackwardParams)
 SIMT_API_ENTRY(linear_attention_forward, LinearAttentionForwardParams)

@@ -32,6 +32,7 @@
 #include "tempo/activation.h"
 #include "tempo/attention.h"
 #include "tempo/qkv_split.h"
+#include "tempo/rope.h"
 #include "tempo/dropout.h"
 #include "tempo/gated_mlp.h"
 #include "tempo/linear_attention.h"
@@ -668,6 +669,54 @@ TEST(SimtCuda, QkvSplitMatchesTheCpuKernels) {
         expect_close(dzc, dzg, kExact, what + " grad z");
         if (bias) expect_close(dbc, dbg, column_sum(tokens), what + " grad bias");
       }
+}
+
+// ---- the rotary embedding ------------------------------------------------------------------
+
+// Both directions, x read through a transposed layout or contiguous, tables per batch row or
+// shared, in x's dtype or float32: the same fused multiply-adds on both sides, so bitwise equal
+// (head_dim 16 and 64 with even eighths: 8 pairs a thread, 16-byte accesses; 10 and 6: one).
+TEST(SimtCuda, RopeMatchesTheCpuKernels) {
+  std::mt19937 gen(21);
+  struct Shape {
+    int64_t batch, heads, seq, head_dim, rotary_dim, table_batch;
+    bool transposed;
+  };
+  const Shape shapes[] = {{1, 1, 1, 2, 2, 1, false},   {2, 3, 5, 10, 6, 2, true},  {2, 2, 7, 16, 16, 1, true},
+                          {1, 4, 9, 64, 32, 1, false}, {3, 2, 4, 64, 64, 3, true}, {2, 1, 3, 8, 0, 1, false}};
+  int cases = 0;
+  for (DType t : kDTypes)
+    for (const Shape& sh : shapes)
+      for (bool f32_tables : {false, true}) {
+        if (f32_tables && elem_size(t) != 2) continue;
+        const DType tt = f32_tables ? DType::kFloat32 : t;
+        tempo::RopeParams p;
+        p.dtype = t;
+        p.table_dtype = tt;
+        p.batch = sh.batch, p.heads = sh.heads, p.seq = sh.seq, p.head_dim = sh.head_dim;
+        p.rotary_dim = sh.rotary_dim, p.table_batch = sh.table_batch;
+        const int64_t H = sh.heads, S = sh.seq, D = sh.head_dim, n = p.numel();
+        p.x_stride_batch = H * S * D;
+        p.x_stride_head = sh.transposed ? D : S * D;
+        p.x_stride_seq = sh.transposed ? H * D : D;
+        const std::string what = tag(t, n) + " D" + std::to_string(D) + " R" + std::to_string(sh.rotary_dim) +
+                                 (sh.transposed ? " transposed" : "") + (f32_tables ? " f32 tables" : "");
+        const int64_t tn = sh.table_batch * S * sh.rotary_dim;
+        Buf x = randn(t, n, gen), cos = randn(tt, tn, gen), sin = randn(tt, tn, gen);
+        p.x = x.data();
+        p.cos = cos.data();
+        p.sin = sin.data();
+        for (bool backward : {false, true}) {
+          Buf oc = zeros(t, n), og = zeros(t, n);
+          p.out = oc.data();
+          ASSERT_TRUE((backward ? tempo::rope_backward_cpu(p) : tempo::rope_forward_cpu(p)).ok()) << what;
+          p.out = og.data();
+          ASSERT_EQ(backward ? simt_api::rope_backward(&p) : simt_api::rope_forward(&p), "") << what;
+          expect_close(oc, og, kExact, what + (backward ? " backward" : " forward"));
+          ++cases;
+        }
+      }
+  EXPECT_EQ(cases, 2 * 6 * 6);
 }
 
 // ---- the gated MLP's elementwise part ---------------------------------------------------------

@@ -14,3 +14,4 @@
 #include "tempo/ops/linear_cross_entropy.h"
 #include "tempo/ops/norm.h"
 #include "tempo/ops/qkv_split.h"
+#include "tempo/ops/rope.h"
