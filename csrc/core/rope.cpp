@@ -14,12 +14,15 @@ Status validate(const RopeParams& p) {
   TEMPO_CORE_CHECK(p.rotary_dim >= 0 && p.rotary_dim % 2 == 0 && p.rotary_dim <= p.head_dim,
                    "rope: rotary_dim must be even and at most head_dim");
   TEMPO_CORE_CHECK(p.table_batch == 1 || p.table_batch == p.batch, "rope: the tables' batch must be 1 or x's batch");
-  TEMPO_CORE_CHECK(numel_fits({p.batch, p.heads, p.seq, p.head_dim}) && numel_fits({p.table_batch, p.seq, p.rotary_dim}),
-                   "rope: the size is too large");
+  TEMPO_CORE_CHECK(
+      numel_fits({p.batch, p.heads, p.seq, p.head_dim}) && numel_fits({p.table_batch, p.seq, p.rotary_dim}),
+      "rope: the size is too large");
   if (p.numel() == 0) return Status::Ok();
-  TEMPO_CORE_CHECK(p.x_stride_batch >= 0 && p.x_stride_head >= 0 && p.x_stride_seq >= 0,
-                   "rope: x's strides must be non-negative");
-  TEMPO_CORE_CHECK(p.x && p.out && (p.rotary_dim == 0 || (p.cos && p.sin)), "rope: x, cos, sin and out must be non-null");
+  TEMPO_CORE_CHECK(p.x_stride_batch >= 0 && p.x_stride_head >= 0 && p.x_stride_seq >= 0 && p.out_stride_batch >= 0 &&
+                       p.out_stride_head >= 0 && p.out_stride_seq >= 0,
+                   "rope: the strides must be non-negative");
+  TEMPO_CORE_CHECK(p.x && p.out && (p.rotary_dim == 0 || (p.cos && p.sin)),
+                   "rope: x, cos, sin and out must be non-null");
   return Status::Ok();
 }
 

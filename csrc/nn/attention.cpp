@@ -4,12 +4,14 @@
 
 #include <cmath>
 #include <limits>
+#include <utility>
 
 #include "tempo/nn/checkpoint.h"
 #include "tempo/nn/dropout.h"
 #include "tempo/ops/attention.h"
 #include "tempo/ops/fused_attention.h"
 #include "tempo/ops/qkv_split.h"
+#include "tempo/ops/rope.h"
 
 namespace tempo::nn {
 
@@ -49,16 +51,15 @@ at::Tensor sdpa_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
   return at::scaled_dot_product_attention(q, k, v, m, dropout_p, causal);
 }
 
-at::Tensor apply_rotary(const at::Tensor& x, double theta) {
-  const int64_t S = x.size(-2), d = x.size(-1);
-  TORCH_CHECK(d % 2 == 0, kOp, ": rotary embedding needs an even head dim, got ", d);
-  const auto f = x.options().dtype(at::kFloat);
-  const at::Tensor inv_freq = at::pow(theta, -at::arange(0, d, 2, f) / static_cast<double>(d));
-  const at::Tensor freqs = at::outer(at::arange(S, f), inv_freq);
+std::pair<at::Tensor, at::Tensor> rotary_tables(int64_t seq, int64_t head_dim, double theta,
+                                                const at::TensorOptions& options) {
+  TORCH_CHECK(head_dim % 2 == 0, kOp, ": rotary embedding needs an even head dim, got ", head_dim);
+  at::NoGradGuard no_grad;
+  const auto f = options.dtype(at::kFloat);
+  const at::Tensor inv_freq = at::pow(theta, -at::arange(0, head_dim, 2, f) / static_cast<double>(head_dim));
+  const at::Tensor freqs = at::outer(at::arange(seq, f), inv_freq);
   const at::Tensor emb = at::cat({freqs, freqs}, -1);
-  const at::Tensor cos = emb.cos().to(x.scalar_type()), sin = emb.sin().to(x.scalar_type());
-  const at::Tensor x1 = x.narrow(-1, 0, d / 2), x2 = x.narrow(-1, d / 2, d / 2);
-  return x * cos + at::cat({-x2, x1}, -1) * sin;
+  return {emb.cos().to(options.dtype()), emb.sin().to(options.dtype())};
 }
 
 SelfAttentionImpl::SelfAttentionImpl(SelfAttentionOptions options_) : options(std::move(options_)) {
@@ -115,9 +116,11 @@ at::Tensor SelfAttentionImpl::attend(const at::Tensor& x, const std::optional<at
     q = qkv_out[0], k = qkv_out[1], v = qkv_out[2];
   }
   if (options.rotary()) {
-    // The rotated q, k are new tensors; a copy of v lets the projection's output go.
-    q = apply_rotary(q, options.rope_theta());
-    k = apply_rotary(k, options.rope_theta());
+    // The rotated q, k are new tensors (tempo::rope reads the projection's views in place); a
+    // copy of v lets the projection's output go.
+    const auto [cos, sin] = rotary_tables(S, d, options.rope_theta(), q.options());
+    q = tempo::rope(q, cos, sin);
+    k = tempo::rope(k, cos, sin);
     v = v.contiguous();
   }
   std::optional<at::Tensor> mask;

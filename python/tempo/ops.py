@@ -157,7 +157,8 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     head_dim), in x's dtype or float32 for 16-bit x. rotate_half(x) = cat(-x[..., r/2:r],
     x[..., :r/2]): transformers' apply_rotary_pos_emb for q and for k. Computed in float32
     (float64 for float64) and rounded once; keeps only cos and sin for backward (the caller's,
-    shared by every layer). Returns a contiguous tensor."""
+    shared by every layer). The output has x's layout where x's last dimension is the innermost
+    (a transposed q stays one), else is contiguous."""
     return torch.ops.tempo.rope(x, cos, sin)
 
 

@@ -698,6 +698,7 @@ void fuzz_rope(Gen& g) {
     static unsigned char one[8];
     p.x = p.cos = p.sin = p.out = one;
     p.x_stride_batch = p.x_stride_head = p.x_stride_seq = 1;
+    p.out_stride_batch = p.out_stride_head = p.out_stride_seq = 1;
     const Status s = detail::validate(p);
     if (!valid(p.dtype))
       expect_refused(s, "rope", "an unknown dtype");
@@ -718,6 +719,10 @@ void fuzz_rope(Gen& g) {
   p.x_stride_batch = H * S * row;
   p.x_stride_head = layout == 1 ? row : S * row;
   p.x_stride_seq = layout == 1 ? H * row : row;
+  const bool out_transposed = g.flag();  // out [B, S, H, D] in memory, or contiguous
+  p.out_stride_batch = H * S * D;
+  p.out_stride_head = out_transposed ? D : S * D;
+  p.out_stride_seq = out_transposed ? H * D : D;
   Buffer x = g.data(p.dtype, n), cos = g.data(p.table_dtype, tn), sin = g.data(p.table_dtype, tn), out(p.dtype, n);
   const bool backward = g.flag();
   p.x = x.data();
@@ -743,7 +748,7 @@ void fuzz_rope(Gen& g) {
             want = x.get(xo + j) * cos.get(to + j) + sign * x.get(xo + o) * sn;
             mag = std::fabs(x.get(xo + j) * cos.get(to + j)) + std::fabs(x.get(xo + o) * sn);
           }
-          const double got = out.get(((b * H + a) * S + q) * D + j);
+          const double got = out.get(b * p.out_stride_batch + a * p.out_stride_head + q * p.out_stride_seq + j);
           if (!(std::fabs(got - want) <= tol(p.dtype) * (mag + 1e-300) + tiny(p.dtype)) &&
               !(std::isinf(got) && p.dtype == DType::kFloat16))
             fail("rope: element (" + std::to_string(b) + ", " + std::to_string(a) + ", " + std::to_string(q) + ", " +

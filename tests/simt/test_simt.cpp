@@ -699,6 +699,7 @@ TEST(SimtCuda, RopeMatchesTheCpuKernels) {
         p.x_stride_batch = H * S * D;
         p.x_stride_head = sh.transposed ? D : S * D;
         p.x_stride_seq = sh.transposed ? H * D : D;
+        p.out_stride_batch = p.x_stride_batch, p.out_stride_head = p.x_stride_head, p.out_stride_seq = p.x_stride_seq;
         const std::string what = tag(t, n) + " D" + std::to_string(D) + " R" + std::to_string(sh.rotary_dim) +
                                  (sh.transposed ? " transposed" : "") + (f32_tables ? " f32 tables" : "");
         const int64_t tn = sh.table_batch * S * sh.rotary_dim;

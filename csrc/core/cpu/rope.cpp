@@ -25,11 +25,11 @@ void rope_rows(const RopeParams& p, bool backward) {
     const int64_t t = ((p.table_batch == 1 ? 0 : b) * S + s) * R;
     const C* cr = cos + t;
     const C* sr = sin + t;
-    T* o = out + r * D;
+    T* o = out + b * p.out_stride_batch + a * p.out_stride_head + s * p.out_stride_seq;
     for (int64_t j = 0; j < h; ++j) {
       A o0, o1;
-      math::rope_pair<A>(math::to_float(xr[j]), math::to_float(xr[j + h]), math::to_float(cr[j]),
-                         math::to_float(sr[j]), math::to_float(cr[j + h]), math::to_float(sr[j + h]), backward, o0, o1);
+      math::rope_pair<A>(math::to_float(xr[j]), math::to_float(xr[j + h]), math::to_float(cr[j]), math::to_float(sr[j]),
+                         math::to_float(cr[j + h]), math::to_float(sr[j + h]), backward, o0, o1);
       math::store(o + j, o0);
       math::store(o + j + h, o1);
     }

@@ -10,12 +10,15 @@
 namespace tempo {
 namespace {
 
-// The x row and the table row of row r = (b, a, s).
+// The x row, the output row and the table row of row r = (b, a, s).
 template <typename I>
-__device__ __forceinline__ void rope_row(const RopeParams& p, I r, I& x_off, I& t_off) {
+__device__ __forceinline__ void rope_row(const RopeParams& p, I r, I& x_off, I& o_off, I& t_off) {
   const I H = static_cast<I>(p.heads), S = static_cast<I>(p.seq);
   const I b = r / (H * S), a = (r / S) % H, s = r % S;
-  x_off = b * static_cast<I>(p.x_stride_batch) + a * static_cast<I>(p.x_stride_head) + s * static_cast<I>(p.x_stride_seq);
+  x_off =
+      b * static_cast<I>(p.x_stride_batch) + a * static_cast<I>(p.x_stride_head) + s * static_cast<I>(p.x_stride_seq);
+  o_off = b * static_cast<I>(p.out_stride_batch) + a * static_cast<I>(p.out_stride_head) +
+          s * static_cast<I>(p.out_stride_seq);
   t_off = ((p.table_batch == 1 ? I{0} : b) * S + s) * static_cast<I>(p.rotary_dim);
 }
 
@@ -32,9 +35,9 @@ __global__ void rope_kernel(RopeParams p, bool backward) {
   const I stride = static_cast<I>(gridDim.x) * blockDim.x;
   for (I i = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     const I r = i / per_row, e = i % per_row;
-    I xo, to;
-    rope_row(p, r, xo, to);
-    T* o = out + r * D;
+    I xo, oo, to;
+    rope_row(p, r, xo, oo, to);
+    T* o = out + oo;
     if (e < h) {
       A o0, o1;
       math::rope_pair<A>(math::to_float(x[xo + e]), math::to_float(x[xo + e + h]), math::to_float(cos[to + e]),
@@ -62,8 +65,8 @@ __global__ void rope_packs_kernel(RopeParams p, bool backward) {
   const I stride = static_cast<I>(gridDim.x) * blockDim.x;
   for (I i = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     const I r = i / per_row, e = i % per_row;
-    I xo, to;
-    rope_row(p, r, xo, to);
+    I xo, oo, to;
+    rope_row(p, r, xo, oo, to);
     if (e < rot) {
       const I j = e * 8;
       cuda::Pack8<T> a, b, o0, o1;
@@ -82,13 +85,13 @@ __global__ void rope_packs_kernel(RopeParams p, bool backward) {
         math::store(&o0.v[q], v0);
         math::store(&o1.v[q], v1);
       }
-      cuda::store8v(out, r * D + j, o0);
-      cuda::store8v(out, r * D + j + h, o1);
+      cuda::store8v(out, oo + j, o0);
+      cuda::store8v(out, oo + j + h, o1);
     } else {
       const I c = R + (e - rot) * 8;
       cuda::Pack8<T> v;
       cuda::load8v(x, xo + c, v);
-      cuda::store8v(out, r * D + c, v);
+      cuda::store8v(out, oo + c, v);
     }
   }
 }
@@ -97,12 +100,14 @@ template <typename T, typename C>
 void launch(const RopeParams& p, bool backward, cudaStream_t st) {
   const int64_t h = p.rotary_dim / 2, D = p.head_dim;
   const bool packs = h % 8 == 0 && (D - p.rotary_dim) % 8 == 0 && p.x_stride_batch % 8 == 0 &&
-                     p.x_stride_head % 8 == 0 && p.x_stride_seq % 8 == 0 && cuda::aligned16(p.x) &&
+                     p.x_stride_head % 8 == 0 && p.x_stride_seq % 8 == 0 && p.out_stride_batch % 8 == 0 &&
+                     p.out_stride_head % 8 == 0 && p.out_stride_seq % 8 == 0 && cuda::aligned16(p.x) &&
                      cuda::aligned16(p.out) && cuda::aligned16(p.cos) && cuda::aligned16(p.sin);
-  // the largest element offset any index reaches: x's through its strides, the tables', out's
-  const int64_t reach = std::max({p.numel(), p.table_batch * p.seq * p.rotary_dim,
-                                  (p.batch - 1) * p.x_stride_batch + (p.heads - 1) * p.x_stride_head +
-                                      (p.seq - 1) * p.x_stride_seq + D});
+  // the largest element offset any index reaches: x's and out's through their strides, the tables'
+  const int64_t reach = std::max(
+      {p.numel(), p.table_batch * p.seq * p.rotary_dim,
+       (p.batch - 1) * p.x_stride_batch + (p.heads - 1) * p.x_stride_head + (p.seq - 1) * p.x_stride_seq + D,
+       (p.batch - 1) * p.out_stride_batch + (p.heads - 1) * p.out_stride_head + (p.seq - 1) * p.out_stride_seq + D});
   const bool narrow = reach < (int64_t{1} << 31);
   if constexpr (sizeof(T) <= 4) {
     if (packs) {

@@ -48,7 +48,11 @@ int64_t check_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor&
 at::Tensor run(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool backward) {
   const char* op = backward ? "tempo::rope_backward" : "tempo::rope";
   const int64_t table_batch = check_rope(x, cos, sin, op, backward ? "grad" : "x");
-  at::Tensor out = at::empty_symint(x.sym_sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+  // x's layout, as torch's elementwise ops keep it (a transposed q stays one for the attention
+  // that reads it), where its last dimension is the innermost; else contiguous
+  at::Tensor out = at::empty_like(x);
+  if (out.sym_stride(3) != 1 && out.sym_size(3) != 1)
+    out = at::empty_symint(x.sym_sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
   if (shapes_only(x) || x.numel() == 0) return out;
   c10::OptionalDeviceGuard guard(x.device());
   const at::Tensor xs = x.stride(3) == 1 ? x : x.contiguous();
@@ -66,6 +70,9 @@ at::Tensor run(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin
   p.x_stride_batch = xs.stride(0);
   p.x_stride_head = xs.stride(1);
   p.x_stride_seq = xs.stride(2);
+  p.out_stride_batch = out.stride(0);
+  p.out_stride_head = out.stride(1);
+  p.out_stride_seq = out.stride(2);
   p.x = xs.const_data_ptr();
   p.cos = c.const_data_ptr();
   p.sin = s.const_data_ptr();

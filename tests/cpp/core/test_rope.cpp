@@ -80,6 +80,7 @@ void check(const Case& k, bool backward) {
   p.x_stride_batch = k.transposed ? S * H * D : H * S * D;
   p.x_stride_head = k.transposed ? D : S * D;
   p.x_stride_seq = k.transposed ? H * D : D;
+  p.out_stride_batch = H * S * D, p.out_stride_head = S * D, p.out_stride_seq = D;
   p.x = store.data();
   p.cos = cos.data();
   p.sin = sin.data();
@@ -131,7 +132,9 @@ TEST(Rope, BackwardIsTheTransposeOfTheForward) {
   tempo::RopeParams p;
   p.dtype = p.table_dtype = tempo::DType::kFloat64;
   p.batch = B, p.heads = H, p.seq = S, p.head_dim = D, p.rotary_dim = R;
-  p.x_stride_batch = H * S * D, p.x_stride_head = S * D, p.x_stride_seq = D;
+  p.x_stride_batch = p.out_stride_batch = H * S * D;
+  p.x_stride_head = p.out_stride_head = S * D;
+  p.x_stride_seq = p.out_stride_seq = D;
   p.cos = cos.data(), p.sin = sin.data();
   p.x = x.data(), p.out = y.data();
   ASSERT_TRUE(tempo::rope_forward_cpu(p).ok());
@@ -150,7 +153,8 @@ TEST(Rope, RefusesWhatABackendWouldMisread) {
   float buf[64] = {};
   tempo::RopeParams p;
   p.batch = 1, p.heads = 1, p.seq = 2, p.head_dim = 4, p.rotary_dim = 4;
-  p.x_stride_batch = 8, p.x_stride_head = 8, p.x_stride_seq = 4;
+  p.x_stride_batch = p.out_stride_batch = 8, p.x_stride_head = p.out_stride_head = 8;
+  p.x_stride_seq = p.out_stride_seq = 4;
   p.x = p.cos = p.sin = buf;
   p.out = buf + 32;
   ASSERT_TRUE(tempo::rope_forward_cpu(p).ok());
@@ -170,6 +174,8 @@ TEST(Rope, RefusesWhatABackendWouldMisread) {
   refused(q, "a negative size");
   q = p, q.x_stride_seq = -4;
   refused(q, "a negative stride");
+  q = p, q.out_stride_head = -8;
+  refused(q, "a negative output stride");
   q = p, q.sin = nullptr;
   refused(q, "a null table");
   q = p, q.dtype = tempo::DType::kFloat64;

@@ -18,13 +18,15 @@ namespace tempo {
 //   dx[j]     = g_a cos[j]     + g_b sin[j + h]
 //   dx[j + h] = g_b cos[j + h] - g_a sin[j]
 // The rotation keeps nothing of x: the backward reads only the gradient and the tables.
-// out (dx) is [batch, heads, seq, head_dim] contiguous.
+// out (dx) is [batch, heads, seq, head_dim] with strides of its own (the caller's choice: x's
+// layout, as torch's elementwise ops keep it) and a contiguous last dimension.
 struct RopeParams {
   DType dtype = DType::kFloat32;        // x's and out's
   DType table_dtype = DType::kFloat32;  // cos's and sin's: dtype, or float32 for 16-bit data
   int64_t batch = 0, heads = 0, seq = 0, head_dim = 0, rotary_dim = 0;
   int64_t table_batch = 1;
-  int64_t x_stride_batch = 0, x_stride_head = 0, x_stride_seq = 0;  // elements
+  int64_t x_stride_batch = 0, x_stride_head = 0, x_stride_seq = 0;        // elements
+  int64_t out_stride_batch = 0, out_stride_head = 0, out_stride_seq = 0;  // elements
   const void* x = nullptr;  // x (forward) or the gradient of out (backward)
   const void* cos = nullptr;
   const void* sin = nullptr;

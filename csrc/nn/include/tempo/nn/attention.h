@@ -16,6 +16,7 @@
 
 #include <optional>
 #include <string>
+#include <utility>
 
 namespace tempo::nn {
 
@@ -68,8 +69,11 @@ TORCH_MODULE(SelfAttention);
 // The attention core of each backend on [B, A, S, d] tensors (mask as for tempo::attention).
 at::Tensor eager_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                            const std::optional<at::Tensor>& mask, double dropout_p, bool causal);
-// q, k rotated by position (rotate-half form): x cos + rotate_half(x) sin, positions 0..S-1.
-at::Tensor apply_rotary(const at::Tensor& x, double theta);
+// The rotary embedding's cos and sin for positions 0..seq-1 ([seq, head_dim] in options' dtype
+// and device; LLaMA's frequencies theta^(-2i / head_dim), computed in float32), as tempo::rope
+// takes them: one pair a layer serves its q and k.
+std::pair<at::Tensor, at::Tensor> rotary_tables(int64_t seq, int64_t head_dim, double theta,
+                                                const at::TensorOptions& options);
 
 at::Tensor sdpa_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                           const std::optional<at::Tensor>& mask, double dropout_p, bool causal);
