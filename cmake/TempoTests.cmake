@@ -26,7 +26,9 @@ if(TEMPO_BUILD_TESTS)
                        DEPENDS csrc/core/cuda/${k}.cu tests/simt/translate.py VERBATIM)
     list(APPEND TEMPO_SIMT_SOURCES ${CMAKE_BINARY_DIR}/simt/${k}.cpp)
   endforeach()
-  add_library(tempo_simt STATIC ${TEMPO_SIMT_SOURCES} tests/simt/api.cpp ${TEMPO_CORE_COMMON_SOURCES})
+  # (objects, not an archive: each translated source registers its entry points as it initialises,
+  # and no symbol of it is referenced by name)
+  add_library(tempo_simt OBJECT ${TEMPO_SIMT_SOURCES} tests/simt/api.cpp ${TEMPO_CORE_COMMON_SOURCES})
   target_include_directories(tempo_simt BEFORE PRIVATE tests/simt csrc/core/cuda csrc/core/include)
   target_compile_definitions(tempo_simt PRIVATE tempo=tempo_simt TEMPO_WITH_CUDA=1 TEMPO_VERSION="simt"
                              __CUDACC__ __CUDA_ARCH__=900

@@ -12,7 +12,7 @@ import tempo
 
 AC = dict(device_type="cpu", dtype=torch.bfloat16)
 
-CASES = registry.load("scripts/sanitize_ops.py", "_autocast_cases")
+CASES = registry.load("tests/python/opinfo.py", "_autocast_opinfo")  # the op table
 
 # The output dtype each autocast kind of csrc/ops.json gives under CPU autocast (bf16), for inputs
 # all of one dtype: lower_precision casts to bf16; head gives a float32 loss; the others run in the
@@ -31,12 +31,11 @@ KIND_OUTPUT = {
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("name", registry.on("cpu"))
 def test_every_op_under_autocast_gives_what_its_registry_kind_says(name, dtype):
-    """Every op of the registry (each case of the sanitizer's script, variants included) under CPU
+    """Every op of the registry (each case of the op table, variants included) under CPU
     autocast: the output dtype its kind says, and a backward that gives each input's gradient in
     the input's own dtype."""
     kind = registry.OPS[name]["autocast"]
     assert kind in KIND_OUTPUT, (name, kind)
-    torch.manual_seed(0)
     cases = {k: f for k, f in CASES.cases(dtype, "cpu").items() if registry.base(k) == name}
     assert cases, name
     for key, f in cases.items():

@@ -10,6 +10,7 @@ import warnings
 import pytest
 import torch
 
+import opinfo
 import tempo
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -25,62 +26,20 @@ def no_sync():
         torch.cuda.set_sync_debug_mode("default")
 
 
-OPS = {
-    "gelu": lambda x, w, b: tempo.gelu(x, bias=b),
-    "silu": lambda x, w, b: tempo.silu(x),
-    "dropout_bits": lambda x, w, b: tempo.dropout(x, 0.2),
-    "dropout_philox": lambda x, w, b: tempo.dropout(x, 0.2, mode="philox"),
-    "layer_norm": lambda x, w, b: tempo.layer_norm(x, (x.shape[-1],), w, b),
-    "rms_norm": lambda x, w, b: tempo.rms_norm(x, (x.shape[-1],), w, 1e-6),
-    "bias_dropout_add_layer_norm": lambda x, w, b: tempo.bias_dropout_add_layer_norm(x, b, x, 0.1, w, b),
-    "attention": lambda x, w, b: tempo.attention(*(x.view(2, 4, 16, 32),) * 3, dropout_p=0.1),
-    "fused_attention": lambda x, w, b: tempo.fused_attention(*(x.view(2, 4, 16, 32),) * 3, causal=True),
-    "linear_cross_entropy": lambda x, w, b: tempo.linear_cross_entropy(
-        x,
-        torch.ones(50, x.shape[-1], device=x.device, dtype=x.dtype) * w[:1],
-        None,
-        torch.arange(x.shape[0], device=x.device) % 50,
-    ),
-    "linear_cross_entropy_stats": lambda x, w, b: (
-        tempo.linear_cross_entropy_stats(
-            x,
-            torch.ones(50, x.shape[-1], device=x.device, dtype=x.dtype) * w[:1],
-            None,
-            torch.arange(x.shape[0], device=x.device) % 50,
-        )["entropy"]
-        + (x * 0).sum()
-    ),
-    "qkv_split": lambda x, w, b: torch.stack(tempo.qkv_split(torch.cat([x, x, x], -1).view(2, 64, 96), b.repeat(3), 4)),
-    "rope": lambda x, w, b: tempo.rope(
-        x.view(2, 64, 4, 8).transpose(1, 2),
-        torch.linspace(-1, 1, 512, device=x.device, dtype=x.dtype).view(64, 8),
-        torch.linspace(1, -1, 512, device=x.device, dtype=x.dtype).view(64, 8),
-    ),
-    "causal_linear_attention": lambda x, w, b: tempo.causal_linear_attention(
-        x.view(2, 4, 16, 32).abs() + 0.1, x.view(2, 4, 16, 32).abs() + 0.1, x.view(2, 4, 16, 32)
-    )[0],
-    "gated_mlp": lambda x, w, b: tempo.gated_mlp(
-        x,
-        torch.ones(64, 32, device=x.device, dtype=x.dtype) * w[:1],
-        None,
-        torch.ones(32, 32, device=x.device, dtype=x.dtype) * b[:1],
-        chunk=8,
-    ),
-}
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("op", list(opinfo.OPS))
 def test_op_forward_and_backward_do_not_synchronise(op, dtype):
-    x = torch.randn(128, 32, device="cuda", dtype=dtype, requires_grad=True)
-    w = (torch.rand(32, device="cuda", dtype=dtype) + 0.5).requires_grad_()
-    b = torch.randn(32, device="cuda", dtype=dtype).mul_(0.1).requires_grad_()
-    OPS[op](x, w, b).float().sum().backward()  # warm-up: allocator, kernels loaded
+    """Each op's sample (tests/python/opinfo.py) on tensors already on the device: a warm-up call
+    (allocator, kernels loaded), then the same call's forward and backward with none."""
+    out, inputs = opinfo.run(op, dtype, "cuda", "small")
     with no_sync():
-        y = OPS[op](x, w, b)
-        y.float().square().sum().backward()
+        out, inputs = opinfo.run(op, dtype, "cuda", "small", reuse=inputs)
+        loss = sum(o.float().square().sum() for o in out if o.requires_grad)
+        if inputs.leaves and out[0].requires_grad:
+            loss.backward()
     torch.cuda.synchronize()
-    assert torch.isfinite(x.grad).all()
+    assert all(torch.isfinite(o).all() for o in out)
+    assert all(t.grad is None or torch.isfinite(t.grad).all() for t in inputs.leaves)
 
 
 def _bert():

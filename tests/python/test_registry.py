@@ -1,8 +1,8 @@
 """The op registry (csrc/ops.json) is the one list of tempo's ops: it names exactly the public
 ops and the op library's schemas; its units are exactly the source files of one name in each
-layer, and CMakeLists.txt names none of them by hand; every cross-cutting suite (properties,
-CUDA synchronisation, the sanitizer's script, determinism, second derivatives) has a case of
-every op; each op's autocast kernel, dtypes and differentiable inputs are what the registry says."""
+layer, and CMakeLists.txt names none of them by hand; the op table (tests/python/opinfo.py, read
+by the sanitizer's script and the CUDA synchronisation, determinism, second-derivative and
+autocast suites) and the property generators have a case of every op; each op's autocast kernel, dtypes and differentiable inputs are what the registry says."""
 
 import inspect
 import os
@@ -93,36 +93,30 @@ def test_every_core_unit_has_its_tests_in_each_harness(unit):
     assert "file(GLOB TEMPO_CORE_TEST_SOURCES CONFIGURE_DEPENDS tests/cpp/core/test_*.cpp)" in cmake
     assert "add_executable(tempo_core_tests ${TEMPO_CORE_TEST_SOURCES})" in cmake
     simt = _read("tests/simt/test_simt.cpp")
-    assert re.search(r"\b%s_\w*(forward|backward)" % unit, simt), "no emulator case of " + unit
-    assert re.search(r"\b%s" % unit, _read("tests/simt/api.h")), "tests/simt/api.h has no entry of " + unit
+    # (the emulated entry points register themselves: tests/simt/translate.py, api.h's call)
+    assert re.search(r'simt_api::call\("%s_\w*(forward|backward)"' % unit, simt), "no emulator case of " + unit
     fuzz = _read("tests/fuzz/fuzz_core.cpp")
     assert re.search(r"^void fuzz_%s\(Gen& g\)" % unit, fuzz, re.M), "no fuzz_%s in fuzz_core.cpp" % unit
     assert re.search(r"^\s+fuzz_%s\(g\);" % unit, fuzz, re.M), "fuzz_%s is never called" % unit
 
 
-@pytest.mark.parametrize(
-    "suite,device",
-    [
-        ("properties", None),
-        ("cuda_sync", "cuda"),
-        ("sanitize", "cuda"),
-        ("determinism", "cpu"),
-        ("second_derivatives", None),
-    ],
-)
-def test_every_suite_has_every_op(suite, device):
+@pytest.mark.parametrize("suite", ["opinfo", "properties"])
+def test_every_suite_has_every_op(suite):
+    """The op table (tests/python/opinfo.py), which the sanitizer's script, CUDA synchronisation,
+    determinism, second derivatives and autocast loop over, and the property generators."""
     if suite == "properties":
         keys = _module("tests/python/test_properties.py", "_reg_properties").OPS
-    elif suite == "cuda_sync":
-        keys = _module("tests/python/test_cuda_sync.py", "_reg_cuda_sync").OPS
-    elif suite == "sanitize":
-        keys = _module("scripts/sanitize_ops.py", "_reg_sanitize").cases(torch.float32, "cpu")
-    elif suite == "determinism":
-        keys = _module("tests/python/test_determinism.py", "_reg_determinism").OPS
     else:
-        mod = _module("tests/python/test_second_derivatives.py", "_reg_second")
-        keys = list(mod.REFUSING) + list(mod.WITHOUT_GRADIENT) + list(mod.TWICE_DIFFERENTIABLE)
-    assert not registry.missing(keys, device), "%s has no case of %s" % (suite, registry.missing(keys, device))
+        keys = _module("tests/python/opinfo.py", "_reg_opinfo").OPS
+    assert not registry.missing(keys), "%s has no case of %s" % (suite, registry.missing(keys))
+
+
+def test_the_op_table_says_what_each_second_derivative_is():
+    opinfo = _module("tests/python/opinfo.py", "_reg_opinfo_second")
+    for key, op in opinfo.OPS.items():
+        name = registry.base(key)
+        assert op.second in ("refuses", "linear", "torch", "none"), key
+        assert (op.second == "none") == (not registry.OPS[name]["differentiable"]), key
 
 
 @pytest.mark.parametrize("name", registry.NAMES)
@@ -134,12 +128,11 @@ def test_autocast_kernel_as_the_registry_says(name):
 
 @pytest.mark.parametrize("name", registry.on("cpu"))
 def test_each_dtype_runs_forward_and_backward_on_the_cpu(name):
-    """The sanitizer script's case of the op (and its variants), in every dtype the registry
+    """The op table's case of the op (and its variants), in every dtype the registry
     names: forward, and backward where it has differentiable inputs; the output in the dtype."""
-    sanitize = _module("scripts/sanitize_ops.py", "_reg_sanitize_dtypes")
+    opinfo = _module("tests/python/opinfo.py", "_reg_opinfo_dtypes")
     for dtype in registry.dtypes(name):
-        torch.manual_seed(0)
-        cases = {k: f for k, f in sanitize.cases(dtype, "cpu").items() if registry.base(k) == name}
+        cases = {k: f for k, f in opinfo.cases(dtype, "cpu").items() if registry.base(k) == name}
         assert cases, name
         for key, f in cases.items():
             y = f()

@@ -17,6 +17,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import tempo  # noqa: E402
 
+import opinfo  # noqa: E402
+import registry  # noqa: E402
+
 D = torch.float64
 
 
@@ -25,53 +28,34 @@ def _g(*shape, seed):
 
 
 W6, B6 = _g(6, seed=1) + 1.0, _g(6, seed=2)
-BIAS12 = _g(12, seed=3)
 HEAD = _g(10, 6, seed=4)
 GATE = _g(8, 6, seed=7)
-POS = lambda t: torch.nn.functional.softplus(t) + 0.1  # noqa: E731  (linear attention's features are positive)
 
-# op name -> f(x) for x of shape [4, 6] (float64), a scalar-valued function whose second
-# derivative torch's op would give as non-zero.
-REFUSING = {
-    "gelu": lambda x: tempo.gelu(x).pow(2).sum(),
-    "gelu_tanh": lambda x: tempo.gelu(x, "tanh").pow(2).sum(),
-    "gelu_bias": lambda x: tempo.gelu(x, bias=B6).pow(2).sum(),
-    "silu": lambda x: tempo.silu(x).pow(2).sum(),
-    "silu_bias": lambda x: tempo.silu(x, bias=B6).pow(2).sum(),
-    "layer_norm": lambda x: tempo.layer_norm(x, 6, W6, B6).pow(3).sum(),
-    "rms_norm": lambda x: tempo.rms_norm(x, 6, W6).pow(3).sum(),
-    "bias_dropout_add_layer_norm": lambda x: (
-        tempo.bias_dropout_add_layer_norm(x, B6, x * 0.5, 0.0, W6, B6).pow(3).sum()
-    ),
-    "bias_dropout_add_layer_norm_p": lambda x: (
-        tempo.bias_dropout_add_layer_norm(x, B6, x * 0.5, 0.3, W6, B6).pow(3).sum()
-    ),
-    "attention": lambda x: tempo.attention(*(x.view(1, 2, 2, 6),) * 3).pow(2).sum(),
-    "attention_dropout": lambda x: tempo.attention(*(x.view(1, 2, 2, 6),) * 3, dropout_p=0.2).pow(2).sum(),
-    "fused_attention": lambda x: tempo.fused_attention(*(x.view(1, 2, 2, 6),) * 3, causal=True).pow(2).sum(),
-    "qkv_split": lambda x: (lambda q, k, v: (q * k * v).sum())(*tempo.qkv_split(x.reshape(1, 2, 12), BIAS12, 2)),
-    "causal_linear_attention": lambda x: (
-        tempo.causal_linear_attention(POS(x).view(2, 2, 6), POS(x).view(2, 2, 6), x.view(2, 2, 6))[0].pow(2).sum()
-    ),
-    "linear_cross_entropy": lambda x: tempo.linear_cross_entropy(x, HEAD, None, torch.tensor([1, 2, -100, 9])),
-    "gated_mlp": lambda x: tempo.gated_mlp(x, GATE, GATE * 0.5, GATE.t() * 0.3).pow(2).sum(),
-}
-# Ops that give no gradient at all (their outputs are statistics): test_stats_have_no_gradient.
-WITHOUT_GRADIENT = ("linear_cross_entropy_stats",)
-# Ops twice differentiable by torch's math: test_dropout_second_derivatives_equal_torch_math.
-TWICE_DIFFERENTIABLE = ("dropout", "rope")
-ALIAS = {
-    "gelu_tanh": "gelu",
-    "gelu_bias": "gelu",
-    "silu_bias": "silu",
-    "attention_dropout": "attention",
-    "bias_dropout_add_layer_norm_p": "bias_dropout_add_layer_norm",
-}
-OP_NAME = {k: ALIAS.get(k, k) for k in REFUSING}
+# The op table (tests/python/opinfo.py): each op's tiny sample as a function of its x, a scalar
+# whose second derivative torch's op would give as non-zero: sum((out w)^2) over its outputs.
+REFUSING = [n for n, op in opinfo.OPS.items() if op.second == "refuses"]
+LINEAR = [n for n, op in opinfo.OPS.items() if op.second == "linear"]
+WITHOUT_GRADIENT = [n for n, op in opinfo.OPS.items() if op.second == "none"]
+BY_TORCH = [n for n, op in opinfo.OPS.items() if op.second == "torch"]
+
+
+def _x_of(name):
+    """A float64 x of the shape op `name`'s tiny sample differentiates."""
+    _, inputs = opinfo.run(name, D, "cpu", "tiny")
+    return inputs.leaves[0].detach().clone()
+
+
+def _scalar(name):
+    def f(x):
+        outs, _ = opinfo.run(name, D, "cpu", "tiny", x=x)
+        w = [torch.linspace(-1.0, 2.0, o.numel(), dtype=D).view(o.shape) for o in outs]
+        return sum(((o * c).pow(2).sum() for o, c in zip(outs, w) if o.requires_grad), torch.zeros((), dtype=D))
+
+    return f
 
 
 def _refusal(case):
-    return pytest.raises(RuntimeError, match=r"tempo::%s: double backward .* is not supported" % OP_NAME[case])
+    return pytest.raises(RuntimeError, match=r"tempo::%s: double backward .* is not supported" % registry.base(case))
 
 
 def _first_grad(f, x):
@@ -80,9 +64,9 @@ def _first_grad(f, x):
     return x, g
 
 
-@pytest.mark.parametrize("case", list(REFUSING))
+@pytest.mark.parametrize("case", REFUSING)
 def test_refusal_is_reached_by_every_route(case):
-    f, x = REFUSING[case], _g(4, 6, seed=5)
+    f, x = _scalar(case), _x_of(case)
     # the first derivative is exact and differentiable (create_graph=True works)
     xr, g = _first_grad(f, x)
     assert g.requires_grad and torch.isfinite(g).all() and g.abs().sum() > 0
@@ -105,6 +89,37 @@ def test_refusal_is_reached_by_every_route(case):
         torch.autograd.functional.hvp(f, x, torch.ones_like(x))
     with _refusal(case):
         torch.autograd.functional.vhp(f, x, torch.ones_like(x))
+
+
+@pytest.mark.parametrize("case", LINEAR)
+def test_ops_linear_in_x_have_torchs_second_derivatives(case):
+    """An op linear in x (dropout with its mask, the rotary embedding): f = sum((y w)^2) has the
+    Hessian 2 J^T diag(w^2) J, J the first derivative (from tempo's backward, which the op's own
+    suite holds to torch's): by every route, to 1e-10 in float64, and gradgradcheck."""
+    f, x = _scalar(case), _x_of(case)
+    y = lambda t: opinfo.run(case, D, "cpu", "tiny", x=t)[0][0]  # noqa: E731
+    out = y(x)
+    w = torch.linspace(-1.0, 2.0, out.numel(), dtype=D)
+    jac = torch.autograd.functional.jacobian(y, x).reshape(out.numel(), x.numel())
+    want = 2 * jac.T @ torch.diag(w * w) @ jac
+    h = torch.autograd.functional.hessian(f, x).reshape(x.numel(), x.numel())
+    assert want.abs().sum() > 0
+    torch.testing.assert_close(h, want, atol=1e-10, rtol=0)
+    v = _g(*x.shape, seed=9)
+    torch.testing.assert_close(
+        torch.autograd.functional.hvp(f, x, v)[1].flatten(), want @ v.flatten(), atol=1e-10, rtol=0
+    )
+    xr, g = _first_grad(f, x)
+    (gg,) = torch.autograd.grad(g.sum(), xr)
+    torch.testing.assert_close(gg.flatten(), want.sum(0), atol=1e-10, rtol=0)
+    torch.autograd.gradgradcheck(lambda t: y(t) * 1.5, (x.clone().requires_grad_(),))
+
+
+@pytest.mark.parametrize("case", BY_TORCH)
+def test_ops_computed_by_torch_are_twice_differentiable(case):
+    """A mode that runs torch's ops (linear attention's prefix sums): gradgradcheck in float64."""
+    x = _x_of(case).requires_grad_()
+    torch.autograd.gradgradcheck(lambda t: opinfo.run(case, D, "cpu", "tiny", x=t)[0][0], (x,))
 
 
 WEIGHTED = {
@@ -163,42 +178,6 @@ def test_dropout_second_derivatives_equal_torch_math(mode):
     torch.testing.assert_close(jac.reshape(35, 35), torch.diag(diag.flatten()), atol=1e-10, rtol=0)
     torch.autograd.gradgradcheck(
         lambda t: (torch.manual_seed(11), tempo.dropout(t, p, mode=mode) * t)[1], (x.clone().requires_grad_(),)
-    )
-
-
-def test_rope_second_derivatives_equal_torch_math():
-    """f(x) = sum(rope(x)^2 * c), rope linear in x: its Hessian is R^T diag(2 c) R, the same as
-    torch's formula gives; by every route, to 1e-10 in float64, and gradgradcheck (the backward
-    is the transposed rotation, itself differentiable by the rotation)."""
-    ang = _g(3, 6, seed=10)
-    cos, sin = ang.cos(), ang.sin()  # [seq 3, r 6] for x [36] seen as [1, 2, 3, 6]
-    c = _g(1, 2, 3, 6, seed=11)
-
-    def rot(t):
-        x = t.view(1, 2, 3, 6)
-        return x * cos + torch.cat([-x[..., 3:], x[..., :3]], -1) * sin
-
-    def f(t):
-        return (tempo.rope(t.view(1, 2, 3, 6), cos, sin).pow(2) * c).sum()
-
-    def f_torch(t):
-        return (rot(t).pow(2) * c).sum()
-
-    x = _g(6, 6, seed=12)
-    h = torch.autograd.functional.hessian(f, x)
-    torch.testing.assert_close(h, torch.autograd.functional.hessian(f_torch, x), atol=1e-10, rtol=0)
-    assert h.abs().sum() > 0
-    v = _g(6, 6, seed=13)
-    torch.testing.assert_close(
-        torch.autograd.functional.hvp(f, x, v)[1], torch.autograd.functional.hvp(f_torch, x, v)[1], atol=1e-10, rtol=0
-    )
-    xr, g = _first_grad(f, x)
-    (gg,) = torch.autograd.grad(g.sum(), xr)
-    xt, gt = _first_grad(f_torch, x)
-    (ggt,) = torch.autograd.grad(gt.sum(), xt)
-    torch.testing.assert_close(gg, ggt, atol=1e-10, rtol=0)
-    torch.autograd.gradgradcheck(
-        lambda t: tempo.rope(t.view(1, 2, 3, 6), cos, sin) * t.view(1, 2, 3, 6), (x.clone().requires_grad_(),)
     )
 
 

@@ -1,8 +1,9 @@
 // The core's CUDA entry points, run by the host emulator (tests/simt/cuda_runtime.h). They are
 // compiled in a namespace of their own (the build defines tempo=tempo_simt for those sources,
 // so the CPU kernels and the emulated CUDA ones, which share the math headers, never mix), and
-// reached here through the same parameter structs passed by address: each function takes a
-// pointer to the tempo:: struct its name says and returns "" or the Status's message.
+// reached here by name: translate.py registers every `Status <entry>_cuda(const Params&, void*)`
+// a .cu defines, and call("<entry>", &params) runs it on a pointer to the tempo:: struct its
+// declaration names, returning "" or the Status's message.
 #pragma once
 
 #include <cstdint>
@@ -10,26 +11,12 @@
 
 namespace simt_api {
 
-#define SIMT_API_ENTRY(name) std::string name(const void* params);
-SIMT_API_ENTRY(activation_forward)
-SIMT_API_ENTRY(activation_backward)
-SIMT_API_ENTRY(dropout_forward)
-SIMT_API_ENTRY(dropout_backward)
-SIMT_API_ENTRY(norm_forward)
-SIMT_API_ENTRY(norm_backward)
-SIMT_API_ENTRY(qkv_split_forward)
-SIMT_API_ENTRY(qkv_split_backward)
-SIMT_API_ENTRY(rope_forward)
-SIMT_API_ENTRY(rope_backward)
-SIMT_API_ENTRY(attention_softmax_forward)
-SIMT_API_ENTRY(attention_softmax_backward)
-SIMT_API_ENTRY(linear_attention_forward)
-SIMT_API_ENTRY(linear_attention_backward)
-SIMT_API_ENTRY(linear_cross_entropy_forward)
-SIMT_API_ENTRY(linear_cross_entropy_backward)
-SIMT_API_ENTRY(gated_mlp_forward)
-SIMT_API_ENTRY(gated_mlp_backward)
-#undef SIMT_API_ENTRY
+// call("rope_forward", &p): tempo::rope_forward_cuda(p) in the emulator; an entry no
+// translated source registered gives a message saying so.
+std::string call(const std::string& entry, const void* params);
+
+using Entry = std::string (*)(const void* params);
+bool register_entry(const char* name, Entry fn);  // by the translated sources (translate.py)
 
 // philox_state_store_cuda: (seed, offset) of a PhiloxState into out[0], out[1].
 std::string philox_state_store(const void* state, uint64_t* out);

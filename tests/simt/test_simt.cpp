@@ -285,7 +285,7 @@ void run_activation(tempo::Activation act, DType t, int64_t n, int64_t bias_size
   ASSERT_TRUE(tempo::activation_forward_cpu(f).ok()) << what;
   f.y = y_gpu.data();
   f.mask = m_gpu.data();
-  ASSERT_EQ(simt_api::activation_forward(&f), "") << what;
+  ASSERT_EQ(simt_api::call("activation_forward", &f), "") << what;
   expect_same_bytes(m_cpu, m_gpu, what + " forward bits");
   expect_close(y_cpu, y_gpu, elementwise(t == DType::kFloat64 ? kFp64Units : kF32ForwardUnits), what + " forward");
 
@@ -319,7 +319,7 @@ void run_activation(tempo::Activation act, DType t, int64_t n, int64_t bias_size
     b.grad_bias = gb_gpu.data();
     b.workspace = ws.data();
   }
-  ASSERT_EQ(simt_api::activation_backward(&b), "") << what;
+  ASSERT_EQ(simt_api::call("activation_backward", &b), "") << what;
   expect_close(gx_cpu, gx_gpu, backward_tol, what + " backward");
   // The bias gradient adds n / bias_size rows of grad_x: in 16/32-bit they agree bitwise and only
   // the order of the sum differs; in fp64 each column also carries the sum of its rows' own
@@ -341,7 +341,7 @@ void run_activation(tempo::Activation act, DType t, int64_t n, int64_t bias_size
   b.grad_bias = nullptr;
   b.bias_size = 0;
   b.workspace = nullptr;
-  ASSERT_EQ(simt_api::activation_backward(&b), "") << what;
+  ASSERT_EQ(simt_api::call("activation_backward", &b), "") << what;
   expect_close(gx_cpu, inplace, backward_tol, what + " backward in place");
 }
 
@@ -385,7 +385,7 @@ TEST(SimtCuda, DropoutMatchesTheCpuKernelsBitForBit) {
             ASSERT_TRUE(tempo::dropout_forward_cpu(f).ok()) << what;
             f.y = y_gpu.data();
             f.mask = mode == tempo::DropoutMode::kBits ? m_gpu.data() : nullptr;
-            ASSERT_EQ(simt_api::dropout_forward(&f), "") << what;
+            ASSERT_EQ(simt_api::call("dropout_forward", &f), "") << what;
             expect_close(y_cpu, y_gpu, kExact, what + " forward");
             if (mode == tempo::DropoutMode::kBits && p > 0) expect_same_bytes(m_cpu, m_gpu, what + " bits");
 
@@ -401,7 +401,7 @@ TEST(SimtCuda, DropoutMatchesTheCpuKernelsBitForBit) {
             b.grad_x = gx_cpu.data();
             ASSERT_TRUE(tempo::dropout_backward_cpu(b).ok()) << what;
             b.grad_x = gx_gpu.data();
-            ASSERT_EQ(simt_api::dropout_backward(&b), "") << what;
+            ASSERT_EQ(simt_api::call("dropout_backward", &b), "") << what;
             expect_close(gx_cpu, gx_gpu, kExact, what + " backward");
           }
 }
@@ -440,7 +440,7 @@ TEST(SimtCuda, PhiloxStateIsStoredAndReadFromDeviceMemory) {
   f.rng = tempo::PhiloxState{};
   f.rng.device = out;
   f.y = y_dev.data();
-  ASSERT_EQ(simt_api::dropout_forward(&f), "");
+  ASSERT_EQ(simt_api::call("dropout_forward", &f), "");
   expect_close(y_host, y_dev, kExact, "dropout with the state in device memory");
 }
 
@@ -512,7 +512,7 @@ void run_norm(const NormCase& c, std::mt19937& gen) {
   f.rstd = r_gpu.data();
   f.mask = bits ? m_gpu.data() : nullptr;
   f.kept_xhat = kept ? kx_gpu.data() : nullptr;
-  ASSERT_EQ(simt_api::norm_forward(&f), "") << what;
+  ASSERT_EQ(simt_api::call("norm_forward", &f), "") << what;
   expect_close(y_cpu, y_gpu, reduction(), what + " y");
   expect_close(r_cpu, r_gpu, reduction(), what + " rstd");
   if (kept) expect_close(kx_cpu, kx_gpu, reduction(), what + " kept xhat");
@@ -551,7 +551,7 @@ void run_norm(const NormCase& c, std::mt19937& gen) {
   ASSERT_TRUE(s.ok()) << what << ": " << s.message();
   outputs(gx_gpu, gw_gpu, gbe_gpu, gr_gpu, gpb_gpu);
   b.workspace = ws.data();
-  ASSERT_EQ(simt_api::norm_backward(&b), "") << what;
+  ASSERT_EQ(simt_api::call("norm_backward", &b), "") << what;
   // grad x's terms are of size rstd |gamma| |grad y| before they cancel (a row of two columns
   // whose values nearly agree has a large rstd): its floor is the largest of those.
   double term = 1.0;
@@ -646,7 +646,7 @@ TEST(SimtCuda, QkvSplitMatchesTheCpuKernels) {
         f.q = qg.data();
         f.k = kg.data();
         f.v = vg.data();
-        ASSERT_EQ(simt_api::qkv_split_forward(&f), "") << what;
+        ASSERT_EQ(simt_api::call("qkv_split_forward", &f), "") << what;
         expect_close(qc, qg, kExact, what + " q");
         expect_close(kc, kg, kExact, what + " k");
         expect_close(vc, vg, kExact, what + " v");
@@ -665,7 +665,7 @@ TEST(SimtCuda, QkvSplitMatchesTheCpuKernels) {
         b.grad_z = dzg.data();
         b.grad_bias = bias ? dbg.data() : nullptr;
         b.workspace = ws.data();
-        ASSERT_EQ(simt_api::qkv_split_backward(&b), "") << what;
+        ASSERT_EQ(simt_api::call("qkv_split_backward", &b), "") << what;
         expect_close(dzc, dzg, kExact, what + " grad z");
         if (bias) expect_close(dbc, dbg, column_sum(tokens), what + " grad bias");
       }
@@ -712,7 +712,7 @@ TEST(SimtCuda, RopeMatchesTheCpuKernels) {
           p.out = oc.data();
           ASSERT_TRUE((backward ? tempo::rope_backward_cpu(p) : tempo::rope_forward_cpu(p)).ok()) << what;
           p.out = og.data();
-          ASSERT_EQ(backward ? simt_api::rope_backward(&p) : simt_api::rope_forward(&p), "") << what;
+          ASSERT_EQ(backward ? simt_api::call("rope_backward", &p) : simt_api::call("rope_forward", &p), "") << what;
           expect_close(oc, og, kExact, what + (backward ? " backward" : " forward"));
           ++cases;
         }
@@ -766,7 +766,7 @@ void run_gated_mlp(tempo::Activation act, DType t, int64_t rows, int64_t cols, b
   f.h = hc.data();
   ASSERT_TRUE(tempo::gated_mlp_forward_cpu(f).ok()) << what;
   f.h = hg.data();
-  ASSERT_EQ(simt_api::gated_mlp_forward(&f), "") << what;
+  ASSERT_EQ(simt_api::call("gated_mlp_forward", &f), "") << what;
   expect_close(hc, hg, tol(tol_h), what + " h");
 
   Buf dgc = zeros(t, rows * gs, shift), dgg = zeros(t, rows * gs, shift);
@@ -787,7 +787,7 @@ void run_gated_mlp(tempo::Activation act, DType t, int64_t rows, int64_t cols, b
     b.grad_up = fused ? static_cast<char*>(dg.data()) + cols * elem_size(t) : du.data();
     b.h = h.data();
     if (cuda)
-      ASSERT_EQ(simt_api::gated_mlp_backward(&b), "") << what;
+      ASSERT_EQ(simt_api::call("gated_mlp_backward", &b), "") << what;
     else
       ASSERT_TRUE(tempo::gated_mlp_backward_cpu(b).ok()) << what;
   };
@@ -878,7 +878,7 @@ void run_softmax(DType t, SoftmaxShape sh, bool causal, int mask_kind, double p,
   f.scores = pg.data();
   f.dropped = p > 0 ? dg.data() : nullptr;
   f.mask_bits = bits ? bg.data() : nullptr;
-  ASSERT_EQ(simt_api::attention_softmax_forward(&f), "") << what;
+  ASSERT_EQ(simt_api::call("attention_softmax_forward", &f), "") << what;
   expect_close(pc, pg, reduction(), what + " P");
   if (p > 0) expect_close(dc, dg, reduction(), what + " dropped P");
   if (bits) expect_same_bytes(bc, bg, what + " bits");
@@ -892,7 +892,7 @@ void run_softmax(DType t, SoftmaxShape sh, bool causal, int mask_kind, double p,
   s = tempo::attention_softmax_backward_cpu(b);
   ASSERT_TRUE(s.ok()) << what << ": " << s.message();
   b.grad = gg.data();
-  ASSERT_EQ(simt_api::attention_softmax_backward(&b), "") << what;
+  ASSERT_EQ(simt_api::call("attention_softmax_backward", &b), "") << what;
   expect_close(gc, gg, reduction(1.0), what + " grad");
 }
 
@@ -974,7 +974,7 @@ void run_lce(DType t, int64_t rows, int64_t V, double smoothing, int shift, std:
   ASSERT_TRUE(s.ok()) << what << ": " << s.message();
   f.lse = lg.data();
   f.loss = og.data();
-  ASSERT_EQ(simt_api::linear_cross_entropy_forward(&f), "") << what;
+  ASSERT_EQ(simt_api::call("linear_cross_entropy_forward", &f), "") << what;
   // fp64: the CPU adds V terms in one running sum, the CUDA kernel in 512 partial ones
   const Tol sums = t == DType::kFloat64 ? reduction(static_cast<double>(V)) : reduction();
   expect_close(lc, lg, sums, what + " lse");
@@ -992,7 +992,7 @@ void run_lce(DType t, int64_t rows, int64_t V, double smoothing, int shift, std:
   s = tempo::linear_cross_entropy_backward_cpu(b);
   ASSERT_TRUE(s.ok()) << what << ": " << s.message();
   b.logits = gg.data();
-  ASSERT_EQ(simt_api::linear_cross_entropy_backward(&b), "") << what;
+  ASSERT_EQ(simt_api::call("linear_cross_entropy_backward", &b), "") << what;
   expect_close(gc, gg, elementwise(4), what + " grad logits");
 }
 
@@ -1050,7 +1050,7 @@ void run_linear_attention(DType t, int64_t R, int64_t L, int64_t m, int64_t d, b
   f.num_out = ng.data();
   f.den_out = dng.data();
   f.workspace = ws.data();
-  ASSERT_EQ(simt_api::linear_attention_forward(&f), "") << what;
+  ASSERT_EQ(simt_api::call("linear_attention_forward", &f), "") << what;
   // fp64 data: the states are sums over L positions of O(1) terms, rebuilt in the backward by
   // subtraction from the total, then contracted over m or d (every side in double): 64 u of
   // L max(m, d). Other dtypes: the double sums are far below the output's own rounding.
@@ -1081,7 +1081,7 @@ void run_linear_attention(DType t, int64_t R, int64_t L, int64_t m, int64_t d, b
   ASSERT_TRUE(s.ok()) << what << ": " << s.message();
   outputs(gqg, gkg, gvg, gng, gdg);
   b.workspace = ws.data();
-  ASSERT_EQ(simt_api::linear_attention_backward(&b), "") << what;
+  ASSERT_EQ(simt_api::call("linear_attention_backward", &b), "") << what;
   expect_close(gqc, gqg, la, what + " grad q");
   expect_close(gkc, gkg, la, what + " grad k");
   expect_close(gvc, gvg, la, what + " grad v");
@@ -1163,7 +1163,7 @@ TEST(SimtCuda, RefusalsMatchTheCpuEntryPointsAndNameTheWorkspace) {
   f.numel = -1;
   const tempo::Status cpu = tempo::activation_forward_cpu(f);
   ASSERT_FALSE(cpu.ok());
-  EXPECT_EQ(simt_api::activation_forward(&f), cpu.message());
+  EXPECT_EQ(simt_api::call("activation_forward", &f), cpu.message());
 
   tempo::ActivationBackwardParams b;
   b.y = buf.data();
@@ -1173,7 +1173,7 @@ TEST(SimtCuda, RefusalsMatchTheCpuEntryPointsAndNameTheWorkspace) {
   b.numel = 64;
   b.grad_bias = buf.data();
   b.bias_size = 8;
-  EXPECT_NE(simt_api::activation_backward(&b).find("needs its workspace"), std::string::npos);
+  EXPECT_NE(simt_api::call("activation_backward", &b).find("needs its workspace"), std::string::npos);
 
   tempo::NormBackwardParams nb;
   nb.grad_y = nb.y = buf.data();
@@ -1182,7 +1182,7 @@ TEST(SimtCuda, RefusalsMatchTheCpuEntryPointsAndNameTheWorkspace) {
   nb.grad_x = buf.data();
   nb.rows = 8;
   nb.cols = 8;
-  EXPECT_NE(simt_api::norm_backward(&nb).find("needs its workspace"), std::string::npos);
+  EXPECT_NE(simt_api::call("norm_backward", &nb).find("needs its workspace"), std::string::npos);
 
   tempo::QkvSplitBackwardParams qb;
   qb.batch = qb.seq = qb.heads = 1;
@@ -1190,18 +1190,18 @@ TEST(SimtCuda, RefusalsMatchTheCpuEntryPointsAndNameTheWorkspace) {
   qb.grad_q = qb.grad_k = qb.grad_v = buf.data();
   qb.grad_z = buf.data();
   qb.grad_bias = buf.data();
-  EXPECT_NE(simt_api::qkv_split_backward(&qb).find("needs its workspace"), std::string::npos);
+  EXPECT_NE(simt_api::call("qkv_split_backward", &qb).find("needs its workspace"), std::string::npos);
 
   tempo::LinearAttentionForwardParams lf;
   lf.q = lf.k = lf.v = buf.data();
   lf.y = lf.num_out = lf.den_out = buf.data();
   lf.rows = lf.len = lf.m = lf.d = 1;
-  EXPECT_NE(simt_api::linear_attention_forward(&lf).find("needs its workspace"), std::string::npos);
+  EXPECT_NE(simt_api::call("linear_attention_forward", &lf).find("needs its workspace"), std::string::npos);
   tempo::LinearAttentionBackwardParams lb;
   static_cast<tempo::LinearAttentionInputs&>(lb) = lf;
   lb.grad_y = buf.data();
   lb.grad_q = lb.grad_k = lb.grad_v = lb.grad_num_in = lb.grad_den_in = buf.data();
-  EXPECT_NE(simt_api::linear_attention_backward(&lb).find("needs its workspace"), std::string::npos);
+  EXPECT_NE(simt_api::call("linear_attention_backward", &lb).find("needs its workspace"), std::string::npos);
 }
 
 // The emulator ran the kernels as blocks of threads that met at barriers and shuffles (the
@@ -1229,7 +1229,7 @@ TEST(SimtCuda, TheEmulatorRanBlocksBarriersAndShuffles) {
   f.m = 4096;
   f.d = 1;
   f.workspace = buf.data();
-  EXPECT_NE(simt_api::linear_attention_forward(&f).find("shared memory"), std::string::npos);
+  EXPECT_NE(simt_api::call("linear_attention_forward", &f).find("shared memory"), std::string::npos);
 }
 
 }  // namespace

@@ -106,6 +106,25 @@ def translate(text):
     )
 
 
+# An op's CUDA entry point, as each .cu defines it: Status <entry>_cuda(const <Params>& p, void* stream)
+ENTRY = re.compile(r"^Status (\w+)_cuda\(const (\w+)& \w+, void\* \w+\)", re.M)
+
+
+def registrations(text):
+    """The lines that register each entry point of the source with tests/simt/api.h's table, by
+    name (`tempo` is the emulated build's namespace there)."""
+    out = ['\n#include "api.h"\nnamespace {\n']
+    for entry, params in ENTRY.findall(text):
+        out.append(
+            'const bool simt_entry_%s = ::simt_api::register_entry("%s", [](const void* params) {\n'
+            "  const ::tempo::Status s = ::tempo::%s_cuda(*static_cast<const ::tempo::%s*>(params), nullptr);\n"
+            "  return s.ok() ? std::string() : s.message();\n"
+            "});\n" % (entry, entry, entry, params)
+        )
+    out.append("}  // namespace\n")
+    return "".join(out)
+
+
 def main():
     src, dst = sys.argv[1], sys.argv[2]
     with open(src) as f:
@@ -114,6 +133,7 @@ def main():
     with open(dst, "w") as f:
         f.write('#line 1 "%s"\n' % src)
         f.write(body)
+        f.write(registrations(text))
 
 
 if __name__ == "__main__":
