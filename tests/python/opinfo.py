@@ -204,9 +204,7 @@ OPS = {
     "attention": Op(_attention(tempo.attention)),
     "fused_attention": Op(_attention(tempo.fused_attention)),
     "qkv_split": Op(
-        lambda i: tempo.qkv_split(
-            i.x(i.s.B, i.s.S, 3 * i.s.H * i.s.D), i.leaf(3 * i.s.H * i.s.D, scale=0.1), i.s.H
-        )
+        lambda i: tempo.qkv_split(i.x(i.s.B, i.s.S, 3 * i.s.H * i.s.D), i.leaf(3 * i.s.H * i.s.D, scale=0.1), i.s.H)
     ),
     "rope": Op(_rope(False), "linear"),
     "rope_own_dtype": Op(_rope(True), "linear"),

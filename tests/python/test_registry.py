@@ -100,6 +100,52 @@ def test_every_core_unit_has_its_tests_in_each_harness(unit):
     assert re.search(r"^\s+fuzz_%s\(g\);" % unit, fuzz, re.M), "fuzz_%s is never called" % unit
 
 
+def _checklist():
+    """The rows of docs/architecture.md's checklist table: (place, per)."""
+    text = _read("docs/architecture.md")
+    table = text.split("<!-- checklist: the test reads the rows between these markers -->")[1]
+    table = table.split("<!-- end of checklist -->")[0]
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in table.strip().splitlines()[2:]]
+    return [(r[1].strip("`"), r[2]) for r in rows]
+
+
+def _layer_of(place):
+    """The layer whose units a checklist place serves: the core's kernels and their harnesses, the
+    op library's files, or (python/, csrc/ops.json) every op."""
+    if place.startswith(("csrc/core", "tests/cpp/core", "tests/simt", "tests/fuzz", "tests/python/test_<unit>")):
+        return "core"
+    return "torch" if place.startswith("csrc/torch") else None
+
+
+def test_the_checklist_holds_for_every_unit():
+    """Each place of the checklist (docs/architecture.md) for every unit of the registry: a
+    new-file place (a path with <unit>) exists for each unit of its layer (a test file may cover
+    two units, as test_norm_dropout.cpp does); an edited place names each unit of its layer, or
+    each op, as its `per` column says. 17 places; a unit missing one fails here by name."""
+    rows = _checklist()
+    assert len(rows) == 17 and len({p for p, _ in rows}) == 17, rows
+    missing = []
+    for place, per in rows:
+        layer = _layer_of(place)
+        units = [u for u, layers in registry.UNITS.items() if layer is None or layer in layers]
+        if "<unit>" in place:
+            folder = os.path.dirname(place)
+            prefix, suffix = os.path.basename(place).split("<unit>")
+            names = os.listdir(os.path.join(ROOT, folder))
+            for u in units:
+                covered = prefix + u + suffix in names or (
+                    prefix == "test_"
+                    and any(n.startswith(prefix) and n.endswith(suffix) and u in n[len(prefix) :] for n in names)
+                )
+                if not covered:
+                    missing.append(place.replace("<unit>", u))
+        else:
+            text = _read(place)
+            wanted = [n for n in registry.NAMES if registry.OPS[n]["unit"] in units] if per == "op" else units
+            missing += ["%s names no %s" % (place, w) for w in wanted if not re.search(r"\b%s\b" % w, text)]
+    assert not missing, missing
+
+
 @pytest.mark.parametrize("suite", ["opinfo", "properties"])
 def test_every_suite_has_every_op(suite):
     """The op table (tests/python/opinfo.py), which the sanitizer's script, CUDA synchronisation,
