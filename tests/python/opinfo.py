@@ -177,14 +177,15 @@ class Op:
     # "linear" (linear in x: differentiable to any order), "torch" (computed by torch's ops, so
     # differentiable as they are), "none" (no gradient at all)
     second: str = "refuses"
+    random: bool = False  # draws a dropout mask: each call (and each CUDA graph replay) a new one
 
 
 OPS = {
     "gelu": Op(lambda i: tempo.gelu(i.x(i.s.rows, i.s.cols), bias=i.leaf(i.s.cols, scale=0.1))),
     "gelu_tanh": Op(lambda i: tempo.gelu(i.x(i.s.rows, i.s.cols), "tanh")),
     "silu": Op(lambda i: tempo.silu(i.x(i.s.rows, i.s.cols), bias=i.leaf(i.s.cols, scale=0.1))),
-    "dropout_bits": Op(lambda i: tempo.dropout(i.x(i.s.rows, i.s.cols), 0.3), "linear"),
-    "dropout_philox": Op(lambda i: tempo.dropout(i.x(i.s.rows, i.s.cols), 0.3, mode="philox"), "linear"),
+    "dropout_bits": Op(lambda i: tempo.dropout(i.x(i.s.rows, i.s.cols), 0.3), "linear", random=True),
+    "dropout_philox": Op(lambda i: tempo.dropout(i.x(i.s.rows, i.s.cols), 0.3, mode="philox"), "linear", random=True),
     "layer_norm": Op(
         lambda i: tempo.layer_norm(
             i.x(i.s.rows, i.s.cols), (i.s.cols,), i.norm_weight(i.s.cols), i.leaf(i.s.cols, scale=0.1)
@@ -199,10 +200,11 @@ OPS = {
             0.2,
             i.norm_weight(i.s.cols),
             i.leaf(i.s.cols, scale=0.1),
-        )
+        ),
+        random=True,
     ),
-    "attention": Op(_attention(tempo.attention)),
-    "fused_attention": Op(_attention(tempo.fused_attention)),
+    "attention": Op(_attention(tempo.attention), random=True),
+    "fused_attention": Op(_attention(tempo.fused_attention), random=True),
     "qkv_split": Op(
         lambda i: tempo.qkv_split(i.x(i.s.B, i.s.S, 3 * i.s.H * i.s.D), i.leaf(3 * i.s.H * i.s.D, scale=0.1), i.s.H)
     ),
@@ -226,11 +228,12 @@ def outputs(out):
     return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
 
-def run(name, dtype, device, size, seed=0, x=None, reuse=None):
-    """Op `name`'s sample call (global RNG seeded: dropout draws the same mask each time): its
-    outputs (a tuple) and its Inputs."""
+def run(name, dtype, device, size, seed=0, x=None, reuse=None, reseed=True):
+    """Op `name`'s sample call (with `reseed` the global RNG seeded first: dropout draws the same
+    mask each time; not while a CUDA graph records): its outputs (a tuple) and its Inputs."""
     i = Inputs(dtype, device, size, seed, x, reuse)
-    torch.manual_seed(seed)
+    if reseed:
+        torch.manual_seed(seed)
     return outputs(OPS[name].call(i)), i
 
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import opinfo
 import tempo
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
@@ -211,3 +212,30 @@ def test_linear_cross_entropy_in_a_graph_matches_torch_as_the_batch_changes():
         want = (ref,) + torch.autograd.grad(ref, (hd, wd))
         for got, exact in zip(outs, want):
             torch.testing.assert_close(got.double(), exact, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("op", list(opinfo.OPS))
+def test_every_op_replays_in_a_graph_as_it_runs_eagerly(op, dtype):
+    """Each op of the op table (tests/python/opinfo.py), forward and backward recorded in one
+    graph: its replays give bitwise the outputs and gradients of the same call run eagerly, and
+    for the ops that drop, finite values from a new mask each replay (the tests above check the
+    masks themselves)."""
+    out, inputs = opinfo.run(op, dtype, "cuda", "small")
+
+    def step():
+        o, i = opinfo.run(op, dtype, "cuda", "small", reuse=inputs, reseed=False)
+        if o[0].requires_grad:
+            sum(t.float().square().sum() for t in o if t.requires_grad).backward()
+        return list(o) + [t.grad for t in i.leaves if t.grad is not None]
+
+    want = [t.detach().clone() for t in step()]
+    g, outs = capture(step)
+    got = replays(g, outs)
+    for r in got:
+        assert len(r) == len(want), op
+        for k, (a, b) in enumerate(zip(r, want)):
+            if opinfo.OPS[op].random:
+                assert torch.isfinite(a.float()).all(), (op, k)
+            else:
+                assert torch.equal(a, b), (op, k, (a.float() - b.float()).abs().max().item())

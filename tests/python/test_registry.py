@@ -157,6 +157,18 @@ def test_every_suite_has_every_op(suite):
     assert not registry.missing(keys), "%s has no case of %s" % (suite, registry.missing(keys))
 
 
+def test_the_op_table_says_which_ops_draw_a_mask():
+    """An op the table marks random gives another output on a second call with the global
+    generator running on (a new mask), the others bitwise the same: what the CUDA graph suite
+    compares its replays by."""
+    opinfo = _module("tests/python/opinfo.py", "_reg_opinfo_random")
+    for key, op in opinfo.OPS.items():
+        first, inputs = opinfo.run(key, torch.float32, "cpu", "small")
+        again, _ = opinfo.run(key, torch.float32, "cpu", "small", reuse=inputs, reseed=False)
+        same = all(torch.equal(a, b) for a, b in zip(first, again))
+        assert same != op.random, (key, op.random)
+
+
 def test_the_op_table_says_what_each_second_derivative_is():
     opinfo = _module("tests/python/opinfo.py", "_reg_opinfo_second")
     for key, op in opinfo.OPS.items():
