@@ -102,14 +102,14 @@ def main(out, md):
             continue
         rows = load(path)
         made.append(("S=%d under %s" % (s, budget), commit_of(path)))
-        eager = next(r for r in rows if r["policy"] == "eager")
+        eager = next(r for r in rows if r["method"] == "eager")
         for r in rows:
             lines.append(
                 "| %d | %s | %s | %.1f MiB | %.2fx | %.1f MiB | %d | %.2fx | %.1f | %.1f%% |"
                 % (
                     s,
                     budget,
-                    r["policy"],
+                    r["method"],
                     mib(r["activation_bytes"]),
                     r["activation_bytes"] / eager["activation_bytes"],
                     mib(r["peak_bytes"]),
@@ -121,7 +121,7 @@ def main(out, md):
             )
     lines += [
         "",
-        "Command: `build/tempo bench --model bert-large --seq S --batch 1 --steps 1 --policies "
+        "Command: `build/tempo bench --model bert-large --seq S --batch 1 --steps 1 --methods "
         "eager,tempo,tempo-sdpa --budget 11GiB|16GiB --json`. Each largest batch was verified by running a "
         "step at it under the tracker (its peak within the budget). The tokens/s column is the median of 3 "
         'steps at that batch after the verifying step (their warm-up); "spread" is the slowest over the '
@@ -143,7 +143,7 @@ def main(out, md):
     if os.path.exists(path):
         rows = load(path)
         made.append(("equal batch", commit_of(path)))
-        eager = next(r for r in rows if r["policy"] == "eager")
+        eager = next(r for r in rows if r["method"] == "eager")
         lines = [
             EQUAL,
             "",
@@ -154,7 +154,7 @@ def main(out, md):
             lines.append(
                 "| %s | %.1f MiB | %.2fx | %.1f MiB | %.1f | %.3f | %.1f |"
                 % (
-                    r["policy"],
+                    r["method"],
                     mib(r["activation_bytes"]),
                     r["activation_bytes"] / eager["activation_bytes"],
                     mib(r["peak_bytes"]),
@@ -166,7 +166,7 @@ def main(out, md):
         lines += [
             "",
             "Command: `build/tempo bench --model bert-base --layers 4 --seq 128 --batch 8 --steps 5 "
-            "--policies eager,checkpoint,sdpa,tempo,tempo-sdpa --json` (median of 5 steps after a warm-up).",
+            "--methods eager,eager+ckpt,sdpa,tempo,tempo-sdpa --json` (median of 5 steps after a warm-up).",
             "",
         ]
         sections.append(lines)

@@ -32,7 +32,7 @@ finish() {  # the result file just written as NAME.tmp: moved into place, stampe
 budget() {  # seq, budget
   # Freed blocks go back to the system at once (glibc's mmap threshold), so the process's
   # resident size stays near the tracked bytes: a 16 GiB budget fits a 24 GiB machine.
-  MALLOC_MMAP_THRESHOLD_=131072 "$BUILD/tempo" bench --model bert-large --seq "$1" --batch 1 --steps 1 --policies eager,tempo,tempo-sdpa \
+  MALLOC_MMAP_THRESHOLD_=131072 "$BUILD/tempo" bench --model bert-large --seq "$1" --batch 1 --steps 1 --methods eager,tempo,tempo-sdpa \
     --budget "$2" --json > "$OUT/bert-large-s$1-$2.json.tmp"
   finish "bert-large-s$1-$2.json"
 }
@@ -44,7 +44,7 @@ for step in "${STEPS[@]}"; do
     s512-11GiB | s128-11GiB | s512-16GiB | s128-16GiB) seq=${step%%-*}; budget "${seq#s}" "${step#*-}" ;;
     equal)
       "$BUILD/tempo" bench --model bert-base --layers 4 --seq 128 --batch 8 --steps 5 \
-        --policies eager,checkpoint,sdpa,tempo,tempo-sdpa --json > "$OUT/bert-base-l4-s128.json.tmp"
+        --methods eager,eager+ckpt,sdpa,tempo,tempo-sdpa --json > "$OUT/bert-base-l4-s128.json.tmp"
       finish bert-base-l4-s128.json ;;
     ablation)
       "$BUILD/tempo" bench --model bert-large --ablation --ablation-seqs 128,256,512 > "$OUT/ablation.txt.tmp"

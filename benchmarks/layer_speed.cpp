@@ -1,9 +1,9 @@
-// fwd+bwd time of one transformer encoder layer under memory policies, side by side: each
-// policy alternated with eager in one run (bench::time_pair), median of --reps, with the bytes
+// fwd+bwd time of one transformer encoder layer under methods, side by side: each
+// method alternated with eager in one run (bench::time_pair), median of --reps, with the bytes
 // the layer keeps for backward (the memory tracker's exact count, CPU only) and the bytes its
 // operators move (tempo::memory::TrafficScope, forward + backward).
 //
-//   build/bench_layer [--model bert-large] [--seq 128,512] [--batch 1] [--policies eager,tempo,tempo-fused]
+//   build/bench_layer [--model bert-large] [--seq 128,512] [--batch 1] [--methods eager,tempo,tempo-fused]
 //                     [--dtype float32|bfloat16] [--device cpu|cuda] [--reps 5] [--csv F] [--json F]
 //
 // The layer is the models' TransformerLayer (post-LN for BERT/RoBERTa, pre-LN for GPT-2/LLaMA)
@@ -26,7 +26,7 @@ struct Args {
   std::string model = "bert-large";
   std::vector<int64_t> seq{128, 512};
   int64_t batch = 1;
-  std::vector<std::string> policies{"eager", "tempo", "tempo-fused"};
+  std::vector<std::string> methods{"eager", "tempo", "tempo-fused"};
   std::string dtype = "float32", device = "cpu";
   int reps = 5;
   std::string csv, json;
@@ -34,7 +34,7 @@ struct Args {
 
 int usage(int rc) {
   std::printf(
-      "usage: bench_layer [--model bert-large] [--seq 128,512] [--batch 1] [--policies eager,tempo,tempo-fused]\n"
+      "usage: bench_layer [--model bert-large] [--seq 128,512] [--batch 1] [--methods eager,tempo,tempo-fused]\n"
       "                   [--dtype float32|bfloat16] [--device cpu|cuda] [--reps 5] [--csv F] [--json F]\n");
   return rc;
 }
@@ -58,8 +58,8 @@ int main(int argc, char** argv) {
       a.seq = bench::parse_list(v);
     else if (k == "--batch")
       a.batch = std::stoll(v);
-    else if (k == "--policies")
-      a.policies = bench::split(v);
+    else if (k == "--methods")
+      a.methods = bench::split(v);
     else if (k == "--dtype")
       a.dtype = v;
     else if (k == "--device")
@@ -79,8 +79,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bench_layer: --dtype must be float32 or bfloat16, got %s\n", a.dtype.c_str());
     return 2;
   }
-  if (a.seq.empty() || a.batch <= 0 || a.reps <= 0 || a.policies.empty()) {
-    std::fprintf(stderr, "bench_layer: --seq, --batch, --reps and --policies must be non-empty / positive\n");
+  if (a.seq.empty() || a.batch <= 0 || a.reps <= 0 || a.methods.empty()) {
+    std::fprintf(stderr, "bench_layer: --seq, --batch, --reps and --methods must be non-empty / positive\n");
     return 2;
   }
   const at::Device dev(a.device);
@@ -95,10 +95,10 @@ int main(int argc, char** argv) {
     if (!cuda) tempo::memory::track_cpu();
     std::printf(
         "one %s layer fwd+bwd (hidden %lld, heads %lld, FFN %lld, dropout %.2f), %s, %s, batch %lld, "
-        "%d threads, median of %d, each policy alternated with eager\n",
+        "%d threads, median of %d, each method alternated with eager\n",
         a.model.c_str(), (long long)c.hidden, (long long)c.heads, (long long)c.intermediate, c.dropout, a.dtype.c_str(),
         a.device.c_str(), (long long)a.batch, at::get_num_threads(), a.reps);
-    std::printf("%-14s %6s %10s %10s %14s %14s\n", "policy", "seq", "ms", "vs eager", "kept MiB", "moved MiB");
+    std::printf("%-14s %6s %10s %10s %14s %14s\n", "method", "seq", "ms", "vs eager", "kept MiB", "moved MiB");
     bench::Records rec;
     for (int64_t S : a.seq) {
       struct Layer {
@@ -106,9 +106,9 @@ int main(int argc, char** argv) {
         TransformerLayer layer{nullptr};
       };
       std::vector<Layer> layers;
-      for (const auto& name : a.policies) {
-        torch::manual_seed(0);  // the same weights under every policy
-        auto ops = std::make_shared<const PolicyOps>(MemoryPolicy::parse(name));
+      for (const auto& name : a.methods) {
+        torch::manual_seed(0);  // the same weights under every method
+        auto ops = std::make_shared<const MethodOps>(Method::parse(name));
         TransformerLayer l(c, ops);
         l->to(dev, dt);
         l->train();
@@ -152,7 +152,7 @@ int main(int argc, char** argv) {
                     kept / 1048576.0, moved / 1048576.0);
         std::fflush(stdout);
         using R = bench::Records;
-        rec.add({{"policy", R::str(L.name)},
+        rec.add({{"method", R::str(L.name)},
                  {"model", R::str(a.model)},
                  {"dtype", R::str(a.dtype)},
                  {"device", R::str(a.device)},

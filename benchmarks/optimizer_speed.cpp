@@ -91,7 +91,7 @@ int main(int argc, char** argv) {
   int64_t numel = 0;
   {
     torch::manual_seed(0);
-    tempo::models::TransformerModel m(c, tempo::models::MemoryPolicy::parse("eager"));
+    tempo::models::TransformerModel m(c, tempo::models::Method::parse("eager"));
     for (const auto& p : m->parameters()) {
       const at::Tensor w = p.detach().to(dev);
       const at::Tensor g = at::randn_like(w) * 1e-3;

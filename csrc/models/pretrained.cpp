@@ -13,7 +13,7 @@
 namespace tempo::models {
 using detail::no_json;
 ModelConfig pretrained_config(const std::string&) { no_json(); }
-TransformerModel load_pretrained(const std::string&, const MemoryPolicy&, LoadReport*,
+TransformerModel load_pretrained(const std::string&, const Method&, LoadReport*,
                                  const std::function<void(ModelConfig&)>&) {
   no_json();
 }
@@ -156,7 +156,7 @@ ModelConfig pretrained_config(const std::string& dir) {
   return config_from_json(text.str(), root.filename().string());
 }
 
-TransformerModel load_pretrained(const std::string& dir, const MemoryPolicy& policy, LoadReport* report,
+TransformerModel load_pretrained(const std::string& dir, const Method& method, LoadReport* report,
                                  const std::function<void(ModelConfig&)>& adjust) {
   const fs::path root(dir);
   ModelConfig c = pretrained_config(dir);
@@ -195,7 +195,7 @@ TransformerModel load_pretrained(const std::string& dir, const MemoryPolicy& pol
                       "model.save_pretrained(dir), which writes safetensors)"
                     : "");
   }
-  TransformerModel model(c, policy);
+  TransformerModel model(c, method);
   const std::string prefix = backbone_prefix(c.arch);
   // A checkpoint's backbone names come with the task model's prefix ("bert.") or without it
   // (a bare BertModel's); LayerNorms of old checkpoints are gamma/beta.

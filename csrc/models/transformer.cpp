@@ -17,42 +17,42 @@
 
 namespace tempo::models {
 
-// ---- the policy's ops ---------------------------------------------------------------------
+// ---- the method's ops ---------------------------------------------------------------------
 
-at::Tensor PolicyOps::gelu(const at::Tensor& x, const char* approximate, const at::Tensor& bias) const {
+at::Tensor MethodOps::gelu(const at::Tensor& x, const char* approximate, const at::Tensor& bias) const {
   // (a bias in x's dtype, as the linear layer it comes from would add it under autocast, so the
   // kept output stays in x's dtype)
-  if (policy_.inplace_gelu)
+  if (method_.inplace_gelu)
     return tempo::gelu(x, approximate,
                        bias.defined() ? std::optional<at::Tensor>(bias.to(x.scalar_type())) : std::nullopt);
   return at::gelu(bias.defined() ? x + bias : x, approximate);
 }
 
-at::Tensor PolicyOps::dropout(const at::Tensor& x, double p, bool train) const {
+at::Tensor MethodOps::dropout(const at::Tensor& x, double p, bool train) const {
   if (!train || p == 0.0) return x;
-  if (policy_.bit_dropout) return tempo::dropout(x, p, true, "bits");
+  if (method_.bit_dropout) return tempo::dropout(x, p, true, "bits");
   // The baseline keeps a byte mask, as PyTorch's CUDA dropout does (its CPU kernel keeps a
   // full-width noise tensor, which would flatter the comparison); same mask as tempo's.
   return tempo::nn::baseline_dropout(x, p, true);
 }
 
-at::Tensor PolicyOps::norm(const at::Tensor& x, const torch::nn::Module& m, bool rms, double eps) const {
+at::Tensor MethodOps::norm(const at::Tensor& x, const torch::nn::Module& m, bool rms, double eps) const {
   if (rms) {
     const auto& n = dynamic_cast<const tempo::nn::RMSNormImpl&>(m);
     const std::optional<at::Tensor> w = n.weight.defined() ? std::optional<at::Tensor>(n.weight) : std::nullopt;
-    return policy_.inplace_norm ? tempo::rms_norm(x, {x.size(-1)}, w, eps) : at::rms_norm(x, {x.size(-1)}, w, eps);
+    return method_.inplace_norm ? tempo::rms_norm(x, {x.size(-1)}, w, eps) : at::rms_norm(x, {x.size(-1)}, w, eps);
   }
   const auto& n = dynamic_cast<const tempo::nn::LayerNormImpl&>(m);
   const std::optional<at::Tensor> w = n.weight.defined() ? std::optional<at::Tensor>(n.weight) : std::nullopt;
   const std::optional<at::Tensor> b = n.bias.defined() ? std::optional<at::Tensor>(n.bias) : std::nullopt;
-  return policy_.inplace_norm ? tempo::layer_norm(x, {x.size(-1)}, w, b, eps)
+  return method_.inplace_norm ? tempo::layer_norm(x, {x.size(-1)}, w, b, eps)
                               : at::layer_norm(x, {x.size(-1)}, w, b, eps);
 }
 
-at::Tensor PolicyOps::add_norm(const at::Tensor& x, const at::Tensor& residual, double p, bool train,
+at::Tensor MethodOps::add_norm(const at::Tensor& x, const at::Tensor& residual, double p, bool train,
                                const tempo::nn::LayerNorm& n, double eps, const at::Tensor& bias) const {
   const std::optional<at::Tensor> b = bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt;
-  if (policy_.bit_dropout && policy_.inplace_norm)
+  if (method_.bit_dropout && method_.inplace_norm)
     return tempo::bias_dropout_add_layer_norm(x, b, residual, p, n->weight, n->bias, eps, "bits", train);
   return norm(residual + dropout(b ? x + bias : x, p, train), *n, false, eps);
 }
@@ -68,7 +68,7 @@ std::shared_ptr<torch::nn::Module> make_norm(const ModelConfig& c) {
 }
 }  // namespace
 
-TransformerLayerImpl::TransformerLayerImpl(const ModelConfig& config, std::shared_ptr<const PolicyOps> ops)
+TransformerLayerImpl::TransformerLayerImpl(const ModelConfig& config, std::shared_ptr<const MethodOps> ops)
     : config_(config), ops_(std::move(ops)) {
   reset();
 }
@@ -81,11 +81,11 @@ void TransformerLayerImpl::reset() {
                                                                 .dropout(c.attention_dropout)
                                                                 .bias(!llama)
                                                                 .causal(is_decoder(c.arch))
-                                                                .backend(ops_->policy().attention)
+                                                                .backend(ops_->method().attention)
                                                                 .rotary(llama)
                                                                 .rope_theta(c.rope_theta)
-                                                                .fused_qkv(ops_->policy().fused_kernels)
-                                                                .recompute(ops_->policy().recompute_attention)));
+                                                                .fused_qkv(ops_->method().fused_kernels)
+                                                                .recompute(ops_->method().recompute_attention)));
   fc1 = register_module("fc1", torch::nn::Linear(torch::nn::LinearOptions(c.hidden, c.intermediate).bias(!llama)));
   fc2 = register_module("fc2", torch::nn::Linear(torch::nn::LinearOptions(c.intermediate, c.hidden).bias(!llama)));
   if (llama)
@@ -101,16 +101,16 @@ at::Tensor TransformerLayerImpl::norm(int which, const at::Tensor& x) const {
 at::Tensor TransformerLayerImpl::ffn(const at::Tensor& x, bool out_bias) {
   at::Tensor a;
   if (config_.arch == Arch::kLlama) {  // SwiGLU: tempo keeps gate and up, not SiLU(gate) or the product
-    if (ops_->policy().inplace_gelu) {
+    if (ops_->method().inplace_gelu) {
       const at::Tensor y = tempo::gated_mlp(x, gate->weight, fc1->weight, fc2->weight, std::nullopt, std::nullopt,
-                                            std::nullopt, "silu", 0, ops_->policy().mlp_recompute);
+                                            std::nullopt, "silu", 0, ops_->method().mlp_recompute);
       return out_bias && fc2->bias.defined() ? y + fc2->bias : y;
     }
     a = at::silu(gate->forward(x)) * fc1->forward(x);
   } else {
     const char* approximate = config_.arch == Arch::kGpt2 ? "tanh" : "none";
     // Fused kernels: fc1's bias is added inside the activation's pass (bias + GELU + bit).
-    a = ops_->policy().fused_kernels ? ops_->gelu(at::linear(x, fc1->weight), approximate, fc1->bias)
+    a = ops_->method().fused_kernels ? ops_->gelu(at::linear(x, fc1->weight), approximate, fc1->bias)
                                      : ops_->gelu(fc1->forward(x), approximate);
   }
   return out_bias ? fc2->forward(a) : at::linear(a, fc2->weight);
@@ -123,7 +123,7 @@ at::Tensor TransformerLayerImpl::forward(const at::Tensor& x, const at::Tensor& 
   if (!is_decoder(config_.arch)) {  // post-LN: LN(x + drop(attn(x))), LN(h + drop(ffn(h)))
     const tempo::nn::LayerNorm ln1(std::dynamic_pointer_cast<tempo::nn::LayerNormImpl>(norm1));
     const tempo::nn::LayerNorm ln2(std::dynamic_pointer_cast<tempo::nn::LayerNormImpl>(norm2));
-    if (ops_->policy().fused_kernels) {
+    if (ops_->method().fused_kernels) {
       // The out and fc2 projections' biases go into the bias-dropout-residual-LayerNorm pass.
       const at::Tensor h =
           ops_->add_norm(attention->forward(x, m, false), x, p, train, ln1, config_.eps, attention->out->bias);
@@ -139,8 +139,8 @@ at::Tensor TransformerLayerImpl::forward(const at::Tensor& x, const at::Tensor& 
 
 // ---- the model ----------------------------------------------------------------------------
 
-TransformerModelImpl::TransformerModelImpl(ModelConfig config, MemoryPolicy policy)
-    : config_(std::move(config)), ops_(std::make_shared<const PolicyOps>(std::move(policy))) {
+TransformerModelImpl::TransformerModelImpl(ModelConfig config, Method method)
+    : config_(std::move(config)), ops_(std::make_shared<const MethodOps>(std::move(method))) {
   config_.validate();
   // Built on the host (then moved): refused with the sizes rather than killed by the kernel.
   tempo::memory::check_host_fits(
@@ -204,7 +204,7 @@ at::Tensor TransformerModelImpl::hidden_states(const at::Tensor& ids, const at::
   x = ops_->dropout(x, c.dropout, train);
   for (const auto& m : *layers) {
     auto layer = std::dynamic_pointer_cast<TransformerLayerImpl>(m);
-    if (ops_->policy().checkpoint && train) {
+    if (ops_->method().checkpoint && train) {
       // (autograd Functions take no undefined tensors: pass the mask only when there is one)
       x = tempo::nn::checkpoint(
           [layer](const std::vector<at::Tensor>& in) {
@@ -229,7 +229,7 @@ at::Tensor TransformerModelImpl::loss(const Batch& batch) {
     at::Tensor target = batch.input_ids.slice(1, 1).clone();
     if (batch.attention_mask.defined()) target.masked_fill_(batch.attention_mask.slice(1, 1).eq(0), -100);
     const at::Tensor hs = h.slice(1, 0, -1).reshape({-1, c.hidden});
-    if (ops_->policy().fused_head) return tempo::linear_cross_entropy(hs, w, std::nullopt, target.reshape({-1}));
+    if (ops_->method().fused_head) return tempo::linear_cross_entropy(hs, w, std::nullopt, target.reshape({-1}));
     return F::cross_entropy(at::matmul(hs, w.t()), target.reshape({-1}),
                             F::CrossEntropyFuncOptions().ignore_index(-100));
   }
@@ -245,12 +245,12 @@ at::Tensor TransformerModelImpl::loss(const Batch& batch) {
   at::Tensor t = ops_->gelu(mlm_dense->forward(hs), "none");
   t = ops_->norm(t, *mlm_norm, false, c.eps);
   const at::Tensor target = batch.labels.reshape({-1}).index_select(0, sel);
-  if (ops_->policy().fused_head) return tempo::linear_cross_entropy(t, tokens->weight, mlm_bias, target);
+  if (ops_->method().fused_head) return tempo::linear_cross_entropy(t, tokens->weight, mlm_bias, target);
   return F::cross_entropy(at::matmul(t, tokens->weight.t()) + mlm_bias, target);
 }
 
-TransformerModel make_model(const ModelConfig& config, const MemoryPolicy& policy) {
-  return TransformerModel(config, policy);
+TransformerModel make_model(const ModelConfig& config, const Method& method) {
+  return TransformerModel(config, method);
 }
 
 namespace {

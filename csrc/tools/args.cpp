@@ -1,6 +1,7 @@
 #include "args.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <stdexcept>
 
@@ -41,6 +42,14 @@ void check_output(const std::string& command, const std::string& flag, const std
   if (!folder.empty() && !std::filesystem::is_directory(folder))
     throw std::invalid_argument(command + ": cannot write " + flag + " " + path + ": " + folder.string() +
                                 " is not a folder");
+}
+
+std::string current_flag(const std::string& command, const std::string& flag) {
+  const std::string now = flag == "--policies" ? "--methods" : flag == "--policy" ? "--method" : flag;
+  if (now != flag)
+    std::fprintf(stderr, "%s: %s is deprecated; it is spelled %s (a method, as the rest of tempo says)\n",
+                 command.c_str(), flag.c_str(), now.c_str());
+  return now;
 }
 
 }  // namespace tempo::tools

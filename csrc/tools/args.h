@@ -14,5 +14,8 @@ int64_t parse_int(const std::string& command, const std::string& flag, const std
 // An output file named by `flag`, checked before any work is done: its folder must exist, and
 // with svg its name must end in .svg. Else std::invalid_argument "<command>: ...".
 void check_output(const std::string& command, const std::string& flag, const std::string& path, bool svg = false);
+// `flag` as the command line spells it now: an earlier spelling (--policies, --policy) is
+// taken with a warning on stderr naming the new one (docs/architecture.md's glossary: a method).
+std::string current_flag(const std::string& command, const std::string& flag);
 
 }  // namespace tempo::tools

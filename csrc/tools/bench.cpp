@@ -1,4 +1,4 @@
-// `tempo bench`: for each memory policy, full training steps (forward, backward, AdamW) of a
+// `tempo bench`: for each method, full training steps (forward, backward, AdamW) of a
 // model: activation bytes held after the forward, the step's peak, step time and tokens/s;
 // with --budget, the largest batch whose step fits (predicted from the peaks at batch 1 and
 // 2, then verified by running a step at the candidate under the tracker); --ablation: the
@@ -26,23 +26,23 @@
 namespace tempo::tools {
 
 using memory::format_bytes;
-using models::MemoryPolicy;
+using models::Method;
 using models::ModelConfig;
 
 void print_bench_usage(FILE* out) {
-  std::fprintf(
-      out,
-      "usage: tempo bench [--model PRESET|custom] [--seq S] [--batch B] [--policies eager,checkpoint,...]\n"
-      "                   [--dtype fp32|bf16] [--device cpu|cuda] [--budget 11GiB] [--steps N]\n"
-      "                   [--json] [--csv FILE] [--plot FILE.svg] [--ablation [--ablation-seqs 128,512]]\n"
-      "                   [--data-movement]\n"
-      "                   custom sizes: --arch bert|roberta|gpt2|llama --hidden H --layers L --heads A\n"
-      "                                 --intermediate I --vocab V --positions P (also override a preset's)\n"
-      "--seq may not exceed the model's positions (bert-base: 512); --positions gives it more\n"
-      "(new position embeddings: for memory and speed figures, not for a pretrained model)\n"
-      "presets: bert-base bert-large roberta-base roberta-large gpt2 gpt2-medium gpt2-large llama-small\n"
-      "policies: eager checkpoint sdpa tempo tempo-sdpa tempo-fused, each optionally with +t/-t toggles\n"
-      "          (t in gelu norm dropout attention sdpa fused checkpoint head kernels recompute), e.g. eager+gelu\n");
+  std::fprintf(out,
+               "usage: tempo bench [--model PRESET|custom] [--seq S] [--batch B] [--methods eager,eager+ckpt,...]\n"
+               "                   [--dtype fp32|bf16] [--device cpu|cuda] [--budget 11GiB] [--steps N]\n"
+               "                   [--json] [--csv FILE] [--plot FILE.svg] [--ablation [--ablation-seqs 128,512]]\n"
+               "                   [--data-movement]\n"
+               "                   custom sizes: --arch bert|roberta|gpt2|llama --hidden H --layers L --heads A\n"
+               "                                 --intermediate I --vocab V --positions P (also override a preset's)\n"
+               "--seq may not exceed the model's positions (bert-base: 512); --positions gives it more\n"
+               "(new position embeddings: for memory and speed figures, not for a pretrained model)\n"
+               "presets: bert-base bert-large roberta-base roberta-large gpt2 gpt2-medium gpt2-large llama-small\n"
+               "methods: eager sdpa tempo tempo-sdpa tempo-fused, each optionally with +c/-c changes (c in gelu norm\n"
+               "         dropout attention sdpa fused ckpt head kernels recompute-attention recompute-up\n"
+               "         recompute-gate_up), e.g. eager+ckpt, eager+gelu\n");
 }
 
 int64_t parse_bytes(const std::string& text, const std::string& tool) {
@@ -88,7 +88,7 @@ int64_t positive(const std::string& flag, const std::string& v) { return parse_i
 BenchOptions parse_bench_args(const std::vector<std::string>& args) {
   BenchOptions o;
   for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& k = args[i];
+    const std::string k = current_flag("tempo bench", args[i]);
     auto value = [&]() -> std::string {
       if (i + 1 >= args.size()) throw std::invalid_argument("tempo bench: " + k + " needs a value");
       return args[++i];
@@ -113,8 +113,8 @@ BenchOptions parse_bench_args(const std::vector<std::string>& args) {
       o.seq = positive(k, value());
     else if (k == "--batch")
       o.batch = positive(k, value());
-    else if (k == "--policies")
-      o.policies = split(value());
+    else if (k == "--methods")
+      o.methods = split(value());
     else if (k == "--dtype")
       o.dtype = value();
     else if (k == "--device")
@@ -145,10 +145,10 @@ BenchOptions parse_bench_args(const std::vector<std::string>& args) {
     throw std::invalid_argument("tempo bench: --dtype must be fp32 or bf16, got '" + o.dtype + "'");
   if (o.device != "cpu" && o.device != "cuda")
     throw std::invalid_argument("tempo bench: --device must be cpu or cuda, got '" + o.device + "'");
-  if (o.policies.empty()) throw std::invalid_argument("tempo bench: --policies is empty");
-  for (const auto& p : o.policies) {
+  if (o.methods.empty()) throw std::invalid_argument("tempo bench: --methods is empty");
+  for (const auto& p : o.methods) {
     try {
-      MemoryPolicy::parse(p);
+      Method::parse(p);
     } catch (const c10::Error& e) {
       throw std::invalid_argument(e.what_without_backtrace());
     }
@@ -208,10 +208,10 @@ struct StepStats {
 
 class Runner {
  public:
-  Runner(const BenchOptions& o, const ModelConfig& c, const std::string& policy)
+  Runner(const BenchOptions& o, const ModelConfig& c, const std::string& method)
       : o_(o), c_(c), device_(o.device == "cuda" ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU)) {
     torch::manual_seed(0);
-    model_ = models::make_model(c, MemoryPolicy::parse(policy));
+    model_ = models::make_model(c, Method::parse(method));
     model_->to(device_, o.dtype == "bf16" ? at::kBFloat16 : at::kFloat);
     model_->train();
     opt_ =
@@ -262,20 +262,20 @@ void progress(const BenchOptions& o, const std::string& text) {
   std::fflush(stderr);
 }
 
-BenchResult bench_policy(const BenchOptions& o, const ModelConfig& c, const std::string& policy, size_t index,
+BenchResult bench_method(const BenchOptions& o, const ModelConfig& c, const std::string& method, size_t index,
                          size_t count) {
-  const std::string tag = "[" + std::to_string(index + 1) + "/" + std::to_string(count) + "] " + policy + ": ";
+  const std::string tag = "[" + std::to_string(index + 1) + "/" + std::to_string(count) + "] " + method + ": ";
   progress(o, tag + "building the model");
-  Runner run(o, c, policy);
+  Runner run(o, c, method);
   BenchResult r;
   r.model = c.name;
   r.dtype = o.dtype;
   r.device = o.device;
-  r.policy = policy;
+  r.method = method;
   r.seq = o.seq;
   r.batch = o.batch;
   progress(o, tag + "data movement of one layer");
-  r.layer_bytes_moved = traffic_total(layer_traffic(o, c, policy)) / o.batch;  // per sequence of the batch
+  r.layer_bytes_moved = traffic_total(layer_traffic(o, c, method)) / o.batch;  // per sequence of the batch
   progress(o, tag + "warm-up step");
   run.step(o.batch, 1);
   // Memory is a function of the shapes: one step gives it exactly. Time comes from the
@@ -292,7 +292,7 @@ BenchResult bench_policy(const BenchOptions& o, const ModelConfig& c, const std:
     const StepStats p1 = run.step(1, 100);
     if (p1.peak > budget)
       throw std::runtime_error("tempo bench: the budget (" + format_bytes(budget) +
-                               ") is too small for batch 1 under policy '" + policy + "': a step needs " +
+                               ") is too small for batch 1 under method '" + method + "': a step needs " +
                                format_bytes(p1.peak) + " (" + std::to_string(p1.peak) + " bytes)");
     progress(o, tag + "budget search: batch 2");
     const StepStats p2 = run.step(2, 101);
@@ -343,24 +343,24 @@ double relative_spread(std::vector<double> v) {
   return (q3 - q1) / 2 / median(v);
 }
 
-// Step time and tokens/s of every policy from interleaved rounds: each round runs one step of
-// each policy back to back (in an order rotated round by round), so a slow spell of the machine
-// falls on all of them; each policy's ratio to the baseline (eager, else the first policy) is
+// Step time and tokens/s of every method from interleaved rounds: each round runs one step of
+// each method back to back (in an order rotated round by round), so a slow spell of the machine
+// falls on all of them; each method's ratio to the baseline (eager, else the first method) is
 // the median over the rounds of the two steps' ratio in that round, with its spread (half the
-// interquartile range). The same at each policy's largest batch with --budget. Every model is
-// alive at once; where they would not fit in host memory together, each policy is timed alone,
+// interquartile range). The same at each method's largest batch with --budget. Every model is
+// alive at once; where they would not fit in host memory together, each method is timed alone,
 // one after the other (said on stderr).
 void time_interleaved(const BenchOptions& o, const ModelConfig& c, std::vector<BenchResult>& results) {
   const size_t P = results.size(), base = [&] {
     for (size_t i = 0; i < P; ++i)
-      if (results[i].policy == "eager") return i;
+      if (results[i].method == "eager") return i;
     return size_t{0};
   }();
   bool together = true;
   if (o.device == "cpu") {
     try {
       memory::check_host_fits(static_cast<int64_t>(P) * 4 * c.parameter_count() * (o.dtype == "bf16" ? 2 : 4),
-                              "tempo bench: the " + std::to_string(P) + " policies' models at once");
+                              "tempo bench: the " + std::to_string(P) + " methods' models at once");
     } catch (const c10::Error&) {
       together = false;
       std::fprintf(stderr, "tempo bench: the %zu models do not fit in host memory together: timed one at a time\n", P);
@@ -368,8 +368,8 @@ void time_interleaved(const BenchOptions& o, const ModelConfig& c, std::vector<B
   }
   const int rounds = o.steps;
   std::vector<std::vector<double>> ms(P), at_max(P);
-  auto time_policy = [&](Runner& run, size_t k, int round) {
-    progress(o, "timing: round " + std::to_string(round + 1) + "/" + std::to_string(rounds) + ", " + results[k].policy);
+  auto time_method = [&](Runner& run, size_t k, int round) {
+    progress(o, "timing: round " + std::to_string(round + 1) + "/" + std::to_string(rounds) + ", " + results[k].method);
     ms[k].push_back(run.step(o.batch, 1000 + round).ms);
     if (results[k].max_batch) at_max[k].push_back(run.step(*results[k].max_batch, 2000 + round).ms);
   };
@@ -380,20 +380,20 @@ void time_interleaved(const BenchOptions& o, const ModelConfig& c, std::vector<B
   if (together) {
     std::vector<std::unique_ptr<Runner>> runs;
     for (size_t k = 0; k < P; ++k) {
-      progress(o, "timing: building " + results[k].policy);
-      runs.push_back(std::make_unique<Runner>(o, c, results[k].policy));
+      progress(o, "timing: building " + results[k].method);
+      runs.push_back(std::make_unique<Runner>(o, c, results[k].method));
       warm(*runs.back(), k);
     }
     for (int round = 0; round < rounds; ++round)
       for (size_t j = 0; j < P; ++j) {
         const size_t k = (j + static_cast<size_t>(round)) % P;
-        time_policy(*runs[k], k, round);
+        time_method(*runs[k], k, round);
       }
   } else {
     for (size_t k = 0; k < P; ++k) {
-      Runner run(o, c, results[k].policy);
+      Runner run(o, c, results[k].method);
       warm(run, k);
-      for (int round = 0; round < rounds; ++round) time_policy(run, k, round);
+      for (int round = 0; round < rounds; ++round) time_method(run, k, round);
     }
   }
   for (size_t k = 0; k < P; ++k) {
@@ -441,7 +441,7 @@ int run_ablation(const BenchOptions& o, const ModelConfig& base) {
         ModelConfig c = base;
         c.layers = layers;
         torch::manual_seed(0);
-        auto m = models::make_model(c, MemoryPolicy::parse(rows[k].first));
+        auto m = models::make_model(c, Method::parse(rows[k].first));
         m->to(device, o.dtype == "bf16" ? at::kBFloat16 : at::kFloat);
         m->train();
         const at::Tensor ids = at::randint(2, c.vocab, {1, S}, at::TensorOptions().dtype(at::kLong).device(device));
@@ -489,8 +489,8 @@ int run_bench(const BenchOptions& o) {
     return 0;
   }
   std::vector<BenchResult> results;
-  for (size_t i = 0; i < o.policies.size(); ++i)
-    results.push_back(bench_policy(o, c, o.policies[i], i, o.policies.size()));
+  for (size_t i = 0; i < o.methods.size(); ++i)
+    results.push_back(bench_method(o, c, o.methods[i], i, o.methods.size()));
   time_interleaved(o, c, results);
   progress(o, "");
   if (o.json)

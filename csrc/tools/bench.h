@@ -1,4 +1,4 @@
-// `tempo bench`: memory, maximum batch and throughput of a model per memory policy.
+// `tempo bench`: memory, maximum batch and throughput of a model per method.
 #pragma once
 
 #include <cstdint>
@@ -17,31 +17,31 @@ struct BenchOptions {
   std::string arch = "bert";        // custom: bert | roberta | gpt2 | llama
   int64_t hidden = 0, layers = 0, heads = 0, intermediate = 0, vocab = 0, positions = 0;  // 0: the preset's
   int64_t seq = 128, batch = 8;
-  std::vector<std::string> policies{"eager", "checkpoint", "sdpa", "tempo", "tempo-sdpa"};
+  std::vector<std::string> methods{"eager", "eager+ckpt", "sdpa", "tempo", "tempo-sdpa"};
   std::string dtype = "fp32", device = "cpu";
   std::optional<int64_t> budget;  // bytes
-  int steps = 9;                  // interleaved timing rounds: one step of each policy a round
+  int steps = 9;                  // interleaved timing rounds: one step of each method a round
   bool json = false;
   std::string csv, plot;
   bool ablation = false;
   std::vector<int64_t> ablation_seqs{128, 256, 512};
-  bool data_movement = false;  // the per-operator byte account of one layer, per policy
+  bool data_movement = false;  // the per-operator byte account of one layer, per method
 };
 
-// One policy's measurements (the fields of --json).
+// One method's measurements (the fields of --json).
 struct BenchResult {
-  std::string model, dtype, device, policy;
+  std::string model, dtype, device, method;
   int64_t seq = 0, batch = 0;
   int64_t activation_bytes = 0;  // held after the forward, beyond what was held before it
   int64_t peak_bytes = 0;        // the step's peak, everything held (weights, optimizer, ...)
   // Peaks above what was held before the step (weights, optimizer state): during forward +
-  // backward (activations, gradients: where the policies differ), and during the optimizer
-  // step (gradients and the optimizer's temporaries: the same for every policy).
+  // backward (activations, gradients: where the methods differ), and during the optimizer
+  // step (gradients and the optimizer's temporaries: the same for every method).
   int64_t train_peak_bytes = 0;
   int64_t optimizer_peak_bytes = 0;
   // Time from interleaved rounds (bench.cpp's time_interleaved): the median step, and the median
-  // over the rounds of the baseline's step time over this policy's (eager's, else the first
-  // policy's) with its spread, half the interquartile range over the median.
+  // over the rounds of the baseline's step time over this method's (eager's, else the first
+  // method's) with its spread, half the interquartile range over the median.
   int rounds = 0;
   double step_ms = 0, tokens_per_s = 0;
   double speedup = 0, speedup_spread = 0;
@@ -61,11 +61,11 @@ int run_bench(const BenchOptions& options);
 
 // The data-movement account (data_movement.cpp): every operator of one transformer layer's
 // forward and backward (batch 1, the bench's sequence length, dtype and device) under a
-// policy, with the bytes it reads and writes (tempo::memory::TrafficScope).
+// method, with the bytes it reads and writes (tempo::memory::TrafficScope).
 std::vector<memory::OpTraffic> layer_traffic(const BenchOptions& o, const models::ModelConfig& c,
-                                             const std::string& policy);
+                                             const std::string& method);
 int64_t traffic_total(const std::vector<memory::OpTraffic>& ops, const std::string& phase = "");
-// Prints each policy's account and the totals side by side (tempo bench --data-movement).
+// Prints each method's account and the totals side by side (tempo bench --data-movement).
 void print_data_movement(const BenchOptions& o, const models::ModelConfig& c);
 void print_bench_usage(FILE* out);
 

@@ -29,7 +29,7 @@ void usage(FILE* out) {
                "usage: tempo <command>\n"
                "  --version   print the version\n"
                "  env         versions, threads, CUDA built and present\n"
-               "  bench       memory, maximum batch and throughput of a model per memory policy\n"
+               "  bench       memory, maximum batch and throughput of a model per method\n"
                "              (tempo bench --help)\n"
                "  slim        SLiM: peak memory, time and gradient discrepancy per chunk size of a\n"
                "              chunked Performer step (tempo slim --help)\n"

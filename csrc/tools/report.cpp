@@ -13,7 +13,7 @@ namespace {
 double mib(int64_t b) { return static_cast<double>(b) / (1024.0 * 1024.0); }
 const BenchResult* eager_of(const std::vector<BenchResult>& rs) {
   for (const auto& r : rs)
-    if (r.policy == "eager") return &r;
+    if (r.method == "eager") return &r;
   return nullptr;
 }
 std::string ratio(double a, double b) {
@@ -53,13 +53,13 @@ void print_table(const std::vector<BenchResult>& rs, bool budget) {
       rs[0].model.c_str(), (long long)rs[0].seq, (long long)rs[0].batch, rs[0].dtype.c_str(), rs[0].device.c_str(),
       rs[0].rounds);
   // Beyond what the step starts with (weights, optimizer state), the peak of forward +
-  // backward (where the policies differ) apart from the optimizer step's (the same for all).
-  std::printf("%-22s %14s %8s %14s %8s %13s %10s %11s %12s", "policy", "activations", "vs eager", "fwd+bwd peak",
+  // backward (where the methods differ) apart from the optimizer step's (the same for all).
+  std::printf("%-22s %14s %8s %14s %8s %13s %10s %11s %12s", "method", "activations", "vs eager", "fwd+bwd peak",
               "vs eager", "optim peak", "step ms", "tokens/s", "vs eager");
   if (budget) std::printf(" %9s %8s %14s %12s", "max batch", "vs eager", "tokens/s @max", "vs eager");
   std::printf("\n");
   for (const auto& r : rs) {
-    std::printf("%-22s %10.1f MiB %8s %10.1f MiB %8s %9.1f MiB %10.1f %11.1f %12s", r.policy.c_str(),
+    std::printf("%-22s %10.1f MiB %8s %10.1f MiB %8s %9.1f MiB %10.1f %11.1f %12s", r.method.c_str(),
                 mib(r.activation_bytes), e ? ratio(r.activation_bytes, e->activation_bytes).c_str() : "-",
                 mib(r.train_peak_bytes), e ? ratio(r.train_peak_bytes, e->train_peak_bytes).c_str() : "-",
                 mib(r.optimizer_peak_bytes), r.step_ms, r.tokens_per_s,
@@ -78,13 +78,13 @@ void print_json(const std::vector<BenchResult>& rs) {
   for (size_t i = 0; i < rs.size(); ++i) {
     const auto& r = rs[i];
     std::printf(
-        "%s\n  {\"model\": \"%s\", \"seq\": %lld, \"dtype\": \"%s\", \"device\": \"%s\", \"policy\": \"%s\", "
+        "%s\n  {\"model\": \"%s\", \"seq\": %lld, \"dtype\": \"%s\", \"device\": \"%s\", \"method\": \"%s\", "
         "\"batch\": %lld, \"activation_bytes\": %lld, \"peak_bytes\": %lld, \"train_peak_bytes\": %lld, "
         "\"optimizer_peak_bytes\": %lld, \"rounds\": %d, \"step_ms\": %.3f, "
         "\"tokens_per_s\": %.3f, \"speedup\": %.4f, \"speedup_spread\": %.4f, \"max_batch\": %s, "
         "\"max_batch_tokens_per_s\": %s, \"max_batch_spread\": %s, \"max_batch_speedup\": %s, "
         "\"max_batch_speedup_spread\": %s, \"layer_bytes_moved\": %lld}",
-        i ? "," : "", r.model.c_str(), (long long)r.seq, r.dtype.c_str(), r.device.c_str(), r.policy.c_str(),
+        i ? "," : "", r.model.c_str(), (long long)r.seq, r.dtype.c_str(), r.device.c_str(), r.method.c_str(),
         (long long)r.batch, (long long)r.activation_bytes, (long long)r.peak_bytes, (long long)r.train_peak_bytes,
         (long long)r.optimizer_peak_bytes, r.rounds, r.step_ms, r.tokens_per_s, r.speedup, r.speedup_spread,
         r.max_batch ? std::to_string(*r.max_batch).c_str() : "null",
@@ -100,11 +100,11 @@ void append_csv(const std::string& path, const std::vector<BenchResult>& rs) {
   const bool fresh = !std::ifstream(path).good();
   std::ostringstream f;
   if (fresh)
-    f << "model,seq,dtype,device,policy,batch,activation_bytes,peak_bytes,train_peak_bytes,optimizer_peak_bytes,"
+    f << "model,seq,dtype,device,method,batch,activation_bytes,peak_bytes,train_peak_bytes,optimizer_peak_bytes,"
          "rounds,step_ms,tokens_per_s,speedup,speedup_spread,max_batch,max_batch_tokens_per_s,max_batch_spread,"
          "max_batch_speedup,max_batch_speedup_spread,layer_bytes_moved\n";
   for (const auto& r : rs)
-    f << r.model << "," << r.seq << "," << r.dtype << "," << r.device << "," << r.policy << "," << r.batch << ","
+    f << r.model << "," << r.seq << "," << r.dtype << "," << r.device << "," << r.method << "," << r.batch << ","
       << r.activation_bytes << "," << r.peak_bytes << "," << r.train_peak_bytes << "," << r.optimizer_peak_bytes << ","
       << r.rounds << "," << r.step_ms << "," << r.tokens_per_s << "," << r.speedup << "," << r.speedup_spread << ","
       << (r.max_batch ? std::to_string(*r.max_batch) : "") << ","
@@ -202,7 +202,7 @@ void write_line_charts(const std::string& path, const std::string& title, const 
   tempo::models::write_file_atomically(path, f.str(), "tempo: the plot");
 }
 
-// Activation memory per policy, and throughput per policy (at the largest batch when there
+// Activation memory per method, and throughput per method (at the largest batch when there
 // is a budget, else at the given batch).
 void write_svg(const std::string& path, const std::vector<BenchResult>& rs, const std::string& title) {
   const bool budget = !rs.empty() && rs[0].max_batch.has_value();
@@ -211,7 +211,7 @@ void write_svg(const std::string& path, const std::vector<BenchResult>& rs, cons
   BarChart tps{
       budget ? "tokens/s at the largest batch in budget (higher is better)" : "tokens/s (higher is better)", {}, {}};
   for (const auto& r : rs) {
-    labels.push_back(r.policy);
+    labels.push_back(r.method);
     act.values.push_back(mib(r.activation_bytes));
     tps.values.push_back(budget ? r.max_batch_tokens_per_s : r.tokens_per_s);
     tps.notes.push_back(budget ? "batch " + std::to_string(r.max_batch.value_or(0)) : "");

@@ -17,22 +17,22 @@
 
 namespace tempo::tools {
 
-using tempo::models::MemoryPolicy;
+using tempo::models::Method;
 using tempo::models::PerformerConfig;
 using tempo::models::PerformerLM;
 
 void print_slim_usage(FILE* out) {
   std::fprintf(out,
                "usage: tempo slim [--preset copy|ptb|enwik8] [--seq L] [--chunks 64,128,...,full]\n"
-               "                  [--policies tempo,eager] [--batch B] [--layers N] [--d-model D] [--heads A]\n"
+               "                  [--methods tempo,eager] [--batch B] [--layers N] [--d-model D] [--heads A]\n"
                "                  [--ffn F] [--feature-map relu|elu|sqr|favor] [--mode iterative|prefix]\n"
                "                  [--dtype fp32|fp64] [--device cpu|cuda] [--repeats R] [--seed S]\n"
                "                  [--json] [--plot FILE.svg]\n"
-               "For each policy and chunk size C (full: one forward and backward over the whole sequence):\n"
+               "For each method and chunk size C (full: one forward and backward over the whole sequence):\n"
                "the step's peak memory above what was held before it (weights and gradient buffers; exact\n"
                "bytes of tempo's CPU allocator, or CUDA's allocated bytes), its time (median of R rounds\n"
                "after a warm-up, configurations interleaved), and the relative L2 distance of all\n"
-               "parameter gradients to full backpropagation's. Policies: eager (torch's GELU and\n"
+               "parameter gradients to full backpropagation's. Methods: eager (torch's GELU and\n"
                "LayerNorm) or tempo (in place: the Performer block keeps their outputs only).\n");
 }
 
@@ -71,7 +71,7 @@ std::string chunk_name(const std::optional<int64_t>& c) { return c ? std::to_str
 SlimOptions parse_slim_args(const std::vector<std::string>& args) {
   SlimOptions o;
   for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& k = args[i];
+    const std::string k = current_flag("tempo slim", args[i]);
     auto value = [&]() -> std::string {
       if (i + 1 >= args.size()) throw std::invalid_argument("tempo slim: " + k + " needs a value");
       return args[++i];
@@ -91,8 +91,8 @@ SlimOptions parse_slim_args(const std::vector<std::string>& args) {
           o.chunks.push_back(positive("--chunks", c));
       }
       if (o.chunks.empty()) throw std::invalid_argument("tempo slim: --chunks is empty");
-    } else if (k == "--policies")
-      o.policies = split(value());
+    } else if (k == "--methods")
+      o.methods = split(value());
     else if (k == "--layers")
       o.layers = positive(k, value());
     else if (k == "--d-model")
@@ -125,10 +125,10 @@ SlimOptions parse_slim_args(const std::vector<std::string>& args) {
     throw std::invalid_argument("tempo slim: --dtype must be fp32 or fp64, got '" + o.dtype + "'");
   if (o.device != "cpu" && o.device != "cuda")
     throw std::invalid_argument("tempo slim: --device must be cpu or cuda, got '" + o.device + "'");
-  if (o.policies.empty()) throw std::invalid_argument("tempo slim: --policies is empty");
-  for (const auto& p : o.policies)
+  if (o.methods.empty()) throw std::invalid_argument("tempo slim: --methods is empty");
+  for (const auto& p : o.methods)
     if (p != "eager" && p != "tempo")
-      throw std::invalid_argument("tempo slim: --policies takes eager and tempo, got '" + p + "'");
+      throw std::invalid_argument("tempo slim: --methods takes eager and tempo, got '" + p + "'");
   if (!o.plot.empty()) check_output("tempo slim", "--plot", o.plot, /*svg=*/true);
   try {
     config_of(o);
@@ -150,9 +150,9 @@ std::vector<SlimResult> measure_slim(const SlimOptions& o) {
   for (const auto& ch : o.chunks)
     if (ch) configs.push_back(ch);
   std::vector<SlimResult> out;
-  for (const auto& policy : o.policies) {
-    torch::manual_seed(o.seed);  // the same weights and tokens under every policy
-    PerformerLM model(c, MemoryPolicy::parse(policy));
+  for (const auto& method : o.methods) {
+    torch::manual_seed(o.seed);  // the same weights and tokens under every method
+    PerformerLM model(c, Method::parse(method));
     model->to(device, dtype);
     const at::Tensor tokens =
         at::randint(0, c.vocab, {o.batch, c.max_len + 1}, at::TensorOptions(device).dtype(at::kLong));
@@ -181,10 +181,10 @@ std::vector<SlimResult> measure_slim(const SlimOptions& o) {
     std::vector<SlimResult> rows;
     std::vector<at::Tensor> grads(configs.size());
     for (size_t i = 0; i < configs.size(); ++i) {  // also the warm-up
-      progress(o, policy + ": warm-up, chunk " + chunk_name(configs[i]));
+      progress(o, method + ": warm-up, chunk " + chunk_name(configs[i]));
       auto [peak, ms, loss] = step(configs[i], &grads[i]);
       SlimResult r;
-      r.preset = c.name, r.policy = policy, r.dtype = o.dtype, r.device = o.device;
+      r.preset = c.name, r.method = method, r.dtype = o.dtype, r.device = o.device;
       r.seq = c.max_len, r.batch = o.batch, r.chunk = configs[i], r.peak_bytes = peak, r.loss = loss;
       r.grad_rel_discrepancy = ((grads[i] - grads[0]).norm() / grads[0].norm().clamp_min(1e-300)).item<double>();
       rows.push_back(r);
@@ -192,7 +192,7 @@ std::vector<SlimResult> measure_slim(const SlimOptions& o) {
     std::vector<std::vector<double>> times(configs.size());
     for (int round = 0; round < o.repeats; ++round)  // interleaved: drift on a shared machine hits all alike
       for (size_t i = 0; i < configs.size(); ++i) {
-        progress(o, policy + ": round " + std::to_string(round + 1) + ", chunk " + chunk_name(configs[i]));
+        progress(o, method + ": round " + std::to_string(round + 1) + ", chunk " + chunk_name(configs[i]));
         times[i].push_back(std::get<1>(step(configs[i], nullptr)));
       }
     for (size_t i = 0; i < configs.size(); ++i) {
@@ -214,7 +214,7 @@ int run_slim(const SlimOptions& o) {
   const std::vector<SlimResult> rows = measure_slim(o);
   auto full_of = [&](const SlimResult& r) -> const SlimResult& {
     for (const auto& f : rows)
-      if (f.policy == r.policy && !f.chunk) return f;
+      if (f.method == r.method && !f.chunk) return f;
     return r;
   };
   if (o.json) {
@@ -222,10 +222,10 @@ int run_slim(const SlimOptions& o) {
     for (size_t i = 0; i < rows.size(); ++i) {
       const auto& r = rows[i];
       std::printf(
-          "%s\n  {\"preset\": \"%s\", \"policy\": \"%s\", \"seq\": %lld, \"batch\": %lld, \"dtype\": \"%s\", "
+          "%s\n  {\"preset\": \"%s\", \"method\": \"%s\", \"seq\": %lld, \"batch\": %lld, \"dtype\": \"%s\", "
           "\"device\": \"%s\", \"chunk\": %s, \"peak_bytes\": %lld, \"step_ms\": %.3f, \"loss\": %.9g, "
           "\"grad_rel_discrepancy\": %.6g}",
-          i ? "," : "", r.preset.c_str(), r.policy.c_str(), (long long)r.seq, (long long)r.batch, r.dtype.c_str(),
+          i ? "," : "", r.preset.c_str(), r.method.c_str(), (long long)r.seq, (long long)r.batch, r.dtype.c_str(),
           r.device.c_str(), r.chunk ? std::to_string(*r.chunk).c_str() : "null", (long long)r.peak_bytes, r.step_ms,
           r.loss, r.grad_rel_discrepancy);
     }
@@ -235,11 +235,11 @@ int run_slim(const SlimOptions& o) {
         "%s, L = %lld, batch %lld, %s, %s (peak: bytes above weights and gradients; discrepancy: relative "
         "L2 to full backprop)\n",
         rows[0].preset.c_str(), (long long)rows[0].seq, (long long)rows[0].batch, o.dtype.c_str(), o.device.c_str());
-    std::printf("%-8s %-8s %14s %8s %12s %8s %13s %12s\n", "policy", "chunk", "peak", "vs full", "step ms", "vs full",
+    std::printf("%-8s %-8s %14s %8s %12s %8s %13s %12s\n", "method", "chunk", "peak", "vs full", "step ms", "vs full",
                 "discrepancy", "loss");
     for (const auto& r : rows) {
       const auto& f = full_of(r);
-      std::printf("%-8s %-8s %10.2f MiB %7.3fx %12.1f %7.2fx %13.2e %12.6f\n", r.policy.c_str(),
+      std::printf("%-8s %-8s %10.2f MiB %7.3fx %12.1f %7.2fx %13.2e %12.6f\n", r.method.c_str(),
                   chunk_name(r.chunk).c_str(), r.peak_bytes / 1048576.0,
                   static_cast<double>(r.peak_bytes) / std::max<int64_t>(f.peak_bytes, 1), r.step_ms,
                   r.step_ms / std::max(f.step_ms, 1e-9), r.grad_rel_discrepancy, r.loss);
@@ -250,7 +250,7 @@ int run_slim(const SlimOptions& o) {
     BarChart peak{"peak memory of a step (MiB, lower is better)", {}, {}};
     BarChart time{"step time (ms, lower is better)", {}, {}};
     for (const auto& r : rows) {
-      labels.push_back((o.policies.size() > 1 ? r.policy + " " : std::string()) + "chunk " + chunk_name(r.chunk));
+      labels.push_back((o.methods.size() > 1 ? r.method + " " : std::string()) + "chunk " + chunk_name(r.chunk));
       peak.values.push_back(r.peak_bytes / 1048576.0);
       time.values.push_back(r.step_ms);
     }

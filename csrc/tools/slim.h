@@ -15,7 +15,7 @@ struct SlimOptions {
   int64_t seq = 0;  // 0: the preset's length
   int64_t batch = 1;
   std::vector<std::optional<int64_t>> chunks{64, 128, std::nullopt};  // nullopt: full backpropagation
-  std::vector<std::string> policies{"tempo"};                         // eager | tempo (GELU, LayerNorm)
+  std::vector<std::string> methods{"tempo"};                          // eager | tempo (GELU, LayerNorm)
   int64_t layers = 0, d_model = 0, heads = 0, ffn = 0;                // 0: the preset's
   std::string feature_map, mode;                                      // empty: the preset's
   std::string dtype = "fp32", device = "cpu";
@@ -25,9 +25,9 @@ struct SlimOptions {
   std::string plot;
 };
 
-// One (policy, chunk) measurement (the fields of --json).
+// One (method, chunk) measurement (the fields of --json).
 struct SlimResult {
-  std::string preset, policy, dtype, device;
+  std::string preset, method, dtype, device;
   int64_t seq = 0, batch = 0;
   std::optional<int64_t> chunk;  // nullopt: full backpropagation
   int64_t peak_bytes = 0;        // the step's peak above what was held before it (weights, gradients)

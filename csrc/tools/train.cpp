@@ -103,7 +103,7 @@ RunLog read_log(const std::string& path) {
 
 void print_train_usage(FILE* out) {
   std::fprintf(out,
-               "usage: tempo train --out DIR [--model PRESET|HF_DIR] [--objective mlm|clm] [--policy P]\n"
+               "usage: tempo train --out DIR [--model PRESET|HF_DIR] [--objective mlm|clm] [--method P]\n"
                "                   [--data FILE|DIR|IDS.safetensors] [--tokenizer train|FILE.model] [--vocab N]\n"
                "                   [--seq S] [--batch B] [--accum K] [--steps N] [--lr LR] [--warmup N]\n"
                "                   [--weight-decay W] [--clip C] [--eval-every N] [--eval-batches N]\n"
@@ -118,7 +118,7 @@ void print_train_usage(FILE* out) {
                "reStructuredText sources of Python's documentation, PSF licence); the last 5%% of its tokens\n"
                "are held out for the eval loss. --resume continues from the newest checkpoint that\n"
                "verifies, exactly (the same losses as a run never interrupted). Defaults: --model bert-base\n"
-               "--policy tempo --seq 128 --batch 8 --steps 300 --lr 5e-4 --warmup 30 --weight-decay 0.01\n"
+               "--method tempo --seq 128 --batch 8 --steps 300 --lr 5e-4 --warmup 30 --weight-decay 0.01\n"
                "--clip 1 --eval-every 50 --save-every 100. --nproc N: N data-parallel processes on this\n"
                "machine (c10d: Gloo on the CPU, NCCL and a GPU each with --device cuda), each reading its share of "
                "every step's batch (--batch is per process);\n"
@@ -142,7 +142,7 @@ TrainCommand parse_train_args(const std::vector<std::string>& args) {
   o.data = kDefaultCorpus;
   o.progress = isatty(2);
   for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& k = args[i];
+    const std::string k = current_flag("tempo train", args[i]);
     auto value = [&]() -> std::string {
       if (i + 1 >= args.size()) throw std::invalid_argument("tempo train: " + k + " needs a value");
       return args[++i];
@@ -151,8 +151,8 @@ TrainCommand parse_train_args(const std::vector<std::string>& args) {
       o.model = value();
     else if (k == "--objective")
       o.objective = value();
-    else if (k == "--policy")
-      o.policy = value();
+    else if (k == "--method")
+      o.method = value();
     else if (k == "--data")
       o.data = value();
     else if (k == "--tokenizer")

@@ -33,7 +33,7 @@ namespace tempo::train {
 namespace {
 namespace fs = std::filesystem;
 using tempo::models::Arch;
-using tempo::models::MemoryPolicy;
+using tempo::models::Method;
 using tempo::models::ModelConfig;
 using tempo::models::TransformerModel;
 
@@ -161,7 +161,7 @@ std::string run_settings(const TrainOptions& o, const std::string& objective, in
   std::error_code ec;
   const fs::path data = fs::weakly_canonical(fs::path(o.data), ec);
   std::ostringstream s;
-  s << "--data=" << (ec ? o.data : data.string()) << "\n--objective=" << objective << "\n--policy=" << o.policy
+  s << "--data=" << (ec ? o.data : data.string()) << "\n--objective=" << objective << "\n--method=" << o.method
     << "\n--dtype=" << o.dtype << "\n--seq=" << o.seq << "\n--batch=" << o.batch << "\n--accum=" << o.accum
     << "\n--processes=" << world << "\n--seed=" << o.seed << "\n--lr=" << num(o.lr) << "\n--warmup=" << o.warmup
     << "\n--steps=" << o.steps << "\n--weight-decay=" << num(o.weight_decay) << "\n--clip=" << num(o.clip)
@@ -276,10 +276,10 @@ struct RunFolder {
   }
 };
 
-// The memory policy and the model's config, checked before the corpus is read (a tokenizer
+// The method and the model's config, checked before the corpus is read (a tokenizer
 // trained on it takes a while), so that a mistyped option fails at once.
 struct Plan {
-  MemoryPolicy policy;
+  Method method;
   bool folder;  // --model is a Hugging Face folder (else a preset)
   ModelConfig planned;
   std::string objective;
@@ -287,9 +287,9 @@ struct Plan {
 };
 
 Plan plan_model(const TrainOptions& o) {
-  const MemoryPolicy policy = [&] {
+  const Method method = [&] {
     try {
-      return MemoryPolicy::parse(o.policy);
+      return Method::parse(o.method);
     } catch (const c10::Error& e) {
       user_error(e.what_without_backtrace());
     }
@@ -320,7 +320,7 @@ Plan plan_model(const TrainOptions& o) {
     user_error("--seq " + std::to_string(o.seq) + " is longer than the model's " + std::to_string(max_seq) +
                " positions");
 
-  return Plan{policy, folder, planned, objective, mlm};
+  return Plan{method, folder, planned, objective, mlm};
 }
 
 // The tokenized corpus and what the run says of it.
@@ -397,12 +397,12 @@ CorpusSetup load_corpus(const TrainOptions& o, const fs::path& out, bool lead, C
 TransformerModel build_model(const TrainOptions& o, const Plan& plan, const Corpus& corpus, const c10::Device& device) {
   const bool folder = plan.folder, mlm = plan.mlm;
   const ModelConfig& planned = plan.planned;
-  const MemoryPolicy& policy = plan.policy;
+  const Method& method = plan.method;
   TransformerModel model{nullptr};
-  torch::manual_seed(o.seed);  // fresh heads and weights, then dropout: the same under every policy
+  torch::manual_seed(o.seed);  // fresh heads and weights, then dropout: the same under every method
   try {
     if (folder) {
-      model = tempo::models::load_pretrained(o.model, policy, nullptr, [&](ModelConfig& c) {
+      model = tempo::models::load_pretrained(o.model, method, nullptr, [&](ModelConfig& c) {
         if (o.dropout >= 0) c.dropout = c.attention_dropout = o.dropout;
       });
       if (model->config().vocab < corpus.vocab_size)
@@ -416,7 +416,7 @@ TransformerModel build_model(const TrainOptions& o, const Plan& plan, const Corp
       if (o.dropout >= 0) c.dropout = c.attention_dropout = o.dropout;
       if (device.is_cpu())  // parameters, gradients, AdamW's two moments: known before anything is built
         tempo::memory::check_host_fits(4 * c.parameter_count() * 4, training_what(o.model, c.parameter_count()));
-      model = TransformerModel(c, policy);
+      model = TransformerModel(c, method);
     }
   } catch (const c10::Error& e) {
     user_error(e.what_without_backtrace());
@@ -616,7 +616,7 @@ TrainSummary train(const TrainOptions& o, Communicator& comm) {
     } catch (const c10::OutOfMemoryError& e) {
       if (step == start + 1)
         user_error("a batch of " + std::to_string(o.batch) + " x " + std::to_string(o.seq) + " does not fit" +
-                   (o.budget ? " the budget" : " the device") + " under policy " + o.policy +
+                   (o.budget ? " the budget" : " the device") + " under method " + o.method +
                    " (lower --batch and raise --accum)");
       throw;
     }

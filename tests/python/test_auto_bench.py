@@ -459,8 +459,8 @@ def test_bench_module_on_a_local_folder(tmp_path, capsys):
         S,
         "--batch",
         2,
-        "--policies",
-        "eager,sdpa,checkpoint,tempo,tempo-sdpa",
+        "--methods",
+        "eager,sdpa,eager+ckpt,tempo,tempo-sdpa",
         "--budget",
         "12MiB",
         "--steps",
@@ -472,9 +472,9 @@ def test_bench_module_on_a_local_folder(tmp_path, capsys):
         plot,
     )
     assert code == 0, err
-    rows = {x["policy"]: x for x in json.loads(out)}
-    assert set(rows) == {"eager", "sdpa", "checkpoint", "tempo", "tempo-sdpa"}
-    e, t, f, c = rows["eager"], rows["tempo"], rows["tempo-sdpa"], rows["checkpoint"]
+    rows = {x["method"]: x for x in json.loads(out)}
+    assert set(rows) == {"eager", "sdpa", "eager+ckpt", "tempo", "tempo-sdpa"}
+    e, t, f, c = rows["eager"], rows["tempo"], rows["tempo-sdpa"], rows["eager+ckpt"]
     # The eager figure against an independent count of the same forward under the tracker.
     model = transformers.BertForMaskedLM.from_pretrained(folder, attn_implementation="eager").train()
     batch = make_batch(2)
@@ -492,11 +492,11 @@ def test_bench_module_on_a_local_folder(tmp_path, capsys):
     assert t["max_batch"] > e["max_batch"] >= 1 and f["max_batch"] >= t["max_batch"]
     assert all(x["max_batch_tokens_per_s"] > 0 and x["max_batch_spread"] >= 0 for x in rows.values())
     lines = out_csv.read_text().splitlines()
-    assert lines[0].startswith("model,seq,dtype,device,policy,batch,activation_bytes") and len(lines) == 6
+    assert lines[0].startswith("model,seq,dtype,device,method,batch,activation_bytes") and len(lines) == 6
     assert plot.read_text().startswith("<svg")
     # The table says which masks the baseline keeps.
     code, out, err = bench(
-        capsys, "--model", folder, "--seq", S, "--batch", 2, "--policies", "eager,tempo", "--steps", 1
+        capsys, "--model", folder, "--seq", S, "--batch", 2, "--methods", "eager,tempo", "--steps", 1
     )
     assert code == 0, err
     assert "4-byte float masks" in out and "bool masks" in out
@@ -510,7 +510,7 @@ def test_bench_module_on_a_local_folder(tmp_path, capsys):
         S,
         "--batch",
         2,
-        "--policies",
+        "--methods",
         "sdpa,tempo",
         "--budget",
         "12MiB",
@@ -570,7 +570,7 @@ def test_bench_module_on_folders_of_other_families(tmp_path, capsys):
             16,
             "--batch",
             2,
-            "--policies",
+            "--methods",
             "eager,tempo",
             "--steps",
             1,
@@ -581,7 +581,7 @@ def test_bench_module_on_folders_of_other_families(tmp_path, capsys):
     e, t = json.loads(stdout)
     assert t["activation_bytes"] < e["activation_bytes"]
     code, _, err = out["gemma2"]
-    assert code != 0 and "policy tempo cannot run on gemma2: Gemma2Attention passes `softcap`" in err, err
+    assert code != 0 and "method tempo cannot run on gemma2: Gemma2Attention passes `softcap`" in err, err
     code, _, err = out["t5"]
     assert code != 0 and "holds a t5 model, for which transformers has neither a masked-LM nor a causal-LM class" in err
 
@@ -598,7 +598,7 @@ def test_bench_module_output_that_cannot_be_written_is_one_line(tmp_path, capsys
         S,
         "--batch",
         2,
-        "--policies",
+        "--methods",
         "eager",
         "--steps",
         1,
@@ -626,7 +626,7 @@ def test_bench_module_reports_a_policy_that_does_not_fit_as_max_batch_zero(tmp_p
     torch.manual_seed(0)
     transformers.BertForMaskedLM(cfg).save_pretrained(folder)
     run = lambda *extra: bench(
-        capsys, "--model", folder, "--seq", 512, "--batch", 1, "--policies", "eager,tempo-sdpa", "--steps", 1, *extra
+        capsys, "--model", folder, "--seq", 512, "--batch", 1, "--methods", "eager,tempo-sdpa", "--steps", 1, *extra
     )
     tempo.memory.track()
     gc.collect()
@@ -645,7 +645,7 @@ def test_bench_module_reports_a_policy_that_does_not_fit_as_max_batch_zero(tmp_p
     code, out, err = run("--budget", budget)
     assert code == 0 and "does not fit" in out, out + err
     code, out, err = run("--budget", f["peak_bytes"] // 2)  # nothing fits: a clear error
-    assert code != 0 and "too small for batch 1 under every policy" in err, err
+    assert code != 0 and "too small for batch 1 under every method" in err, err
     # Run in one process, the runs leave nothing behind (the mask count's forward once left its
     # graph, 27 MB here, in a cycle through C++; the next run's budget then counted it).
     gc.collect()
@@ -657,13 +657,13 @@ def test_bench_module_errors(capsys):
     the others through main() in this process (a process each cost 5 s of imports)."""
     env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(__file__), "..", "..", "python"))
     r = subprocess.run(
-        [sys.executable, "-m", "tempo.bench", "--policies", "eager,fast"],
+        [sys.executable, "-m", "tempo.bench", "--methods", "eager,fast"],
         capture_output=True,
         text=True,
         timeout=300,
         env=env,
     )
-    assert r.returncode == 2 and "unknown policy" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert r.returncode == 2 and "unknown method" in r.stderr and "Traceback" not in r.stderr, r.stderr
     for args, message in (
         (["--model", "t5"], "unknown model"),
         (["--model", "bert", "--size", "huge"], "has sizes"),

@@ -44,7 +44,7 @@ def test_json_fields_and_budget_search(tmp_path):
     svg = tmp_path / "plot.svg"
     r = bench(
         *TINY,
-        "--policies",
+        "--methods",
         "eager,tempo,tempo-sdpa",
         "--budget",
         "64MiB",
@@ -56,14 +56,14 @@ def test_json_fields_and_budget_search(tmp_path):
     )
     assert r.returncode == 0, r.stderr
     rows = json.loads(r.stdout)
-    assert [x["policy"] for x in rows] == ["eager", "tempo", "tempo-sdpa"]
+    assert [x["method"] for x in rows] == ["eager", "tempo", "tempo-sdpa"]
     for x in rows:
         assert set(x) >= {
             "model",
             "seq",
             "dtype",
             "device",
-            "policy",
+            "method",
             "batch",
             "activation_bytes",
             "peak_bytes",
@@ -92,15 +92,15 @@ def test_json_fields_and_budget_search(tmp_path):
     assert all(2 * x["layer_bytes_moved"] > 2 * weights for x in rows)
     assert tempo_["layer_bytes_moved"] < eager["layer_bytes_moved"]
     assert csv.read_text().count("\n") == 4  # header + 3 rows
-    bench(*TINY, "--policies", "eager", "--csv", str(csv))
+    bench(*TINY, "--methods", "eager", "--csv", str(csv))
     assert csv.read_text().count("\n") == 5  # appended
     assert svg.read_text().startswith("<svg")
-    plain = bench(*TINY, "--policies", "eager,tempo")
+    plain = bench(*TINY, "--methods", "eager,tempo")
     assert plain.returncode == 0 and "vs eager" in plain.stdout and "tempo" in plain.stdout
 
 
 def test_data_movement_lists_each_operator_and_the_totals():
-    r = bench(*TINY, "--policies", "eager,tempo", "--data-movement")
+    r = bench(*TINY, "--methods", "eager,tempo", "--data-movement")
     assert r.returncode == 0, r.stderr
     out = r.stdout
     # eager runs ATen's softmax and GELU; tempo its own GELU and the core's attention softmax
@@ -113,7 +113,7 @@ def test_data_movement_lists_each_operator_and_the_totals():
 
 
 def test_without_budget_max_batch_is_null():
-    r = bench(*TINY, "--policies", "eager", "--json")
+    r = bench(*TINY, "--methods", "eager", "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)[0]["max_batch"] is None
     assert json.loads(r.stdout)[0]["max_batch_spread"] is None
@@ -126,11 +126,23 @@ def test_ablation_prints_each_technique():
         assert t in r.stdout
 
 
+def test_earlier_spellings_of_a_method_run_with_a_warning():
+    """--policies and the method "checkpoint" (and +checkpoint, +mlp_up) of earlier versions run
+    as --methods and eager+ckpt do, each with a warning on stderr naming the new spelling."""
+    r = bench(*TINY, "--policies", "checkpoint,eager+ckpt,tempo+mlp_up", "--json")
+    assert r.returncode == 0, r.stderr
+    assert "--policies is deprecated; it is spelled --methods" in r.stderr
+    assert "the method 'checkpoint' is deprecated; it is spelled 'eager+ckpt'" in r.stderr
+    assert "'mlp_up' in method 'tempo+mlp_up' is deprecated; it is spelled 'recompute-up'" in r.stderr
+    rows = {x["method"]: x for x in json.loads(r.stdout)}
+    assert rows["checkpoint"]["activation_bytes"] == rows["eager+ckpt"]["activation_bytes"]
+
+
 @pytest.mark.parametrize(
     "args,message",
     [
         (["--model", "bert-huge"], "unknown model preset 'bert-huge'"),
-        (["--policies", "eager,fast"], "unknown memory policy 'fast'"),
+        (["--methods", "eager,fast"], "unknown method 'fast'"),
         (["--seq", "0"], "--seq must be a positive integer"),
         (["--budget", "lots"], "cannot read a size"),
         (["--budget", "inf"], "a size must be a positive number below 4 EiB, got 'inf'"),  # was -8 EiB
@@ -156,13 +168,13 @@ def test_bad_arguments_give_clear_errors(args, message):
 def test_output_that_cannot_be_written_is_an_error_not_a_cut_short_file():
     """--csv, and stdout (--json redirected to a file), on a full disk (/dev/full): exit 1 and
     the reason, where the results used to be lost with exit 0."""
-    r = bench(*TINY, "--policies", "eager", "--csv", "/dev/full")
+    r = bench(*TINY, "--methods", "eager", "--csv", "/dev/full")
     assert r.returncode == 1 and "tempo bench: --csv: writing /dev/full failed: No space left on device" in r.stderr, (
         r.stderr
     )
     with open("/dev/full", "w") as full:
         r = subprocess.run(
-            [BIN, "bench", *TINY, "--policies", "eager", "--json"],
+            [BIN, "bench", *TINY, "--methods", "eager", "--json"],
             stdout=full,
             stderr=subprocess.PIPE,
             text=True,
@@ -172,12 +184,12 @@ def test_output_that_cannot_be_written_is_an_error_not_a_cut_short_file():
 
 
 def test_sequence_longer_than_the_positions_is_an_error():
-    r = bench("--model", "bert-base", "--seq", "513", "--policies", "eager")
+    r = bench("--model", "bert-base", "--seq", "513", "--methods", "eager")
     assert r.returncode == 2
     assert "sequence length 513 exceeds bert-base's 512 positions" in r.stderr, r.stderr
-    r = bench("--model", "roberta-base", "--seq", "513", "--policies", "eager")  # 514 positions, from pad_id + 1
+    r = bench("--model", "roberta-base", "--seq", "513", "--methods", "eager")  # 514 positions, from pad_id + 1
     assert r.returncode == 2 and "RoBERTa uses 515" in r.stderr, r.stderr
-    r = bench(*TINY[:-6], "--seq", "600", "--batch", "1", "--steps", "1", "--policies", "eager", "--json")
+    r = bench(*TINY[:-6], "--seq", "600", "--batch", "1", "--steps", "1", "--methods", "eager", "--json")
     assert r.returncode == 2 and "--positions 600" in r.stderr
     r = bench(
         *TINY[:-6],
@@ -189,7 +201,7 @@ def test_sequence_longer_than_the_positions_is_an_error():
         "1",
         "--steps",
         "1",
-        "--policies",
+        "--methods",
         "eager",
         "--json",
     )
@@ -199,7 +211,7 @@ def test_sequence_longer_than_the_positions_is_an_error():
 
 
 def test_budget_too_small_says_how_much_a_step_needs():
-    r = bench(*TINY, "--policies", "eager", "--budget", "1MiB")
+    r = bench(*TINY, "--methods", "eager", "--budget", "1MiB")
     assert r.returncode == 1
     assert "too small for batch 1" in r.stderr and "a step needs" in r.stderr
     assert "the budget (1.00 MiB)" in r.stderr and " MiB (" in r.stderr and "0.00 GiB" not in r.stderr, r.stderr

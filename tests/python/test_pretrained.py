@@ -18,7 +18,7 @@ safetensors_torch = pytest.importorskip("safetensors.torch")
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 TOOL = os.environ.get("TEMPO_PRETRAINED_TOOL", os.path.join(ROOT, "build", "pretrained_tool"))
 pytestmark = pytest.mark.skipif(not os.path.exists(TOOL), reason="build/pretrained_tool is not built")
-POLICIES = ["eager", "checkpoint", "sdpa", "tempo", "tempo-sdpa", "tempo-fused"]
+METHODS = ["eager", "eager+ckpt", "sdpa", "tempo", "tempo-sdpa", "tempo-fused"]
 
 
 def minilm():
@@ -47,7 +47,7 @@ def test_minilm_hidden_states_equal_transformers_under_every_policy(tmp_path):
     with torch.no_grad():
         ref = ref_model(input_ids=ids, attention_mask=mask).last_hidden_state
     real = mask.bool()
-    for policy in POLICIES:
+    for policy in METHODS:
         h, report = cpp_hidden(folder, policy, ids, mask, tmp_path)
         # fp32: the two compute the same layers in a different order (fused q/k/v, tempo's
         # in-place norms); 1e-4 is ~100 ulps of the hidden states' magnitude (|h| < 10).

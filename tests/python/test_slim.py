@@ -206,17 +206,17 @@ def tempo_slim(*args):
 @pytest.mark.skipif(not os.path.exists(BIN), reason="build/tempo is not built")
 def test_cli_json_fields_discrepancy_and_memory(tmp_path):
     svg = tmp_path / "slim.svg"
-    r = tempo_slim(*TINY, "--chunks", "1,7,32,96,full", "--policies", "eager,tempo", "--json", "--plot", str(svg))
+    r = tempo_slim(*TINY, "--chunks", "1,7,32,96,full", "--methods", "eager,tempo", "--json", "--plot", str(svg))
     assert r.returncode == 0, r.stderr
     rows = json.loads(r.stdout)
-    assert [(x["policy"], x["chunk"]) for x in rows] == [
+    assert [(x["method"], x["chunk"]) for x in rows] == [
         (p, c) for p in ("eager", "tempo") for c in (1, 7, 32, 96, None)
     ]
     for x in rows:
         assert set(x) >= {"preset", "seq", "chunk", "peak_bytes", "step_ms", "grad_rel_discrepancy"}
         assert x["preset"] == "copy" and x["seq"] == 96 and x["peak_bytes"] > 0 and x["step_ms"] > 0
         assert x["grad_rel_discrepancy"] <= 1e-5  # against this policy's full backpropagation
-    by = {(x["policy"], x["chunk"]): x for x in rows}
+    by = {(x["method"], x["chunk"]): x for x in rows}
     for p in ("eager", "tempo"):
         full = by[(p, None)]
         assert full["grad_rel_discrepancy"] == 0
@@ -261,7 +261,7 @@ def test_cli_errors():
         (["--chunks", "8,x"], "--chunks must be a positive integer"),
         (["--seq", "1"], "--seq must be at least 2"),
         (["--preset", "wiki"], "unknown preset 'wiki'"),
-        (["--policies", "checkpoint"], "--policies takes eager and tempo"),
+        (["--methods", "eager+ckpt"], "--methods takes eager and tempo"),
         (["--heads", "5"], "not a multiple of heads"),
         (["--feature-map", "tanh"], "unknown feature map"),
         (["--plot", "x.png"], "ending in .svg"),

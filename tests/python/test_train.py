@@ -351,7 +351,7 @@ def test_bad_input_exits_2_with_a_clear_message_and_keeps_checkpoints(text, tmp_
         (["--data", data, "--tokenizer", tok, "--seq", "1000"], "longer than the model's 512 positions"),
         (["--data", data, "--tokenizer", tok, "--budget", "30MiB", "--batch", "64", "--seq", "256"], "does not fit"),
         (["--data", data, "--tokenizer", tok, "--objective", "clm"], "does not fit a bert"),
-        (["--data", data, "--tokenizer", tok, "--policy", "fast"], "unknown memory policy"),
+        (["--data", data, "--tokenizer", tok, "--method", "fast"], "unknown method"),
         (["--data", data, "--tokenizer", tok, "--lr", "x"], "must be a non-negative number"),
         # more than the host holds: refused before building (past it Linux kills the process)
         (
@@ -561,7 +561,7 @@ def test_model_and_policy_mistakes_are_refused_before_the_corpus_is_read(text, t
     cases = [
         (["--hidden", "66", "--heads", "4"], "hidden (66) must be divisible by heads (4)"),
         (["--model", "bert-bse"], "unknown model preset 'bert-bse'"),
-        (["--policy", "tempo+gleu"], "memory policy"),
+        (["--method", "tempo+gleu"], "method"),
         (["--objective", "clm"], "does not fit a bert"),
         (["--seq", "1000"], "longer than the model's 512 positions"),
         (["--model", tmp_path], "has no config.json"),
@@ -753,7 +753,7 @@ def test_minilm_fine_tunes_with_the_same_losses_under_each_policy(tmp_path):
             gt.get_model_path(),
             "--data",
             ids,
-            "--policy",
+            "--method",
             policy,
             "--seq",
             "64",

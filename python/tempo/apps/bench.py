@@ -1,9 +1,9 @@
 """python -m tempo.bench: memory, largest batch and throughput of a Hugging Face model per
-memory policy, with the measurements and output fields of the C++ `tempo bench`.
+memory method, with the measurements and output fields of the C++ `tempo bench`.
 
 Models are built from configs (random weights, nothing downloaded) or loaded from a local
-folder (--model PATH). One model serves every policy, switched between steps, so that the
-timed steps of all policies can be interleaved (drift on a shared machine hits each alike)
+folder (--model PATH). One model serves every method, switched between steps, so that the
+timed steps of all methods can be interleaved (drift on a shared machine hits each alike)
 and only one copy of the weights and the optimizer state is held:
 
   eager       transformers' eager attention        sdpa        torch's fused attention
@@ -11,7 +11,7 @@ and only one copy of the weights and the optimizer state is held:
   tempo       tempo.optimize(attention="tempo")    tempo-sdpa  tempo.optimize(attention="fused")
   tempo-auto  tempo.optimize(attention="auto")     liger       Liger-Kernel's apply_liger_kernel_to_<family>
 
-Every tempo policy applies all of tempo's techniques, the LM head's included (a training
+Every tempo method applies all of tempo's techniques, the LM head's included (a training
 forward with labels never forms the logits). liger needs Liger-Kernel and CUDA (its kernels are
 Triton); elsewhere it is a row that says why it did not run.
 
@@ -44,13 +44,14 @@ from .runner import (
     train_step,
 )
 
-POLICIES = ("eager", "sdpa", "checkpoint", "compile", "tempo", "tempo-sdpa", "tempo-auto", "liger")
+METHODS = ("eager", "sdpa", "eager+ckpt", "compile", "tempo", "tempo-sdpa", "tempo-auto", "liger")
+DEPRECATED = {"checkpoint": "eager+ckpt"}  # earlier spellings, taken with a warning
 FIELDS = (
     "model",
     "seq",
     "dtype",
     "device",
-    "policy",
+    "method",
     "batch",
     "activation_bytes",
     "peak_bytes",
@@ -65,8 +66,8 @@ FIELDS = (
 )
 
 
-class Policies:
-    """Switches one model between the policies; `use(name)` is a context manager giving the
+class Methods:
+    """Switches one model between the methods; `use(name)` is a context manager giving the
     callable to run (the compiled module for `compile`)."""
 
     def __init__(self, model):
@@ -78,11 +79,11 @@ class Policies:
     @contextlib.contextmanager
     def use(self, name):
         m = self.model
-        if name not in POLICIES:
-            raise ValueError("tempo.bench: unknown policy %r; known: %s" % (name, ", ".join(POLICIES)))
+        if name not in METHODS:
+            raise ValueError("tempo.bench: unknown method %r; known: %s" % (name, ", ".join(METHODS)))
         if name == "sdpa":
             m.set_attn_implementation("sdpa")
-        elif name == "checkpoint":
+        elif name == "eager+ckpt":
             if not enable_checkpointing(m):
                 raise ValueError("tempo.bench: %s does not support gradient checkpointing" % type(m).__name__)
         elif name in ("tempo", "tempo-sdpa"):
@@ -104,14 +105,14 @@ class Policies:
         finally:
             if name == "sdpa":
                 m.set_attn_implementation("eager")
-            elif name == "checkpoint":
+            elif name == "eager+ckpt":
                 (getattr(m, "activation_checkpointing_disable", None) or m.gradient_checkpointing_disable)()
             elif name in ("tempo", "tempo-sdpa", "tempo-auto"):
                 restore(m)
 
     def liger(self, apply=True):
         """Liger-Kernel's patch of the model's family (applied to this instance; it cannot be
-        undone, so liger runs as a policy of its own: --policies liger, or last). Raises
+        undone, so liger runs as a method of its own: --methods liger, or last). Raises
         Unavailable, naming why, where it cannot run."""
         try:
             fn = liger_function(self.model)
@@ -173,20 +174,20 @@ def run(args):
     if limit is not None and args.seq > limit:
         raise SystemExit("tempo.bench: --seq %d exceeds %s's %d positions" % (args.seq, name, limit))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    switch = Policies(model)
+    switch = Methods(model)
     seed = [0]
 
-    def step_of(policy):
+    def step_of(method):
         def step(batch):
             seed[0] += 1
             b = synthetic_batch(model, batch, args.seq, causal, seed[0], device)
-            with switch.use(policy) as callable_model:
+            with switch.use(method) as callable_model:
                 try:
                     return train_step(callable_model, opt, b, device)
                 except AttentionNotComputed as e:
                     raise ValueError(
-                        "tempo.bench: policy %s cannot run on %s: %s; leave it out of --policies"
-                        % (policy, name, e.reason)
+                        "tempo.bench: method %s cannot run on %s: %s; leave it out of --methods"
+                        % (method, name, e.reason)
                     ) from None
 
         return step
@@ -197,28 +198,28 @@ def run(args):
             "seq": args.seq,
             "dtype": args.dtype,
             "device": device.type,
-            "policy": p,
+            "method": p,
             "batch": args.batch,
         }
-        for p in args.policies
+        for p in args.methods
     }
     skipped = {}
-    if "liger" in args.policies:
+    if "liger" in args.methods:
         try:
             switch.liger(apply=False)
         except Unavailable as e:
             skipped["liger"] = str(e)
-    policies = [p for p in args.policies if p not in skipped]
-    if not policies:
-        raise ValueError("tempo.bench: no policy can run: %s" % "; ".join(skipped.values()))
+    methods = [p for p in args.methods if p not in skipped]
+    if not methods:
+        raise ValueError("tempo.bench: no method can run: %s" % "; ".join(skipped.values()))
     if sys.stderr.isatty():
         say = lambda s: print("\r\033[K" + s, end="", file=sys.stderr, flush=True)
     else:
         say = lambda s: None
 
     def measure(group):
-        # Equal batch: a warm-up step per policy (compile compiles here), then rounds of one step
-        # per policy; memory from the first round, time the median over the rounds.
+        # Equal batch: a warm-up step per method (compile compiles here), then rounds of one step
+        # per method; memory from the first round, time the median over the rounds.
         times = {p: [] for p in group}
         for p in group:
             say("warm-up: %s" % p)
@@ -243,7 +244,7 @@ def run(args):
                 say("largest batch: %s" % p)
                 step = step_of(p)
                 mb, _ = largest_batch(lambda b: fits(step, b, device, args.budget), args.budget)
-                results[p]["max_batch"] = mb or 0  # 0: not even batch 1 fits under this policy
+                results[p]["max_batch"] = mb or 0  # 0: not even batch 1 fits under this method
             fitting = [p for p in group if results[p]["max_batch"]]
             at_max = {p: [] for p in fitting}
             for r in range(max(args.steps, 3)):  # the verifying steps were the warm-up
@@ -257,19 +258,19 @@ def run(args):
                 results[p]["max_batch_spread"] = ms[-1] / ms[0] - 1.0 if ms else None
 
     # Liger's patch cannot be undone: it is measured after the others, on its own
-    measure([p for p in policies if p != "liger"])
-    if "liger" in policies:
+    measure([p for p in methods if p != "liger"])
+    if "liger" in methods:
         measure(["liger"])
-    if args.budget is not None and not any(results[p]["max_batch"] for p in policies):
+    if args.budget is not None and not any(results[p]["max_batch"] for p in methods):
         raise SystemExit(
-            "tempo.bench: the budget (%s) is too small for batch 1 under every policy" % format_bytes(args.budget)
+            "tempo.bench: the budget (%s) is too small for batch 1 under every method" % format_bytes(args.budget)
         )
     say("")
     for p, why in skipped.items():
         results[p]["skipped"] = why
-    rows = [results[p] for p in args.policies]
+    rows = [results[p] for p in args.methods]
     masks = None
-    if device.type == "cpu" and "eager" in args.policies:
+    if device.type == "cpu" and "eager" in args.methods:
         masks = dropout_mask_bytes(model, synthetic_batch(model, args.batch, args.seq, causal, 1, device))
         model.zero_grad(set_to_none=True)
     return rows, masks
@@ -279,8 +280,8 @@ def print_table(rows, masks, budget):
     r0 = rows[0]
     print("%s, seq %d, batch %d, %s, %s" % (r0["model"], r0["seq"], r0["batch"], r0["dtype"], r0["device"]))
     # Ratios are to eager's row; without one, "-" (as the C++ bench prints), not ratios to
-    # whichever policy came first under a "vs eager" heading.
-    eager = next((r for r in rows if r["policy"] == "eager" and not r.get("skipped")), None)
+    # whichever method came first under a "vs eager" heading.
+    eager = next((r for r in rows if r["method"] == "eager" and not r.get("skipped")), None)
 
     def ratio(num, den):
         return "%8s" % "-" if num is None or not den else "%7.2fx" % (num / den)
@@ -289,7 +290,7 @@ def print_table(rows, masks, budget):
         return None if row is None else row[key]
 
     head = "%-12s %14s %8s %14s %10s %11s %8s" % (
-        "policy",
+        "method",
         "activations",
         "vs eager",
         "fwd+bwd peak",
@@ -303,10 +304,10 @@ def print_table(rows, masks, budget):
     base = eager if eager is not None and eager.get("max_batch") else None  # no ratio to a baseline that does not fit
     for r in rows:
         if r.get("skipped"):
-            print("%-12s did not run: %s" % (r["policy"], r["skipped"]))
+            print("%-12s did not run: %s" % (r["method"], r["skipped"]))
             continue
         line = "%-12s %10.1f MiB %s %10.1f MiB %10.1f %11.1f %s" % (
-            r["policy"],
+            r["method"],
             r["activation_bytes"] / 2**20,
             ratio(of(eager, "activation_bytes"), max(r["activation_bytes"], 1)),
             r["train_peak_bytes"] / 2**20,
@@ -334,8 +335,8 @@ def print_table(rows, masks, budget):
             % (format_bytes(masks), format_bytes(bool_eager))
         )
         for r in rows:
-            if r["policy"] != "eager" and not r.get("skipped"):
-                print("  %-12s holds %7.2fx less than that" % (r["policy"], bool_eager / max(r["activation_bytes"], 1)))
+            if r["method"] != "eager" and not r.get("skipped"):
+                print("  %-12s holds %7.2fx less than that" % (r["method"], bool_eager / max(r["activation_bytes"], 1)))
 
 
 @contextlib.contextmanager
@@ -366,8 +367,8 @@ def write_outputs(args, rows, masks):
 
 
 def write_svg(path, rows):
-    """Two bar charts: activation MiB per policy; tokens/s (at the largest batch if known).
-    Policies that did not run are left out."""
+    """Two bar charts: activation MiB per method; tokens/s (at the largest batch if known).
+    Methods that did not run are left out."""
     rows = [r for r in rows if not r.get("skipped")]
     W, bar, gap, left = 760, 22, 8, 130
     charts = [
@@ -393,7 +394,7 @@ def write_svg(path, rows):
         top = max(values) or 1
         for i, (r, v) in enumerate(zip(rows, values)):
             w = max(1, int((W - left - 120) * v / top))
-            out.append('<text x="%d" y="%d" text-anchor="end">%s</text>' % (left - 8, y + bar * 0.7, r["policy"]))
+            out.append('<text x="%d" y="%d" text-anchor="end">%s</text>' % (left - 8, y + bar * 0.7, r["method"]))
             out.append('<rect x="%d" y="%d" width="%d" height="%d" fill="%s"/>' % (left, y, w, bar, colors[i % 6]))
             out.append('<text x="%d" y="%d">%.1f</text>' % (left + w + 6, y + bar * 0.7, v))
             y += bar + gap
@@ -413,12 +414,13 @@ def parser():
     p.add_argument("--seq", type=int, default=128)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument(
-        "--policies", default="eager,sdpa,checkpoint,tempo,tempo-sdpa", help="comma-separated: " + ", ".join(POLICIES)
+        "--methods", default="eager,sdpa,eager+ckpt,tempo,tempo-sdpa", help="comma-separated: " + ", ".join(METHODS)
     )
+    p.add_argument("--policies", default=None, help=argparse.SUPPRESS)  # the earlier spelling of --methods
     p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--budget", type=parse_bytes, default=None, help="e.g. 11GiB: find each policy's largest batch")
-    p.add_argument("--steps", type=int, default=3, help="timed steps per policy (median)")
+    p.add_argument("--budget", type=parse_bytes, default=None, help="e.g. 11GiB: find each method's largest batch")
+    p.add_argument("--steps", type=int, default=3, help="timed steps per method (median)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--csv", default=None)
     p.add_argument("--plot", default=None, help="an .svg file")
@@ -427,7 +429,15 @@ def parser():
 
 def main(argv=None):
     args = parser().parse_args(argv)
-    args.policies = chosen(parser(), args.policies, POLICIES, "policy")
+    if args.policies is not None:
+        print("tempo.bench: --policies is deprecated; it is spelled --methods", file=sys.stderr)
+        args.methods = args.policies
+    names = args.methods.split(",")
+    for old, now in DEPRECATED.items():
+        if old in names:
+            print("tempo.bench: the method %r is deprecated; it is spelled %r" % (old, now), file=sys.stderr)
+            names = [now if n == old else n for n in names]
+    args.methods = chosen(parser(), ",".join(names), METHODS, "method")
     if args.vocab is not None and (args.vocab < 2 or os.path.isdir(args.model)):
         parser().error("--vocab must be at least 2, and applies to a preset, not a folder")
     if args.seq < 2 or args.batch < 1 or args.steps < 1:

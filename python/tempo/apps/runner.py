@@ -181,7 +181,7 @@ def train_step(run, opt, batch, device, autocast=contextlib.nullcontext):
 
 def chosen(parser, text, known, what):
     """The comma-separated names in `text`, each one of `known`; else the parser's usage error
-    naming them (what: "policy", "method")."""
+    naming them (what: "method")."""
     names = [s for s in text.split(",") if s]
     bad = [s for s in names if s not in known]
     if bad or not names:

@@ -4,7 +4,7 @@
 //       loads DIR, runs input_ids/attention_mask of IN in eval mode, writes "hidden" to OUT
 //       and prints the load report (fresh, unused, notes) as lines "fresh NAME", ...
 //   pretrained_tool grads DIR POLICY_A POLICY_B IN.safetensors
-//       loads DIR under both policies, runs the masked-LM loss of IN (input_ids,
+//       loads DIR under both methods, runs the masked-LM loss of IN (input_ids,
 //       attention_mask, labels) in train mode (dropout on, the same seed) and backward, and
 //       prints "loss A B" and "worst_rel_grad X NAME" (the largest relative L2 difference of a
 //       parameter's gradient)
@@ -24,7 +24,7 @@ int main(int argc, char** argv) {
     const std::string cmd = argc > 1 ? argv[1] : "";
     if (cmd == "hidden" && argc == 6) {
       LoadReport report;
-      TransformerModel m = load_pretrained(argv[2], MemoryPolicy::parse(argv[3]), &report);
+      TransformerModel m = load_pretrained(argv[2], Method::parse(argv[3]), &report);
       m->eval();
       auto in = read_safetensors(argv[4]);
       at::Tensor mask = in.count("attention_mask") ? in.at("attention_mask") : at::Tensor();
@@ -46,7 +46,7 @@ int main(int argc, char** argv) {
       std::vector<std::pair<std::string, at::Tensor>> grads[2];
       for (int i = 0; i < 2; ++i) {
         torch::manual_seed(7);  // the same fresh masked-LM head for both
-        TransformerModel m = load_pretrained(argv[2], MemoryPolicy::parse(argv[3 + i]));
+        TransformerModel m = load_pretrained(argv[2], Method::parse(argv[3 + i]));
         m->train();
         torch::manual_seed(11);
         at::Tensor l = m->loss(batch);
@@ -75,7 +75,7 @@ int main(int argc, char** argv) {
       ModelConfig c = ModelConfig::for_arch(parse_arch(argv[2]));
       c.vocab = 97, c.hidden = 32, c.layers = 2, c.heads = 4, c.intermediate = 48, c.max_positions = 40;
       torch::manual_seed(3);
-      TransformerModel m(c, MemoryPolicy::parse("eager"));
+      TransformerModel m(c, Method::parse("eager"));
       {  // non-trivial norms and biases, so that a mix-up of names shows
         at::NoGradGuard no_grad;
         for (auto& p : m->parameters()) p.add_(at::randn_like(p) * 0.05);

@@ -1,4 +1,4 @@
-// Models, memory policies, the memory tracker, activation checkpointing and the checked
+// Models, methods, the memory tracker, activation checkpointing and the checked
 // file writer, from LibTorch.
 #include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
@@ -19,7 +19,7 @@
 namespace {
 
 using tempo::models::Batch;
-using tempo::models::MemoryPolicy;
+using tempo::models::Method;
 using tempo::models::ModelConfig;
 
 TEST(MemoryTracker, CountsAKnownAllocationExactly) {
@@ -146,9 +146,9 @@ TEST(Checkpoint, GradientsEqualWithDropoutOn) {
     c.intermediate = 256;
     const Batch batch = tempo::models::synthetic_batch(c, 4, 32, 1);
     torch::manual_seed(0);
-    auto plain = tempo::models::make_model(c, MemoryPolicy::parse(base));
+    auto plain = tempo::models::make_model(c, Method::parse(base));
     torch::manual_seed(0);
-    auto ckpt = tempo::models::make_model(c, MemoryPolicy::parse(std::string(base) + "+checkpoint"));
+    auto ckpt = tempo::models::make_model(c, Method::parse(std::string(base) + "+ckpt"));
     torch::manual_seed(5);
     auto l1 = plain->loss(batch);
     l1.backward();
@@ -164,7 +164,7 @@ TEST(Checkpoint, GradientsEqualWithDropoutOn) {
 
 // Bytes held after the forward of one more encoder layer (steady state: the difference
 // between 2 and 1 layers), bert-large, B=1, fp32, dropout on.
-int64_t layer_bytes(const std::string& policy, int64_t S) {
+int64_t layer_bytes(const std::string& method, int64_t S) {
   tempo::memory::track_cpu();
   const c10::Device cpu(c10::kCPU);
   int64_t held[2];
@@ -173,7 +173,7 @@ int64_t layer_bytes(const std::string& policy, int64_t S) {
     c.layers = layers;
     c.vocab = 1024;
     torch::manual_seed(0);
-    auto m = tempo::models::make_model(c, MemoryPolicy::parse(policy));
+    auto m = tempo::models::make_model(c, Method::parse(method));
     m->train();
     const at::Tensor ids = at::randint(2, c.vocab, {1, S}, at::kLong);
     tempo::memory::Scope scope(cpu);
@@ -196,7 +196,7 @@ TEST(Models, PerLayerActivationBytesMatchTheModel) {
     const int64_t eager = layer_bytes("eager", S);
     const int64_t tempo_b = layer_bytes("tempo", S);
     const int64_t fused = layer_bytes("tempo-sdpa", S);
-    const int64_t ckpt = layer_bytes("checkpoint", S);
+    const int64_t ckpt = layer_bytes("eager+ckpt", S);
     std::printf(
         "bert-large S=%lld per-layer bytes: eager %lld (model %.0f), tempo %lld (model %.0f), "
         "tempo-sdpa %lld (model %.0f), checkpoint %lld (model %.0f)\n",
@@ -209,25 +209,64 @@ TEST(Models, PerLayerActivationBytesMatchTheModel) {
   }
 }
 
+TEST(Models, DeprecatedMethodSpellingsParseAsTheGlossarysWithOneWarning) {
+  // Each spelling an earlier version took gives the Method its glossary spelling gives, with a
+  // warning that names the new spelling; the new spelling warns nothing.
+  struct Catch : c10::WarningHandler {
+    std::vector<std::string> msgs;
+    void process(const c10::Warning& w) override { msgs.push_back(w.msg()); }
+  } caught;
+  c10::WarningUtils::WarningHandlerGuard guard(&caught);
+  const std::pair<const char*, const char*> spellings[] = {{"checkpoint", "eager+ckpt"},
+                                                           {"tempo+checkpoint", "tempo+ckpt"},
+                                                           {"sdpa-checkpoint", "sdpa-ckpt"},
+                                                           {"tempo+recompute", "tempo+recompute-attention"},
+                                                           {"eager+gelu+mlp_up", "eager+gelu+recompute-up"},
+                                                           {"tempo+mlp_gate_up+head", "tempo+recompute-gate_up+head"}};
+  for (const auto& [old, now] : spellings) {
+    caught.msgs.clear();
+    const Method a = Method::parse(old);
+    ASSERT_EQ(caught.msgs.size(), 1u) << old;
+    EXPECT_NE(caught.msgs[0].find("deprecated"), std::string::npos) << caught.msgs[0];
+    caught.msgs.clear();
+    const Method b = Method::parse(now);
+    EXPECT_TRUE(caught.msgs.empty()) << now;
+    EXPECT_EQ(a.attention, b.attention) << old;
+    EXPECT_EQ(a.inplace_gelu, b.inplace_gelu) << old;
+    EXPECT_EQ(a.inplace_norm, b.inplace_norm) << old;
+    EXPECT_EQ(a.bit_dropout, b.bit_dropout) << old;
+    EXPECT_EQ(a.checkpoint, b.checkpoint) << old;
+    EXPECT_EQ(a.fused_head, b.fused_head) << old;
+    EXPECT_EQ(a.fused_kernels, b.fused_kernels) << old;
+    EXPECT_EQ(a.recompute_attention, b.recompute_attention) << old;
+    EXPECT_EQ(a.mlp_recompute, b.mlp_recompute) << old;
+  }
+  EXPECT_TRUE(Method::parse("eager+ckpt").checkpoint);
+  EXPECT_TRUE(Method::parse("tempo+recompute-attention").recompute_attention);
+  EXPECT_EQ(Method::parse("tempo+recompute-gate_up").mlp_recompute, "gate_up");
+  EXPECT_THROW(Method::parse("tempo+recompute-nothing"), c10::Error);
+  EXPECT_THROW(Method::parse("method"), c10::Error);
+}
+
 TEST(Models, SwiGLUUnderTempoKeepsGateAndUpOrFewer) {
   // The gated MLP ("eager+gelu": tempo::gated_mlp) on a llama-small layer: of the four
   // intermediate-wide tensors eager keeps (gate, SiLU(gate), up, their product: I S fp32 values
-  // each), two, and the layer's output as eager's within fp32 rounding; "+mlp_up" /
-  // "+mlp_gate_up" one / none, with "eager+gelu"'s gradients (the backward recomputes up(x), gate(x)).
+  // each), two, and the layer's output as eager's within fp32 rounding; "+recompute-up" /
+  // "+recompute-gate_up" one / none, with "eager+gelu"'s gradients (the backward recomputes up(x), gate(x)).
   tempo::memory::track_cpu();
   const c10::Device cpu(c10::kCPU);
   ModelConfig c = ModelConfig::preset("llama-small");
   c.layers = 1;
   c.vocab = 512;
   const int64_t S = 64;
-  const char* policies[4] = {"eager+gelu", "eager+gelu+mlp_up", "eager+gelu+mlp_gate_up", "eager"};
+  const char* methods[4] = {"eager+gelu", "eager+gelu+recompute-up", "eager+gelu+recompute-gate_up", "eager"};
   int64_t held[4];
   at::Tensor outs[4];
   std::vector<at::Tensor> grads[4];
   for (int k = 0; k < 4; ++k) {
     torch::manual_seed(0);
-    auto m = tempo::models::make_model(c, MemoryPolicy::parse(policies[k]));
-    EXPECT_EQ(MemoryPolicy::parse(policies[k]).mlp_recompute, k == 1 ? "up" : k == 2 ? "gate_up" : "product");
+    auto m = tempo::models::make_model(c, Method::parse(methods[k]));
+    EXPECT_EQ(Method::parse(methods[k]).mlp_recompute, k == 1 ? "up" : k == 2 ? "gate_up" : "product");
     const at::Tensor ids = at::randint(2, c.vocab, {1, S}, at::kLong);
     {
       tempo::memory::Scope scope(cpu);
@@ -248,9 +287,9 @@ TEST(Models, SwiGLUUnderTempoKeepsGateAndUpOrFewer) {
     for (size_t i = 0; i < grads[0].size(); ++i)
       EXPECT_LT((grads[k][i] - grads[0][i]).abs().max().item<double>(),
                 1e-4 * grads[0][i].abs().max().item<double>() + 1e-7)
-          << policies[k] << " " << i;
+          << methods[k] << " " << i;
   }
-  EXPECT_THROW(MemoryPolicy::parse("eager+mlp_down"), c10::Error);
+  EXPECT_THROW(Method::parse("eager+mlp_down"), c10::Error);
 }
 
 TEST(Models, GatedMLPModuleMatchesTheComposition) {
@@ -306,15 +345,15 @@ TEST(Models, BadConfigGivesClearErrors) {
   }
   c = ModelConfig::preset("bert-base");
   c.layers = 0;
-  EXPECT_THROW(tempo::models::make_model(c, MemoryPolicy::parse("eager")), c10::Error);
+  EXPECT_THROW(tempo::models::make_model(c, Method::parse("eager")), c10::Error);
   EXPECT_THROW(ModelConfig::preset("bert-huge"), c10::Error);
-  EXPECT_THROW(MemoryPolicy::parse("fast"), c10::Error);
-  EXPECT_THROW(MemoryPolicy::parse("tempo+magic"), c10::Error);
-  const MemoryPolicy p = MemoryPolicy::parse("tempo-sdpa-norm");
+  EXPECT_THROW(Method::parse("fast"), c10::Error);
+  EXPECT_THROW(Method::parse("tempo+magic"), c10::Error);
+  const Method p = Method::parse("tempo-sdpa-norm");
   EXPECT_EQ(p.attention, "fused");
   EXPECT_FALSE(p.inplace_norm);
   EXPECT_TRUE(p.inplace_gelu && p.bit_dropout);
-  const MemoryPolicy q = MemoryPolicy::parse("eager+gelu");
+  const Method q = Method::parse("eager+gelu");
   EXPECT_TRUE(q.inplace_gelu && !q.inplace_norm && !q.bit_dropout && q.attention == "eager");
 }
 
@@ -323,11 +362,11 @@ TEST(Models, ParameterCountIsTheBuiltModels) {
     ModelConfig c = ModelConfig::for_arch(tempo::models::parse_arch(arch));
     c.resize(/*hidden=*/48, /*layers=*/3, /*heads=*/4, /*intermediate=*/80, /*positions=*/40, /*vocab=*/97);
     c.num_labels = 5;
-    for (const std::string policy : {"eager", "tempo-fused"}) {
-      auto m = tempo::models::make_model(c, MemoryPolicy::parse(policy));
+    for (const std::string method : {"eager", "tempo-fused"}) {
+      auto m = tempo::models::make_model(c, Method::parse(method));
       int64_t n = 0;
       for (const auto& p : m->parameters()) n += p.numel();
-      EXPECT_EQ(c.parameter_count(), n) << arch << " " << policy;
+      EXPECT_EQ(c.parameter_count(), n) << arch << " " << method;
     }
   }
 }
@@ -339,7 +378,7 @@ TEST(Models, AModelTheHostCannotHoldIsRefusedBeforeAllocating) {
   ModelConfig c = ModelConfig::preset("bert-base");
   c.layers = 1000000;  // ~7e13 parameters: past any host here, refused before the first allocation
   try {
-    tempo::models::make_model(c, MemoryPolicy::parse("tempo"));
+    tempo::models::make_model(c, Method::parse("tempo"));
     ADD_FAILURE() << "no error";
   } catch (const c10::Error& e) {
     const std::string what = e.what_without_backtrace();
@@ -361,10 +400,10 @@ TEST(Models, AModelTheHostCannotHoldIsRefusedBeforeAllocating) {
 namespace {
 
 // Losses of `steps` AdamW steps on one fixed batch, from one seed.
-std::vector<double> trajectory(const ModelConfig& c, const std::string& policy, int steps, const Batch& batch,
+std::vector<double> trajectory(const ModelConfig& c, const std::string& method, int steps, const Batch& batch,
                                bool train_mode) {
   torch::manual_seed(0);
-  auto m = tempo::models::make_model(c, MemoryPolicy::parse(policy));
+  auto m = tempo::models::make_model(c, Method::parse(method));
   if (train_mode)
     m->train();
   else
@@ -382,22 +421,22 @@ std::vector<double> trajectory(const ModelConfig& c, const std::string& policy, 
   return losses;
 }
 
-TEST(Models, StepZeroLossIsTheSameUnderEveryPolicy) {
+TEST(Models, StepZeroLossIsTheSameUnderEveryMethod) {
   for (const char* preset : {"bert-base", "roberta-base", "gpt2", "llama-small"}) {
     ModelConfig c = reduced(preset, 2, 1024);
     c.hidden = 128;
     c.heads = 4;
     c.intermediate = 512;
     const Batch batch = tempo::models::synthetic_batch(c, 8, 32, 3);
-    // Dropout off (eval): the policies change what is kept, not what is computed.
+    // Dropout off (eval): the methods change what is kept, not what is computed.
     const double eager = trajectory(c, "eager", 1, batch, false)[0];
-    EXPECT_EQ(trajectory(c, "checkpoint", 1, batch, false)[0], eager) << preset;
+    EXPECT_EQ(trajectory(c, "eager+ckpt", 1, batch, false)[0], eager) << preset;
     for (const char* p : {"sdpa", "tempo", "tempo-sdpa", "tempo-fused"})
       EXPECT_NEAR(trajectory(c, p, 1, batch, false)[0], eager, 1e-5 * eager) << preset << " " << p;
   }
 }
 
-// The tempo policies compute the LM head and its loss with tempo::linear_cross_entropy: the
+// The tempo methods compute the LM head and its loss with tempo::linear_cross_entropy: the
 // same loss and gradients, without the log-softmax of the logits kept for backward.
 TEST(Models, FusedHeadKeepsNoLogitsAndGivesTheSameGradients) {
   tempo::memory::track_cpu();
@@ -408,10 +447,10 @@ TEST(Models, FusedHeadKeepsNoLogitsAndGivesTheSameGradients) {
     const int64_t B = 2, S = 64;
     const Batch batch = tempo::models::synthetic_batch(c, B, S, 5);
     Step st[2];
-    const char* policies[2] = {"tempo-head", "tempo"};
+    const char* methods[2] = {"tempo-head", "tempo"};
     for (int i = 0; i < 2; ++i) {
       torch::manual_seed(0);
-      auto m = tempo::models::make_model(c, MemoryPolicy::parse(policies[i]));
+      auto m = tempo::models::make_model(c, Method::parse(methods[i]));
       st[i] = one_step(m, batch);
     }
     const double loss[2] = {st[0].loss, st[1].loss};
@@ -447,10 +486,10 @@ TEST(Models, TempoFusedEqualsTempoForwardAndBackward) {
     c.hidden = k.hidden, c.heads = k.heads, c.intermediate = k.intermediate;
     const Batch batch = tempo::models::synthetic_batch(c, k.batch, k.seq, 9);
     Step st[2];
-    const char* policies[2] = {"tempo", "tempo-fused"};
+    const char* methods[2] = {"tempo", "tempo-fused"};
     for (int i = 0; i < 2; ++i) {
       torch::manual_seed(0);
-      auto m = tempo::models::make_model(c, MemoryPolicy::parse(policies[i]));
+      auto m = tempo::models::make_model(c, Method::parse(methods[i]));
       m->train();
       {  // non-zero biases, so that a bias added twice or dropped shows
         at::NoGradGuard no_grad;
@@ -475,7 +514,7 @@ TEST(Models, TempoFusedEqualsTempoForwardAndBackward) {
   }
 }
 
-// +recompute: each layer keeps x instead of q, k, v (and the core's kept tensors), the backward
+// +recompute-attention: each layer keeps x instead of q, k, v (and the core's kept tensors), the backward
 // reruns the projection and the attention core with the generator replayed: the same loss and
 // gradients (dropout on), and q, k, v's bytes (3 B S H floats per layer) fewer held, under
 // the fused attention backend, tempo's and tempo-fused.
@@ -487,10 +526,10 @@ TEST(Models, RecomputedAttentionGivesTheSameGradientsAndKeepsLess) {
     const int64_t B = 2, S = 40;
     const Batch batch = tempo::models::synthetic_batch(c, B, S, 4);
     Step st[2];
-    const std::string policies[2] = {base, std::string(base) + "+recompute"};
+    const std::string methods[2] = {base, std::string(base) + "+recompute-attention"};
     for (int i = 0; i < 2; ++i) {
       torch::manual_seed(0);
-      auto m = tempo::models::make_model(c, MemoryPolicy::parse(policies[i]));
+      auto m = tempo::models::make_model(c, Method::parse(methods[i]));
       m->train();
       torch::manual_seed(1);
       st[i] = one_step(m, batch);
@@ -515,10 +554,10 @@ TEST(Models, FiftyStepsOfEagerAndTempoAgreeWithinHalfAPercent) {
     ModelConfig c = reduced(preset, 2);
     c.hidden = 384, c.intermediate = 1536;
     std::vector<double> curves[2];
-    const char* policies[2] = {"eager", "tempo"};
+    const char* methods[2] = {"eager", "tempo"};
     for (int k = 0; k < 2; ++k) {
       torch::manual_seed(0);
-      auto m = tempo::models::make_model(c, MemoryPolicy::parse(policies[k]));
+      auto m = tempo::models::make_model(c, Method::parse(methods[k]));
       m->train();
       torch::optim::AdamW opt(m->parameters(), torch::optim::AdamWOptions(1e-4).weight_decay(0.01));
       torch::manual_seed(1);
@@ -545,9 +584,9 @@ TEST(Models, FiftyStepsOfEagerAndTempoAgreeWithinHalfAPercent) {
 // bound: tempo's curve stays as close to eager's in the same precision as bf16 itself keeps
 // eager to fp32 (twice that deviation, or 1%), i.e. tempo adds no error of its own beyond
 // bf16's rounding. The table printed here is the one in docs/accuracy.md.
-std::vector<double> mixed_curve(const ModelConfig& c, const std::string& policy, const std::string& mode) {
+std::vector<double> mixed_curve(const ModelConfig& c, const std::string& method, const std::string& mode) {
   torch::manual_seed(0);
-  auto m = tempo::models::make_model(c, MemoryPolicy::parse(policy));
+  auto m = tempo::models::make_model(c, Method::parse(method));
   m->train();
   if (mode == "bf16") m->to(at::kBFloat16);
   torch::optim::AdamW opt(m->parameters(), torch::optim::AdamWOptions(1e-3).weight_decay(0.01));
@@ -588,18 +627,18 @@ TEST(Models, MixedPrecisionTempoStaysWithinBf16sOwnDeviation) {
     for (const char* mode : {"autocast", "bf16"}) {
       const auto eager = mixed_curve(c, "eager", mode);
       const double own = worst_rel(eager, ref);
-      for (const char* policy : {"tempo", "tempo-fused"}) {
-        const auto t = mixed_curve(c, policy, mode);
+      for (const char* method : {"tempo", "tempo-fused"}) {
+        const auto t = mixed_curve(c, method, mode);
         const double dev = worst_rel(t, eager);
-        std::printf("| %s | %s | %s | %.4f -> %.4f | %.2e | %.2e | %.2e |\n", preset, mode, policy, t.front(), t.back(),
+        std::printf("| %s | %s | %s | %.4f -> %.4f | %.2e | %.2e | %.2e |\n", preset, mode, method, t.front(), t.back(),
                     dev, own, worst_rel(t, ref));
-        EXPECT_LE(dev, std::max(2 * own, 0.01)) << preset << " " << mode << " " << policy;
+        EXPECT_LE(dev, std::max(2 * own, 0.01)) << preset << " " << mode << " " << method;
       }
     }
   }
 }
 
-// No leak under load: 1500 small training steps (dropout on, AdamW) per policy and model
+// No leak under load: 1500 small training steps (dropout on, AdamW) per method and model
 // family; after a warm-up the bytes held between steps (the tracker's exact count) never grow,
 // so no saved tensor, mask or bit buffer outlives its step.
 TEST(Models, HeldBytesDoNotGrowOverManySteps) {
@@ -611,9 +650,9 @@ TEST(Models, HeldBytesDoNotGrowOverManySteps) {
     c.hidden = 32;
     c.heads = 2;
     c.intermediate = 64;
-    for (const char* policy : {"eager", "checkpoint", "sdpa", "tempo", "tempo-sdpa"}) {
+    for (const char* method : {"eager", "eager+ckpt", "sdpa", "tempo", "tempo-sdpa"}) {
       torch::manual_seed(0);
-      auto m = tempo::models::make_model(c, MemoryPolicy::parse(policy));
+      auto m = tempo::models::make_model(c, Method::parse(method));
       m->train();
       torch::optim::AdamW opt(m->parameters(), torch::optim::AdamWOptions(1e-3));
       int64_t settled = -1, worst = 0;
@@ -628,7 +667,7 @@ TEST(Models, HeldBytesDoNotGrowOverManySteps) {
         if (s == 20) settled = held;  // weights, gradients and AdamW state all exist by now
         if (s > 20) worst = std::max(worst, held - settled);
       }
-      EXPECT_LE(worst, 0) << preset << " " << policy << ": held bytes grew by " << worst << " over 1500 steps";
+      EXPECT_LE(worst, 0) << preset << " " << method << ": held bytes grew by " << worst << " over 1500 steps";
     }
   }
 }

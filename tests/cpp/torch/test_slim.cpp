@@ -11,7 +11,7 @@
 
 namespace {
 
-using tempo::models::MemoryPolicy;
+using tempo::models::Method;
 using tempo::models::PerformerConfig;
 using tempo::models::PerformerLM;
 
@@ -22,9 +22,9 @@ PerformerConfig small(const std::string& feature_map = "sqr", int64_t max_len = 
   return c;
 }
 
-PerformerLM make(const PerformerConfig& c, const std::string& policy, at::ScalarType dtype, uint64_t seed = 0) {
+PerformerLM make(const PerformerConfig& c, const std::string& method, at::ScalarType dtype, uint64_t seed = 0) {
   torch::manual_seed(seed);
-  PerformerLM m(c, MemoryPolicy::parse(policy));
+  PerformerLM m(c, Method::parse(method));
   m->to(dtype);
   return m;
 }
@@ -71,14 +71,14 @@ at::Tensor reference_logits(PerformerLM& m, const at::Tensor& tokens) {
   return lin(ln(x, m->ln), m->head);
 }
 
-TEST(PerformerLM, MatchesAPlainFp64RecomputationUnderEachPolicy) {
-  for (const char* policy : {"eager", "tempo"}) {
-    PerformerLM m = make(small(), policy, at::kDouble);
+TEST(PerformerLM, MatchesAPlainFp64RecomputationUnderEachMethod) {
+  for (const char* method : {"eager", "tempo"}) {
+    PerformerLM m = make(small(), method, at::kDouble);
     const at::Tensor t = tokens_of(2, 37, 50);
     const at::Tensor ref = reference_logits(m, t);
-    EXPECT_TRUE(at::allclose(m->forward(t), ref, 1e-10, 1e-10)) << policy;
-    PerformerLM f = make(small(), policy, at::kFloat);
-    EXPECT_TRUE(at::allclose(f->forward(t).to(at::kDouble), ref, 1e-4, 1e-4)) << policy;
+    EXPECT_TRUE(at::allclose(m->forward(t), ref, 1e-10, 1e-10)) << method;
+    PerformerLM f = make(small(), method, at::kFloat);
+    EXPECT_TRUE(at::allclose(f->forward(t).to(at::kDouble), ref, 1e-4, 1e-4)) << method;
   }
 }
 
@@ -159,7 +159,7 @@ TEST(PerformerLM, ParameterCountIsTheBuiltModelsAndAHugeOneIsRefused) {
   PerformerConfig huge = small();
   huge.layers = 10000000, huge.d_model = 1024, huge.heads = 4, huge.ffn = 4096;  // ~1.3e14 parameters
   try {
-    PerformerLM m(huge, MemoryPolicy::parse("tempo"));
+    PerformerLM m(huge, Method::parse("tempo"));
     ADD_FAILURE() << "no error";
   } catch (const c10::Error& e) {
     EXPECT_NE(std::string(e.what()).find("this host can still allocate"), std::string::npos) << e.what();
@@ -168,22 +168,22 @@ TEST(PerformerLM, ParameterCountIsTheBuiltModelsAndAHugeOneIsRefused) {
   EXPECT_THROW(huge.validate(), c10::Error);
 }
 
-TEST(Slim, EveryFeatureMapModeAndPolicyAndAWeightedLoss) {
+TEST(Slim, EveryFeatureMapModeAndMethodAndAWeightedLoss) {
   for (const char* fm : {"relu", "elu", "favor"})
     for (const char* mode : {"iterative", "prefix"})
-      for (const char* policy : {"eager", "tempo"}) {
+      for (const char* method : {"eager", "tempo"}) {
         PerformerConfig c = small(fm);
         c.mode = mode;
-        PerformerLM m = make(c, policy, at::kDouble);
+        PerformerLM m = make(c, method, at::kDouble);
         const at::Tensor t = tokens_of(2, 30, 50);
         at::Tensor weight = (at::arange(29, at::kDouble) >= 14).to(at::kDouble).expand({2, 29}).contiguous();
         const auto d = tempo::slim::gradient_discrepancy(m, t, 4, weight);
-        EXPECT_LE(d.grad_rel, 1e-10) << fm << " " << mode << " " << policy;
+        EXPECT_LE(d.grad_rel, 1e-10) << fm << " " << mode << " " << method;
         EXPECT_NEAR(d.chunked_loss, d.full_loss, 1e-12 * std::abs(d.full_loss));
       }
 }
 
-TEST(Slim, InPlacePoliciesGiveTheEagerGradients) {
+TEST(Slim, InPlaceMethodsGiveTheEagerGradients) {
   PerformerLM e = make(small(), "eager", at::kDouble), t = make(small(), "tempo", at::kDouble);
   const at::Tensor tok = tokens_of(1, 40, 50);
   const double le = tempo::slim::loss_and_backward(e, tok, 7).item<double>();
@@ -229,10 +229,10 @@ TEST(Slim, ClearErrors) {
       }
     }
   }
-  EXPECT_THROW(PerformerLM(small(), MemoryPolicy::parse("checkpoint")), c10::Error);
+  EXPECT_THROW(PerformerLM(small(), Method::parse("eager+ckpt")), c10::Error);
   PerformerConfig bad = small();
   bad.heads = 5;
-  EXPECT_THROW(PerformerLM(bad, MemoryPolicy::parse("tempo")), c10::Error);
+  EXPECT_THROW(PerformerLM(bad, Method::parse("tempo")), c10::Error);
   for (auto& p : m->parameters()) EXPECT_FALSE(p.grad().defined());  // nothing ran
 }
 

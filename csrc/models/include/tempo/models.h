@@ -1,5 +1,5 @@
 // The model layer (target Tempo::tempo_models): BERT, RoBERTa, GPT-2 and LLaMA-style models
-// under memory policies, the PerformerLM and its SLiM chunked trainer, with everything of
+// under methods, the PerformerLM and its SLiM chunked trainer, with everything of
 // tempo/nn.h.
 #pragma once
 

@@ -1,4 +1,4 @@
-// Model shapes (presets with the published sizes, or custom) and the memory policy: which of
+// Model shapes (presets with the published sizes, or custom) and the method: which of
 // tempo's techniques a model uses, and the baselines they are compared with.
 #pragma once
 
@@ -47,9 +47,9 @@ struct ModelConfig {
   int64_t parameter_count() const;
 };
 
-// What the model keeps for backward.
+// A method: what the model keeps for backward (docs/architecture.md's glossary), spelled
+// <base>[+change|-change ...]. Bases:
 //   eager       the paper's baseline: eager attention, byte dropout masks, torch GELU and norms
-//   checkpoint  eager, each layer recomputed from its input in backward (RNG replayed)
 //   sdpa        eager with torch's scaled_dot_product_attention
 //   tempo       in-place GELU/SiLU and norms, tempo attention (output-only softmax, dropout
 //               recomputation), bit masks (post-LN: fused bias-dropout-residual-LayerNorm),
@@ -57,12 +57,15 @@ struct ModelConfig {
 //   tempo-sdpa  tempo with fused attention (no S^2 tensor): torch's scaled_dot_product_attention
 //               where torch has a fused kernel for the inputs, else tempo::fused_attention (on
 //               CPU with attention dropout torch's sdpa would fall back to its math path)
-// A base name may be followed by toggles, "+t" to turn a technique on and "-t" off, with t in
-// gelu, norm, dropout (bit masks), attention (tempo attention), sdpa, fused, checkpoint, head
-// (the fused LM head), kernels, recompute (attention), mlp_up / mlp_gate_up (the gated MLP's
-// recompute); e.g.
-// "eager+gelu" (in-place GELU alone, for the paper's ablation) or "tempo-norm".
-struct MemoryPolicy {
+//   tempo-fused tempo with the Data Movement paper's fused layer kernels
+// Changes, "+c" on and "-c" off: gelu, norm, dropout (bit masks), attention (tempo attention),
+// sdpa, fused, ckpt (each layer recomputed from its input in backward, RNG replayed), head (the
+// fused LM head), kernels, recompute-attention (the q/k/v projection and attention core
+// recomputed from the layer's input), recompute-up / recompute-gate_up (the gated MLP's); e.g.
+// "eager+ckpt", "eager+gelu" (in-place GELU alone, for the paper's ablation) or "tempo-norm".
+// Earlier spellings are taken with a deprecation warning: "checkpoint" (eager+ckpt),
+// "+checkpoint" (+ckpt), "+recompute" (+recompute-attention), "+mlp_up", "+mlp_gate_up".
+struct Method {
   std::string name = "eager";
   std::string attention = "eager";  // eager | tempo | sdpa | fused (SelfAttention backends)
   bool inplace_gelu = false;        // GELU; SwiGLU by tempo::gated_mlp (gate and up kept)
@@ -74,16 +77,18 @@ struct MemoryPolicy {
   // fused into what follows (q/k/v: tempo::qkv_split; fc1: the activation; out and fc2: the
   // bias-dropout-residual-LayerNorm), the bias gradients summed in those kernels' backward.
   bool fused_kernels = false;
-  // Recompute the q/k/v projection and the attention core in the backward (toggle
-  // `recompute`): each layer keeps its input instead of q, k, v (SelfAttentionOptions::recompute).
+  // Recompute the q/k/v projection and the attention core in the backward (change
+  // `recompute-attention`): each layer keeps its input instead of q, k, v
+  // (SelfAttentionOptions::recompute).
   bool recompute_attention = false;
-  // What the gated MLP's backward recomputes (toggles `mlp_up`, `mlp_gate_up`): "product" (no
+  // What the gated MLP's backward recomputes (changes `recompute-up`, `recompute-gate_up`): "product" (no
   // matmul), "up" or "gate_up" (tempo::gated_mlp's recompute: one or two GEMMs for one or both
   // intermediate-wide tensors fewer kept).
   std::string mlp_recompute = "product";
 
-  static MemoryPolicy parse(const std::string& spec);
-  static std::vector<std::string> names();  // the six bases
+  static Method parse(const std::string& spec);
+  static std::vector<std::string> names();  // the five bases
 };
+using MemoryPolicy [[deprecated("tempo::models::MemoryPolicy is spelled tempo::models::Method")]] = Method;
 
 }  // namespace tempo::models

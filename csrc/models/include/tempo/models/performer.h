@@ -1,6 +1,6 @@
 // PerformerLM: a GPT-2-style pre-LN decoder with causal linear attention over a byte
 // vocabulary, fixed sinusoidal positions (nothing that grows with the length), and a memory
-// policy for its GELU and LayerNorms (tempo: in place, keeping only outputs, so SLiM's and
+// method for its GELU and LayerNorms (tempo: in place, keeping only outputs, so SLiM's and
 // Tempo's savings compose). Trained in chunks by tempo::slim (tempo/models/slim.h).
 #pragma once
 
@@ -47,7 +47,7 @@ using LayerStates = std::vector<tempo::nn::LinearAttentionState>;  // one per bl
 
 class PerformerBlockImpl : public torch::nn::Cloneable<PerformerBlockImpl> {
  public:
-  PerformerBlockImpl(const PerformerConfig& config, std::shared_ptr<const PolicyOps> ops);
+  PerformerBlockImpl(const PerformerConfig& config, std::shared_ptr<const MethodOps> ops);
   std::tuple<at::Tensor, tempo::nn::LinearAttentionState> forward(const at::Tensor& x,
                                                                   const tempo::nn::LinearAttentionState& state = {});
   // The block from the state before x, rebuilt from the state after it (leaves that require
@@ -62,15 +62,15 @@ class PerformerBlockImpl : public torch::nn::Cloneable<PerformerBlockImpl> {
  private:
   at::Tensor mlp_residual(const at::Tensor& x);
   PerformerConfig config_;
-  std::shared_ptr<const PolicyOps> ops_;
+  std::shared_ptr<const MethodOps> ops_;
 };
 TORCH_MODULE(PerformerBlock);
 
 class PerformerLMImpl : public torch::nn::Cloneable<PerformerLMImpl> {
  public:
-  // policy: eager (torch's GELU and LayerNorm) or tempo (in place); the other toggles of a
-  // MemoryPolicy do not apply to this model and are refused.
-  PerformerLMImpl(PerformerConfig config, const MemoryPolicy& policy = MemoryPolicy::parse("tempo"));
+  // method: eager (torch's GELU and LayerNorm) or tempo (in place); the other toggles of a
+  // Method do not apply to this model and are refused.
+  PerformerLMImpl(PerformerConfig config, const Method& method = Method::parse("tempo"));
   // Sinusoidal encodings of positions offset .. offset + length - 1 (Vaswani et al.), [length, d].
   at::Tensor positions(int64_t offset, int64_t length, const at::TensorOptions& options) const;
   // Token embeddings plus positions of tokens [B, C] at `offset`.
@@ -83,7 +83,7 @@ class PerformerLMImpl : public torch::nn::Cloneable<PerformerLMImpl> {
   at::Tensor forward(const at::Tensor& tokens) { return std::get<0>(forward_chunk(tokens)); }
   void reset() override;
   const PerformerConfig& config() const { return config_; }
-  const MemoryPolicy& policy() const { return ops_->policy(); }
+  const Method& method() const { return ops_->method(); }
 
   torch::nn::Embedding embed{nullptr};
   torch::nn::ModuleList blocks{nullptr};
@@ -92,7 +92,7 @@ class PerformerLMImpl : public torch::nn::Cloneable<PerformerLMImpl> {
 
  private:
   PerformerConfig config_;
-  std::shared_ptr<const PolicyOps> ops_;
+  std::shared_ptr<const MethodOps> ops_;
 };
 TORCH_MODULE(PerformerLM);
 

@@ -27,11 +27,11 @@ struct LoadReport {
 // The folder's config.json as a ModelConfig (what load_pretrained builds), without reading
 // the weights: a missing or damaged file, or a model this library cannot run, is a c10::Error.
 ModelConfig pretrained_config(const std::string& dir);
-// A model of the folder's config.json under `policy`, its weights from model.safetensors (or
+// A model of the folder's config.json under `method`, its weights from model.safetensors (or
 // the shards of model.safetensors.index.json), converted to float32. Every backbone parameter
 // must be in the checkpoint with its shape; task heads may be absent (then fresh, reported).
 // `adjust` may change what does not change a shape (dropout, eps) before the model is built.
-TransformerModel load_pretrained(const std::string& dir, const MemoryPolicy& policy = MemoryPolicy::parse("eager"),
+TransformerModel load_pretrained(const std::string& dir, const Method& method = Method::parse("eager"),
                                  LoadReport* report = nullptr,
                                  const std::function<void(ModelConfig&)>& adjust = nullptr);
 // config.json and model.safetensors that transformers (and load_pretrained) read back: the

@@ -1,4 +1,4 @@
-// Transformer models built from tempo's modules, each under a MemoryPolicy:
+// Transformer models built from tempo's modules, each under a Method:
 //   BERT (post-LN encoder, MLM and sequence-classification heads), RoBERTa (BERT with
 //   RoBERTa's embeddings), GPT-2 (pre-LN decoder, tanh GELU, causal, tied LM head),
 //   LLaMA-style (RMSNorm, SwiGLU, rotary embeddings, no dropout, untied LM head).
@@ -26,27 +26,27 @@ struct Batch {
   bool classify = false;
 };
 
-// The policy's choice of each op (torch's, or tempo's that keeps less).
-class PolicyOps {
+// The method's choice of each op (torch's, or tempo's that keeps less).
+class MethodOps {
  public:
-  explicit PolicyOps(MemoryPolicy policy) : policy_(std::move(policy)) {}
-  const MemoryPolicy& policy() const { return policy_; }
-  // f(x + bias); the bias (optional) is fused into the in-place activation under the policy.
+  explicit MethodOps(Method method) : method_(std::move(method)) {}
+  const Method& method() const { return method_; }
+  // f(x + bias); the bias (optional) is fused into the in-place activation under the method.
   at::Tensor gelu(const at::Tensor& x, const char* approximate, const at::Tensor& bias = {}) const;
   at::Tensor dropout(const at::Tensor& x, double p, bool train) const;
   at::Tensor norm(const at::Tensor& x, const torch::nn::Module& norm_module, bool rms, double eps) const;
-  // norm(residual + dropout(x + bias)) (bias optional): one fused pass when the policy has bit
+  // norm(residual + dropout(x + bias)) (bias optional): one fused pass when the method has bit
   // masks and in-place norms.
   at::Tensor add_norm(const at::Tensor& x, const at::Tensor& residual, double p, bool train,
                       const tempo::nn::LayerNorm& norm, double eps, const at::Tensor& bias = {}) const;
 
  private:
-  MemoryPolicy policy_;
+  Method method_;
 };
 
 class TransformerLayerImpl : public torch::nn::Cloneable<TransformerLayerImpl> {
  public:
-  TransformerLayerImpl(const ModelConfig& config, std::shared_ptr<const PolicyOps> ops);
+  TransformerLayerImpl(const ModelConfig& config, std::shared_ptr<const MethodOps> ops);
   // x [B, S, H]; mask [B, S] or undefined.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& mask);
   void reset() override;
@@ -59,13 +59,13 @@ class TransformerLayerImpl : public torch::nn::Cloneable<TransformerLayerImpl> {
   // out_bias = false leaves fc2's bias to the caller (fused into the next pass).
   at::Tensor ffn(const at::Tensor& x, bool out_bias = true);
   ModelConfig config_;
-  std::shared_ptr<const PolicyOps> ops_;
+  std::shared_ptr<const MethodOps> ops_;
 };
 TORCH_MODULE(TransformerLayer);
 
 class TransformerModelImpl : public torch::nn::Cloneable<TransformerModelImpl> {
  public:
-  TransformerModelImpl(ModelConfig config, MemoryPolicy policy);
+  TransformerModelImpl(ModelConfig config, Method method);
   // Final hidden states [B, S, H].
   at::Tensor hidden_states(const at::Tensor& input_ids, const at::Tensor& attention_mask);
   // The training loss of the batch: masked-LM (BERT, RoBERTa), sequence classification
@@ -73,7 +73,7 @@ class TransformerModelImpl : public torch::nn::Cloneable<TransformerModelImpl> {
   at::Tensor loss(const Batch& batch);
   void reset() override;
   const ModelConfig& config() const { return config_; }
-  const MemoryPolicy& policy() const { return ops_->policy(); }
+  const Method& method() const { return ops_->method(); }
 
   torch::nn::Embedding tokens{nullptr}, positions{nullptr}, token_types{nullptr};
   std::shared_ptr<torch::nn::Module> embed_norm, final_norm;  // BERT/RoBERTa; GPT-2/LLaMA
@@ -84,12 +84,12 @@ class TransformerModelImpl : public torch::nn::Cloneable<TransformerModelImpl> {
 
  private:
   ModelConfig config_;
-  std::shared_ptr<const PolicyOps> ops_;
+  std::shared_ptr<const MethodOps> ops_;
 };
 TORCH_MODULE(TransformerModel);
 
-// A model of `config` under `policy` (both validated; clear errors otherwise).
-TransformerModel make_model(const ModelConfig& config, const MemoryPolicy& policy);
+// A model of `config` under `method` (both validated; clear errors otherwise).
+TransformerModel make_model(const ModelConfig& config, const Method& method);
 
 // A synthetic batch for benchmarks and tests: random ids, every 8th sequence padded by a
 // quarter, MLM labels on 15% of the real tokens (BERT/RoBERTa), from the given seed.

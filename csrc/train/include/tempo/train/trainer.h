@@ -1,5 +1,5 @@
 // The trainer behind `tempo train`: a BERT/RoBERTa (masked LM) or GPT-2/LLaMA (causal LM) of
-// a preset or a Hugging Face folder, under a memory policy, on a real corpus; AdamW with
+// a preset or a Hugging Face folder, under a method, on a real corpus; AdamW with
 // weight decay (not on biases and norms), linear warm-up then linear decay, gradient
 // accumulation and clipping; eval loss every N steps; a CSV log; checkpoints every N steps
 // and exact resumption; data parallel over a Communicator.
@@ -34,7 +34,7 @@ struct TrainOptions {
   int64_t hidden = 0, layers = 0, heads = 0, intermediate = 0, positions = 0;  // preset overrides (0: keep)
   double dropout = -1;    // hidden and attention dropout (< 0: the model's)
   std::string objective;  // mlm | clm (empty: the architecture's)
-  std::string policy = "tempo";
+  std::string method = "tempo";
   std::string data;                 // a text file or directory, or pretokenized .safetensors
   std::string tokenizer = "train";  // "train" (SentencePiece on the corpus) or a .model file
   int64_t vocab = 8000;             // pieces of a trained tokenizer
