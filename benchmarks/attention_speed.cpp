@@ -7,7 +7,7 @@
 // Ratios are against eager (the plain PyTorch baseline). Kept bytes per probability:
 // eager 9 (P, byte mask, dropped P; fp32), tempo 4 + 1/8 (P, bits), sdpa with dropout on CPU
 // 13 (torch's math fallback), sdpa without dropout none (its fused kernel keeps one fp32
-// log-sum-exp per row); tests/python/test_attention.py asserts them exactly.
+// log-sum-exp per row); tests/python/ops/test_attention.py asserts them exactly.
 // "tempo, strided q/k/v" runs tempo on the strided [B, A, S, d] views of one [B, S, 3, A, d]
 // projection output (what a layer without tempo::qkv_split passes) instead of three contiguous
 // tensors (what qkv_split writes): the layout question of the fused layer kernels.

@@ -7,7 +7,7 @@
 //
 // Each row: medians of `reps` alternated runs; ratio = tempo / torch (below 1: tempo faster).
 // Kept bytes are what each keeps beyond tensors the neighbouring layers keep anyway; the
-// Python tests assert them exactly with saved-tensor hooks (tests/python/test_norm.py,
+// Python tests assert them exactly with saved-tensor hooks (tests/python/ops/test_norm.py,
 // test_dropout.py).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>

@@ -66,7 +66,7 @@ if(TEMPO_BUILD_TESTS)
                                    tests/cpp/torch/test_train.cpp)
     target_link_libraries(tempo_torch_tests PRIVATE tempo_train GTest::gtest_main)
     gtest_discover_tests(tempo_torch_tests DISCOVERY_TIMEOUT 120)
-    # The C++ side of tests/python/test_pretrained.py (comparisons with transformers).
+    # The C++ side of tests/python/cli/test_pretrained.py (comparisons with transformers).
     add_executable(pretrained_tool tests/cpp/torch/pretrained_tool.cpp)
     target_link_libraries(pretrained_tool PRIVATE tempo_models)
     tempo_reuse_pch(tempo_torch_tests pretrained_tool)

@@ -20,7 +20,7 @@
 #              plan: tempo.plan's peaks against max_memory_allocated (scripts/plan_check.py)
 #   3. sanitize  compute-sanitizer memcheck and racecheck over one case of each op
 #              (scripts/sanitize_ops.py); sync: ops and a patched training step under
-#              torch.cuda.set_sync_debug_mode("error") (tests/python/test_cuda_sync.py)
+#              torch.cuda.set_sync_debug_mode("error") (tests/python/suites/test_cuda_sync.py)
 #   4. tests   the C++ tests and the Python tests' CUDA cases (CUDA vs CPU and fp64 references;
 #              fp32, bf16, fp16; dropout masks the same on CPU and CUDA); graphs: the ops in
 #              CUDA graphs (a new dropout mask each replay, exact norms as the weights change);
@@ -156,16 +156,13 @@ tests() {
   # With pytest-xdist (the GPU image has it), 8 workers: a case that crashes its process costs
   # that case, not the rest of the run.
   local workers=()
-  "$PYTHON" -c "import xdist" 2>/dev/null && workers=(-n 8)
+  [ $DRY = 0 ] && "$PYTHON" -c "import xdist" 2>/dev/null && workers=(-n 8)
   TEMPO_LIBRARY="$BUILD/lib/libtempo_torch.so" PYTHONPATH="$PWD/python" \
-    "$PYTHON" -m pytest -q -rfs --durations=10 "${workers[@]}" tests/python/test_activation.py tests/python/test_dropout.py \
-    tests/python/test_norm.py tests/python/test_attention.py tests/python/test_memory.py \
-    tests/python/test_linear_attention.py tests/python/test_linear_cross_entropy.py \
-    tests/python/test_fused_kernels.py tests/python/test_qkv_split.py tests/python/test_gated_mlp.py -k "$filter" --junitxml="$OUT/pytest.xml" || rc=1
+    "$PYTHON" -m pytest -q -rfs --durations=10 "${workers[@]}" tests/python/ops -k "$filter" --junitxml="$OUT/pytest.xml" || rc=1
   return $rc
 }
 
-# `tempo train` on the device (policies against eager, a process group of one on NCCL, bf16
+# `tempo train` on the device (methods against eager, a process group of one on NCCL, bf16
 # autocast, the CPU run followed, --budget, held bytes over 400 steps, more processes than GPUs
 # refused) and tempo.optimize under autocast (bf16, fp16) and pure bf16: the CUDA cases of the
 # two files (the dry run: the CPU's process-group case and GPT-2's cases).
@@ -173,7 +170,7 @@ train() {
   local filter="cuda"
   [ $DRY = 1 ] && filter="cpu and (group or gpt2)"
   TEMPO_BIN="$BUILD/tempo" TEMPO_LIBRARY="$BUILD/lib/libtempo_torch.so" PYTHONPATH="$PWD/python" \
-    "$PYTHON" -m pytest -q -rs tests/python/test_train_device.py tests/python/test_mixed_precision.py -k "$filter" \
+    "$PYTHON" -m pytest -q -rs tests/python/cli/test_train_device.py tests/python/hf/test_mixed_precision.py -k "$filter" \
     -s --junitxml="$OUT/pytest_train.xml"
 }
 
@@ -181,7 +178,7 @@ train() {
 # it compiles a model with mode="reduce-overhead"); on the CPU every case skips.
 graphs() {
   TEMPO_LIBRARY="$BUILD/lib/libtempo_torch.so" PYTHONPATH="$PWD/python" \
-    "$PYTHON" -m pytest -q tests/python/test_cuda_graphs.py -rs --junitxml="$OUT/pytest_graphs.xml"
+    "$PYTHON" -m pytest -q tests/python/suites/test_cuda_graphs.py -rs --junitxml="$OUT/pytest_graphs.xml"
 }
 
 # ---- 3. bandwidth --------------------------------------------------------------------------
@@ -274,7 +271,7 @@ sanitize() {
 # and the norms' kept-column overflow warning; the CUDA-only file (the dry run: its skips).
 sync() {
   TEMPO_LIBRARY="$BUILD/lib/libtempo_torch.so" PYTHONPATH="$PWD/python" \
-    "$PYTHON" -m pytest -q -rs tests/python/test_cuda_sync.py --junitxml="$OUT/pytest_sync.xml"
+    "$PYTHON" -m pytest -q -rs tests/python/suites/test_cuda_sync.py --junitxml="$OUT/pytest_sync.xml"
 }
 
 # ---- 4. bench ------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ from typing import Optional
 
 import torch
 
-# The public ops (tempo.<name>), exactly csrc/ops.json's (tests/python/test_registry.py).
+# The public ops (tempo.<name>), exactly csrc/ops.json's (tests/python/suites/test_registry.py).
 __all__ = [
     "gelu",
     "silu",

@@ -9,7 +9,7 @@
 # libraries the GPU build will have, that the activation kernels for 16/32-bit data hold no fp64
 # instruction (cuobjdump), every kernel's resources (a report), that `--device cuda` fails
 # cleanly, and that this build, with its torch, trains on the CPU (the CPU cases of
-# tests/python/test_train_device.py, which gpu_check.sh's train step runs on CUDA).
+# tests/python/cli/test_train_device.py, which gpu_check.sh's train step runs on CUDA).
 # Environment from the Makefile: JOBS, NATIVE, CUDA_VENV, CUDA_BUILD, CUDA_TORCH, CUDA_ARCHS, DEPS.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -48,4 +48,4 @@ if "$PY" -c "import torch, sys; sys.exit(torch.cuda.is_available())"; then
   done
 fi
 TEMPO_BIN="$(realpath -s -m "$CUDA_BUILD")/tempo" TEMPO_LIBRARY="$(realpath -s -m "$CUDA_BUILD")/lib/libtempo_torch.so" PYTHONPATH=python \
-  "$PY" -m pytest -q -rs -p no:cacheprovider tests/python/test_train_device.py
+  "$PY" -m pytest -q -rs -p no:cacheprovider tests/python/cli/test_train_device.py

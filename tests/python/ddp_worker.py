@@ -1,4 +1,4 @@
-"""A rank of the DDP and FSDP tests (tests/python/test_optimize.py): trains a patched small
+"""A rank of the DDP and FSDP tests (tests/python/hf/test_optimize.py): trains a patched small
 BERT with DistributedDataParallel, or with FSDP2 (fully_shard per encoder layer and the
 whole model), over Gloo on this machine's loopback, for a given number of steps, on its half
 of each batch; rank 0 saves the final parameters (gathered from the shards under FSDP)."""

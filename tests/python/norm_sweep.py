@@ -1,4 +1,4 @@
-"""The gamma/beta sweep behind the norms' accuracy bound, shared by tests/python/test_norm.py
+"""The gamma/beta sweep behind the norms' accuracy bound, shared by tests/python/ops/test_norm.py
 and benchmarks/norm_accuracy.py. One tensor holds every case as a column: gamma in GAMMAS (with
 signs) times beta / |gamma| in RATIOS, plus ordinary columns; gradients of tempo's op and of
 torch's own op in the same dtype are compared per column with float64 torch on the same

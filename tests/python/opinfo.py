@@ -5,7 +5,7 @@ the suite picks, and what the op's second derivative is. Its readers: the saniti
 (test_cuda_sync.py), determinism across thread counts (test_determinism.py), second derivatives
 (test_second_derivatives.py), autocast (test_autocast.py) and the registry's dtype check
 (test_registry.py, which also fails while an op has no entry). An op's own behaviour against its
-reference stays in tests/python/test_<unit>.py; its random cases in test_properties.py.
+reference stays in tests/python/ops/test_<unit>.py; its random cases in test_properties.py.
 
 Sizes: "tiny" (a Hessian over x stays small), "small" (odd widths: the vector tails, a kept norm
 column, one masked label), "large" (past the CPU kernels' parallel threshold of 32768 elements).

@@ -7,7 +7,8 @@ import os
 
 import torch
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+from common import ROOT  # noqa: E402
+
 with open(os.path.join(ROOT, "csrc", "ops.json")) as _f:
     _REGISTRY = json.load(_f)
 

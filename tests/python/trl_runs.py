@@ -2,7 +2,7 @@
 documentation, /usr/share/doc/python3/html/_sources, from Debian's python3-doc) and the pretrained
 MiniLM's tokenizer (WordPiece, 30,522 tokens), with or without LoRA and tempo: the logged metrics
 per step, the bytes the backbone's training forward leaves held and the step's peak (tempo's
-counting allocator). Shared by tests/python/test_trl.py and benchmarks/trl_memory.py."""
+counting allocator). Shared by tests/python/hf/test_trl.py and benchmarks/trl_memory.py."""
 
 import gc
 import glob

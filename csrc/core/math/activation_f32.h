@@ -237,7 +237,7 @@ TEMPO_HD float act_forward_f32<Activation::kGeluErf>(float x) {
 // cancellation-free forms (x sigma(s) as x / (1 + e^-s) or x e^s / (1 + e^s); erf GELU as
 // x erfc(-x / sqrt 2) / 2). Error bound, in ulps of the 16-bit result: kF16PathForwardUlps,
 // measured over every bf16 and fp16 input on the host (tests/cpp/core/test_activation.cpp)
-// and on the GPU (tests/python/test_activation.py, CUDA).
+// and on the GPU (tests/python/ops/test_activation.py, CUDA).
 inline constexpr float kF16PathForwardUlps = 0.5f + 1.0f / 128.0f;
 
 // a / d for d in [1, 2]: on the device the fast division (within 2 ulp there, no slow path:

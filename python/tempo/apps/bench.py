@@ -1,13 +1,12 @@
 """python -m tempo.bench: memory, largest batch and throughput of a Hugging Face model per
-memory method, with the measurements and output fields of the C++ `tempo bench`.
-
-Models are built from configs (random weights, nothing downloaded) or loaded from a local
-folder (--model PATH). One model serves every method, switched between steps, so that the
-timed steps of all methods can be interleaved (drift on a shared machine hits each alike)
-and only one copy of the weights and the optimizer state is held:
+method, with the measurements and output fields of the C++ `tempo bench`. Models are built from
+configs (random weights, nothing downloaded) or loaded from a local folder (--model PATH). One
+model serves every method, switched between steps, so that the timed steps of all methods can
+be interleaved (drift on a shared machine hits each alike) and one copy of the weights and the
+optimizer state is held:
 
   eager       transformers' eager attention        sdpa        torch's fused attention
-  checkpoint  eager + gradient_checkpointing       compile     torch.compile of the eager model
+  eager+ckpt  eager + gradient_checkpointing       compile     torch.compile of the eager model
   tempo       tempo.optimize(attention="tempo")    tempo-sdpa  tempo.optimize(attention="fused")
   tempo-auto  tempo.optimize(attention="auto")     liger       Liger-Kernel's apply_liger_kernel_to_<family>
 
@@ -34,6 +33,7 @@ from .. import memory
 from .._measure import check_outputs, fits, format_bytes, heap_frozen, largest_batch, parse_bytes
 from ..hf import ATTENTION, AttentionNotComputed, optimize, restore
 from .runner import (
+    dropout_mask_bytes,
     SIZES,
     Unavailable,
     build_model,
@@ -45,7 +45,6 @@ from .runner import (
 )
 
 METHODS = ("eager", "sdpa", "eager+ckpt", "compile", "tempo", "tempo-sdpa", "tempo-auto", "liger")
-DEPRECATED = {"checkpoint": "eager+ckpt"}  # earlier spellings, taken with a warning
 FIELDS = (
     "model",
     "seq",
@@ -121,38 +120,6 @@ class Methods:
         if apply and not self.liger_applied:
             fn(model=self.model)
             self.liger_applied = True
-
-
-def dropout_mask_bytes(model, batch):
-    """Bytes of dropout masks the eager model keeps for backward, by saved-tensor hooks: float
-    tensors whose values are all 0 or 1/(1-p) for a dropout p of the model (PyTorch's CPU
-    dropout keeps such a 4-byte mask; its CUDA dropout a 1-byte one)."""
-    scales = {1.0 / (1.0 - m.p) for m in model.modules() if isinstance(m, torch.nn.Dropout) and 0 < m.p < 1}
-    attn_p = getattr(model.config, "attention_probs_dropout_prob", None) or getattr(model.config, "attn_pdrop", None)
-    if attn_p and 0 < attn_p < 1:
-        scales.add(1.0 / (1.0 - attn_p))
-    seen, alive, total = set(), [], 0
-
-    def pack(t):
-        nonlocal total
-        alive.append(t.detach())  # held until the count is done, so that no address is reused
-        if t.is_floating_point() and t.numel() > 0 and t.data_ptr() not in seen:
-            for s in scales:
-                if bool(((t == 0) | (t == s)).all()) and bool((t == s).any()):
-                    seen.add(t.data_ptr())
-                    total += t.numel() * t.element_size()
-                    break
-        # The graph keeps nothing (this forward has no backward). Returning t, or holding t
-        # rather than a detached alias, ties each saved output to its own graph in a cycle
-        # through C++ that the collector cannot free: 27 MB left behind per call on a 2-layer
-        # BERT at seq 512.
-
-    def unpack(_):
-        raise RuntimeError("tempo.bench: the mask-counting forward has no backward")
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
-        model(**batch).loss
-    return total
 
 
 def run(args):
@@ -431,13 +398,7 @@ def main(argv=None):
     args = parser().parse_args(argv)
     if args.policies is not None:
         print("tempo.bench: --policies is deprecated; it is spelled --methods", file=sys.stderr)
-        args.methods = args.policies
-    names = args.methods.split(",")
-    for old, now in DEPRECATED.items():
-        if old in names:
-            print("tempo.bench: the method %r is deprecated; it is spelled %r" % (old, now), file=sys.stderr)
-            names = [now if n == old else n for n in names]
-    args.methods = chosen(parser(), ",".join(names), METHODS, "method")
+    args.methods = chosen(parser(), args.policies or args.methods, METHODS, "method", {"checkpoint": "eager+ckpt"})
     if args.vocab is not None and (args.vocab < 2 or os.path.isdir(args.model)):
         parser().error("--vocab must be at least 2, and applies to a preset, not a folder")
     if args.seq < 2 or args.batch < 1 or args.steps < 1:

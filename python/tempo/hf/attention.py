@@ -33,7 +33,7 @@ def _kept_by_forward(model, tokens):
         if storage.data_ptr() not in own:
             seen[(storage.data_ptr(), t.device)] = storage.nbytes()
         # a detached alias: the storage stays alive with the graph (no address reused while counting), and no
-        # saved output holds its own grad_fn, a cycle through C++ the collector cannot free (tempo.bench's
+        # saved output holds its own grad_fn, a cycle through C++ the collector cannot free (tempo.apps.runner's
         # dropout_mask_bytes says the same)
         return t.detach()
 

@@ -45,7 +45,7 @@ try:  # the error a config that validates its fields (a strict dataclass: Gemma 
 except ImportError:
     _STRICT = ()
 
-# Causal-LM classes whose forward is head -> loss_function, checked by tests/python/test_lm_head.py; some
+# Causal-LM classes whose forward is head -> loss_function, checked by tests/python/hf/test_lm_head.py; some
 # transform the logits between the two (_LOGIT_TRANSFORMS), and the mixtures of experts add their router's
 # auxiliary loss to the loss function's after it (unchanged).
 FAMILIES = (

@@ -11,7 +11,7 @@ import transformers
 from .. import memory
 from . import engine, methods as methods_module, models
 
-# Small models of each family the plan is validated on (tests/python/test_plan.py and
+# Small models of each family the plan is validated on (tests/python/apps/test_plan.py and
 # benchmarks/plan_results.py, which writes docs/results/plan-cpu.md): configs, made on call.
 # The decoders share one shape: hidden 128, 2 layers, 4 heads, MLP 352, vocabulary 2,048.
 _DECODER = dict(

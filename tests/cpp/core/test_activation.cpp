@@ -455,7 +455,7 @@ TEST(ActivationCore, Fp32ArithmeticForwardWithinItsStatedUlps) {
 // The CUDA forward of bf16/fp16 data (act_forward_plain: plain fp32 arithmetic), over every
 // finite 16-bit input: within kF16PathForwardUlps of the exact value, in ulps of the 16-bit
 // result (subnormal results: of the smallest subnormal). Here with the host's expf / erfcf;
-// the CUDA cases of tests/python/test_activation.py run the same sweep with the device's.
+// the CUDA cases of tests/python/ops/test_activation.py run the same sweep with the device's.
 TEST(ActivationCore, SixteenBitForwardWithinItsStatedUlpsOnEveryInput) {
   using tempo::math::bf16_t;
   using tempo::math::fp16_t;

@@ -1,4 +1,4 @@
-// A helper of tests/python/test_pretrained.py (not installed): runs the C++ side of the
+// A helper of tests/python/cli/test_pretrained.py (not installed): runs the C++ side of the
 // comparisons with transformers.
 //   pretrained_tool hidden DIR POLICY IN.safetensors OUT.safetensors
 //       loads DIR, runs input_ids/attention_mask of IN in eval mode, writes "hidden" to OUT

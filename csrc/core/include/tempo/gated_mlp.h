@@ -35,7 +35,7 @@ struct GatedMlpBackwardParams {
   void* h = nullptr;  // optional out: act(gate) * up, rows x cols contiguous (the forward's value)
 };
 
-// Accuracy (tests/cpp/core/test_gated_mlp.cpp, tests/python/test_gated_mlp.py):
+// Accuracy (tests/cpp/core/test_gated_mlp.cpp, tests/python/ops/test_gated_mlp.py):
 //   CPU: act(g) and act'(g) evaluated in double (relative error under 1e-9; the C library's
 //   functions for fp64 data), each output a product rounded once to fp32 (then to a 16-bit
 //   type): within 0.5 ulp + 1e-9 relative of the exact h, dL/dup; dL/dgate within that of

@@ -7,10 +7,6 @@ import torch
 
 import tempo
 
-DEVICES = [
-    "cpu",
-    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")),
-]
 DTYPES = [(torch.float32, 1e-6, 1e-6), (torch.float64, 1e-13, 1e-13), (torch.bfloat16, 1e-2, 1e-2)]
 # (batch, seq, heads, head_dim): BERT-base-like, odd, one token, long head dim
 SHAPES = [(2, 16, 12, 64), (3, 13, 3, 12), (1, 1, 1, 1), (2, 5, 2, 129)]
@@ -25,8 +21,8 @@ def reference_split(z, bias, heads):
 @pytest.mark.parametrize("dtype,rtol,atol", DTYPES)
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("with_bias", [True, False])
-@pytest.mark.parametrize("device", DEVICES)
-def test_qkv_split_forward_and_backward_match_torch(dtype, rtol, atol, shape, with_bias, device):
+def test_qkv_split_forward_and_backward_match_torch(dtype, rtol, atol, shape, with_bias, on_device):
+    device = on_device  # the conftest fixture: each device this machine has
     B, S, A, D = shape
     g = torch.Generator().manual_seed(B * 1000 + S * 10 + A)
     z = torch.randn(B, S, 3 * A * D, generator=g, dtype=torch.float64).to(device, dtype).requires_grad_()

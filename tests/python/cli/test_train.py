@@ -14,9 +14,9 @@ import time
 
 import pytest
 from conftest import build_lacks
+from common import BIN, python_env
 
-ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
-BIN = os.environ.get("TEMPO_BIN", os.path.join(ROOT, "build", "tempo"))
+
 pytestmark = pytest.mark.skipif(not os.path.exists(BIN), reason="build/tempo is not built")
 CORPUS = "/usr/share/doc/python3/html/_sources"
 TINY = [
@@ -584,7 +584,7 @@ def test_pretokenize_bad_input_exits_2_with_a_clear_message(tmp_path, capsys):
     text.write_text("Hello world.\n\nA second paragraph.\n")
     blank.write_text("\n\n  \n")
     tok, out = gt.get_model_path(), tmp_path / "ids.safetensors"
-    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"), HF_HUB_OFFLINE="1")
+    env = python_env(HF_HUB_OFFLINE="1")
     cases = [
         (["--tokenizer", tmp_path / "none", "--data", text, "--out", out], "is not a folder"),
         (["--tokenizer", tmp_path, "--data", text, "--out", out], "holds no tokenizer files"),
@@ -720,7 +720,7 @@ def test_minilm_fine_tunes_with_the_same_losses_under_each_policy(tmp_path):
     if lacks:
         pytest.skip("this build cannot train: " + lacks)
     ids = tmp_path / "ids.safetensors"
-    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"), HF_HUB_OFFLINE="1")
+    env = python_env(HF_HUB_OFFLINE="1")
     r = subprocess.run(
         [
             sys.executable,

@@ -514,8 +514,8 @@ def test_every_gradient_matches(family):
                 == {"keep": ref.config._attn_implementation, "tempo": "tempo"}[attention]
             )
         kinds = sorted({type(m).__name__ for m in ours.modules() if type(m).__module__.startswith("tempo.")})
-        # the lm_head technique (tests/python/test_lm_head.py) re-classes the LM (keeping its class's name and
-        # module, tests/python/test_hf_lifecycle.py) and its head
+        # the lm_head technique (tests/python/hf/test_lm_head.py) re-classes the LM (keeping its class's name and
+        # module, tests/python/hf/test_hf_lifecycle.py) and its head
         head_rows = [r for r in tempo.report(ours).rows if r[2] == "lm_head"]
         if type(ref).__name__ in tempo.hf.lm_head.FAMILIES + tempo.hf.lm_head.MASKED_FAMILIES:
             assert head_rows and head_rows[0][3].startswith("patched"), head_rows

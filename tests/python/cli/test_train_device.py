@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from conftest import DEVICES, build_lacks
+from common import BIN, ROOT
 
-ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
-BIN = os.environ.get("TEMPO_BIN", os.path.join(ROOT, "build", "tempo"))
+
 LACKS = build_lacks(BIN, "hf checkpoints")
 pytestmark = [
     pytest.mark.skipif(not os.path.exists(BIN), reason="build/tempo is not built"),

@@ -11,11 +11,12 @@ import subprocess
 
 import pytest
 import torch
+from common import ROOT
 
 transformers = pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
-ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+
 TOOL = os.environ.get("TEMPO_PRETRAINED_TOOL", os.path.join(ROOT, "build", "pretrained_tool"))
 pytestmark = pytest.mark.skipif(not os.path.exists(TOOL), reason="build/pretrained_tool is not built")
 METHODS = ["eager", "eager+ckpt", "sdpa", "tempo", "tempo-sdpa", "tempo-fused"]

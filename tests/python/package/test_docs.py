@@ -11,8 +11,9 @@ import sys
 
 import pytest
 import torch
+from common import ROOT, python_env
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
 BUILD = os.environ.get("TEMPO_BUILD", os.path.join(ROOT, "build"))
 pytestmark = pytest.mark.cpu_only
 
@@ -28,7 +29,7 @@ def test_the_readme_python_block_runs(tmp_path):
     (code,) = blocks(os.path.join(ROOT, "README.md"), "python")
     script = tmp_path / "readme.py"
     script.write_text(code)
-    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"), HF_HUB_OFFLINE="1")
+    env = python_env(HF_HUB_OFFLINE="1")
     r = subprocess.run(
         [sys.executable, str(script)], capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path
     )

@@ -6,9 +6,9 @@ import os
 import subprocess
 
 import pytest
+from common import BIN
 
-ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
-BIN = os.environ.get("TEMPO_BIN", os.path.join(ROOT, "build", "tempo"))
+
 TINY = [
     "--model",
     "custom",

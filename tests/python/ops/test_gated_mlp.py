@@ -2,7 +2,7 @@
 elementwise part against float64 within its stated bound (tempo/gated_mlp.h), what the backward
 keeps (x, gate, up: exact byte counts), the blocked backward and its transient, the pretrained
 MiniLM's weights as a gated MLP, autocast, torch.compile, errors, transformers' MLP modules and
-LoRA (peft) on a patched model. The property harness (tests/python/test_properties.py) draws
+LoRA (peft) on a patched model. The property harness (tests/python/suites/test_properties.py) draws
 the op's shapes, dtypes, biases and layouts at random."""
 
 import copy
