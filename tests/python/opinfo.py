@@ -237,6 +237,15 @@ def run(name, dtype, device, size, seed=0, x=None, reuse=None, reseed=True):
     return outputs(OPS[name].call(i)), i
 
 
+def step(name, dtype, device, size, seed=0, reuse=None, reseed=True):
+    """run(), then where the op has a gradient the backward of the sum of its outputs' squares
+    (each input's gradient in its .grad): the outputs and the Inputs."""
+    outs, i = run(name, dtype, device, size, seed, reuse=reuse, reseed=reseed)
+    if outs[0].requires_grad:
+        sum(o.float().square().sum() for o in outs if o.requires_grad).backward()
+    return outs, i
+
+
 def cases(dtype, device, size="small"):
     """name -> a function running the op's sample and returning its main output: the form the
     sanitizer's script and the dtype and autocast checks take."""

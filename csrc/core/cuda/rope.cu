@@ -1,6 +1,6 @@
-// CUDA kernels of the rotary embedding: a grid-stride loop over (row, pair) items and (row,
-// passed-through column) items, or over packs of 8 pairs with 16-byte accesses where the
-// sizes, strides and alignment allow (index arithmetic in 32 bits below 2^31 elements).
+// CUDA kernel of the rotary embedding: a grid-stride loop over (row, pairs) items and (row,
+// passed-through columns) items, 8 an item with 16-byte accesses where the sizes, strides and
+// alignment allow, else 1 (index arithmetic in 32 bits below 2^31 elements).
 #include <algorithm>
 
 #include "tempo/rope.h"
@@ -22,42 +22,30 @@ __device__ __forceinline__ void rope_row(const RopeParams& p, I r, I& x_off, I& 
   t_off = ((p.table_batch == 1 ? I{0} : b) * S + s) * static_cast<I>(p.rotary_dim);
 }
 
-// Item e of row r: e < h rotates the pair (e, e + h); e >= h copies column rotary_dim + e - h.
-template <typename T, typename C, typename I>
+// V elements of base at off into v.v[0 .. V): one 16-byte access for V = 8 (aligned), else one.
+template <int V, typename T, typename I>
+__device__ __forceinline__ void load_v(const T* base, I off, cuda::Pack8<T>& v) {
+  if constexpr (V == 8)
+    cuda::load8v(base, off, v);
+  else
+    v.v[0] = base[off];
+}
+template <int V, typename T, typename I>
+__device__ __forceinline__ void store_v(T* base, I off, const cuda::Pack8<T>& v) {
+  if constexpr (V == 8)
+    cuda::store8v(base, off, v);
+  else
+    base[off] = v.v[0];
+}
+
+// Item e of row r, V pairs or columns an item (8 where the sizes, strides and alignment allow:
+// 16-byte accesses; else 1): e < h / V rotates pairs V e .. V e + V - 1 with their partners
+// h further, the rest copy V columns past rotary_dim.
+template <typename T, typename C, typename I, int V>
 __global__ void rope_kernel(RopeParams p, bool backward) {
   using A = math::acc_t<T>;
   const I D = static_cast<I>(p.head_dim), R = static_cast<I>(p.rotary_dim), h = R / 2;
-  const I per_row = h + (D - R), n = static_cast<I>(p.rows()) * per_row;
-  const T* x = static_cast<const T*>(p.x);
-  const C* cos = static_cast<const C*>(p.cos);
-  const C* sin = static_cast<const C*>(p.sin);
-  T* out = static_cast<T*>(p.out);
-  const I stride = static_cast<I>(gridDim.x) * blockDim.x;
-  for (I i = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    const I r = i / per_row, e = i % per_row;
-    I xo, oo, to;
-    rope_row(p, r, xo, oo, to);
-    T* o = out + oo;
-    if (e < h) {
-      A o0, o1;
-      math::rope_pair<A>(math::to_float(x[xo + e]), math::to_float(x[xo + e + h]), math::to_float(cos[to + e]),
-                         math::to_float(sin[to + e]), math::to_float(cos[to + e + h]), math::to_float(sin[to + e + h]),
-                         backward, o0, o1);
-      math::store(o + e, o0);
-      math::store(o + e + h, o1);
-    } else {
-      o[R + e - h] = x[xo + R + e - h];
-    }
-  }
-}
-
-// The same over packs of 8: pack e < h / 8 rotates pairs 8 e .. 8 e + 7 (one 16-byte load of
-// each half and of each table half), the rest copy 8 columns past rotary_dim.
-template <typename T, typename C, typename I>
-__global__ void rope_packs_kernel(RopeParams p, bool backward) {
-  using A = math::acc_t<T>;
-  const I D = static_cast<I>(p.head_dim), R = static_cast<I>(p.rotary_dim), h = R / 2;
-  const I rot = h / 8, per_row = rot + (D - R) / 8, n = static_cast<I>(p.rows()) * per_row;
+  const I rot = h / V, per_row = rot + (D - R) / V, n = static_cast<I>(p.rows()) * per_row;
   const T* x = static_cast<const T*>(p.x);
   const C* cos = static_cast<const C*>(p.cos);
   const C* sin = static_cast<const C*>(p.sin);
@@ -68,30 +56,30 @@ __global__ void rope_packs_kernel(RopeParams p, bool backward) {
     I xo, oo, to;
     rope_row(p, r, xo, oo, to);
     if (e < rot) {
-      const I j = e * 8;
+      const I j = e * V;
       cuda::Pack8<T> a, b, o0, o1;
       cuda::Pack8<C> c0, s0, c1, s1;
-      cuda::load8v(x, xo + j, a);
-      cuda::load8v(x, xo + j + h, b);
-      cuda::load8v(cos, to + j, c0);
-      cuda::load8v(sin, to + j, s0);
-      cuda::load8v(cos, to + j + h, c1);
-      cuda::load8v(sin, to + j + h, s1);
+      load_v<V>(x, xo + j, a);
+      load_v<V>(x, xo + j + h, b);
+      load_v<V>(cos, to + j, c0);
+      load_v<V>(sin, to + j, s0);
+      load_v<V>(cos, to + j + h, c1);
+      load_v<V>(sin, to + j + h, s1);
 #pragma unroll
-      for (int q = 0; q < 8; ++q) {
+      for (int q = 0; q < V; ++q) {
         A v0, v1;
         math::rope_pair<A>(math::to_float(a.v[q]), math::to_float(b.v[q]), math::to_float(c0.v[q]),
                            math::to_float(s0.v[q]), math::to_float(c1.v[q]), math::to_float(s1.v[q]), backward, v0, v1);
         math::store(&o0.v[q], v0);
         math::store(&o1.v[q], v1);
       }
-      cuda::store8v(out, oo + j, o0);
-      cuda::store8v(out, oo + j + h, o1);
+      store_v<V>(out, oo + j, o0);
+      store_v<V>(out, oo + j + h, o1);
     } else {
-      const I c = R + (e - rot) * 8;
+      const I c = R + (e - rot) * V;
       cuda::Pack8<T> v;
-      cuda::load8v(x, xo + c, v);
-      cuda::store8v(out, oo + c, v);
+      load_v<V>(x, xo + c, v);
+      store_v<V>(out, oo + c, v);
     }
   }
 }
@@ -113,17 +101,17 @@ void launch(const RopeParams& p, bool backward, cudaStream_t st) {
     if (packs) {
       const int64_t items = p.rows() * (h / 8 + (D - p.rotary_dim) / 8);
       if (narrow)
-        rope_packs_kernel<T, C, uint32_t><<<cuda::grid_for(items), cuda::kThreads, 0, st>>>(p, backward);
+        rope_kernel<T, C, uint32_t, 8><<<cuda::grid_for(items), cuda::kThreads, 0, st>>>(p, backward);
       else
-        rope_packs_kernel<T, C, int64_t><<<cuda::grid_for(items), cuda::kThreads, 0, st>>>(p, backward);
+        rope_kernel<T, C, int64_t, 8><<<cuda::grid_for(items), cuda::kThreads, 0, st>>>(p, backward);
       return;
     }
   }
   const int64_t items = p.rows() * (h + D - p.rotary_dim);
   if (narrow)
-    rope_kernel<T, C, uint32_t><<<cuda::grid_for(items), cuda::kThreads, 0, st>>>(p, backward);
+    rope_kernel<T, C, uint32_t, 1><<<cuda::grid_for(items), cuda::kThreads, 0, st>>>(p, backward);
   else
-    rope_kernel<T, C, int64_t><<<cuda::grid_for(items), cuda::kThreads, 0, st>>>(p, backward);
+    rope_kernel<T, C, int64_t, 1><<<cuda::grid_for(items), cuda::kThreads, 0, st>>>(p, backward);
 }
 
 Status run(const RopeParams& p, bool backward, void* stream, const char* what) {
