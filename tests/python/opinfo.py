@@ -11,7 +11,7 @@ Sizes: "tiny" (a Hessian over x stays small), "small" (odd widths: the vector ta
 column, one masked label), "large" (past the CPU kernels' parallel threshold of 32768 elements).
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -178,6 +178,10 @@ class Op:
     # differentiable as they are), "none" (no gradient at all)
     second: str = "refuses"
     random: bool = False  # draws a dropout mask: each call (and each CUDA graph replay) a new one
+    # test_validation_audit's checks of the op's schemas (torch.ops.tempo.<schema>, its backward's
+    # too): schema -> {tensor argument: the dimension a wrong shape narrows ("shape": the last)},
+    # on the arguments the tiny sample passes; an op absent here has its own row in the audit
+    audit: dict = field(default_factory=dict)
 
 
 OPS = {
@@ -208,7 +212,14 @@ OPS = {
     "qkv_split": Op(
         lambda i: tempo.qkv_split(i.x(i.s.B, i.s.S, 3 * i.s.H * i.s.D), i.leaf(3 * i.s.H * i.s.D, scale=0.1), i.s.H)
     ),
-    "rope": Op(_rope(False), "linear"),
+    "rope": Op(
+        _rope(False),
+        "linear",
+        audit={
+            "rope": {"x": 2, "cos": "shape", "sin": "shape"},
+            "rope_backward": {"grad": 2, "cos": "shape", "sin": "shape"},
+        },
+    ),
     "rope_own_dtype": Op(_rope(True), "linear"),
     "causal_linear_attention": Op(_linear_attention("iterative")),
     "causal_linear_attention_prefix": Op(_linear_attention("prefix"), "torch"),

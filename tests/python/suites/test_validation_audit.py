@@ -1,9 +1,11 @@
 """An audit of argument validation over every public tempo op (torch.ops.tempo.*): each tensor
 argument given the wrong dtype, a non-CPU device (meta, beside CPU tensors) or the wrong shape
 must raise an error whose message names the op and the argument ('name'), never run on, crash
-or return garbage. The table below holds one valid call per op; the audit derives the bad calls
-from it, and a test fails listing every (op, argument, perturbation) that was not refused with
-such a message. A new op must be added to the table (test_every_op_is_audited)."""
+or return garbage. The table below holds one valid call per op, and the op table
+(tests/python/opinfo.py) the checks of the ops it names (their calls captured from its tiny
+sample); the audit derives the bad calls, and a test fails listing every (op, argument,
+perturbation) that was not refused with such a message. A new op names its schemas in its
+op table entry (test_every_op_is_audited)."""
 
 import re
 
@@ -11,6 +13,9 @@ import pytest
 import torch
 
 import tempo  # noqa: F401  (loads the op library)
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import opinfo
 
 # The counting allocator's controls and tempo.plan's recorder (memory_plan_*: start, tag, stop),
 # which take no tensors: nothing to validate.
@@ -113,9 +118,6 @@ def _valid_calls():
         {**lce, "lse": "shape"},
     )
     calls["linear_cross_entropy_stats"] = ((hid, wt, bt, labels, -100, 1.0, 1.0, None, 4), lce)
-    rc, rs = r(5, 6), r(5, 6)
-    calls["rope"] = ((r(2, 3, 5, 8), rc, rs), {"x": 2, "cos": "shape", "sin": "shape"})
-    calls["rope_backward"] = ((r(2, 3, 5, 8), rc, rs), {"grad": 2, "cos": "shape", "sin": "shape"})
     calls["qkv_split"] = ((r(2, 3, 12), r(12), 2), {"z": "shape", "bias": "shape"})
     calls["qkv_split_backward"] = (
         (r(2, 2, 3, 2), r(2, 2, 3, 2), r(2, 2, 3, 2), True),
@@ -147,7 +149,37 @@ def _valid_calls():
     return calls
 
 
-CALLS = _valid_calls()
+class _Calls(TorchDispatchMode):
+    """The arguments of each tempo op the sample calls, forward and backward (the first call of
+    each schema), as the op receives them below autograd."""
+
+    def __init__(self):
+        super().__init__()
+        self.args = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func._schema.name
+        if name.startswith("tempo::"):
+            self.args.setdefault(name.split("::", 1)[1], tuple(a.detach() if torch.is_tensor(a) else a for a in args))
+        return func(*args, **(kwargs or {}))
+
+
+def _op_table_calls():
+    """The schemas the op table (tests/python/opinfo.py) names for the audit, on the arguments its
+    tiny sample passes them: a new op's audit lives beside its sample."""
+    calls = {}
+    for key, op in opinfo.OPS.items():
+        if not op.audit:
+            continue
+        with _Calls() as seen:
+            opinfo.step(key, torch.float32, "cpu", "tiny")
+        for schema, shape_args in op.audit.items():
+            assert schema in seen.args, (key, schema, sorted(seen.args))
+            calls[schema] = (seen.args[schema], shape_args)
+    return calls
+
+
+CALLS = {**_valid_calls(), **_op_table_calls()}
 
 
 def _schema(name):
@@ -161,7 +193,7 @@ def _public_ops():
 
 
 def test_every_op_is_audited():
-    assert set(_public_ops()) == set(CALLS), "add the new op to the audit's table"
+    assert set(_public_ops()) == set(CALLS), "name the new op's schemas in its opinfo entry's audit"
 
 
 def _bad_shape(t, dim):
