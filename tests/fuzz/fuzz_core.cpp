@@ -28,7 +28,7 @@
 #include "tempo/linear_cross_entropy.h"
 #include "tempo/linear_attention.h"
 #include "tempo/norm.h"
-#include "../../csrc/core/math/numeric.h"
+#include "math/numeric.h"
 
 namespace {
 
