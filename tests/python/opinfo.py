@@ -12,12 +12,13 @@ column, one masked label), "large" (past the CPU kernels' parallel threshold of 
 """
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
 
 import tempo
+from draws import DTYPES, Case, draw_layouts, values
 
 
 @dataclass(frozen=True)
@@ -170,6 +171,38 @@ def _gated_mlp(fused):
     return f
 
 
+def _rope_property(rng):
+    """test_properties' random case: sizes, a partial or odd rotary_dim, tables per row or shared."""
+    B, H, S = rng.choice([1, 2, 3]), rng.choice([1, 2, 4]), rng.choice([1, 5, 13, 64])
+    D = rng.choice([2, 8, 10, 64, 130])
+    r = rng.choice([D, D, D - D % 4, 2 * rng.randint(0, D // 2)])
+    tb = rng.choice([1, B])
+    dtype = rng.choice(DTYPES)
+    x = values(rng, [B, H, S, D], "wide")
+    cos, sin = values(rng, [tb, S, r]), values(rng, [tb, S, r])
+    valid = True
+    if rng.random() < 0.1:
+        cos, sin, valid = values(rng, [tb, S, r + 1]), values(rng, [tb, S, r + 1]), False  # odd or past head_dim
+
+    def ref(t):
+        xx, c, sn = t[0], t[1].unsqueeze(1), t[2].unsqueeze(1)
+        h = r // 2
+        xr = xx[..., :r]
+        return torch.cat([xr * c + torch.cat([-xr[..., h:], xr[..., :h]], -1) * sn, xx[..., r:]], -1)
+
+    lay = draw_layouts(rng, 1) + ["contiguous", "contiguous"]
+    return Case(
+        [x, cos, sin],
+        dtype,
+        lambda t: tempo.rope(t[0], t[1], t[2]),
+        ref,
+        valid,
+        [True, False, False],
+        lay,
+        describe=f"rope B{B} H{H} S{S} D{D} r{r} tables {tb} {dtype} {lay[0]}",
+    )
+
+
 @dataclass(frozen=True)
 class Op:
     call: Callable  # call(Inputs) -> a tensor, or a tuple whose first is the op's main output
@@ -182,6 +215,9 @@ class Op:
     # too): schema -> {tensor argument: the dimension a wrong shape narrows ("shape": the last)},
     # on the arguments the tiny sample passes; an op absent here has its own row in the audit
     audit: dict = field(default_factory=dict)
+    # test_properties' generator of random cases (rng -> draws.Case); an op absent here has one
+    # in the harness's own table
+    property: Optional[Callable] = None
 
 
 OPS = {
@@ -215,6 +251,7 @@ OPS = {
     "rope": Op(
         _rope(False),
         "linear",
+        property=_rope_property,
         audit={
             "rope": {"x": 2, "cos": "shape", "sin": "shape"},
             "rope_backward": {"grad": 2, "cos": "shape", "sin": "shape"},

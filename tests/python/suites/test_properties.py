@@ -33,70 +33,21 @@ import math
 import os
 import random
 import re
-from dataclasses import dataclass, field
-from typing import Callable, List, Optional
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 import tempo
+import opinfo  # tests/python/opinfo.py: the op table (the generators of the ops it names)
 import registry  # tests/python/registry.py: the op registry
+from draws import DTYPES, Case, draw_layouts, shape, size, values  # noqa: F401
 from reference import VARIANTS, exact, forward_ulps, half_ulp, recovery_bound
 
 CASES = int(os.environ.get("TEMPO_PROPERTY_CASES", "300"))
 BASE = int(os.environ.get("TEMPO_PROPERTY_SEED", "0"))
 FLOOR = {torch.float64: 1e-10, torch.float32: 1e-5, torch.bfloat16: 4 * 2.0**-8, torch.float16: 4 * 2.0**-11}
-SIZES = [1, 1, 2, 3, 4, 5, 7, 8, 13, 16, 31, 64, 65]
-LONG = [127, 257, 1031, 4099]
 SCALE_FLOOR = 1.0
-DTYPES = [torch.float32, torch.float32, torch.float64, torch.bfloat16, torch.float16]
-
-
-@dataclass
-class Case:
-    """One drawn call: inputs (float64 masters), how tempo and the reference run on them."""
-
-    inputs: List[Optional[torch.Tensor]]
-    dtype: torch.dtype
-    run: Callable  # run(tensors) -> output tensor (tempo)
-    reference: Callable  # reference(tensors) -> output tensor, run in float64
-    valid: bool = True
-    grad: List[bool] = field(default_factory=list)  # which inputs get a gradient
-    layouts: List[str] = field(default_factory=list)
-    activation: Optional[str] = None  # the activations: their gradient is held to the recovery bound
-    # The natural size of each input's gradient where the result cancels (the in-place norms:
-    # the terms their backward adds, scaled by rstd): grad_scale(inputs in float64, grad_out).
-    grad_scale: Optional[Callable] = None
-    describe: str = ""
-    # The same for the output: a sum of terms rounded in the dtype on the way (the gated MLP's
-    # product h before the down projection), output_scale(inputs in float64).
-    output_scale: Optional[Callable] = None
-    torch_ref: Optional[Callable] = None  # PyTorch's own op for its error in the case's dtype (default: reference)
-
-
-def size(rng, long_ok=False):
-    if long_ok and rng.random() < 0.1:
-        return rng.choice(LONG)
-    if rng.random() < 0.05:
-        return 0
-    return rng.choice(SIZES)
-
-
-def shape(rng, dims, max_numel=12000, last_long=True):
-    for _ in range(20):
-        s = [size(rng) for _ in range(dims - 1)] + [size(rng, last_long)]
-        if math.prod(s) <= max_numel:
-            return s
-    return [1] * dims
-
-
-def values(rng, s, kind="normal"):
-    g = torch.Generator().manual_seed(rng.randrange(2**31))
-    x = torch.randn(s, generator=g, dtype=torch.float64)
-    if kind == "wide" and rng.random() < 0.3:
-        x = x * 10.0 ** rng.uniform(-3, 2)
-    return x
 
 
 def layout(t, how):
@@ -280,10 +231,6 @@ def unpack_bits(bits, numel):
 
 def pick_p(rng):
     return rng.choice([0.0, 0.0, 1e-7, 0.1, 0.5, 1.0])
-
-
-def draw_layouts(rng, n):
-    return [rng.choice(["contiguous", "contiguous", "transposed", "strided", "expanded"]) for _ in range(n)]
 
 
 def gen_activation(rng, act):
@@ -749,37 +696,6 @@ def gen_qkv_split(rng):
     )
 
 
-def gen_rope(rng):
-    B, H, S = rng.choice([1, 2, 3]), rng.choice([1, 2, 4]), rng.choice([1, 5, 13, 64])
-    D = rng.choice([2, 8, 10, 64, 130])
-    r = rng.choice([D, D, D - D % 4, 2 * rng.randint(0, D // 2)])
-    tb = rng.choice([1, B])
-    dtype = rng.choice(DTYPES)
-    x = values(rng, [B, H, S, D], "wide")
-    cos, sin = values(rng, [tb, S, r]), values(rng, [tb, S, r])
-    valid = True
-    if rng.random() < 0.1:
-        cos, sin, valid = values(rng, [tb, S, r + 1]), values(rng, [tb, S, r + 1]), False  # odd or past head_dim
-
-    def ref(t):
-        xx, c, sn = t[0], t[1].unsqueeze(1), t[2].unsqueeze(1)
-        h = r // 2
-        xr = xx[..., :r]
-        return torch.cat([xr * c + torch.cat([-xr[..., h:], xr[..., :h]], -1) * sn, xx[..., r:]], -1)
-
-    lay = draw_layouts(rng, 1) + ["contiguous", "contiguous"]
-    return Case(
-        [x, cos, sin],
-        dtype,
-        lambda t: tempo.rope(t[0], t[1], t[2]),
-        ref,
-        valid,
-        [True, False, False],
-        lay,
-        describe=f"rope B{B} H{H} S{S} D{D} r{r} tables {tb} {dtype} {lay[0]}",
-    )
-
-
 def gen_gated_mlp(rng):
     lead = [rng.choice([1, 2, 3])] + ([rng.choice([1, 5, 13])] if rng.random() < 0.5 else [])
     H, I, O = rng.choice([1, 8, 17, 64]), rng.choice([1, 8, 33, 100]), rng.choice([1, 8, 17, 64])
@@ -872,9 +788,10 @@ OPS = {
     "linear_cross_entropy": gen_lce,
     "linear_cross_entropy_stats": gen_lce_stats,
     "qkv_split": gen_qkv_split,
-    "rope": gen_rope,
     "gated_mlp": gen_gated_mlp,
 }
+# and the generators the op table holds (an op's entry in tests/python/opinfo.py)
+OPS.update({key: op.property for key, op in opinfo.OPS.items() if op.property is not None})
 
 
 def test_every_op_of_the_registry_has_a_property():
