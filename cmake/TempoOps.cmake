@@ -3,6 +3,7 @@
 #   TEMPO_TORCH_OP_SOURCES  csrc/torch/ops/<u>.cpp and csrc/torch/autograd/<u>.cpp of the torch units,
 #                           and csrc/torch/ops/<helper>.cpp of their helpers
 #   TEMPO_NN_OP_SOURCES     csrc/nn/<u>.cpp of the nn units
+#   TEMPO_TORCH_UNITS       the units with torch files (each a public header tempo/ops/<u>.h)
 #   TEMPO_OP_NAMES          the public ops' names
 # A unit's file that is missing fails the configure, naming it.
 set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/csrc/ops.json)
@@ -10,6 +11,7 @@ file(READ ${CMAKE_CURRENT_SOURCE_DIR}/csrc/ops.json _tempo_registry)
 set(TEMPO_CORE_OPS)
 set(TEMPO_TORCH_OP_SOURCES)
 set(TEMPO_NN_OP_SOURCES)
+set(TEMPO_TORCH_UNITS)
 set(TEMPO_OP_NAMES)
 string(JSON _units_n LENGTH "${_tempo_registry}" units)
 math(EXPR _last "${_units_n} - 1")
@@ -23,8 +25,10 @@ foreach(i RANGE ${_last})
       list(APPEND TEMPO_CORE_OPS ${_unit})
       set(_files csrc/core/${_unit}.cpp csrc/core/cpu/${_unit}.cpp csrc/core/cuda/${_unit}.cu)
     elseif(_layer STREQUAL "torch")
-      set(_files csrc/torch/ops/${_unit}.cpp csrc/torch/autograd/${_unit}.cpp)
-      list(APPEND TEMPO_TORCH_OP_SOURCES ${_files})
+      set(_files csrc/torch/ops/${_unit}.cpp csrc/torch/autograd/${_unit}.cpp
+                 csrc/torch/include/tempo/ops/${_unit}.h)
+      list(APPEND TEMPO_TORCH_OP_SOURCES csrc/torch/ops/${_unit}.cpp csrc/torch/autograd/${_unit}.cpp)
+      list(APPEND TEMPO_TORCH_UNITS ${_unit})
     elseif(_layer STREQUAL "nn")
       set(_files csrc/nn/${_unit}.cpp)
       list(APPEND TEMPO_NN_OP_SOURCES ${_files})

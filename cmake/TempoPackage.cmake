@@ -12,6 +12,7 @@ if(TEMPO_BUILD_TORCH)
           LIBRARY DESTINATION lib ARCHIVE DESTINATION lib RUNTIME DESTINATION bin)
   install(DIRECTORY csrc/core/include/ csrc/torch/include/ csrc/nn/include/ csrc/models/include/ csrc/train/include/
           DESTINATION include)
+  install(FILES ${CMAKE_BINARY_DIR}/include/tempo/ops.h DESTINATION include/tempo)  # generated (TempoLayers.cmake)
   install(EXPORT TempoTargets NAMESPACE Tempo:: DESTINATION lib/cmake/Tempo)
   export(EXPORT TempoTargets NAMESPACE Tempo:: FILE ${CMAKE_BINARY_DIR}/TempoTargets.cmake)
   configure_file(cmake/TempoTorchCpu.cmake ${CMAKE_BINARY_DIR}/TempoTorchCpu.cmake COPYONLY)

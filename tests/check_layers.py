@@ -17,7 +17,10 @@ LAYERS = ["core", "torch", "nn", "models", "train", "tools"]
 # The public header folders each layer owns (under its include/), by the first path parts.
 PUBLIC = {
     "core": lambda h: h.startswith("tempo/") and os.path.exists(os.path.join(ROOT, "core", "include", h)),
-    "torch": lambda h: h.startswith("tempo/") and os.path.exists(os.path.join(ROOT, "torch", "include", h)),
+    # (and tempo/ops.h, which the build writes from the op registry: cmake/TempoLayers.cmake)
+    "torch": lambda h: (
+        h == "tempo/ops.h" or (h.startswith("tempo/") and os.path.exists(os.path.join(ROOT, "torch", "include", h)))
+    ),
     "nn": lambda h: h.startswith("tempo/") and os.path.exists(os.path.join(ROOT, "nn", "include", h)),
     "models": lambda h: h.startswith("tempo/") and os.path.exists(os.path.join(ROOT, "models", "include", h)),
     "train": lambda h: h.startswith("tempo/") and os.path.exists(os.path.join(ROOT, "train", "include", h)),
