@@ -60,10 +60,10 @@ bench: build
 	$(BUILD)/bench_optimizer --model bert-base --csv $(BUILD)/results/optimizer_speed.csv --json $(BUILD)/results/optimizer_speed.json
 
 # The edit-test loop: every C++ (ctest) and Python (pytest) test of the CPU build, without the
-# CUDA wheel, the sanitizers, the fuzzers and the GPU dry run (about 19 min on 2 cores after a
-# build, 2026-12-07, fresh clone: ctest 141 s, pytest 975 s), after the format check. make test on
-# that clone, 3,144 s: setup 76, build 670, ctest 141, pytest 975, cuda-build 350, sanitize 634,
-# fuzz 132, GPU dry run 149 (other work shared the 2 cores during the build and pytest).
+# CUDA wheel, the sanitizers, the fuzzers and the GPU dry run (about 17 min on 2 cores after a
+# build, 2026-12-07, fresh clone: ctest 70 s, pytest -n 2 906 s), after the format check. make
+# test on that clone, 2,744 s: setup 61, build 385, format + ctest 76, pytest 906, cuda-build 369,
+# sanitize 671, fuzz 130, GPU dry run 147 (other work shared the 2 cores most of the time).
 check: build format-check
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 	$(PYTHON) -m pytest -q -n $(JOBS) tests/python
