@@ -53,8 +53,11 @@ at::Tensor by_torch(const at::Tensor& x, const at::Tensor& cos, const at::Tensor
 template <bool Backward>
 at::Tensor rope_autograd(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   if (cos.requires_grad() || sin.requires_grad()) {
-    (void)(Backward ? rope_backward(x.detach(), cos.detach(), sin.detach())
-                    : rope(x.detach(), cos.detach(), sin.detach()));  // the op's own argument checks
+    // The op's own argument checks, without running its kernel: on meta copies where the three
+    // share a device (across devices the op itself refuses, naming the argument).
+    const bool one_device = cos.device() == x.device() && sin.device() == x.device();
+    const auto arg = [&](const at::Tensor& t) { return one_device ? t.detach().to(at::kMeta) : t.detach(); };
+    (void)(Backward ? rope_backward(arg(x), arg(cos), arg(sin)) : rope(arg(x), arg(cos), arg(sin)));
     return by_torch(x, cos, sin, Backward);
   }
   return RopeFunction<Backward>::apply(x, cos, sin);
