@@ -20,21 +20,20 @@ import transformers  # noqa: E402
 
 import tempo  # noqa: E402
 from common import ROOT, python_env
+from configs import tiny_bert
 
 pytestmark = pytest.mark.cpu_only
 H, L, A, I, V, S = 64, 4, 4, 256, 500, 32
 
 
 def small_bert(dropout=0.1):
-    cfg = transformers.BertConfig(
+    cfg = tiny_bert(
+        dropout,
         hidden_size=H,
         num_hidden_layers=L,
         num_attention_heads=A,
         intermediate_size=I,
         vocab_size=V,
-        max_position_embeddings=64,
-        hidden_dropout_prob=dropout,
-        attention_probs_dropout_prob=dropout,
         attn_implementation="eager",
     )
     torch.manual_seed(0)
@@ -615,10 +614,9 @@ def test_bench_module_output_that_cannot_be_written_is_one_line(tmp_path, capsys
 def test_bench_module_reports_a_policy_that_does_not_fit_as_max_batch_zero(tmp_path, capsys):
     # A long sequence on a tiny model: the attention activations, not the AdamW state, set the peak.
     folder = tmp_path / "bert"
-    cfg = transformers.BertConfig(
+    cfg = tiny_bert(
+        0.1,
         hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
         intermediate_size=64,
         vocab_size=100,
         max_position_embeddings=512,

@@ -12,6 +12,7 @@ import subprocess
 import pytest
 import torch
 from common import ROOT
+from configs import tiny
 
 transformers = pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")
@@ -130,21 +131,12 @@ def test_saved_by_cpp_loads_in_transformers_with_the_same_outputs(arch, auto, tm
 
 def _tiny_transformers(arch):
     torch.manual_seed(0)
-    small = dict(num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, vocab_size=100)
-    model = {
-        "bert": lambda: transformers.BertModel(transformers.BertConfig(hidden_size=64, **small)),
-        "roberta": lambda: transformers.RobertaModel(
-            transformers.RobertaConfig(hidden_size=64, max_position_embeddings=66, **small)
-        ),
-        "gpt2": lambda: transformers.GPT2Model(
-            transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=100, n_positions=64)
-        ),
-        "llama": lambda: transformers.LlamaModel(
-            transformers.LlamaConfig(
-                hidden_size=64, num_key_value_heads=4, max_position_embeddings=64, tie_word_embeddings=True, **small
-            )
-        ),
-    }[arch]().eval()
+    changes = {  # RoBERTa's positions start after its pad id, 1; LLaMA with as many KV heads as heads, tied
+        "roberta": dict(max_position_embeddings=66, pad_token_id=1),
+        "llama": dict(num_key_value_heads=4, tie_word_embeddings=True),
+    }.get(arch, {})
+    base = {"bert": transformers.BertModel, "roberta": transformers.RobertaModel, "gpt2": transformers.GPT2Model}
+    model = base.get(arch, transformers.LlamaModel)(tiny(arch, vocab_size=100, **changes)).eval()
     with torch.no_grad():  # norms away from their initial values
         for n, p in model.named_parameters():
             if "norm" in n.lower() or "ln_" in n:

@@ -384,17 +384,7 @@ def test_gradient_checkpointing_recomputes_the_same_dropout_masks(family, reentr
     state) on a patched model with dropout: the recomputed forward draws the same 1-bit masks,
     so loss and every gradient are bitwise those of the run without checkpointing."""
     if family == "bert":
-        model = transformers.BertForMaskedLM(
-            transformers.BertConfig(
-                num_hidden_layers=2,
-                hidden_size=64,
-                intermediate_size=128,
-                num_attention_heads=4,
-                vocab_size=128,
-                hidden_dropout_prob=0.1,
-                attention_probs_dropout_prob=0.1,
-            )
-        )
+        model = transformers.BertForMaskedLM(tiny_bert(0.1))
         tempo.optimize(model, attention="tempo", fused=True)
         attention = model.bert.encoder.layer[0].attention.self
     else:

@@ -20,34 +20,17 @@ import transformers as T  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
 import tempo  # noqa: E402
-from test_optimize_architectures import _DROPOUTS, _ZERO_GRADIENT, ARCHITECTURES, _batch  # noqa: E402
+from configs import ZERO_GRADIENT, hf_batch, hf_family  # noqa: E402
+from test_optimize_architectures import EXPECTED  # noqa: E402
 
-TINY = dict(
-    num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4, max_position_embeddings=64
-)
-FAMILIES = {name: (cls, cfg_cls, kwargs) for name, (cls, cfg_cls, kwargs, _) in ARCHITECTURES.items()}
-FAMILIES.update(
-    {
-        "bert": (T.BertForMaskedLM, T.BertConfig, TINY),
-        "gpt2": (T.GPT2LMHeadModel, T.GPT2Config, dict(n_layer=2, n_embd=64, n_head=4, n_positions=64)),
-        "llama": (T.LlamaForCausalLM, T.LlamaConfig, dict(TINY, num_key_value_heads=2)),
-    }
-)
-
-
-def _config(family):
-    cls, cfg_cls, kwargs = FAMILIES[family]
-    cfg = cfg_cls(**kwargs, **({} if family == "vit" else {"vocab_size": 128}))
-    for k in _DROPOUTS:
-        if isinstance(getattr(cfg, k, None), float):
-            setattr(cfg, k, 0.0)
-    return cls, cfg
+# test_optimize_architectures' families and the three of test_optimize
+FAMILIES = sorted([*EXPECTED, "bert", "gpt2", "llama"])
 
 
 def _trained_like(family):
     """An unpatched model with its norm weights moved far from their initial values (as trained
     ones are), so that a patch computing another form of norm would show."""
-    cls, cfg = _config(family)
+    cls, cfg = hf_family(family)
     torch.manual_seed(0)
     model = cls(cfg)
     with torch.no_grad():
@@ -70,7 +53,7 @@ def test_optimize_inside_a_meta_device_context(family):
     made their random inputs on the meta device and failed ("Cannot copy out of meta tensor");
     now optimize patches exactly what it patches on a model with storage, and the model stays
     without storage."""
-    cls, cfg = _config(family)
+    cls, cfg = hf_family(family)
     want = _rows(tempo.optimize(cls(cfg), fused=True))
     with torch.device("meta"):
         model = cls(cfg)
@@ -83,7 +66,7 @@ def test_optimize_under_default_device_and_dtype():
     """torch.set_default_device("meta") and torch.set_default_dtype(float64), set by the caller
     around the whole build: the same patches as without them, and (float64) the unpatched
     model's gradients."""
-    cls, cfg = _config("llama")
+    cls, cfg = hf_family("llama")
     want = _rows(tempo.optimize(cls(cfg)))
     torch.set_default_device("meta")
     try:
@@ -100,7 +83,7 @@ def test_optimize_under_default_device_and_dtype():
         ref = cls(cfg).train()
         ours = tempo.optimize(copy.deepcopy(ref))
         assert _rows(ours) == want
-        batch = _batch("llama")
+        batch = hf_batch("llama")
         for m in (ref, ours):
             m(**batch).loss.backward()
     finally:
@@ -154,7 +137,7 @@ def test_fused_masked_lm_with_labels_compiles_fullgraph(family):
     techniques = {r[2] for r in tempo.report(ours).rows if r[3].startswith("patched")}
     assert {"lm_head", "bias_gelu", "qkv_split"} <= techniques, techniques
     eager = copy.deepcopy(ours)
-    batch = _batch(family)
+    batch = hf_batch(family)
     ref = eager(**batch).loss
     ref.backward()
     got = torch.compile(ours, backend="aot_eager", fullgraph=True)(**batch).loss
@@ -203,7 +186,7 @@ def _step(model, batch):
 
 
 def _eval_batch(family):
-    batch = {k: v for k, v in _batch(family).items() if k != "labels"}
+    batch = {k: v for k, v in hf_batch(family).items() if k != "labels"}
     if family in ("t5", "bart"):
         batch["decoder_input_ids"] = batch["input_ids"]
     return batch
@@ -234,8 +217,8 @@ def test_every_family_from_meta_to_a_checkpoint_without_tempo(tmp_path, monkeypa
     then a fresh process without tempo loads the patched model's folder by the architecture its
     config names and gives the patched model's eval outputs within 1e-5."""
     folders, want = {}, {}
-    for family in sorted(FAMILIES):
-        cls = FAMILIES[family][0]
+    for family in FAMILIES:
+        cls = hf_family(family)[0]
         start = tmp_path / family / "start"
         _trained_like(family).save_pretrained(start)
         torch.manual_seed(1)  # a weight the load reports missing (GPT-NeoX's head under transformers 5.25) is
@@ -243,13 +226,13 @@ def test_every_family_from_meta_to_a_checkpoint_without_tempo(tmp_path, monkeypa
         torch.manual_seed(1)
         ours = _optimizing_from_pretrained(cls, start, monkeypatch)
         assert any(r[3].startswith("patched") for r in tempo.report(ours).rows), family
-        batch = _batch(family)
+        batch = hf_batch(family)
         loss_ref, grads_ref = _step(ref, batch)
         loss, grads = _step(ours, batch)
         torch.testing.assert_close(loss, loss_ref, rtol=1e-5, atol=0, msg=family)
         assert grads.keys() == grads_ref.keys(), family
         for n, g in grads_ref.items():
-            if not n.endswith(_ZERO_GRADIENT):
+            if not n.endswith(ZERO_GRADIENT):
                 err = ((grads[n].double() - g.double()).norm() / g.double().norm().clamp_min(1e-30)).item()
                 assert err < 1e-5, (family, n, err)
         ref.save_pretrained(tmp_path / family / "ref")
@@ -295,7 +278,7 @@ def test_fully_masked_rows_get_eager_values_not_sdpa_zeros():
     the dtype's minimum to every score), torch's sdpa with a boolean mask returns zeros. Tempo's
     attention gives eager's values (docs/python.md says so); every other row is sdpa's and
     eager's."""
-    cls, cfg = _config("llama")
+    cls, cfg = hf_family("llama")
     torch.manual_seed(0)
     base = cls(cfg).eval()
     ids = torch.randint(0, 128, (2, 10), generator=torch.Generator().manual_seed(3))
@@ -344,4 +327,4 @@ def test_pretrained_minilm_from_meta_saves_its_own_folder(tmp_path, monkeypatch)
         if p.grad is None:  # the pooler: not in the loss
             continue
         err = ((q.grad.double() - p.grad.double()).norm() / p.grad.double().norm().clamp_min(1e-30)).item()
-        assert err < 1e-4 or n.endswith(_ZERO_GRADIENT), (n, err)
+        assert err < 1e-4 or n.endswith(ZERO_GRADIENT), (n, err)

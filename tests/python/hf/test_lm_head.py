@@ -14,354 +14,10 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 import tempo  # noqa: E402
+from configs import hf_family, tiny_bert  # noqa: E402
 from tempo.hf import lm_head  # noqa: E402
 
 pytestmark = pytest.mark.cpu_only
-
-
-def _cfg(name, tied):
-    common = dict(vocab_size=320, tie_word_embeddings=tied, pad_token_id=0, bos_token_id=1, eos_token_id=2)
-    llama_like = dict(
-        num_hidden_layers=2,
-        hidden_size=64,
-        intermediate_size=128,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        **common,
-    )
-    if name in ("llama", "mistral", "qwen2", "qwen3", "gemma", "phi3"):
-        cls = {
-            "llama": "Llama",
-            "mistral": "Mistral",
-            "qwen2": "Qwen2",
-            "qwen3": "Qwen3",
-            "gemma": "Gemma",
-            "phi3": "Phi3",
-        }[name]
-        extra = {"head_dim": 16} if name in ("qwen3", "gemma") else {}
-        cfg = getattr(transformers, cls + "Config")(**llama_like, **extra)
-        return getattr(transformers, cls + "ForCausalLM"), cfg
-    if name in ("gemma2", "gemma3"):  # final-logit soft-capping (Gemma 3's set, as Gemma 2's default is)
-        cls = {"gemma2": "Gemma2", "gemma3": "Gemma3"}[name]
-        config = transformers.Gemma2Config if name == "gemma2" else transformers.Gemma3TextConfig
-        return getattr(transformers, cls + "ForCausalLM"), config(
-            **llama_like,
-            head_dim=16,
-            final_logit_softcapping=3.0,
-            attn_logit_softcapping=None,
-            **({"sliding_window": 8} if name == "gemma3" else {}),
-        )
-    if name in ("cohere", "granite"):  # a logit scale (Cohere's x 0.25; Granite's / 8)
-        cls = {"cohere": "Cohere", "granite": "Granite"}[name]
-        extra = {"logit_scale": 0.25} if name == "cohere" else {"logits_scaling": 8.0}
-        return getattr(transformers, cls + "ForCausalLM"), getattr(transformers, cls + "Config")(**llama_like, **extra)
-    if name in ("mixtral", "qwen2_moe"):  # a router's auxiliary loss added after the loss function's
-        if name == "mixtral":
-            cfg = transformers.MixtralConfig(
-                **llama_like,
-                num_local_experts=4,
-                num_experts_per_tok=2,
-                output_router_logits=True,
-                router_aux_loss_coef=0.1,
-            )
-            return transformers.MixtralForCausalLM, cfg
-        cfg = transformers.Qwen2MoeConfig(
-            **llama_like,
-            num_experts=4,
-            num_experts_per_tok=2,
-            moe_intermediate_size=32,
-            shared_expert_intermediate_size=32,
-            output_router_logits=True,
-            router_aux_loss_coef=0.1,
-        )
-        return transformers.Qwen2MoeForCausalLM, cfg
-    if name in ("qwen2_vl", "qwen2_5_vl"):  # multimodal: text-only batches through the language model's head
-        text = dict(llama_like, rope_scaling={"type": "mrope", "mrope_section": [2, 2, 4]})
-        vision = dict(depth=1, hidden_size=64, num_heads=2, in_chans=3, spatial_merge_size=2, patch_size=4)
-        if name == "qwen2_vl":
-            cfg = transformers.Qwen2VLConfig(text_config=text, vision_config=dict(vision, embed_dim=32), **common)
-            return transformers.Qwen2VLForConditionalGeneration, cfg
-        cfg = transformers.Qwen2_5_VLConfig(text_config=text, vision_config=dict(vision, out_hidden_size=64), **common)
-        return transformers.Qwen2_5_VLForConditionalGeneration, cfg
-    if name == "llava":
-        cfg = transformers.LlavaConfig(
-            text_config=transformers.LlamaConfig(**llama_like),
-            image_token_index=319,
-            vision_config=transformers.CLIPVisionConfig(
-                hidden_size=32,
-                intermediate_size=64,
-                num_hidden_layers=1,
-                num_attention_heads=2,
-                image_size=16,
-                patch_size=8,
-            ),
-            tie_word_embeddings=tied,
-        )
-        return transformers.LlavaForConditionalGeneration, cfg
-    if name in ("olmo", "glm4", "smollm3"):
-        cls = {"olmo": "Olmo", "glm4": "Glm4", "smollm3": "SmolLM3"}[name]
-        extra = {"head_dim": 16} if name == "glm4" else {}
-        return getattr(transformers, cls + "ForCausalLM"), getattr(transformers, cls + "Config")(**llama_like, **extra)
-    if name == "mllama_text":  # Mllama's language model alone (a cross-attention layer, no image: skipped)
-        return transformers.MllamaForCausalLM, transformers.MllamaTextConfig(**llama_like, cross_attention_layers=[1])
-    if name == "mllama":
-        return transformers.MllamaForConditionalGeneration, transformers.MllamaConfig(
-            text_config=dict(llama_like, cross_attention_layers=[1]),
-            tie_word_embeddings=tied,
-            vision_config=dict(
-                hidden_size=32,
-                intermediate_size=64,
-                num_hidden_layers=2,
-                num_global_layers=1,
-                attention_heads=2,
-                image_size=16,
-                patch_size=8,
-                vision_output_dim=64,
-                intermediate_layers_indices=[0],
-            ),
-        )
-    small_vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
-    if name == "gemma3_mm":  # Gemma 3's multimodal model (which does not soft-cap)
-        return transformers.Gemma3ForConditionalGeneration, transformers.Gemma3Config(
-            text_config=dict(llama_like, head_dim=16, sliding_window=8),
-            tie_word_embeddings=tied,
-            vision_config=dict(small_vision, image_size=16, patch_size=8),
-            mm_tokens_per_image=4,
-            image_token_index=319,
-            boi_token_index=317,
-            eoi_token_index=318,
-        )
-    if name == "paligemma":  # a Gemma 2 language model: soft-capping from the text config
-        return transformers.PaliGemmaForConditionalGeneration, transformers.PaliGemmaConfig(
-            text_config=dict(llama_like, model_type="gemma2", head_dim=16, final_logit_softcapping=3.0),
-            vision_config=dict(small_vision, image_size=16, patch_size=8, projection_dim=64),
-            image_token_index=319,
-            tie_word_embeddings=tied,
-        )
-    if name == "internvl":
-        return transformers.InternVLForConditionalGeneration, transformers.InternVLConfig(
-            text_config=dict(llama_like, model_type="qwen2"),
-            image_token_id=319,
-            tie_word_embeddings=tied,
-            vision_config=dict(small_vision, image_size=[16, 16], patch_size=[8, 8]),
-        )
-    if name == "llama4":
-        return transformers.Llama4ForCausalLM, transformers.Llama4TextConfig(
-            **llama_like,
-            head_dim=16,
-            num_local_experts=2,
-            num_experts_per_tok=1,
-            intermediate_size_mlp=128,
-            interleave_moe_layer_step=1,
-        )
-    if name == "gpt_oss":
-        return transformers.GptOssForCausalLM, transformers.GptOssConfig(
-            **llama_like,
-            head_dim=16,
-            num_local_experts=2,
-            num_experts_per_tok=1,
-            sliding_window=8,
-            layer_types=["sliding_attention", "full_attention"],
-        )
-    if name == "qwen3_next":  # gated delta-rule layers beside attention, experts
-        return transformers.Qwen3NextForCausalLM, transformers.Qwen3NextConfig(
-            **llama_like,
-            head_dim=16,
-            num_experts=2,
-            num_experts_per_tok=1,
-            moe_intermediate_size=32,
-            shared_expert_intermediate_size=32,
-            linear_num_value_heads=2,
-            linear_num_key_heads=2,
-            linear_key_head_dim=16,
-            linear_value_head_dim=16,
-            layer_types=["linear_attention", "full_attention"],
-        )
-    if name == "gemma3n":  # soft-capping in a config that validates its fields
-        return transformers.Gemma3nForCausalLM, transformers.Gemma3nTextConfig(
-            **llama_like,
-            head_dim=16,
-            vocab_size_per_layer_input=320,
-            hidden_size_per_layer_input=8,
-            sliding_window=8,
-            layer_types=["sliding_attention", "full_attention"],
-            final_logit_softcapping=3.0,
-            num_kv_shared_layers=0,
-            laurel_rank=4,
-            altup_num_inputs=2,
-            activation_sparsity_pattern=[0.0, 0.0],
-        )
-    if name in ("hunyuan_dense", "hunyuan_moe", "exaone4"):
-        if name == "hunyuan_dense":
-            return transformers.HunYuanDenseV1ForCausalLM, transformers.HunYuanDenseV1Config(**llama_like, head_dim=16)
-        if name == "hunyuan_moe":
-            return transformers.HunYuanMoEV1ForCausalLM, transformers.HunYuanMoEV1Config(
-                **llama_like, head_dim=16, num_experts=2, moe_topk=1
-            )
-        return transformers.Exaone4ForCausalLM, transformers.Exaone4Config(**llama_like, sliding_window=8)
-    if name == "glm4v_moe":
-        return transformers.Glm4vMoeForConditionalGeneration, transformers.Glm4vMoeConfig(
-            text_config=dict(
-                llama_like,
-                head_dim=16,
-                n_routed_experts=2,
-                num_experts_per_tok=1,
-                moe_intermediate_size=32,
-                first_k_dense_replace=1,
-                n_group=1,
-                topk_group=1,
-                rope_scaling={"rope_type": "default", "mrope_section": [1, 1, 2]},
-            ),
-            vision_config=dict(
-                depth=1,
-                hidden_size=32,
-                intermediate_size=64,
-                num_heads=2,
-                out_hidden_size=64,
-                patch_size=4,
-                spatial_merge_size=2,
-            ),
-            **common,
-        )
-    if name == "llama4_mm":  # the multimodal model: its language model's logits, its own loss
-        return transformers.Llama4ForConditionalGeneration, transformers.Llama4Config(
-            text_config=dict(
-                llama_like,
-                head_dim=16,
-                num_local_experts=2,
-                num_experts_per_tok=1,
-                intermediate_size_mlp=128,
-                interleave_moe_layer_step=1,
-            ),
-            vision_config=dict(
-                hidden_size=32,
-                intermediate_size=64,
-                num_hidden_layers=1,
-                num_attention_heads=2,
-                image_size=16,
-                patch_size=8,
-                vision_output_dim=64,
-                projector_input_dim=64,
-                projector_output_dim=64,
-            ),
-            image_token_index=319,
-            tie_word_embeddings=tied,
-        )
-    if name == "olmo3":
-        return transformers.Olmo3ForCausalLM, transformers.Olmo3Config(**llama_like, sliding_window=8)
-    if name == "glm4_moe":
-        return transformers.Glm4MoeForCausalLM, transformers.Glm4MoeConfig(
-            **llama_like,
-            head_dim=16,
-            n_routed_experts=2,
-            num_experts_per_tok=1,
-            moe_intermediate_size=32,
-            first_k_dense_replace=1,
-            n_group=1,
-            topk_group=1,
-        )
-    if name == "falcon_h1":  # Mamba-2 mixers beside attention; a head multiplier
-        return transformers.FalconH1ForCausalLM, transformers.FalconH1Config(
-            **llama_like,
-            head_dim=16,
-            mamba_d_ssm=64,
-            mamba_n_heads=4,
-            mamba_d_head=16,
-            mamba_d_state=8,
-            mamba_n_groups=1,
-            mamba_chunk_size=8,
-            lm_head_multiplier=0.5,
-        )
-    if name in ("qwen3_vl", "glm4v"):
-        rope = {"rope_type": "default", "mrope_section": [2, 3, 3]}
-        vision = dict(
-            depth=1,
-            hidden_size=32,
-            intermediate_size=64,
-            num_heads=2,
-            out_hidden_size=64,
-            patch_size=4,
-            spatial_merge_size=2,
-        )
-        if name == "qwen3_vl":
-            return transformers.Qwen3VLForConditionalGeneration, transformers.Qwen3VLConfig(
-                text_config=dict(llama_like, head_dim=16, rope_scaling=rope),
-                **common,
-                vision_config=dict(vision, deepstack_visual_indexes=[0]),
-            )
-        return transformers.Glm4vForConditionalGeneration, transformers.Glm4vConfig(
-            text_config=dict(llama_like, rope_scaling=rope), vision_config=vision, **common
-        )
-    if name == "smolvlm":
-        return transformers.SmolVLMForConditionalGeneration, transformers.SmolVLMConfig(
-            text_config=dict(llama_like, model_type="llama"),
-            vision_config=dict(small_vision, image_size=16, patch_size=8),
-            image_token_id=319,
-            **common,
-        )
-    if name == "gpt2":
-        return transformers.GPT2LMHeadModel, transformers.GPT2Config(
-            n_layer=2, n_embd=64, n_head=4, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **common
-        )
-    if name == "gpt_neox":
-        return transformers.GPTNeoXForCausalLM, transformers.GPTNeoXConfig(
-            num_hidden_layers=2,
-            hidden_size=64,
-            intermediate_size=128,
-            num_attention_heads=4,
-            max_position_embeddings=64,
-            **common,
-        )
-    if name == "opt":
-        return transformers.OPTForCausalLM, transformers.OPTConfig(
-            num_hidden_layers=2,
-            hidden_size=64,
-            ffn_dim=128,
-            num_attention_heads=4,
-            max_position_embeddings=64,
-            word_embed_proj_dim=64,
-            dropout=0.0,
-            attention_dropout=0.0,
-            **common,
-        )
-    if name == "falcon":
-        return transformers.FalconForCausalLM, transformers.FalconConfig(
-            num_hidden_layers=2,
-            hidden_size=64,
-            num_attention_heads=4,
-            hidden_dropout=0.0,
-            attention_dropout=0.0,
-            **common,
-        )
-    bert_like = dict(
-        num_hidden_layers=2,
-        hidden_size=64,
-        intermediate_size=128,
-        num_attention_heads=4,
-        max_position_embeddings=64,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-        **common,
-    )
-    if name in ("bert", "roberta", "xlm_roberta", "electra"):
-        cls = {"bert": "Bert", "roberta": "Roberta", "xlm_roberta": "XLMRoberta", "electra": "Electra"}[name]
-        extra = {"embedding_size": 48} if name == "electra" else {}
-        return getattr(transformers, cls + "ForMaskedLM"), getattr(transformers, cls + "Config")(**bert_like, **extra)
-    if name == "albert":
-        return transformers.AlbertForMaskedLM, transformers.AlbertConfig(embedding_size=32, **bert_like)
-    if name == "distilbert":
-        return transformers.DistilBertForMaskedLM, transformers.DistilBertConfig(
-            n_layers=2,
-            dim=64,
-            hidden_dim=128,
-            n_heads=4,
-            max_position_embeddings=64,
-            dropout=0.0,
-            attention_dropout=0.0,
-            **common,
-        )
-    raise KeyError(name)
 
 
 CAUSAL = [
@@ -413,7 +69,7 @@ FAMILIES = CAUSAL + MASKED
 
 
 def _pair(name, tied):
-    cls, cfg = _cfg(name, tied)
+    cls, cfg = hf_family(name, tied)
     torch.manual_seed(0)
     ref = cls(cfg).train()
     ours = tempo.optimize(copy.deepcopy(ref), techniques="lm_head")
@@ -577,13 +233,7 @@ def test_the_logits_are_never_held_on_gpt2_and_bert_mlm(name):
         ref = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_embd=256, n_head=4, n_positions=512))
     else:
         ref = transformers.BertForMaskedLM(
-            transformers.BertConfig(
-                num_hidden_layers=2,
-                hidden_size=256,
-                intermediate_size=1024,
-                num_attention_heads=4,
-                max_position_embeddings=512,
-            )
+            tiny_bert(0.1, hidden_size=256, intermediate_size=1024, vocab_size=30522, max_position_embeddings=512)
         )
     ref.train()
     ours = tempo.optimize(copy.deepcopy(ref), attention="auto")
@@ -601,31 +251,15 @@ def test_the_logits_are_never_held_on_gpt2_and_bert_mlm(name):
 
 
 def _tiny(name, **kw):
+    """A train-mode tiny BERT (dropout 0.1, as BertConfig's default) or LLaMA, 128 positions."""
     torch.manual_seed(0)
     if name == "bert":
-        return transformers.BertForMaskedLM(
-            transformers.BertConfig(
-                num_hidden_layers=2,
-                hidden_size=64,
-                intermediate_size=128,
-                num_attention_heads=4,
-                vocab_size=320,
-                max_position_embeddings=128,
-                **kw,
-            )
-        ).train()
-    return transformers.LlamaForCausalLM(
-        transformers.LlamaConfig(
-            num_hidden_layers=2,
-            hidden_size=64,
-            intermediate_size=128,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            vocab_size=320,
-            max_position_embeddings=128,
-            **kw,
-        )
-    ).train()
+        return transformers.BertForMaskedLM(tiny_bert(0.1, vocab_size=320, max_position_embeddings=128, **kw)).train()
+    cls, cfg = hf_family("llama")
+    cfg.max_position_embeddings = 128
+    for k, v in kw.items():
+        setattr(cfg, k, v)
+    return cls(cfg).train()
 
 
 @pytest.mark.parametrize("name", ["llama", "bert"])

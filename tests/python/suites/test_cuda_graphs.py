@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import opinfo
+from configs import tiny_bert
 import tempo
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
@@ -121,15 +122,7 @@ def test_reduce_overhead_compile_of_a_patched_bert_drops_anew_each_step():
     the same batch gives a different loss each step (a new mask), every loss and gradient is
     finite, and in eval mode the compiled model gives eager's output."""
     transformers = pytest.importorskip("transformers")
-    cfg = transformers.BertConfig(
-        hidden_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=256,
-        vocab_size=500,
-        hidden_dropout_prob=0.1,
-        attention_probs_dropout_prob=0.1,
-    )
+    cfg = tiny_bert(0.1, hidden_size=128, intermediate_size=256, vocab_size=500)
     torch.manual_seed(0)
     model = tempo.optimize(transformers.BertForMaskedLM(cfg), attention="tempo", fused=True).cuda().train()
     eager = copy.deepcopy(model)

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import opinfo
+from configs import tiny_bert
 import tempo
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -41,14 +42,7 @@ def test_op_forward_and_backward_do_not_synchronise(op, dtype):
 
 def _bert():
     transformers = pytest.importorskip("transformers")
-    cfg = transformers.BertConfig(
-        hidden_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=256,
-        vocab_size=500,
-        max_position_embeddings=64,
-    )
+    cfg = tiny_bert(0.1, hidden_size=128, intermediate_size=256, vocab_size=500)
     torch.manual_seed(0)
     return transformers.BertForMaskedLM(cfg).cuda().train()
 
