@@ -1,6 +1,7 @@
 """Exact memory accounting (the C++ tempo::memory API): bytes held now and the peak, on CPU
 through a counting allocator, on CUDA from the caching allocator's statistics."""
 
+import gc
 import math
 import numbers
 
@@ -64,16 +65,21 @@ class cpu_limit:
 
 class Scope:
     """Bytes held and the peak over a ``with`` block, relative to its start:
-    ``with tempo.memory.Scope() as s: ...; s.held, s.peak``."""
+    ``with tempo.memory.Scope() as s: ...; s.held, s.peak``. Python's cyclic garbage collector
+    is paused inside the block: a collection there would free tensors of before the block and
+    count them against it (the held bytes of one forward then depended on what ran earlier)."""
 
     def __init__(self, device="cpu") -> None:
         self.device = torch.device(device)
         self.start = 0
         self.held = self.peak = 0
+        self._collecting = False
 
     def __enter__(self):
         if self.device.type == "cpu":
             track()
+        self._collecting = gc.isenabled()
+        gc.disable()
         reset_peak(self.device)
         self.start = stats(self.device)[0]
         return self
@@ -85,4 +91,6 @@ class Scope:
 
     def __exit__(self, *exc):
         self.update()
+        if self._collecting:
+            gc.enable()
         return False

@@ -19,6 +19,32 @@ def test_counts_known_allocations_exactly():
     assert s.held == 0 and s.peak == 4021
 
 
+def test_garbage_from_before_the_scope_is_not_counted_against_it():
+    """A tensor in unreachable cyclic garbage made before the block: a collection inside the
+    block (here due to the many lists it makes) would free it and count -4 MiB against the
+    block. The collector waits for the block's end (and resumes then, nested blocks included);
+    the held bytes are the block's own allocation."""
+    import gc
+
+    class Node:
+        pass
+
+    tempo.memory.track()  # the tensor counted when made, so that its free would be counted
+    node = Node()
+    node.me, node.t = node, torch.empty(1 << 20)
+    del node
+    with tempo.memory.Scope() as outer:
+        with tempo.memory.Scope() as s:
+            kept = torch.empty(1000)
+            churn = [[i] for i in range(100000)]
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    assert s.held == 4000 and outer.held == 4000, (s.held, outer.held)
+    del kept, churn
+    gc.collect()
+
+
 def test_reset_peak_and_stats():
     tempo.memory.track()
     x = torch.empty(2048)
