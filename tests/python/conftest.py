@@ -18,6 +18,17 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
 def pytest_configure(config):
+    # Under pytest-xdist (make check: a worker per core), each worker and every process it starts
+    # (the tempo CLI, python -c, torchrun) computes on its share of the cores: with torch's
+    # default, a thread per core in every worker, the workers' OpenMP threads wait on each other
+    # (the op and suite tests took 111 s on 2 cores, 61 s with a thread each). The suites that
+    # check threading set their own counts (test_determinism: 1 thread against several); make
+    # sanitize runs its suites in one process with every core.
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        threads = str(max(1, len(os.sched_getaffinity(0)) // workers))
+        os.environ.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
+        torch.set_num_threads(int(threads))
     config.addinivalue_line(
         "markers",
         "cpu_only: the test checks something only the CPU has (the CPU memory "
