@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# make sanitize: AddressSanitizer + UndefinedBehaviorSanitizer on tempo's own code (LibTorch is
-# not rebuilt): the core's suites, then the op library under the Python op suites that reach
-# every op (the argument audit, the fused kernels, determinism, dropout), with the sanitizer
-# runtime preloaded into Python. Any report fails. This build is also the one without
-# nlohmann-json (every other build here has it): the CLI links, and refuses what needs it by name.
+# make sanitize: AddressSanitizer + UndefinedBehaviorSanitizer on tempo's kernels and ops (the
+# core and the op library; LibTorch is not rebuilt): the core's suites, then the op library under
+# the Python op suites that reach every op (the argument audit, the fused kernels, determinism,
+# dropout), with the sanitizer runtime preloaded into Python. Any report fails. This build is
+# also the one without nlohmann-json (every other build here has it): the CLI (its layers
+# compiled without the sanitizers, CMakeLists.txt) links, and refuses what needs it by name.
 # Before it, the CUDA kernels as the CPU runs them (tests/simt) under UBSan alone, in a small
 # build of the core without LibTorch: ASan does not follow the emulator's own stack switching.
 # This build is also the portable one (TEMPO_NATIVE=OFF: no -march=native; the AVX2 / AVX-512
