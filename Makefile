@@ -62,10 +62,11 @@ bench: build
 	$(BUILD)/bench_optimizer --model bert-base --csv $(BUILD)/results/optimizer_speed.csv --json $(BUILD)/results/optimizer_speed.json
 
 # The edit-test loop: every C++ (ctest) and Python (pytest) test of the CPU build, without the
-# CUDA wheel, the sanitizers, the fuzzers and the GPU dry run (about 15 min on 2 cores after a
-# build, 2026-12-07, fresh clone: ctest 66 s, pytest -n 2 791 s), after the format check. make
-# test on that idle clone, 2,536 s: setup 57, build 380, format + ctest 72, pytest 791, cuda-build
-# 340, sanitize 627, fuzz 132, GPU dry run 137.
+# CUDA wheel, the sanitizers, the fuzzers and the GPU dry run (about 12 min on 2 cores after a
+# build, 2026-12-07, fresh clone: ctest 70 s, pytest -n 2 583 s), after the format check. make
+# test on that idle clone, 2,320 s: setup 97, build 346, format + ctest 76, pytest 583,
+# cuda-build 360, sanitize 546, fuzz 143 (99 s in the next run, the fuzzers two at a time), GPU
+# dry run 158.
 check: build format-check
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 	$(PYTHON) -m pytest -q -n $(JOBS) tests/python
