@@ -6,6 +6,7 @@ suites train."""
 
 import copy
 
+import torch
 import transformers
 
 
@@ -428,14 +429,14 @@ def tiny_bert(dropout=0.0, **changes):
     return tiny("bert", **dict(fields, **changes))
 
 
-def hf_family(name, tied=None):
-    """(model class, config) of FAMILIES[name], every dropout 0; `tied` (True / False) sets
-    tie_word_embeddings on the config and its text config, None leaves the family's default."""
-    changes = {}
+def hf_family(name, tied=None, **changes):
+    """(model class, config) of FAMILIES[name] with `changes` (as tiny's), every dropout 0;
+    `tied` (True / False) sets tie_word_embeddings on the config and its text config, None leaves
+    the family's default."""
     if tied is not None:
         changes["tie_word_embeddings"] = tied
         if "text_config" in FAMILIES[name][2]:
-            changes["text_config"] = dict(tie_word_embeddings=tied)
+            changes["text_config"] = dict(changes.get("text_config", {}), tie_word_embeddings=tied)
     cfg = tiny(name, **changes)
     for c in (cfg, getattr(cfg, "text_config", None)):
         for k in DROPOUTS:
@@ -452,8 +453,6 @@ ZERO_GRADIENT = ("key.bias", "k_lin.bias", "k_proj.bias", "key_proj.bias", "attn
 def hf_batch(name):
     """A training batch for FAMILIES[name]: two sequences of 12 tokens (ids 2..127, their own
     labels), or for ViT two 32x32 images and their classes."""
-    import torch
-
     g = torch.Generator().manual_seed(1)
     if name == "vit":
         return {"pixel_values": torch.randn(2, 3, 32, 32, generator=g), "labels": torch.tensor([0, 1])}

@@ -520,34 +520,10 @@ def test_bench_module_on_folders_of_other_families(tmp_path, capsys):
     causal): a Qwen3 is measured as a causal LM. A Gemma 2 under the tempo policy (its attention
     soft-caps, which tempo's does not compute) and a T5 (neither head) are clear errors, exit != 0
     and no traceback."""
-    c = dict(
-        num_hidden_layers=2,
-        hidden_size=64,
-        intermediate_size=128,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        vocab_size=128,
-        max_position_embeddings=64,
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-    models = {
-        "qwen3": transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**c)),
-        "gemma2": transformers.Gemma2ForCausalLM(transformers.Gemma2Config(**c)),
-        "t5": transformers.T5ForConditionalGeneration(
-            transformers.T5Config(
-                num_layers=1,
-                d_model=64,
-                d_ff=128,
-                num_heads=4,
-                d_kv=16,
-                vocab_size=128,
-                decoder_start_token_id=0,
-                pad_token_id=0,
-            )
-        ),
+    models = {  # Gemma 2's attention soft-capping at its config's default
+        "qwen3": transformers.Qwen3ForCausalLM(tiny("qwen3", vocab_size=128)),
+        "gemma2": transformers.Gemma2ForCausalLM(tiny("gemma2", vocab_size=128, attn_logit_softcapping=50.0)),
+        "t5": transformers.T5ForConditionalGeneration(tiny("t5", vocab_size=128, num_layers=1)),
     }
     out = {}
     for family, model in models.items():

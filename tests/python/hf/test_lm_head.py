@@ -255,10 +255,7 @@ def _tiny(name, **kw):
     torch.manual_seed(0)
     if name == "bert":
         return transformers.BertForMaskedLM(tiny_bert(0.1, vocab_size=320, max_position_embeddings=128, **kw)).train()
-    cls, cfg = hf_family("llama")
-    cfg.max_position_embeddings = 128
-    for k, v in kw.items():
-        setattr(cfg, k, v)
+    cls, cfg = hf_family("llama", max_position_embeddings=128, **kw)
     return cls(cfg).train()
 
 

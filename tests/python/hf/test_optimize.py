@@ -359,8 +359,7 @@ def test_rms_norms_of_other_forms_are_recognised_by_probing(family):
     """Gemma's RMSNorm scales by (1 + w), Qwen3's (like Llama's) by w: each is patched in its
     own form, found by running its forward at patch time, and every gradient matches, with
     norm weights far from their initial values (as trained ones are)."""
-    cls = {"gemma": transformers.GemmaForCausalLM, "qwen3": transformers.Qwen3ForCausalLM}[family]
-    cfg = tiny(family, vocab_size=128, max_position_embeddings=32)
+    cls, cfg = hf_family(family, vocab_size=128, max_position_embeddings=32)
     torch.manual_seed(0)
     ref = cls(cfg).train()
     with torch.no_grad():

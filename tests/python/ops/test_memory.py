@@ -1,5 +1,7 @@
 """tempo.memory: the counting CPU allocator counts known allocations exactly."""
 
+import gc
+
 import pytest
 import torch
 
@@ -24,7 +26,6 @@ def test_garbage_from_before_the_scope_is_not_counted_against_it():
     block (here due to the many lists it makes) would free it and count -4 MiB against the
     block. The collector waits for the block's end (and resumes then, nested blocks included);
     the held bytes are the block's own allocation."""
-    import gc
 
     class Node:
         pass
