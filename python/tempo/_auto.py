@@ -161,8 +161,7 @@ def _candidates(model, method, transformers_model):
 
 def _by_plan(model, make_batch, budget, method, device, held_by_model, loss_fn, max_batch):
     """(AutoReport, None) decided by tempo.plan, or (None, why the plan does not cover the model)."""
-    from . import plan as planner
-    from .plan.methods import attention_of, tempo_attention_of
+    from . import methods, plan as planner
     from .plan.models import model_class
 
     config = getattr(model, "config", None)
@@ -228,11 +227,8 @@ def _by_plan(model, make_batch, budget, method, device, held_by_model, loss_fn, 
             % (budget / 2**30, (held_by_model + grads) / 2**30)
         )
     name, mb, m = best
-    if m != own:  # as the plan applied it
-        attention = tempo_attention_of(config, device.type) if m == "tempo" else attention_of(config)[0]
-        optimize(
-            model, attention=attention, mlp_recompute=m.split("+recompute-", 1)[1] if "+recompute-" in m else "product"
-        )
+    if m != own:  # the plan's method, applied as tempo.optimize(model, method=m) applies it
+        methods.install(model, m)
     why = "decided by tempo.plan (no trial step): the largest batch under the budget, %d at %d tokens" % (mb, seq)
     return AutoReport(method, budget, rows, name, why, ["no throughput measured: the plan counts memory"]), None
 

@@ -5,14 +5,16 @@ model serves every method, switched between steps, so that the timed steps of al
 be interleaved (drift on a shared machine hits each alike) and one copy of the weights and the
 optimizer state is held:
 
-  eager       transformers' eager attention        sdpa        torch's fused attention
-  eager+ckpt  eager + gradient_checkpointing       compile     torch.compile of the eager model
-  tempo       tempo.optimize(attention="tempo")    tempo-sdpa  tempo.optimize(attention="fused")
-  tempo-auto  tempo.optimize(attention="auto")     liger       Liger-Kernel's apply_liger_kernel_to_<family>
+  eager         transformers' eager attention      sdpa          torch's fused attention
+  eager+ckpt    eager + gradient_checkpointing     sdpa+compile  torch.compile of the sdpa model
+  tempo         tempo.optimize(attention="auto")   tempo-sdpa    tempo.optimize(attention="sdpa")
+  sdpa+liger    Liger-Kernel's apply_liger_kernel_to_<family>
 
-Every tempo method applies all of tempo's techniques, the LM head's included (a training
-forward with labels never forms the logits). liger needs Liger-Kernel and CUDA (its kernels are
-Triton); elsewhere it is a row that says why it did not run.
+or any other spelling tempo.methods takes (tempo+ckpt, trl, ...). Every tempo method applies all
+of tempo's techniques, the LM head's included (a training forward with labels never forms the
+logits); tempo's attention is decided (measured) at its first step and kept. liger needs
+Liger-Kernel and CUDA (its kernels are Triton); elsewhere it is a row that says why it did not
+run.
 
 Memory is counted exactly: on CPU by tempo's counting allocator (tempo.memory), which with
 --budget also enforces the budget (an allocation past it raises torch.OutOfMemoryError, as
@@ -29,22 +31,24 @@ import sys
 
 import torch
 
-from .. import memory
+from .. import memory, methods
 from .._measure import check_outputs, fits, format_bytes, heap_frozen, largest_batch, parse_bytes
-from ..hf import ATTENTION, AttentionNotComputed, optimize, restore
+from ..hf import AttentionNotComputed
 from .runner import (
     dropout_mask_bytes,
     SIZES,
     Unavailable,
     build_model,
     chosen,
-    enable_checkpointing,
     liger_function,
     synthetic_batch,
     train_step,
 )
 
-METHODS = ("eager", "sdpa", "eager+ckpt", "compile", "tempo", "tempo-sdpa", "tempo-auto", "liger")
+METHODS = ("eager", "sdpa", "eager+ckpt", "sdpa+compile", "tempo", "tempo-sdpa", "sdpa+liger")
+# Earlier spellings: tempo-auto is what tempo means now (attention="auto"); compile and liger
+# were on eager and on sdpa (tempo.methods' bare compile and liger run on sdpa).
+DEPRECATED = {"checkpoint": "eager+ckpt", "tempo-auto": "tempo", "compile": "sdpa+compile", "liger": "sdpa+liger"}
 FIELDS = (
     "model",
     "seq",
@@ -66,60 +70,28 @@ FIELDS = (
 
 
 class Methods:
-    """Switches one model between the methods; `use(name)` is a context manager giving the
-    callable to run (the compiled module for `compile`)."""
+    """Switches one model between the methods (tempo.methods' spellings); `use(name)` is a
+    context manager giving the callable to run (the compiled module under compile, compiled
+    once and kept across steps)."""
 
     def __init__(self, model):
         self.model = model
-        self.compiled = None
-        self.liger_applied = False
-        self.auto_attention = None  # tempo-auto's attention, once decided
+        self.compiled = {}
+        self.attention = {}  # a tempo base's attention="auto", decided at its first step
 
     @contextlib.contextmanager
     def use(self, name):
-        m = self.model
-        if name not in METHODS:
-            raise ValueError("tempo.bench: unknown method %r; known: %s" % (name, ", ".join(METHODS)))
-        if name == "sdpa":
-            m.set_attn_implementation("sdpa")
-        elif name == "eager+ckpt":
-            if not enable_checkpointing(m):
-                raise ValueError("tempo.bench: %s does not support gradient checkpointing" % type(m).__name__)
-        elif name in ("tempo", "tempo-sdpa"):
-            optimize(m, attention="tempo" if name == "tempo" else "fused")
-        elif name == "tempo-auto":  # decided (measured) once, then applied as that choice at every step
-            optimize(m, attention=self.auto_attention or "auto")
-            if self.auto_attention is None:
-                chosen = m.config._attn_implementation
-                self.auto_attention = next((k for k, v in ATTENTION.items() if v == chosen), "keep")
-        elif name == "liger":
-            self.liger()
-        try:
-            if name == "compile":
-                if self.compiled is None:
-                    self.compiled = torch.compile(m)
-                yield self.compiled
-            else:
-                yield m
-        finally:
-            if name == "sdpa":
-                m.set_attn_implementation("eager")
-            elif name == "eager+ckpt":
-                (getattr(m, "activation_checkpointing_disable", None) or m.gradient_checkpointing_disable)()
-            elif name in ("tempo", "tempo-sdpa", "tempo-auto"):
-                restore(m)
+        with methods.applied(name, self.model, compiled=self.compiled, attention=self.attention.get(name)) as done:
+            if done.attention is not None:
+                self.attention.setdefault(name, done.attention)
+            yield done.run
 
-    def liger(self, apply=True):
-        """Liger-Kernel's patch of the model's family (applied to this instance; it cannot be
-        undone, so liger runs as a method of its own: --methods liger, or last). Raises
-        Unavailable, naming why, where it cannot run."""
+    def liger(self):
+        """Raises Unavailable, naming why, where Liger-Kernel cannot run."""
         try:
-            fn = liger_function(self.model)
+            liger_function(self.model)
         except Unavailable as e:
             raise Unavailable("liger: %s" % e) from None
-        if apply and not self.liger_applied:
-            fn(model=self.model)
-            self.liger_applied = True
 
 
 def run(args):
@@ -171,13 +143,14 @@ def run(args):
         for p in args.methods
     }
     skipped = {}
-    if "liger" in args.methods:
-        try:
-            switch.liger(apply=False)
-        except Unavailable as e:
-            skipped["liger"] = str(e)
-    methods = [p for p in args.methods if p not in skipped]
-    if not methods:
+    for p in args.methods:
+        if methods.parse(p).liger:
+            try:
+                switch.liger()
+            except Unavailable as e:
+                skipped[p] = str(e)
+    chosen_methods = [p for p in args.methods if p not in skipped]
+    if not chosen_methods:
         raise ValueError("tempo.bench: no method can run: %s" % "; ".join(skipped.values()))
     if sys.stderr.isatty():
         say = lambda s: print("\r\033[K" + s, end="", file=sys.stderr, flush=True)
@@ -224,11 +197,12 @@ def run(args):
                 results[p]["max_batch_tokens_per_s"] = tokens / (statistics.median(ms) / 1e3) if ms else 0.0
                 results[p]["max_batch_spread"] = ms[-1] / ms[0] - 1.0 if ms else None
 
-    # Liger's patch cannot be undone: it is measured after the others, on its own
-    measure([p for p in methods if p != "liger"])
-    if "liger" in methods:
-        measure(["liger"])
-    if args.budget is not None and not any(results[p]["max_batch"] for p in methods):
+    # Liger's patch cannot be undone: it is measured after the others, each on its own
+    measure([p for p in chosen_methods if not methods.parse(p).liger])
+    for p in chosen_methods:
+        if methods.parse(p).liger:
+            measure([p])
+    if args.budget is not None and not any(results[p]["max_batch"] for p in chosen_methods):
         raise SystemExit(
             "tempo.bench: the budget (%s) is too small for batch 1 under every method" % format_bytes(args.budget)
         )
@@ -371,6 +345,14 @@ def write_svg(path, rows):
         f.write("\n".join(out) + "\n")
 
 
+def _known(name):
+    try:
+        methods.parse(name)
+    except ValueError:
+        return False
+    return True
+
+
 def parser():
     p = argparse.ArgumentParser(prog="python -m tempo.bench", description=__doc__.split("\n\n")[0])
     p.add_argument(
@@ -381,7 +363,9 @@ def parser():
     p.add_argument("--seq", type=int, default=128)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument(
-        "--methods", default="eager,sdpa,eager+ckpt,tempo,tempo-sdpa", help="comma-separated: " + ", ".join(METHODS)
+        "--methods",
+        default="eager,sdpa,eager+ckpt,tempo,tempo-sdpa",
+        help="comma-separated tempo.methods spellings, e.g. " + ", ".join(METHODS),
     )
     p.add_argument("--policies", default=None, help=argparse.SUPPRESS)  # the earlier spelling of --methods
     p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
@@ -398,7 +382,7 @@ def main(argv=None):
     args = parser().parse_args(argv)
     if args.policies is not None:
         print("tempo.bench: --policies is deprecated; it is spelled --methods", file=sys.stderr)
-    args.methods = chosen(parser(), args.policies or args.methods, METHODS, "method", {"checkpoint": "eager+ckpt"})
+    args.methods = chosen(parser(), args.policies or args.methods, _known, "method", DEPRECATED)
     if args.vocab is not None and (args.vocab < 2 or os.path.isdir(args.model)):
         parser().error("--vocab must be at least 2, and applies to a preset, not a folder")
     if args.seq < 2 or args.batch < 1 or args.steps < 1:

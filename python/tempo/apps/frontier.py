@@ -77,9 +77,8 @@ from .frontier_methods import (  # noqa: F401  (the names tempo.frontier has alw
     METHODS,
     PRECISIONS,
     FIELDS,
-    compile_budget,
+    known,
     learned_positions,
-    torch_chunked_lce,
     method_applied,
     _optimizer,
     budgets_of,
@@ -358,7 +357,7 @@ def parser():
 
 def main(argv=None):
     args = parser().parse_args(argv)
-    args.methods = chosen(parser(), args.methods, METHODS, "method")
+    args.methods = chosen(parser(), args.methods, known, "method")
     if args.seq < 2 or args.steps < 1 or args.loss_steps < 0 or args.loss_batch < 1 or args.max_batch < 1:
         parser().error("--seq must be at least 2, --steps, --loss-batch and --max-batch at least 1, --loss-steps >= 0")
     if args.seq_step < 2 or args.max_seq < args.seq_step:

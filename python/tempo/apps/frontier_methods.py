@@ -1,39 +1,42 @@
-"""The methods tempo.frontier compares (apps/frontier.py's docstring lists them): their names,
-how each is applied to a fresh model for as long as it is measured, the optimizer every method
-steps, and the memory budgets."""
+"""The methods tempo.frontier compares (apps/frontier.py's docstring lists them; tempo.methods
+spells and applies them): the default rows, the optimizer every method steps, and the memory
+budgets."""
 
 import argparse
 import contextlib
-import inspect
-import sys
 
 import torch
-import torch.nn.functional as F
 
+from .. import methods
 from .._measure import parse_bytes
-from ..hf import optimize
-from ..hf.lm_head import set_head_loss
-from .frontier_report import is_tempo
-from .runner import (
-    Unavailable,
-    enable_checkpointing,
-    liger_function,
+
+
+PEERS = (
+    "eager",
+    "sdpa",
+    "sdpa+ckpt",
+    "sdpa+ckpt+offload",
+    "sdpa+ckpt-offload",
+    "sdpa+compile",
+    "sdpa+compile-mem0.5",
+    "sdpa+compile-mem0.2",
 )
-
-
-PEERS = ("eager", "sdpa", "sdpa+ckpt", "sdpa+ckpt+offload", "compile", "compile-mem0.5", "compile-mem0.2")
 TORCH_LCE = "+torch-lce"
 METHODS = (
     PEERS
     + tuple(p + TORCH_LCE for p in PEERS)
     + (
-        "liger",
+        "trl",
+        "trl-offload",
+        "hf-offload",
+        "sdpa+liger",
         "tempo-sdpa",
         "tempo",
         "tempo+compile",
         "tempo+compile-mem0.5",
         "tempo+compile-mem0.2",
         "tempo+ckpt",
+        "tempo+ckpt-offload",
         "tempo+liger",
         "tempo-auto",
         "tempo+recompute-up",
@@ -64,47 +67,15 @@ FIELDS = (
 )
 
 
-@contextlib.contextmanager
-def _modeling_namespace_restored(model):
-    """Liger patches the family's modeling module (its RMSNorm and MLP classes, its RoPE
-    function) and may patch classes' forwards: both are put back afterwards, so that the
-    methods measured later in this process see transformers' own."""
-    module = sys.modules[type(model).__module__]
-    names = dict(vars(module))
-    forwards = {
-        cls: cls.__dict__.get("forward")
-        for cls in names.values()
-        if isinstance(cls, type) and cls.__module__ == module.__name__
-    }
+def known(name):
+    """Whether the frontier measures `name`: a method tempo.methods parses, or tempo-auto."""
+    if name == "tempo-auto":
+        return True
     try:
-        yield
-    finally:
-        for k in set(vars(module)) - set(names):
-            delattr(module, k)
-        for k, v in names.items():
-            if vars(module).get(k) is not v:
-                setattr(module, k, v)
-        for cls, fwd in forwards.items():
-            if fwd is not None and cls.__dict__.get("forward") is not fwd:
-                cls.forward = fwd
-
-
-def _apply_liger(fn, model, with_tempo):
-    params = inspect.signature(fn).parameters
-    kwargs = {"model": model}
-    if with_tempo:  # only what tempo does not patch: RoPE and the gated MLP
-        kwargs.update(
-            {k: False for k in ("rms_norm", "layer_norm", "cross_entropy", "fused_linear_cross_entropy") if k in params}
-        )
-    fn(**kwargs)
-
-
-def compile_budget(method):
-    """(whether the method compiles, its activation_memory_budget or None for torch's default)."""
-    base = method[: -len(TORCH_LCE)] if method.endswith(TORCH_LCE) else method
-    if "compile" not in base:
-        return False, None
-    return True, float(base.rsplit("-mem", 1)[1]) if "-mem" in base else None
+        methods.parse(name)
+    except ValueError:
+        return False
+    return True
 
 
 def learned_positions(model):
@@ -117,59 +88,17 @@ def learned_positions(model):
     return None
 
 
-def torch_chunked_lce(hidden, weight, bias, labels, ignore_index=-100, reduction="mean"):
-    """PyTorch's chunked F.linear_cross_entropy in tempo's head-loss signature (hf.lm_head.set_head_loss)."""
-    return F.linear_cross_entropy(
-        hidden,
-        weight,
-        labels,
-        linear_bias=bias,
-        ignore_index=ignore_index,
-        reduction=reduction,
-        options=torch.nn.LinearCrossEntropyOptions(),
-    )
-
-
 @contextlib.contextmanager
 def method_applied(name, model, compile_backend):
     """`model` (fresh, train mode) under method `name` for as long as the block runs; yields
-    the callable that trains (the compiled module for the compile methods)."""
-    with contextlib.ExitStack() as stack:
-        model.set_attn_implementation("eager" if name.startswith("eager") else "sdpa")
-        if "liger" in name:
-            fn = liger_function(model)  # Unavailable before anything is patched
-            stack.enter_context(_modeling_namespace_restored(model))
-            _apply_liger(fn, model, with_tempo=is_tempo(name))
-        if "+offload" in name and next(model.parameters()).device.type != "cuda":
-            raise Unavailable("offloading to host memory is for CUDA (on the CPU it is the same memory)")
-        if name.endswith(TORCH_LCE):
-            if not hasattr(F, "linear_cross_entropy"):
-                raise Unavailable("this torch (%s) has no F.linear_cross_entropy (2.13 and later)" % torch.__version__)
-            optimize(model, techniques="lm_head")
-            set_head_loss(model, torch_chunked_lce)
-        if is_tempo(name) and name != "tempo-auto":  # tempo-auto decides under each budget
-            optimize(
-                model,
-                attention="auto" if name in ("tempo", "tempo+liger") else "sdpa",
-                mlp_recompute=name.split("+recompute-", 1)[1] if "+recompute-" in name else "product",
-            )
-        if "+ckpt" in name and not enable_checkpointing(model):
-            raise Unavailable("%s does not support gradient checkpointing" % type(model).__name__)
-        compiled, budget = compile_budget(name)
-        run = model
-        if compiled:
-            if budget is not None:
-                stack.enter_context(torch._functorch.config.patch(activation_memory_budget=budget))
-            stack.callback(torch._dynamo.reset)
-            run = torch.compile(model, backend=compile_backend)
-        if "+offload" in name:
-
-            def offloaded(**batch):
-                with torch.autograd.graph.save_on_cpu(pin_memory=True):
-                    return model(**batch)
-
-            run = offloaded
-        yield run
+    the callable that trains (the compiled module for the compile methods). tempo-auto: the model
+    as it is (tempo.auto decides under each budget)."""
+    if name == "tempo-auto":
+        model.set_attn_implementation("sdpa")
+        yield model
+        return
+    with methods.applied(name, model, compile_backend=compile_backend) as done:
+        yield done.run
 
 
 def _optimizer(model):

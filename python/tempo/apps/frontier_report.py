@@ -3,18 +3,26 @@
 import math
 import statistics
 
+from .. import methods
 from .._measure import format_bytes
 
 
+def _parsed(method):
+    return None if method == "tempo-auto" else methods.parse(method)
+
+
 def is_tempo(method):
-    return method.startswith("tempo")
+    """tempo's rows: a tempo base, or Auto-Tempo (tempo-auto)."""
+    m = _parsed(method)
+    return m is None or m.tempo
 
 
 def recomputes_matmuls(method):
     """Whether the method recomputes matmuls in its backward: checkpointing, the compiler under
     an activation budget (at its default budget the partitioner recomputes none), and tempo's
     gated MLPs with mlp_recompute (one or two of the MLP's projections)."""
-    return "ckpt" in method or "-mem" in method or "+recompute-" in method
+    m = _parsed(method)
+    return m is not None and m.recomputes_matmuls
 
 
 def seq_summary(rows):
@@ -31,8 +39,9 @@ def seq_summary(rows):
 
         ours = best(lambda m: is_tempo(m) and not recomputes_matmuls(m))
         peer = best(lambda m: not is_tempo(m) and not recomputes_matmuls(m))
-        ours_mlp = best(lambda m: "+recompute-" in m)
-        ours_ckpt, peer_ckpt = best(lambda m: m == "tempo+ckpt"), best(lambda m: not is_tempo(m) and "ckpt" in m)
+        ours_mlp = best(lambda m: _parsed(m) is not None and _parsed(m).recompute != "product")
+        ours_ckpt = best(lambda m: is_tempo(m) and _parsed(m) is not None and _parsed(m).checkpoint is not None)
+        peer_ckpt = best(lambda m: not is_tempo(m) and _parsed(m).checkpoint is not None)
         parts = []
         for name, a, b in (
             ("without recomputing a matmul", ours, peer),

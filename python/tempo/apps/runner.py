@@ -12,7 +12,7 @@ import torch
 
 from .. import memory
 from .._measure import free, sync
-from .._method import Unavailable, enable_checkpointing  # noqa: F401  (the apps import them from here)
+from ..methods import Unavailable, enable_checkpointing, liger_function  # noqa: F401  (the apps import them from here)
 
 SIZES = {  # (hidden, layers, heads, intermediate, positions, vocab): the C++ presets' sizes
     "bert": {"base": (768, 12, 12, 3072, 512, 30522), "large": (1024, 24, 16, 4096, 512, 30522)},
@@ -121,29 +121,6 @@ def synthetic_batch(model, batch, seq, causal, seed, device):
     return {"input_ids": ids.to(device), "labels": labels.to(device)}
 
 
-def liger_function(model):
-    """Liger-Kernel's apply function for the model's family (MODEL_TYPE_TO_APPLY_LIGER_FN, or
-    apply_liger_kernel_to_<model type>), or Unavailable naming why there is none here."""
-    try:
-        import liger_kernel.transformers as liger
-    except ImportError as e:
-        raise Unavailable("Liger-Kernel is not installed (%s)" % e) from None
-    if next(model.parameters()).device.type != "cuda":
-        raise Unavailable("Liger-Kernel's kernels are Triton, which needs CUDA")
-    try:
-        from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN as table
-    except ImportError:
-        table = {}
-    fn = table.get(model.config.model_type) or getattr(
-        liger, "apply_liger_kernel_to_%s" % model.config.model_type, None
-    )
-    if fn is None:
-        raise Unavailable(
-            "Liger-Kernel has no patch for %s (model type %r)" % (type(model).__name__, model.config.model_type)
-        )
-    return fn
-
-
 def train_step(run, opt, batch, device, autocast=contextlib.nullcontext):
     """One full step (forward under `autocast()`, backward, the optimizer's step) with its
     memory and time: activation bytes held after the forward and the peaks beyond what was
@@ -181,9 +158,9 @@ def train_step(run, opt, batch, device, autocast=contextlib.nullcontext):
 
 
 def chosen(parser, text, known, what, deprecated=None):
-    """The comma-separated names in `text`, each one of `known`; else the parser's usage error
-    naming them (what: "method"). A name of `deprecated` (earlier spelling -> now) is taken as its
-    new spelling, with a warning on stderr."""
+    """The comma-separated names in `text`, each one of `known` (names, or a predicate that takes
+    a name); else the parser's usage error naming them (what: "method"). A name of `deprecated`
+    (earlier spelling -> now) is taken as its new spelling, with a warning on stderr."""
     names = [s for s in text.split(",") if s]
     for i, name in enumerate(names):
         if name in (deprecated or {}):
@@ -192,9 +169,11 @@ def chosen(parser, text, known, what, deprecated=None):
                 file=sys.stderr,
             )
             names[i] = deprecated[name]
-    bad = [s for s in names if s not in known]
+    accepts = known if callable(known) else (lambda s: s in known)
+    bad = [s for s in names if not accepts(s)]
     if bad or not names:
-        parser.error("unknown %s %s; known: %s" % (what, bad, ", ".join(known)))
+        listed = "tempo.methods' spellings, e.g. sdpa, trl, tempo+ckpt" if callable(known) else ", ".join(known)
+        parser.error("unknown %s %s; known: %s" % (what, bad, listed))
     return names
 
 

@@ -69,8 +69,15 @@ def optimize(
     modules=None,
     fused: bool = False,
     mlp_recompute: str = "product",
+    method=None,
 ) -> torch.nn.Module:
     """Patches `model` in place with tempo's layers and returns it.
+
+    method: a whole training method instead of the options below (tempo.methods: a spelling such
+    as "tempo+ckpt", a peer's recipe such as "trl", a tempo.methods.Method, or what tempo.plan
+    chose: tempo.plan(...).best): its attention, tempo's techniques where its base is tempo's,
+    checkpointing, host offloading and its head, applied together, so that what was planned is
+    what runs; tempo.restore undoes all of it.
 
     techniques: "all", or one or a list of "gelu", "silu", "layer_norm", "rms_norm", "dropout",
     "bias_dropout_add_layer_norm" (dense + dropout + residual + LayerNorm in one pass, BERT/RoBERTa's
@@ -99,6 +106,8 @@ def optimize(
     A TRL trainer (or any Trainer with a `model`) instead of a model: its model and reference
     model patched alike, and TRL's fused log-prob head computed by tempo's (tempo/hf/trl.py).
     """
+    if method is not None:
+        return _optimize_method(model, method, (techniques, attention, modules, fused, mlp_recompute))
     if _trl.is_trainer(model):
         return _trl.optimize_trainer(
             model,
@@ -307,6 +316,36 @@ def optimize(
     return model
 
 
+def _optimize_method(model, method, options):
+    """tempo.optimize(model_or_trainer, method=...)."""
+    from .. import methods
+
+    if options != ("all", "keep", None, False, "product"):
+        raise ValueError(
+            "tempo.optimize: method= sets the attention, the techniques and mlp_recompute itself; give either a "
+            "method or those options"
+        )
+    try:
+        m = methods.parse(method)
+    except ValueError as e:
+        raise ValueError(str(e).replace("tempo.methods:", "tempo.optimize:")) from None
+    target = model.model if _trl.is_trainer(model) else model
+    if not isinstance(target, torch.nn.Module) or not hasattr(target, "set_attn_implementation"):
+        raise TypeError(
+            "tempo.optimize: method= applies to a transformers model (or a trainer holding one), got %s"
+            % type(target).__name__
+        )
+    if "_tempo_method" in target.__dict__ or "_tempo_undo" in target.__dict__:
+        raise ValueError("tempo.optimize: %s is already patched; tempo.restore it first" % type(target).__name__)
+    try:
+        methods.install(target, m)
+    except methods.Unavailable as e:
+        raise ValueError("tempo.optimize: %s cannot run here: %s" % (m.name, e)) from None
+    if _trl.is_trainer(model) and m.tempo:  # the reference model and TRL's head, as tempo.optimize(trainer) does
+        _trl.optimize_trainer(model, optimize)
+    return model
+
+
 def report(model: torch.nn.Module) -> Report:
     """What tempo.optimize patched in `model` (a trainer: in its model), module by module, and
     what it left and why."""
@@ -323,6 +362,10 @@ def restore(model: torch.nn.Module) -> torch.nn.Module:
     Parameters were never replaced); a trainer's models and TRL's head alike."""
     if _trl.is_trainer(model):
         return _trl.restore_trainer(model, restore)
+    from .. import methods
+
+    if methods.uninstall(model):  # tempo.optimize(model, method=...): everything the method did
+        return model
     undo = model.__dict__.pop("_tempo_undo", None)
     if undo is None:
         raise ValueError("tempo.restore: %s has not been through tempo.optimize" % type(model).__name__)

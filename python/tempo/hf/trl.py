@@ -98,7 +98,7 @@ def restore_trainer(trainer, restore):
         weight = model.__dict__.pop("_tempo_trl_head", None)
         if weight is not None:
             _HEADS.pop(weight, None)
-        if "_tempo_undo" in model.__dict__:
+        if "_tempo_undo" in model.__dict__ or "_tempo_method" in model.__dict__:
             restore(model)
     return trainer
 

@@ -23,10 +23,34 @@ import json
 import sys
 import types
 
+from .. import methods as _methods
 from . import models
 from .job import _Job
-from .methods import DEFAULT_METHODS, METHODS, NOT_TRACED
 from .models import DEVICES, PRESETS, PlanError
+
+# What a plan makes by default: the peers' recipes people run beside tempo's methods, each
+# keeping different tensors (tempo.methods.parse spells any other combination).
+DEFAULT_METHODS = (
+    "sdpa",
+    "sdpa+trl-head",
+    "trl",
+    "trl-offload",
+    "hf-offload",
+    "tempo",
+    "tempo+recompute-gate_up",
+    "tempo+ckpt",
+    "tempo+ckpt-offload",
+)
+# Spellings the command line's help lists (any spelling tempo.methods.parse takes is planned).
+METHODS = DEFAULT_METHODS + (
+    "eager",
+    "sdpa+ckpt",
+    "sdpa+torch-lce",
+    "tempo-sdpa",
+    "tempo+recompute-up",
+    "tempo+offload",
+    "tempo+ckpt+offload",
+)
 from .search import _Search
 
 PRECISIONS = ("bf16", "bf16-autocast", "fp32")
@@ -164,7 +188,7 @@ def plan(
 ):
     """Plans a training step of `model_or_config` (a preset name: tempo.plan.PRESETS; a
     transformers config or its folder; a model) at `batch` x `seq` tokens per method (default
-    DEFAULT_METHODS; METHODS lists all) on `device` (a name in tempo.plan.DEVICES, a byte count
+    DEFAULT_METHODS; any spelling tempo.methods.parse takes) on `device` (a name in tempo.plan.DEVICES, a byte count
     for a GPU of that size, or "cpu"). precision: "bf16" (bf16 weights, float32 optimizer
     state), "bf16-autocast" (float32 weights, bf16 autocast) or "fp32". optimizer: "adamw",
     "adamw8bit" (2 bytes a parameter) or "sgd". lora: None, a rank (16-bit frozen base), or
@@ -191,10 +215,14 @@ def plan(
         raise PlanError(
             "tempo.plan: seq %d is beyond %s's %d positions (max_position_embeddings)" % (seq, name, positions)
         )
-    chosen = list(DEFAULT_METHODS if methods is None else ([methods] if isinstance(methods, str) else methods))
-    unknown = [m for m in chosen if m not in METHODS and not any(k in m for k in NOT_TRACED)]
-    if unknown:
-        raise PlanError("tempo.plan: unknown method(s) %s; known: %s" % (unknown, ", ".join(METHODS)))
+    given = methods if methods is not None else DEFAULT_METHODS
+    chosen = list([given] if isinstance(given, (str, _methods.Method)) else given)
+    for i, m in enumerate(chosen):
+        try:
+            _methods.parse(m)
+            chosen[i] = m.name if isinstance(m, _methods.Method) else m
+        except ValueError as e:
+            raise PlanError(str(e).replace("tempo.methods:", "tempo.plan:")) from None
     if budget is None and capacity is not None:
         budget = capacity - CUDA_CONTEXT
     setup = dict(

@@ -9,6 +9,7 @@ autocast) and tempo's ops run as on the CPU; for a GPU, what differs there is pu
 attention kernel on CUDA (flash or memory-efficient, with the tensors those keep), and tempo's
 kernels decide as on CUDA (the planned device)."""
 
+import collections
 import contextlib
 import math
 
@@ -89,6 +90,98 @@ def cuda_attention():
         yield
     finally:
         F.scaled_dot_product_attention = before
+
+
+class HostOffload(torch.autograd.graph.saved_tensors_hooks):
+    """What holding saved tensors in host memory does to the device's memory (the parts offload
+    and ckpt-offload): each saved tensor of 1 KiB or more that is not a parameter leaves the
+    device when it is saved (its storage freed when nothing else holds it; `host` counts the
+    bytes) and comes back, as a new tensor, when the backward unpacks it. stash: how many of the
+    latest offloaded tensors stay on the device until later ones are offloaded or the backward
+    takes them back: TRL's OffloadActivations keeps 5 while its side stream copies, and a tensor
+    whose storage is among them is not offloaded again but kept on the device; torch's
+    save_on_cpu (transformers' checkpoints in host memory) copies each saved tensor at once: 0."""
+
+    def __init__(self, params, stash=0):
+        self.host = 0
+        ids = {id(p) for p in params}
+        kept = collections.OrderedDict()  # number -> (tensor, its storage)
+        count = [0]
+
+        def pack(t):
+            n = t.numel() * t.element_size()
+            if id(t) in ids or n < 1024:
+                return (True, t)
+            storage = t.untyped_storage()._cdata
+            if stash and any(s == storage for _, s in kept.values()):
+                return (True, t)
+            self.host += n
+            count[0] += 1
+            if stash:
+                kept[count[0]] = (t, storage)
+                while len(kept) > stash:
+                    kept.popitem(last=False)
+            return (False, (count[0], t.shape, t.dtype))
+
+        def unpack(packed):
+            on_device, t = packed
+            if on_device:
+                return t
+            key, shape, dtype = t
+            if key in kept:
+                return kept.pop(key)[0]
+            return torch.empty(shape, dtype=dtype)
+
+        super().__init__(pack, unpack)
+
+
+class FakeDevice:
+    """tempo.methods.apply's stand-ins for the planned device, on the plan's fake tensors: torch's
+    attention kernel as CUDA dispatches it, host memory as a count (HostOffload), TRL's Triton
+    fold of its head's tiles as the kernel allocates (nothing)."""
+
+    def __init__(self, kind):
+        self.kind = kind
+
+    def attention(self, stack, implementation):
+        if self.kind == "cuda" and implementation == "sdpa":
+            stack.enter_context(cuda_attention())
+
+    def host_hooks(self, params, stash=0):
+        return HostOffload(params, stash)
+
+    def trl_head(self, stack):
+        """On a GPU TRL's head folds its tiles by a Triton kernel in place: the plan keeps TRL's
+        GEMMs and buffers and takes the fold as allocating nothing (as the kernel does). The
+        labelled rows are gathered into a tensor of their own (compact mode: hidden_states[mask],
+        with every label valid here), which the plan makes as a copy of the rows (the gather's
+        size is the mask's values', which fake tensors lack)."""
+        if self.kind != "cuda":
+            return
+        import trl.kernels.chunked_logprob as trl_kernels
+        import trl.trainer.utils as trl_utils
+
+        head = trl_utils._ChunkedLogProbFunction
+
+        class Compact:
+            @staticmethod
+            def apply(hidden, *args):
+                return head.apply(hidden.clone() if hidden._is_view() else hidden, *args)
+
+        stack.enter_context(_patched(trl_utils, "_ChunkedLogProbFunction", Compact))
+        stack.enter_context(_patched(trl_kernels, "_use_triton", lambda device: False))
+        stack.enter_context(_patched(trl_kernels, "_forward_tile", lambda *a, **k: None))
+        stack.enter_context(_patched(trl_kernels, "_backward_tile", lambda *a, **k: None))
+
+
+@contextlib.contextmanager
+def _patched(owner, name, value):
+    before = getattr(owner, name)
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        setattr(owner, name, before)
 
 
 @contextlib.contextmanager

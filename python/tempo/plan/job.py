@@ -9,8 +9,9 @@ import types
 
 import torch
 
-from .._method import Unavailable
-from . import allocator, engine, methods as methods_module, models
+from .. import methods
+from ..methods import Unavailable
+from . import allocator, engine, models
 from .search import _Search
 
 
@@ -77,17 +78,19 @@ class _Job:
     # ---- one traced step ------------------------------------------------------------------
 
     def _verdicts(self, method):
-        """tempo.optimize's probes, run once on a small CPU model of the family (methods.py's
-        tempo methods then patch the fake model by their verdicts)."""
+        """tempo.optimize's probes, run once on a small CPU model of the family (the tempo bases
+        then patch the fake model by their verdicts): the method's tempo part alone (its host
+        memory and heads are the planned device's, not the probe's)."""
         from ..hf import probes
 
         if self.verdicts is None:
             self.verdicts = {}
-        if method.startswith("tempo") and "tempo" not in self.verdicts:
+        m = methods.parse(method)
+        if m.tempo and "tempo" not in self.verdicts:
             with probes.remembered() as verdicts:
                 small = self.cls(models.small_config(self.config))
                 with contextlib.ExitStack() as stack:
-                    methods_module.apply(method, small, self.config, self.causal, "cpu", stack)
+                    methods.apply(m.without_host(), small, stack, planned=engine.FakeDevice("cpu"))
             self.verdicts["tempo"] = verdicts
         return self.verdicts.get("tempo", {})
 
@@ -141,7 +144,8 @@ class _Job:
                 engine.tag("build")
                 model = self.cls._from_config(config, dtype=weights)
                 model.train()
-                run, notes, offload = methods_module.apply(method, model, config, self.causal, s["kind"], stack)
+                applied = methods.apply(method, model, stack, planned=engine.FakeDevice(s["kind"]))
+                run, notes = applied.run, applied.notes
                 if s["lora"]:  # adapters put into the model's own modules: `run` runs them too
                     model = _with_lora(model, s["lora"], weights)
                 engine.tag("inputs")
@@ -149,7 +153,7 @@ class _Job:
                 data = {"input_ids": ids, "labels": torch.zeros(batch, seq, dtype=torch.long)}
                 optimizer = engine.PlannedOptimizer(model.parameters(), s["optimizer"])
                 engine.train(model, run, data, optimizer, autocast)
-                host = offload.host if offload is not None else 0
+                host = applied.host.host if applied.host is not None else 0
         return holder[0], notes, host
 
     # ---- from a trace to its figures --------------------------------------------------------

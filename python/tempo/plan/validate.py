@@ -8,8 +8,8 @@ import gc
 import torch
 import transformers
 
-from .. import memory
-from . import engine, methods as methods_module, models
+from .. import memory, methods
+from . import engine, models
 
 # Small models of each family the plan is validated on (tests/python/apps/test_plan.py and
 # benchmarks/plan_results.py, which writes docs/results/plan-cpu.md): configs, made on call.
@@ -97,7 +97,7 @@ def measure_cpu(
             engine.tag("build")
         traced = []
         model = cls._from_config(config, dtype=weights).train()
-        run, _, _ = methods_module.apply(method, model, config, causal, "cpu", stack)
+        run = methods.apply(method, model, stack, planned=engine.FakeDevice("cpu")).run
         if lora:
             import peft
 
@@ -124,7 +124,7 @@ def measure_cpu(
 def measure_cuda(model_or_config, method, batch, seq, precision="bf16", optimizer="sgd", seed=0):
     """(max_memory_allocated, max_memory_reserved) over the second of two training steps of
     `method` run for real on the current CUDA device, random weights, built and patched as the
-    plan builds it (without its emulations: methods.apply(planning=False)). optimizer: "sgd"
+    plan builds it (for real: tempo.methods.apply without the plan's stand-ins). optimizer: "sgd"
     (torch's SGD, no momentum: no state) or "adamw" (torch's fused AdamW; its state takes the
     weights' dtype, so plan a 16-bit model's AdamW with precision "fp32" or "bf16-autocast" to
     compare). Nothing may be allocated on the device when it starts."""
@@ -144,7 +144,7 @@ def measure_cuda(model_or_config, method, batch, seq, precision="bf16", optimize
     with contextlib.ExitStack() as stack:
         with torch.device("cuda"):
             model = cls._from_config(config, dtype=weights).train()
-        run, _, _ = methods_module.apply(method, model, config, causal, "cuda", stack, planning=False)
+        run = methods.apply(method, model, stack).run
         ids = torch.randint(4, config.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(seed))
         data = {"input_ids": ids.cuda(), "labels": ids.cuda()}
         opt = _optimizer(model.parameters(), optimizer)
