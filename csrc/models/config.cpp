@@ -150,6 +150,22 @@ const std::map<std::string, std::string>& deprecated_spellings() {
                                                        {"mlp_gate_up", "recompute-gate_up"}};
   return m;
 }
+// tempo.methods' parts and recipes (python/tempo/methods/table.py) that belong to a transformers model
+// and its trainer, and why the C++ models do not take them.
+const std::map<std::string, std::string>& python_only() {
+  static const std::string hf = "a transformers model's (python -m tempo.plan / tempo.optimize(model, method=...))";
+  static const std::map<std::string, std::string> m = {
+      {"ckpt-offload", hf + ": the C++ models keep their checkpoints on the device"},
+      {"offload", hf + ": the C++ models keep what they save on the device"},
+      {"trl-head", hf + ": TRL's head; the C++ models' fused head is the change 'head'"},
+      {"torch-lce", hf + ": PyTorch's chunked loss; the C++ models' fused head is the change 'head'"},
+      {"compile", hf + ": torch.compile is Python's"},
+      {"liger", hf + ": Liger-Kernel's Triton kernels are Python's"},
+      {"trl", "TRL's recipe for " + hf},
+      {"trl-offload", "TRL's recipe for " + hf},
+      {"hf-offload", "transformers' recipe for " + hf}};
+  return m;
+}
 }  // namespace
 
 Method Method::parse(const std::string& spec) {
@@ -166,15 +182,18 @@ Method Method::parse(const std::string& spec) {
     if (s.compare(0, n.size(), n) == 0 && n.size() > base.size()) base = n;
   std::ostringstream known;
   for (const auto& n : names()) known << " " << n;
+  const auto python = python_only().find(s.substr(0, s.find('+')));
+  TORCH_CHECK(python == python_only().end(), "tempo::models: the method '", spec, "' is ", python->second);
   TORCH_CHECK(!base.empty(), "tempo::models: unknown method '", spec, "'; known:", known.str(),
               " (optionally followed by +change / -change)");
   const bool tempo = base == "tempo" || base == "tempo-sdpa" || base == "tempo-fused";
   p.inplace_gelu = p.inplace_norm = p.bit_dropout = p.fused_head = tempo;
   p.fused_kernels = base == "tempo-fused";
-  p.attention = base == "tempo" || base == "tempo-fused" ? "tempo"
-                : base == "sdpa"                         ? "sdpa"
-                : base == "tempo-sdpa"                   ? "fused"
-                                                         : "eager";
+  p.attention = base == "tempo"         ? "auto"
+                : base == "tempo-fused" ? "tempo"
+                : base == "sdpa"        ? "sdpa"
+                : base == "tempo-sdpa"  ? "fused"
+                                        : "eager";
   size_t i = base.size();
   while (i < s.size()) {
     const char sign = s[i];
@@ -183,7 +202,11 @@ Method Method::parse(const std::string& spec) {
     size_t j = s.find_first_of("+-", i + 1);
     if (j == std::string::npos) j = s.size();
     std::string t = s.substr(i + 1, j - i - 1);
-    if (t == "recompute" && j < s.size() && s[j] == '-') {  // recompute-<what>: one change
+    // recompute-<what> and tempo.methods' hyphenated parts (ckpt-offload, trl-head, torch-lce,
+    // compile-mem<F>): one change
+    const bool hyphenated = t == "recompute" || t == "trl" || t == "torch" || t == "compile" ||
+                            (t == "ckpt" && s.compare(j, 8, "-offload") == 0);
+    if (hyphenated && j < s.size() && s[j] == '-') {
       size_t k = s.find_first_of("+-", j + 1);
       if (k == std::string::npos) k = s.size();
       t = s.substr(i + 1, k - i - 1);
@@ -195,6 +218,9 @@ Method Method::parse(const std::string& spec) {
                  old->second, "'");
       t = old->second;
     }
+    const auto part = python_only().find(t.compare(0, 11, "compile-mem") == 0 ? "compile" : t);
+    TORCH_CHECK(part == python_only().end(), "tempo::models: the part '", t, "' of method '", spec, "' is ",
+                part == python_only().end() ? "" : part->second);
     const bool on = sign == '+';
     if (t == "gelu")
       p.inplace_gelu = on;

@@ -13,7 +13,7 @@ FLOPs, and the longest sequence and largest batch that fit.
 How: the model is built from its config on fake tensors, two training steps run on them (the
 second is planned), and tempo's planner count records every storage allocated and freed
 (engine.py); for a GPU the record is replayed through a model of CUDA's caching allocator
-(allocator.py). Each method is applied as the frontier applies it (methods.py); tempo's own ops
+(allocator.py). Each method is applied by tempo.methods.apply, as everywhere else; tempo's own ops
 allocate on fake tensors exactly what they allocate on the device. docs/plan.md says what is
 and is not modelled, and how the plan held against measurement.
 """
@@ -27,6 +27,7 @@ from .. import methods as _methods
 from . import models
 from .job import _Job
 from .models import DEVICES, PRESETS, PlanError
+from .search import _Search
 
 # What a plan makes by default: the peers' recipes people run beside tempo's methods, each
 # keeping different tensors (tempo.methods.parse spells any other combination).
@@ -51,7 +52,6 @@ METHODS = DEFAULT_METHODS + (
     "tempo+offload",
     "tempo+ckpt+offload",
 )
-from .search import _Search
 
 PRECISIONS = ("bf16", "bf16-autocast", "fp32")
 OPTIMIZERS = ("adamw", "adamw8bit", "sgd")

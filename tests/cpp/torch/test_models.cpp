@@ -357,6 +357,33 @@ TEST(Models, BadConfigGivesClearErrors) {
   EXPECT_TRUE(q.inplace_gelu && !q.inplace_norm && !q.bit_dropout && q.attention == "eager");
 }
 
+TEST(Models, MethodsAreSpelledAsTempoMethodsSpellsThem) {
+  // tempo's attention is "auto" as in Python's tempo.methods (the one that keeps fewer bytes);
+  // the Tempo paper's attention is the change "attention".
+  EXPECT_EQ(Method::parse("tempo").attention, "auto");
+  EXPECT_EQ(Method::parse("tempo+attention").attention, "tempo");
+  EXPECT_EQ(Method::parse("tempo-sdpa").attention, "fused");
+  EXPECT_EQ(Method::parse("tempo-fused").attention, "tempo");
+  const Method r = Method::parse("tempo+recompute-gate_up+ckpt");
+  EXPECT_TRUE(r.checkpoint && r.mlp_recompute == "gate_up" && r.fused_head);
+  // The parts and recipes of a transformers model are refused by name, with why.
+  const std::pair<const char*, const char*> refused[] = {{"trl", "TRL's recipe"},
+                                                         {"hf-offload", "transformers' recipe"},
+                                                         {"tempo+ckpt-offload", "the part 'ckpt-offload'"},
+                                                         {"sdpa+ckpt+trl-head", "the part 'trl-head'"},
+                                                         {"sdpa+torch-lce", "PyTorch's chunked loss"},
+                                                         {"sdpa+compile-mem0.5", "torch.compile is Python's"},
+                                                         {"tempo+offload", "keep what they save on the device"}};
+  for (const auto& [spec, why] : refused) {
+    try {
+      Method::parse(spec);
+      ADD_FAILURE() << spec << " was taken";
+    } catch (const c10::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << spec << ": " << e.what();
+    }
+  }
+}
+
 TEST(Models, ParameterCountIsTheBuiltModels) {
   for (const std::string arch : {"bert", "roberta", "gpt2", "llama"}) {
     ModelConfig c = ModelConfig::for_arch(tempo::models::parse_arch(arch));

@@ -15,7 +15,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
 
 import tempo  # noqa: E402
-from tempo.apps import frontier, frontier_methods  # noqa: E402
+from tempo.apps import frontier  # noqa: E402
 
 pytestmark = pytest.mark.cpu_only
 TINY = ["--model", "llama", "--size", "tiny", "--vocab", "512", "--seq", "32", "--precision", "fp32"]

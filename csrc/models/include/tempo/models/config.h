@@ -47,27 +47,32 @@ struct ModelConfig {
   int64_t parameter_count() const;
 };
 
-// A method: what the model keeps for backward (docs/architecture.md's glossary), spelled
-// <base>[+change|-change ...]. Bases:
+// A method: what the model keeps for backward (docs/architecture.md's glossary), spelled as the
+// Python tempo.methods spells it, <base>[+part ...], with "-change" to turn a change off. Bases:
 //   eager       the paper's baseline: eager attention, byte dropout masks, torch GELU and norms
 //   sdpa        eager with torch's scaled_dot_product_attention
-//   tempo       in-place GELU/SiLU and norms, tempo attention (output-only softmax, dropout
-//               recomputation), bit masks (post-LN: fused bias-dropout-residual-LayerNorm),
-//               the LM head fused with the loss (tempo::linear_cross_entropy: no logits kept)
+//   tempo       in-place GELU/SiLU and norms, bit masks (post-LN: fused bias-dropout-residual-
+//               LayerNorm), the LM head fused with the loss (tempo::linear_cross_entropy: no
+//               logits kept); attention "auto": torch's sdpa where torch has a fused kernel for
+//               the inputs, else tempo's attention (output-only softmax, dropout recomputation),
+//               the one that keeps fewer bytes (tempo.methods' tempo: attention="auto")
 //   tempo-sdpa  tempo with fused attention (no S^2 tensor): torch's scaled_dot_product_attention
 //               where torch has a fused kernel for the inputs, else tempo::fused_attention (on
 //               CPU with attention dropout torch's sdpa would fall back to its math path)
-//   tempo-fused tempo with the Data Movement paper's fused layer kernels
-// Changes, "+c" on and "-c" off: gelu, norm, dropout (bit masks), attention (tempo attention),
+//   tempo-fused tempo with tempo's attention and the Data Movement paper's fused layer kernels
+// Changes, "+c" on and "-c" off: gelu, norm, dropout (bit masks), attention (tempo's attention),
 // sdpa, fused, ckpt (each layer recomputed from its input in backward, RNG replayed), head (the
 // fused LM head), kernels, recompute-attention (the q/k/v projection and attention core
 // recomputed from the layer's input), recompute-up / recompute-gate_up (the gated MLP's); e.g.
-// "eager+ckpt", "eager+gelu" (in-place GELU alone, for the paper's ablation) or "tempo-norm".
+// "eager+ckpt", "tempo+attention" (the Tempo paper's attention), "eager+gelu" (in-place GELU
+// alone, for the paper's ablation) or "tempo-norm". The parts and recipes of tempo.methods that
+// belong to a transformers model (ckpt-offload, offload, trl-head, torch-lce, compile, liger;
+// trl, trl-offload, hf-offload) are refused by name, with why.
 // Earlier spellings are taken with a deprecation warning: "checkpoint" (eager+ckpt),
 // "+checkpoint" (+ckpt), "+recompute" (+recompute-attention), "+mlp_up", "+mlp_gate_up".
 struct Method {
   std::string name = "eager";
-  std::string attention = "eager";  // eager | tempo | sdpa | fused (SelfAttention backends)
+  std::string attention = "eager";  // eager | tempo | sdpa | fused | auto (SelfAttention backends)
   bool inplace_gelu = false;        // GELU; SwiGLU by tempo::gated_mlp (gate and up kept)
   bool inplace_norm = false;        // LayerNorm, RMSNorm
   bool bit_dropout = false;         // hidden dropout keeps 1 bit per element
