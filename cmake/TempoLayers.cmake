@@ -13,6 +13,7 @@ if(TEMPO_BUILD_TORCH)
     csrc/torch/autocast.cpp
     csrc/torch/memory/host.cpp
     csrc/torch/memory/plan.cpp
+    csrc/torch/memory/replay.cpp
     csrc/torch/memory/tracker.cpp
     csrc/torch/memory/traffic.cpp)
   # tempo/ops.h, which the umbrella tempo/tempo.h includes: each torch unit's C++ API

@@ -27,6 +27,10 @@ int64_t tensor_bytes(const at::Tensor& t) {
   return n * static_cast<int64_t>(t.element_size());
 }
 
+// A storage's identity: its StorageImpl (a data pointer would do on a device, but the planner's
+// fake tensors hold none).
+const void* storage_of(const at::Tensor& t) { return t.has_storage() ? t.storage().unsafeGetStorageImpl() : nullptr; }
+
 void for_each_tensor(const c10::IValue& v, const std::function<void(const at::Tensor&)>& f) {
   if (v.isTensor())
     f(v.toTensor());
@@ -80,7 +84,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   for (const c10::IValue& v : fn.inputs())
     for_each_tensor(v, [&](const at::Tensor& t) {
       if (!t.defined() || !seen.insert(t.unsafeGetTensorImpl()).second) return;
-      f.storages.push_back(t.has_storage() ? t.storage().data() : nullptr);
+      f.storages.push_back(storage_of(t));
       f.bytes.push_back(tensor_bytes(t));
     });
   if (writes_only_self(fn.name()) && !f.bytes.empty()) f.bytes[0] = 0;
@@ -102,7 +106,7 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
     for_each_tensor(v, [&](const at::Tensor& t) {
       if (!t.defined()) return;
       any_output = true;
-      const void* s = t.has_storage() ? t.storage().data() : nullptr;
+      const void* s = storage_of(t);
       const bool alias = s && std::find(f.storages.begin(), f.storages.end(), s) != f.storages.end();
       all_alias = all_alias && alias;
       if (alias && !in_place) return;
@@ -134,8 +138,12 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
   } else {
     if (!any_output) return;             // a query (sizes, a choice of backend)
     if (all_alias && !in_place) return;  // a view: moves nothing
+    if (name == "aten::set_") return;    // a tensor given another's storage: moves nothing
     // Allocation without initialisation writes nothing.
-    if (name == "aten::empty" || name == "aten::empty_strided" || name == "aten::empty_like") return;
+    static const std::unordered_set<std::string> uninitialised{
+        "aten::empty",     "aten::empty_strided",     "aten::empty_like",
+        "aten::new_empty", "aten::new_empty_strided", "aten::empty_permuted"};
+    if (uninitialised.count(name)) return;
     if (read == 0 && written == 0) return;  // no element moved (an empty tensor, a no-op conversion)
     mark_parent();
   }
@@ -189,4 +197,42 @@ int64_t TrafficScope::total() const {
   return sum;
 }
 
+namespace {
+// A scope opened from Python (tempo.plan counts a planned step's traffic through it).
+std::unique_ptr<TrafficScope> g_python_scope;
+
+void traffic_start(c10::string_view phase) {
+  TORCH_CHECK(!g_python_scope, "tempo::memory_traffic_start: a traffic count is already open");
+  g_python_scope = std::make_unique<TrafficScope>(std::string(phase));
+}
+
+void traffic_phase(c10::string_view phase) {
+  TORCH_CHECK(g_python_scope, "tempo::memory_traffic_phase: no traffic count is open");
+  g_python_scope->set_phase(std::string(phase));
+}
+
+// (phases, operators, calls, bytes read, bytes written), one entry per (phase, op): plain lists,
+// not a tensor (a tensor made here under the planner's fake-tensor mode would be a fake one)
+std::tuple<std::vector<std::string>, std::vector<std::string>, std::vector<int64_t>, std::vector<int64_t>,
+           std::vector<int64_t>>
+traffic_stop() {
+  TORCH_CHECK(g_python_scope, "tempo::memory_traffic_stop: no traffic count is open");
+  const std::vector<OpTraffic> ops = g_python_scope->ops();
+  g_python_scope.reset();
+  std::vector<std::string> phases, names;
+  std::vector<int64_t> calls, read, written;
+  for (const OpTraffic& o : ops) {
+    phases.push_back(o.phase), names.push_back(o.op);
+    calls.push_back(o.calls), read.push_back(o.read), written.push_back(o.written);
+  }
+  return {phases, names, calls, read, written};
+}
+}  // namespace
+
 }  // namespace tempo::memory
+
+TORCH_LIBRARY_FRAGMENT(tempo, m) {
+  m.def("memory_traffic_start(str phase) -> ()", &tempo::memory::traffic_start);
+  m.def("memory_traffic_phase(str phase) -> ()", &tempo::memory::traffic_phase);
+  m.def("memory_traffic_stop() -> (str[], str[], int[], int[], int[])", &tempo::memory::traffic_stop);
+}

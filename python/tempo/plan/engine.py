@@ -95,17 +95,19 @@ def cuda_attention():
 class HostOffload(torch.autograd.graph.saved_tensors_hooks):
     """What holding saved tensors in host memory does to the device's memory (the parts offload
     and ckpt-offload): each saved tensor of 1 KiB or more that is not a parameter leaves the
-    device when it is saved (its storage freed when nothing else holds it; `host` counts the
-    bytes) and comes back, as a new tensor, when the backward unpacks it. stash: how many of the
-    latest offloaded tensors stay on the device until later ones are offloaded or the backward
-    takes them back: TRL's OffloadActivations keeps 5 while its side stream copies, and a tensor
-    whose storage is among them is not offloaded again but kept on the device; torch's
-    save_on_cpu (transformers' checkpoints in host memory) copies each saved tensor at once: 0."""
+    device when it is saved (its storage freed when nothing else holds it) and comes back, as a
+    new tensor, when the backward unpacks it; `host` is the most bytes held in host memory at
+    once (a copy is held from its save to its unpack). stash: how many of the latest offloaded
+    tensors stay on the device until later ones are offloaded or the backward takes them back:
+    TRL's OffloadActivations keeps 5 while its side stream copies, and a tensor whose storage is
+    among them is not offloaded again but kept on the device; torch's save_on_cpu (transformers'
+    checkpoints in host memory) copies each saved tensor at once: 0."""
 
     def __init__(self, params, stash=0):
-        self.host = 0
+        self.host = self.held = self.moved = 0
         ids = {id(p) for p in params}
         kept = collections.OrderedDict()  # number -> (tensor, its storage)
+        sizes = {}  # number -> bytes, while held in host memory
         count = [0]
 
         def pack(t):
@@ -115,8 +117,11 @@ class HostOffload(torch.autograd.graph.saved_tensors_hooks):
             storage = t.untyped_storage()._cdata
             if stash and any(s == storage for _, s in kept.values()):
                 return (True, t)
-            self.host += n
             count[0] += 1
+            sizes[count[0]] = n
+            self.held += n
+            self.moved += n
+            self.host = max(self.host, self.held)
             if stash:
                 kept[count[0]] = (t, storage)
                 while len(kept) > stash:
@@ -128,6 +133,7 @@ class HostOffload(torch.autograd.graph.saved_tensors_hooks):
             if on_device:
                 return t
             key, shape, dtype = t
+            self.held -= sizes.pop(key, 0)
             if key in kept:
                 return kept.pop(key)[0]
             return torch.empty(shape, dtype=dtype)
@@ -261,52 +267,6 @@ def grouped_mm_any_dtype():
         yield
     finally:
         meta._meta_grouped_mm_common = common
-
-
-# ---- optimizers ------------------------------------------------------------------------------
-
-
-class PlannedOptimizer:
-    """The memory an optimizer allocates, in the order it allocates it: its state on its first
-    step, nothing for a fused step after that (torch's fused AdamW updates in place; an unfused
-    one's temporaries are not modelled). kind: "adamw" (exp_avg and exp_avg_sq in float32 and a
-    float32 step count on the device per parameter, as torch's fused AdamW makes them for float32
-    weights; for 16-bit weights float32 state too, as the plan's "bf16" precision states),
-    "adamw8bit" (bitsandbytes' blockwise 8-bit AdamW: one byte a moment per element, a float32
-    absolute maximum per block of 256 and two 256-entry quantisation maps; float32 moments for
-    tensors under 4,096 elements) or "sgd" (no momentum: no state)."""
-
-    def __init__(self, params, kind):
-        self.params = [p for p in params if p.requires_grad]
-        self.kind = kind
-        self.state = {}
-
-    def zero_grad(self, set_to_none=True):
-        for p in self.params:
-            p.grad = None
-
-    def step(self):
-        if self.state or self.kind == "sgd":
-            return
-        if self.kind == "adamw8bit":
-            self.state["qmap"] = [torch.zeros(256), torch.zeros(256)]
-        for p in self.params:
-            if self.kind == "adamw":
-                self.state[p] = (
-                    torch.zeros((), dtype=torch.float32),
-                    torch.zeros(p.shape, dtype=torch.float32),
-                    torch.zeros(p.shape, dtype=torch.float32),
-                )
-            elif p.numel() < 4096:
-                self.state[p] = (torch.zeros(p.shape, dtype=torch.float32), torch.zeros(p.shape, dtype=torch.float32))
-            else:
-                blocks = -(-p.numel() // 256)
-                self.state[p] = (
-                    torch.zeros(p.shape, dtype=torch.uint8),
-                    torch.zeros(p.shape, dtype=torch.uint8),
-                    torch.zeros(blocks, dtype=torch.float32),
-                    torch.zeros(blocks, dtype=torch.float32),
-                )
 
 
 # ---- one traced training ---------------------------------------------------------------------

@@ -1,11 +1,14 @@
 """What tempo.plan plans: the model (a preset with a family's published shape, a transformers
-config or its folder, a model instance), the device, and how a model is built for the count (on
-fake tensors) and for the patch-time probes (a small CPU model of the same family)."""
+config or its folder, a model instance; devices.py: the device), and how a model is built for
+the count (on fake tensors) and for the patch-time probes (a small CPU model of the same
+family)."""
 
 import copy
 import os
 
 import torch
+
+from .devices import DEVICES, GIB, PlanError, device_name, device_of, device_setup  # noqa: F401
 
 # Published shapes (each family's config.json on the Hugging Face Hub), by the names people use.
 # Only the fields that differ from the config class's defaults are given.
@@ -161,50 +164,6 @@ PRESETS = {
         ),
     ),
 }
-
-GIB = 1 << 30
-# Each GPU's memory as the CUDA driver reports it (nvidia-smi's total, in MiB) for the cards
-# people fine-tune on.
-DEVICES = {
-    "RTX-4090-24GB": 24564 << 20,
-    "A100-40GB": 40960 << 20,
-    "L40S-48GB": 46068 << 20,
-    "A100-80GB": 81920 << 20,
-    "H100-80GB": 81559 << 20,
-    "H200-141GB": 143771 << 20,
-}
-
-
-class PlanError(ValueError):
-    """A plan that cannot be made as asked, with why (an unknown preset or device, a config that
-    cannot be built, a method that does not apply, a sequence beyond the model's positions)."""
-
-
-def device_of(device):
-    """(kind, capacity in bytes or None): kind "cpu" or "cuda"; a name from DEVICES, a byte
-    count (a GPU of that size) or "cpu"."""
-    if isinstance(device, str) and device.lower() == "cpu":
-        return "cpu", None
-    if isinstance(device, bool):
-        raise PlanError("tempo.plan: device must be a name, a byte count or 'cpu', got %r" % (device,))
-    if isinstance(device, int):
-        if device <= 0:
-            raise PlanError("tempo.plan: a device's size must be positive, got %d bytes" % device)
-        return "cuda", device
-    if isinstance(device, str):
-        for name, size in DEVICES.items():
-            if device.lower() == name.lower():
-                return "cuda", size
-    raise PlanError(
-        "tempo.plan: unknown device %r; known: %s, a byte count, or 'cpu'"
-        % (device, ", ".join(list(DEVICES) + ["cpu"]))
-    )
-
-
-def device_name(device):
-    if isinstance(device, int):
-        return "%.1f GiB" % (device / GIB)
-    return device
 
 
 def config_of(model_or_config):

@@ -16,7 +16,7 @@ def _tflop(f):
 def table(plan):
     s = plan.setup
     lora = "" if not s["lora"] else ", LoRA r=%d on a %d-bit base" % (s["lora"]["r"], s["lora"]["bits"])
-    head = "%s: batch %d x seq %d, %s, %s, %s%s%s; budget %s GiB" % (
+    head = "%s: batch %d x seq %d, %s, %s, %s%s%s; budget %s GiB%s%s" % (
         s["model"],
         s["batch"],
         s["seq"],
@@ -26,9 +26,23 @@ def table(plan):
         lora,
         ", FSDP over %d GPUs" % s["gpus"] if s["gpus"] > 1 else "",
         _gib(s["budget"]),
+        ", host %s GiB" % _gib(s["host"]) if s.get("host") else "",
+        ", expandable segments" if s.get("allocator") == "expandable" and s["kind"] == "cuda" else "",
     )
-    cols = ("method", "peak GiB", "reserved", "fits", "activations", "act/layer", "TFLOPs", "max seq", "max batch")
-    lines = [head, "%-26s %9s %9s %5s %11s %10s %8s %8s %9s  %s" % (cols + ("peak at",))]
+    cols = (
+        "method",
+        "peak GiB",
+        "reserved",
+        "fits",
+        "host GiB",
+        "act/layer",
+        "TFLOPs",
+        "time s",
+        "max seq",
+        "max batch",
+    )
+    fmt = "%-26s %9s %9s %5s %8s %10s %8s %8s %8s %9s  %s"
+    lines = [head, fmt % (cols + ("peak at",))]
     for m in plan:
         r = plan[m]
         if r.error:
@@ -36,20 +50,27 @@ def table(plan):
             continue
         per = max(r.activations_per_layer) if r.activations_per_layer else None
         lines.append(
-            "%-26s %9s %9s %5s %11s %10s %8s %8s %9s  %s"
+            fmt
             % (
                 m,
                 _gib(r.peak),
                 _gib(r.reserved),
                 "-" if r.fits is None else ("yes" if r.fits else "no"),
-                _gib(r.activations),
+                _gib(r.host) if r.host else "-",
                 _gib(per),
                 _tflop(r.flops),
+                "-" if r.time is None else "%.3f" % r.time,
                 r.max_seq if r.max_seq is not None else "-",
                 r.max_batch if r.max_batch is not None else "-",
                 r.where,
             )
         )
+    ranked = plan.ranked()
+    if ranked:
+        lines.append("fastest that fits: %s" % ", ".join(ranked[:3]) + (" ..." if len(ranked) > 3 else ""))
+    for m in plan:
+        for note in plan[m].notes:
+            lines.append("note (%s): %s" % (m, note))
     if s["kind"] == "cuda":
         lines.append(NOT_MODELLED)
     return "\n".join(lines)
@@ -57,10 +78,10 @@ def table(plan):
 
 # What a GPU plan leaves out, said under its table.
 NOT_MODELLED = (
-    "peak: max_memory_allocated's; reserved: the caching allocator's segments as its rules make them "
-    "(default settings, no expandable_segments), the low end of what max_memory_reserved shows: not "
-    "modelled are the CUDA context (768 MiB taken off the budget), cuBLAS/cuBLASLt workspaces (up to "
-    "tens of MiB a stream) and segments split across steps (fragmentation)"
+    "peak: max_memory_allocated's; reserved: the caching allocator's segments as its rules make them under the "
+    "budget (cached segments given back before running out), the low end of what max_memory_reserved shows: not "
+    "modelled are the CUDA context (768 MiB taken off the budget), cuBLAS/cuBLASLt workspaces (up to tens of MiB "
+    "a stream) and other streams' blocks; time: datasheet rates at the efficiencies docs/plan.md states"
 )
 
 

@@ -61,13 +61,16 @@ def methods_for(family):
 
 
 def _optimizer(params, kind):
-    """torch's SGD without momentum (no state: the plan's "sgd") or its fused AdamW ("adamw")."""
+    """torch's SGD without momentum (no state: the plan's "sgd"), its fused AdamW ("adamw") or its
+    for-each AdamW ("adamw-foreach", as torch.optim.AdamW(params) runs on a GPU)."""
     params = [p for p in params if p.requires_grad]
     if kind == "sgd":
         return torch.optim.SGD(params, lr=1e-5)
     if kind == "adamw":
         return torch.optim.AdamW(params, lr=1e-5, fused=True)
-    raise ValueError("measure: the optimizer is 'sgd' or 'adamw', got %r" % (kind,))
+    if kind == "adamw-foreach":
+        return torch.optim.AdamW(params, lr=1e-5, foreach=True)
+    raise ValueError("measure: the optimizer is 'sgd', 'adamw' or 'adamw-foreach', got %r" % (kind,))
 
 
 def measure_cpu(

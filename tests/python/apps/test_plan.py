@@ -7,10 +7,10 @@ CUDA's caching allocator model against its rules; the search; errors."""
 import os
 
 import pytest
+import torch
 import transformers as T
 
 import tempo
-from tempo.plan import allocator
 from tempo.plan.validate import FAMILIES, measure_cpu, methods_for
 
 POINTS = [(2, 64), (1, 384)]
@@ -88,27 +88,78 @@ def test_flops_count_each_matmul_once_and_recomputation_costs():
 # ---- CUDA's caching allocator ------------------------------------------------------------------
 
 
+MIB = 1 << 20
+
+
+def replay(events, budget=0, expandable=False):
+    """tempo::memory_plan_replay over (id, +bytes | -bytes) events: allocated and reserved bytes
+    after each, and [peak allocated, peak reserved, first event out of memory, reserved at the end]."""
+    e = torch.tensor(events, dtype=torch.long)
+    allocated, reserved, stats = torch.ops.tempo.memory_plan_replay(e, 0, 0, budget, expandable)
+    return allocated.tolist(), reserved.tolist(), stats.tolist()
+
+
+HAND = [[1, 1], [2, 1000], [3, 3 * MIB], [4, 16 * MIB + 512], [4, -1], [3, -1], [5, 12 * MIB], [6, 10 * MIB]]
+
+
 def test_caching_allocator_rounds_pools_and_splits_as_cuda_does():
     """Against the rules of c10/cuda/CUDACachingAllocator.cpp, worked by hand: 512-byte rounding;
     requests up to 1 MiB from 2 MiB segments, split down to 512 bytes; larger from 20 MiB segments
     (10 MiB and more: their own, rounded to 2 MiB), split only when more than 1 MiB remains, else
     the whole block is handed out and counted; freed blocks merge and are reused best-fit."""
-    a = allocator.CachingAllocator()
-    a.alloc(1, 1)  # 512 bytes, a 2 MiB segment
-    assert (a.allocated, a.reserved) == (512, 2 << 20)
-    a.alloc(2, 1000)  # 1024, from the same segment
-    assert (a.allocated, a.reserved) == (1536, 2 << 20)
-    a.alloc(3, 3 << 20)  # a 20 MiB segment, split (17 MiB remain)
-    assert (a.allocated, a.reserved) == (1536 + (3 << 20), 22 << 20)
-    a.alloc(4, (16 << 20) + 512)  # best fit: the 17 MiB block, split? 17 MiB - 16 MiB - 512 < 1 MiB: no
-    assert a.allocated == 1536 + (3 << 20) + (17 << 20) and a.reserved == 22 << 20
-    a.release(4)
-    a.release(3)  # merges with the free 17 MiB: one free 20 MiB block
-    a.alloc(5, 12 << 20)  # fits the cached 20 MiB block: no new segment; 8 MiB remain: split
-    assert a.reserved == 22 << 20 and a.allocated == 1536 + (12 << 20)
-    a.alloc(6, 10 << 20)  # 10 MiB and more: its own segment, 10 MiB
-    assert a.reserved == 32 << 20
-    assert a.peak_allocated == 1536 + (22 << 20)
+    allocated, reserved, stats = replay(HAND)
+    assert (allocated[0], reserved[0]) == (512, 2 * MIB)  # 512 bytes, a 2 MiB segment
+    assert (allocated[1], reserved[1]) == (1536, 2 * MIB)  # 1024 more, from the same segment
+    assert (allocated[2], reserved[2]) == (1536 + 3 * MIB, 22 * MIB)  # a 20 MiB segment, split
+    # best fit: the 17 MiB block; 17 MiB - (16 MiB + 512) < 1 MiB: not split, handed out whole
+    assert (allocated[3], reserved[3]) == (1536 + 20 * MIB, 22 * MIB)
+    # 4 and 3 freed merge into one free 20 MiB block, which takes 12 MiB (8 MiB remain: split)
+    assert (allocated[6], reserved[6]) == (1536 + 12 * MIB, 22 * MIB)
+    assert reserved[7] == 32 * MIB  # 10 MiB and more: a segment of its own, 10 MiB
+    assert stats == [1536 + 22 * MIB, 32 * MIB, -1, 32 * MIB]
+
+
+def test_expandable_segments_map_pages_as_blocks_need_them():
+    """PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, worked by hand: one address range a pool,
+    mapped in 2 MiB (small) and 20 MiB (large) pages; a block split whenever 512 bytes remain; a
+    request no free block holds maps what it lacks after the last free block."""
+    allocated, reserved, stats = replay(HAND, expandable=True)
+    assert reserved[:3] == [2 * MIB, 2 * MIB, 22 * MIB]  # 3 MiB maps one 20 MiB large page
+    assert allocated[3] == 1536 + 19 * MIB + 512  # split: 16 MiB + 512 of the 17 MiB left
+    assert allocated[6] == 1536 + 12 * MIB
+    # 10 MiB: 8 MiB free at the end of the mapped range, 2 MiB more needed: one more 20 MiB page
+    assert reserved[7] == 42 * MIB and stats[1] == 42 * MIB
+
+
+def test_running_out_gives_back_cached_segments_first():
+    """Under a budget, a segment that would pass it first makes the allocator release every cached
+    segment that is wholly free (release_cached_blocks), then try again; out of memory only if it
+    still does not fit. The same for expandable segments, whose free pages are unmapped."""
+    events = [[1, 12 * MIB], [2, 12 * MIB], [1, -1], [3, 14 * MIB]]
+    # without a budget: 12 + 12 MiB reserved, then a 14 MiB segment (the free 12 MiB too small): 38
+    _, reserved, stats = replay(events)
+    assert reserved[-1] == 38 * MIB and stats[2] == -1
+    # 30 MiB: the wholly free 12 MiB segment is released, and 14 MiB fits beside the other 12
+    _, reserved, stats = replay(events, budget=30 * MIB)
+    assert reserved[-1] == 26 * MIB and stats[2] == -1 and stats[1] == 26 * MIB
+    # 25 MiB: even then 12 + 14 > 25: out of memory at the fourth event
+    assert replay(events, budget=25 * MIB)[2][2] == 3
+    # expandable: 12 MiB maps a 20 MiB page; the second 12 MiB takes the 8 left and maps one more
+    # page; freed, the first leaves [0, 12) free and 14 MiB fits the 16 free at [24, 40)
+    _, reserved, stats = replay(events, expandable=True)
+    assert reserved == [20 * MIB, 40 * MIB, 40 * MIB, 40 * MIB]
+    # 18 MiB fits neither free block: 2 MiB more after [24, 40) map a third page; under 45 MiB the
+    # pages wholly inside free blocks are unmapped first, and there are none: out of memory
+    events[3] = [3, 18 * MIB]
+    assert replay(events, expandable=True)[1][-1] == 60 * MIB
+    assert replay(events, budget=45 * MIB, expandable=True)[2][2] == 3
+    assert replay(events, budget=60 * MIB, expandable=True)[2][2] == -1
+    # a free 40 MiB at [0, 40) cannot hold 50 MiB, and mapping 40 more would pass 80 MiB: its two
+    # whole pages are unmapped first (reserved 60 -> 20 MiB), then the two new ones fit
+    events = [[1, 40 * MIB], [2, 4 * MIB], [1, -1], [3, 50 * MIB]]
+    _, reserved, stats = replay(events, budget=80 * MIB, expandable=True)
+    assert stats[2] == -1 and reserved == [40 * MIB, 60 * MIB, 60 * MIB, 60 * MIB] and stats[1] == 60 * MIB
+    assert replay(events, expandable=True)[1][-1] == 100 * MIB
 
 
 def test_gpu_plan_counts_blocks_not_bytes():
