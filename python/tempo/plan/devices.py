@@ -110,9 +110,8 @@ def device_of(device):
         for name, size in DEVICES.items():
             if device.lower() == name.lower():
                 return "cuda", size
-    raise PlanError(
-        "tempo.plan: unknown device %r; known: %s, a byte count, or 'cpu'" % (device, ", ".join(list(DEVICES) + ["cpu"]))
-    )
+    known = ", ".join(list(DEVICES) + ["cpu"])
+    raise PlanError("tempo.plan: unknown device %r; known: %s, a byte count, or 'cpu'" % (device, known))
 
 
 def device_name(device):
