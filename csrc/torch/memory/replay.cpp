@@ -31,13 +31,13 @@ namespace tempo::memory {
 namespace {
 
 constexpr int64_t kMinBlock = 512;
-constexpr int64_t kSmall = int64_t{1} << 20;             // requests up to this: the small pool
-constexpr int64_t kSmallBuffer = int64_t{2} << 20;       // the small pool's segments (and pages)
-constexpr int64_t kMinLargeAlloc = int64_t{10} << 20;    // from this size: a segment of its own
-constexpr int64_t kLargeBuffer = int64_t{20} << 20;      // large segments (and expandable pages)
-constexpr int64_t kRoundLarge = int64_t{2} << 20;        // own segments round up to this
-constexpr int64_t kLargeBase = int64_t{1} << 52;         // where the large pool's addresses start
-constexpr int64_t kAddressSpace = int64_t{1} << 50;      // an expandable pool's address range
+constexpr int64_t kSmall = int64_t{1} << 20;           // requests up to this: the small pool
+constexpr int64_t kSmallBuffer = int64_t{2} << 20;     // the small pool's segments (and pages)
+constexpr int64_t kMinLargeAlloc = int64_t{10} << 20;  // from this size: a segment of its own
+constexpr int64_t kLargeBuffer = int64_t{20} << 20;    // large segments (and expandable pages)
+constexpr int64_t kRoundLarge = int64_t{2} << 20;      // own segments round up to this
+constexpr int64_t kLargeBase = int64_t{1} << 61;       // where the large pool's addresses start
+constexpr int64_t kAddressSpace = int64_t{1} << 60;    // an expandable pool's address range
 
 int64_t round_size(int64_t n) { return n < kMinBlock ? kMinBlock : kMinBlock * ((n + kMinBlock - 1) / kMinBlock); }
 
@@ -67,6 +67,7 @@ class CachingModel {
 
   int64_t allocated = 0, reserved = 0, peak_allocated = 0, peak_reserved = 0;
   bool out_of_memory = false;  // a request that did not fit the budget (made past it, to go on)
+  int64_t excess = 0;          // by how much the first such request passed the budget
 
   void reset_peak() { peak_allocated = allocated, peak_reserved = reserved; }
 
@@ -104,9 +105,9 @@ class CachingModel {
  private:
   const int64_t budget_;
   const bool expandable_;
-  std::map<int64_t, Block> blocks_;                     // by address
-  std::set<std::pair<int64_t, int64_t>> free_[2];       // [small?]: (size, address) of free mapped blocks
-  std::unordered_map<int64_t, int64_t> by_id_;          // allocation id -> its block's address
+  std::map<int64_t, Block> blocks_;                       // by address
+  std::set<std::pair<int64_t, int64_t>> free_[2];         // [small?]: (size, address) of free mapped blocks
+  std::unordered_map<int64_t, int64_t> by_id_;            // allocation id -> its block's address
   std::map<int64_t, std::pair<int64_t, bool>> segments_;  // default: address -> (size, small?)
   int64_t next_segment_ = kSmallBuffer;
 
@@ -122,6 +123,11 @@ class CachingModel {
 
   bool over(int64_t more) const { return budget_ > 0 && reserved + more > budget_; }
 
+  void fail(int64_t more) {
+    if (!out_of_memory) excess = reserved + more - budget_;
+    out_of_memory = true;
+  }
+
   void grow(int64_t more) {
     reserved += more;
     peak_reserved = std::max(peak_reserved, reserved);
@@ -132,7 +138,7 @@ class CachingModel {
   int64_t new_segment(bool small, int64_t size) {
     const int64_t seg = segment_size(size);
     if (over(seg)) release_cached();
-    if (over(seg)) out_of_memory = true;
+    if (over(seg)) fail(seg);
     const int64_t addr = next_segment_;
     next_segment_ += seg + kSmallBuffer;  // a gap: segments never merge
     segments_[addr] = {seg, small};
@@ -231,7 +237,7 @@ class CachingModel {
         }
         if (room < size) continue;
         if (over(need) && attempt == 0) break;
-        if (over(need)) out_of_memory = true;
+        if (over(need)) fail(need);
         return map_from(start, size, page);
       }
       TORCH_CHECK(attempt == 0, "tempo::memory_plan_replay: an expandable pool ran out of addresses");
@@ -274,7 +280,8 @@ class CachingModel {
 };
 
 // (allocated bytes after each event from build_end, reserved bytes after each, [peak allocated
-// from mark, peak reserved from mark, the first event out of memory or -1, reserved at the end])
+// from mark, peak reserved from mark, the first event out of memory or -1, reserved at the end,
+// by how many bytes the first request out of memory passed the budget])
 std::tuple<at::Tensor, at::Tensor, at::Tensor> replay(const at::Tensor& events, int64_t build_end, int64_t mark,
                                                       int64_t budget, bool expandable) {
   TORCH_CHECK(events.dim() == 2 && events.size(1) >= 2 && events.scalar_type() == at::kLong,
@@ -305,7 +312,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> replay(const at::Tensor& events, 
     r[k - build_end] = model.reserved;
   }
   if (mark >= n) model.reset_peak();
-  at::Tensor stats = at::tensor({model.peak_allocated, model.peak_reserved, first_oom, model.reserved}, at::kLong);
+  at::Tensor stats =
+      at::tensor({model.peak_allocated, model.peak_reserved, first_oom, model.reserved, model.excess}, at::kLong);
   return {allocated, reserved, stats};
 }
 
@@ -313,7 +321,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> replay(const at::Tensor& events, 
 }  // namespace tempo::memory
 
 TORCH_LIBRARY_FRAGMENT(tempo, m) {
-  m.def("memory_plan_replay(Tensor events, int build_end, int mark, int budget, bool expandable) -> (Tensor, Tensor, "
-        "Tensor)",
-        &tempo::memory::replay);
+  m.def(
+      "memory_plan_replay(Tensor events, int build_end, int mark, int budget, bool expandable) -> (Tensor, Tensor, "
+      "Tensor)",
+      &tempo::memory::replay);
 }

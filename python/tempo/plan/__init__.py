@@ -36,7 +36,6 @@ from .search import _Search
 # keeping different tensors (tempo.methods.parse spells any other combination).
 DEFAULT_METHODS = (
     "sdpa",
-    "sdpa+trl-head",
     "trl",
     "trl-offload",
     "hf-offload",
@@ -47,6 +46,7 @@ DEFAULT_METHODS = (
 )
 # Spellings the command line's help lists (any spelling tempo.methods.parse takes is planned).
 METHODS = DEFAULT_METHODS + (
+    "sdpa+trl-head",
     "eager",
     "sdpa+ckpt",
     "sdpa+torch-lce",
@@ -57,7 +57,7 @@ METHODS = DEFAULT_METHODS + (
 )
 PRECISIONS = ("bf16", "bf16-autocast", "fp32")
 OPTIMIZERS = ("adamw", "adamw-foreach", "adamw8bit", "sgd")
-ALLOCATORS = ("default", "expandable")
+ALLOCATORS = ("expandable", "default")
 
 
 def plan(
@@ -73,7 +73,7 @@ def plan(
     gpus=1,
     budget=None,
     host=None,
-    allocator="default",
+    allocator="expandable",
     seq_step=256,
     workers=None,
     search=False,
@@ -91,7 +91,9 @@ def plan(
     the rest frozen. gpus: FSDP2 full sharding over that many GPUs. budget: the bytes to fit in
     (default: the device's memory less CUDA_CONTEXT; on the CPU none unless given). host: the host
     memory a method may fill (bytes; default: the device's, DEVICES' FIGURES; on the CPU none).
-    allocator: "default" or "expandable" (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True).
+    allocator: "expandable" (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, what the plan
+    recommends: no split block stranded, and a length fits wherever a longer one does) or
+    "default" (PyTorch's default caching allocator).
     seq_step: the granularity of max_seq. workers: processes to plan in (default: one a core for
     three methods or more). search: also search each method's max_seq and max_batch now, in those
     processes (else on first read). progress: called with a line as each method is done.

@@ -10,6 +10,7 @@ import select
 import struct
 import subprocess
 import sys
+import tempfile
 
 
 def _send(stream, obj):
@@ -38,21 +39,30 @@ class Pool:
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = "1"  # fake tensors compute nothing
         self.procs = []
         for _ in range(count):
+            err = tempfile.TemporaryFile()  # a pipe left unread could fill and stop the process
             proc = subprocess.Popen(
                 [sys.executable, "-m", "tempo.plan._worker"],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
+                stderr=err,
                 env=env,
             )
+            proc.err = err
             _send(proc.stdin, (config, cls_name, causal, setup))
             self.procs.append(proc)
 
     def run(self, methods, job, search, progress):
         """Every method's row ({method: MethodPlan}); the steps traced go into job.records."""
         from . import _say
+        from .. import methods as _methods
 
-        todo, rows, busy = list(methods), {}, {}
+        # the slowest first (their steps traced whole, or chunked heads), so that the last
+        # method done is a quick one
+        def cost(m):
+            p = _methods.parse(m)
+            return -(2 * p.offload + (p.head == "trl") + (p.checkpoint is not None))
+
+        todo, rows, busy = sorted(methods, key=cost), {}, {}
         try:
             for proc in self.procs:
                 if todo:
@@ -64,9 +74,11 @@ class Pool:
                     proc, method = busy.pop(fd)
                     answer = _receive(proc.stdout)
                     if answer is None:
+                        proc.wait()
+                        proc.err.seek(0)
                         raise RuntimeError(
                             "tempo.plan: a planning process failed on %s:\n%s"
-                            % (method, proc.stderr.read().decode(errors="replace")[-2000:])
+                            % (method, proc.err.read().decode(errors="replace")[-2000:])
                         )
                     row, records, primed = answer
                     rows[method] = row
@@ -84,6 +96,7 @@ class Pool:
                 except (BrokenPipeError, OSError):
                     pass
                 proc.wait()
+                proc.err.close()
         return rows
 
 

@@ -39,8 +39,15 @@ class Trace:
         return sum(f for tag, f in self.flops.items() if tag.startswith(prefix))
 
 
+# The phase the planner is in (its last tag), and whether a traffic count follows the tags.
+CURRENT = {"tag": "", "traffic": False}
+
+
 def tag(text):
     torch.ops.tempo.memory_plan_tag(text)
+    CURRENT["tag"] = text
+    if CURRENT["traffic"]:
+        torch.ops.tempo.memory_traffic_phase(text)
 
 
 @contextlib.contextmanager
@@ -105,6 +112,7 @@ class HostOffload(torch.autograd.graph.saved_tensors_hooks):
 
     def __init__(self, params, stash=0):
         self.host = self.held = self.moved = 0
+        self.moved_by_tag = {}
         ids = {id(p) for p in params}
         kept = collections.OrderedDict()  # number -> (tensor, its storage)
         sizes = {}  # number -> bytes, while held in host memory
@@ -121,6 +129,8 @@ class HostOffload(torch.autograd.graph.saved_tensors_hooks):
             sizes[count[0]] = n
             self.held += n
             self.moved += n
+            layer = CURRENT["tag"]
+            self.moved_by_tag[layer] = self.moved_by_tag.get(layer, 0) + n
             self.host = max(self.host, self.held)
             if stash:
                 kept[count[0]] = (t, storage)
@@ -291,6 +301,7 @@ class _Phases:
         self.step = 0
         self.backward = False
         self.handles = []
+        self.layer_of = {id(p): i for i, layer in enumerate(layers) for p in layer.parameters()}
         for i, layer in enumerate(layers):
             self.handles.append(layer.register_forward_pre_hook(self._pre(i)))
             self.handles.append(layer.register_forward_hook(self._post(i, len(layers))))
@@ -309,12 +320,22 @@ class _Phases:
             if self.backward:
                 self.set("backward, layer %d" % i)
                 return
-            self.set("head and loss" if i == count - 1 else "forward")
+            self.set("head and loss" if i == count - 1 else "forward, after layer %d" % i)
             t = out[0] if isinstance(out, (tuple, list)) else out
             if isinstance(t, torch.Tensor) and t.requires_grad:
                 t.register_hook(lambda g: self.set("backward, layer %d" % i))
 
         return hook
+
+    def per_parameter(self, what):
+        """A function that tags what follows with `what` and the layer of the parameter it is
+        given (the optimizer's work and the gradients' frees, parameter by parameter)."""
+
+        def tag_for(p):
+            i = self.layer_of.get(id(p))
+            self.set(what if i is None else "%s, layer %d" % (what, i))
+
+        return tag_for
 
     def remove(self):
         for h in self.handles:
@@ -331,6 +352,8 @@ def train(model, run, batch, optimizer, autocast, steps=2, on_step=None):
             if on_step is not None:
                 on_step(step)
             phases.set("zero_grad")
+            if hasattr(optimizer, "tag_for"):  # the plan's: its work tagged with each parameter's layer
+                optimizer.tag_for = phases.per_parameter("zero_grad")
             optimizer.zero_grad(set_to_none=True)
             phases.set("forward")
             with autocast():
@@ -339,6 +362,8 @@ def train(model, run, batch, optimizer, autocast, steps=2, on_step=None):
             phases.set("backward, head")
             loss.backward()
             phases.set("optimizer")
+            if hasattr(optimizer, "tag_for"):
+                optimizer.tag_for = phases.per_parameter("optimizer")
             optimizer.step()
             del loss
     finally:

@@ -29,6 +29,7 @@ class Figures:
     first_failure: int
     current: torch.Tensor
     events: torch.Tensor
+    excess: int = 0  # by how much the first request that did not fit passed the budget
 
 
 class _Job(Tracer):
@@ -52,10 +53,10 @@ class _Job(Tracer):
                 events, record.build_end, mark, budget or 0, s["allocator"] == "expandable"
             )
             current = torch.cat([after[:1].expand(record.build_end) if len(after) else after, after])
-            reserved, first = int(stats[1]), int(stats[2])
+            reserved, first, excess = int(stats[1]), int(stats[2]), int(stats[4])
         else:
             current = events[:, 1].cumsum(0)
-            reserved, first = None, -1
+            reserved, first, excess = None, -1, 0
         before = int(current[mark - 1]) if mark > 0 else 0
         after_mark = current[mark:]
         if len(after_mark) and int(after_mark.max()) >= before:
@@ -64,17 +65,17 @@ class _Job(Tracer):
         else:
             index, peak = mark - 1, before
         if s["kind"] == "cpu" and budget is not None and peak > budget:
-            first = index
+            first, excess = index, peak - budget
         fits = None if budget is None else first < 0 and self._host_fits(record)
-        return Figures(peak, index, reserved, fits, first, current, events)
+        return Figures(peak, index, reserved, fits, first, current, events, excess)
 
     def _host_fits(self, record):
         host = self.setup.get("host")
         return host is None or record.host <= host
 
-    def step(self, method, batch, seq, layers=None):
+    def step(self, method, batch, seq, layers=None, traffic=False):
         """(Record, Figures under the setup's budget) of `method` at batch x seq, cached."""
-        record = self.record(method, batch, seq, layers)
+        record = self.record(method, batch, seq, layers, traffic)
         key = (method, batch, seq, layers, self.setup["budget"])
         if key not in self.figured:
             self.figured[key] = self.figures(record, self.setup["budget"])
@@ -130,7 +131,7 @@ class _Job(Tracer):
     def refigure(self, row):
         """A row planned under another device's setup, its fits, reserved bytes and time made
         this setup's (Plan.on)."""
-        record, f = self.step(row.name, self.setup["batch"], self.setup["seq"])
+        record, f = self.step(row.name, self.setup["batch"], self.setup["seq"], traffic=True)
         row.fits, row.reserved = f.fits, f.reserved
         row.notes = [n for n in row.notes if "host memory are more than" not in n]
         self._note_host(row, record, f)
@@ -149,7 +150,7 @@ class _Job(Tracer):
 
         row = MethodPlan(method)
         try:
-            record, f = self.step(method, s["batch"], s["seq"])
+            record, f = self.step(method, s["batch"], s["seq"], traffic=True)
         except Unavailable as e:
             row.error = str(e)
             return row
@@ -249,7 +250,7 @@ def _breakdown(record, events, index, mark):
     def kind(ident, n, tag, k):
         t = tags[tag]
         if not t.startswith("step"):
-            return "weights" if t == "build" else "other"
+            return "weights" if t.startswith("build") else "other"
         if t.startswith("step 1") and t.endswith("optimizer"):
             return "optimizer state"
         if k >= mark and ("forward" in t or "head and loss" in t) and "recomputed" not in t:

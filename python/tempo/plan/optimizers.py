@@ -30,9 +30,12 @@ class PlannedOptimizer:
         self.state = {}
         self.steps = 0
         self.traffic = 0
+        self.traffic_by_tag = {}
+        self.tag_for = lambda p: None  # engine.train tags each parameter's work with its layer
 
     def zero_grad(self, set_to_none=True):
         for p in self.params:
+            self.tag_for(p)
             p.grad = None
 
     @torch.no_grad()
@@ -43,17 +46,22 @@ class PlannedOptimizer:
         if self.kind == "adamw-foreach":
             self._foreach_step()
             return
-        moved = 0
+        from .engine import CURRENT
+
+        self.traffic, self.traffic_by_tag = 0, {}
         for p in self.params:
+            self.tag_for(p)
             weights = p.numel() * p.element_size()
-            moved += 2 * weights + weights  # the weights read and written, the gradient read
+            moved = 3 * weights  # the weights read and written, the gradient read
             moved += sum(2 * t.numel() * t.element_size() for t in self.state.get(p, ()) if t.dim())
-        self.traffic = moved
+            self.traffic += moved
+            self.traffic_by_tag[CURRENT["tag"]] = self.traffic_by_tag.get(CURRENT["tag"], 0) + moved
 
     def _make_state(self):
         if self.kind == "adamw8bit":
             self.state["qmap"] = [torch.zeros(256), torch.zeros(256)]
         for p in self.params:
+            self.tag_for(p)
             if self.kind == "adamw":
                 self.state[p] = (
                     torch.zeros((), dtype=torch.float32),
@@ -76,30 +84,47 @@ class PlannedOptimizer:
 
     def _foreach_step(self):
         """torch's _multi_tensor_adam (decoupled weight decay, not capturable, no amsgrad), its
-        operators in its order, per (device, dtype) group in the order the groups first appear."""
+        operators in its order, per (device, dtype) group in the order the groups first appear.
+        Each for-each operator runs here tensor by tensor, tagged with its parameter's layer (the
+        fake tensors' for-each kernels make and drop a copy of each tensor they update in place,
+        which the device's do not); the in-place ones allocate nothing, the square roots one
+        temporary a parameter, all alive until the group's update is done."""
         groups = {}
         for p in self.params:
             groups.setdefault(p.dtype, []).append(p)
-        self.traffic = 0
+        self.traffic, self.traffic_by_tag = 0, {}
         sqrt = None
+        self._params_of_last = []
         for params in groups.values():
-            grads = [p.grad for p in params]
-            exp_avgs = [self.state[p][-2] for p in params]
-            exp_avg_sqs = [self.state[p][-1] for p in params]
             if self.device_kind == "cpu":  # the step counts, on the host: a CPU plan counts them
                 torch._foreach_add_([self.state[p][0] for p in params], torch.tensor(1.0), alpha=1.0)
-            torch._foreach_mul_(params, 1 - 1e-3 * 1e-2)
-            torch._foreach_lerp_(exp_avgs, grads, 0.1)
-            torch._foreach_mul_(exp_avg_sqs, 0.999)
-            torch._foreach_addcmul_(exp_avg_sqs, grads, grads, 0.001)
-            del grads
-            step_size = [-1e-3 / (1 - 0.9**self.steps)] * len(params)
-            bias_correction2_sqrt = [(1 - 0.999**self.steps) ** 0.5] * len(params)
-            sqrt = torch._foreach_sqrt(exp_avg_sqs)  # the last group's freed only now, as in torch
+            for p in params:  # weight decay, lerp, mul, addcmul: in place
+                self.tag_for(p)
+                exp_avg, exp_avg_sq = self.state[p][-2:]
+                p.mul_(1 - 1e-3 * 1e-2)
+                exp_avg.lerp_(p.grad, 0.1)
+                exp_avg_sq.mul_(0.999).addcmul_(p.grad, p.grad, value=0.001)
+            step_size = -1e-3 / (1 - 0.9**self.steps)
+            bias_correction2_sqrt = (1 - 0.999**self.steps) ** 0.5
+            last, sqrt = sqrt, []  # the last group's freed only after this one's are made, as in torch
+            for p in params:
+                self.tag_for(p)
+                sqrt.append(self.state[p][-1].sqrt())
+            self._release(last)
             if self.device_kind == "cpu":  # the CPU's for-each loops wrap each scalar in tensors
                 wrapped = (torch.empty((), dtype=torch.float64), torch.empty((), dtype=torch.float32))
                 del wrapped
-            torch._foreach_div_(sqrt, bias_correction2_sqrt)
-            torch._foreach_add_(sqrt, 1e-8)
-            torch._foreach_addcdiv_(params, exp_avgs, sqrt, step_size)
-        del sqrt
+            for p, root in zip(params, sqrt):  # div, add, addcdiv: in place
+                self.tag_for(p)
+                root.div_(bias_correction2_sqrt).add_(1e-8)
+                p.addcdiv_(self.state[p][-2], root, value=step_size)
+            self._params_of_last = params
+        self._release(sqrt)
+
+    def _release(self, temporaries):
+        """Frees a group's temporaries one by one, each tagged with its parameter's layer."""
+        if temporaries is None:
+            return
+        for i, p in enumerate(self._params_of_last[: len(temporaries)]):
+            self.tag_for(p)
+            temporaries[i] = None

@@ -72,6 +72,8 @@ def table(plan):
         for note in plan[m].notes:
             lines.append("note (%s): %s" % (m, note))
     if s["kind"] == "cuda":
+        if s.get("allocator") == "expandable":
+            lines.append("planned with expandable segments: run with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
         lines.append(NOT_MODELLED)
     return "\n".join(lines)
 

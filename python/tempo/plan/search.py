@@ -11,6 +11,10 @@ from fractions import Fraction
 import torch
 
 GIB = 1 << 30
+# Where steps below an answer must be traced one by one (their events differ with the length),
+# at most this many that fit are: the band below the budget a failing step was seen in can span
+# most lengths under the default caching allocator.
+CHECKED = 4
 
 
 class _Search:
@@ -20,7 +24,7 @@ class _Search:
     def __init__(self, job, method):
         self.job, self.method = job, method
         self.found = {}
-        self.checked = {}  # axis -> the lengths (batches) below the answer checked one by one
+        self.checked = {}  # axis -> how the lengths (batches) below the answer were checked
 
     def find(self, axis):
         if axis in self.found:
@@ -31,107 +35,172 @@ class _Search:
         step = s["seq_step"] if axis == "seq" else 1
         cap = (s["positions"] or 1 << 20) // step if axis == "seq" else 1 << 16
         shape = (lambda n: (1, n * step)) if axis == "seq" else (lambda n: (n, s["seq"]))
-        quick = lambda n: self.job.estimate(self.method, *shape(n))  # noqa: E731
-        guess = max(1, _largest(quick, s["budget"], cap, quadratic=axis == "seq"))
         sizes = _Sizes(self.job, self.method, shape)
-        n = _bracketed(sizes.fits, guess, cap)
+        guess = max(1, min(cap, _guess(sizes, s, axis, step)))
+        n = _boundary(sizes, guess, cap, s["budget"])
+        while n >= 1 and not (sizes.fits(n, traced=True) and (n == cap or not sizes.fits(n + 1, traced=True))):
+            n = _bracketed(lambda k: sizes.fits(k, traced=True), n, cap, stride=1)  # the boundary, traced
         n, self.checked[axis] = _every_below(sizes, n, s["budget"], s["kind"])
         self.found[axis] = n * step or None
         return self.found[axis]
 
 
+def _guess(sizes, s, axis, step):
+    """Where the allocated peak reaches the budget, along the line through the peaks at the
+    plan's own shape (planned already) and half of it."""
+    here = s["seq"] // step if axis == "seq" else s["batch"]
+    here = max(2, here)
+    points = [(k, sizes.peak(k)) for k in (here // 2, here)]
+    (x0, y0), (x1, y1) = points
+    if y1 <= y0:
+        return here
+    return int(x1 + (s["budget"] - y1) * (x1 - x0) / (y1 - y0))
+
+
+def _boundary(sizes, guess, cap, budget):
+    """An n that fits with n + 1 not (or n = cap; 0 if 1 does not fit), from a guess, by
+    bisection of the bracket found so far; a probe that does not fit goes down at least by what
+    its first failing request passed the budget over the peak's growth per unit (what fitting
+    would take), where that is further than the middle."""
+    lo, hi, n = 0, cap + 1, guess
+    while hi - lo > 1:
+        if not lo < n < hi:
+            n = (lo + hi) // 2
+        fit, peak, excess = sizes.probe(n)
+        if fit:
+            lo = n
+            n = 2 * n if hi > cap else (lo + hi) // 2  # no failure seen yet: double
+        else:
+            hi = n
+            growth = sizes.growth(n)
+            jump = n - math.ceil(excess / growth) if growth > 0 else n - 1
+            n = max(lo + 1, min(jump, (lo + hi) // 2))
+    return lo
+
+
 def _every_below(sizes, n, budget, kind):
-    """The largest m <= n such that every k in [1, m] fits, checking one by one every k whose
-    step's peak comes within a margin of the budget: on a GPU the most the caching allocator's
-    segments were seen to hold beyond the allocated bytes, twice, and at least 1 GiB; on the CPU
-    (which counts bytes exactly) 2% of the budget. Below that band a step's peak is further from
-    the budget than any allocator overhead seen. (m, the k checked)."""
-    checked = []
+    """The largest m <= n such that every k in [1, m] fits, and how that was checked: where the
+    steps can be made from traced ones (their events the same at every size), every k below n is
+    replayed; else every k whose peak comes within a margin of the budget (the most a failing
+    step was seen below the budget, a quarter more, and at least 1 GiB on a GPU, 2% of the
+    budget on the CPU) is, up to CHECKED traced steps that fit: below that band a step's peak is
+    further from the budget than any shortfall seen."""
     k = n
+    below = next((j for j in range(n - 1, 0, -1) if j not in sizes.traced), None)
+    if below is not None and sizes.trusted is None:
+        sizes._made(below)  # checks steps made from traced ones against a fourth, where it can
+    exhaustive = sizes.trusted is True and sizes.uniform()
+    traced = 0
     while k >= 1:
-        margin = max(2 * sizes.overhead, (GIB if kind == "cuda" else 0), budget // 50)
-        sizes.anchor_below(k, margin)
+        margin = max(sizes.shortfall * 5 // 4, (GIB if kind == "cuda" else 0), budget // 50)
+        before = len(sizes.traced)
         fit, peak = sizes.fits_and_peak(k)
-        checked.append(k)
+        traced += len(sizes.traced) > before
         if not fit:
             n = k - 1
-        elif peak <= budget - margin:
-            break
+        elif not exhaustive and (peak <= budget - margin or traced >= CHECKED):
+            how = "every length within %.1f GiB of the budget" % (margin / GIB)
+            return max(n, 0), how if peak <= budget - margin else how + " down to %d" % k
         k -= 1
-    return max(n, 0), checked
+    return max(n, 0), "every length replayed" if exhaustive else "every length"
 
 
 class _Sizes:
     """A method's whole-model steps at batch x seq = shape(n), traced, or where three traced steps
-    around n have the same events and differ only in their sizes, made from them: each event's
-    bytes a polynomial of degree two in n through the three (exactly: the sizes of a step's
-    tensors are products of its shape), checked to give whole bytes and, where a fourth step was
-    traced, to give its sizes. Replaying such a step under the budget costs milliseconds where a
-    trace costs seconds."""
+    have the same events and differ only in their sizes, made from them: each event's bytes a
+    polynomial of degree two in n through the three (exactly: the sizes of a step's tensors are
+    products of its shape), checked to give whole bytes and, against a fourth traced step, to
+    give its sizes. Replaying such a step under the budget costs milliseconds where a trace costs
+    seconds."""
 
     def __init__(self, job, method, shape):
         self.job, self.method, self.shape = job, method, shape
         self.traced = {}  # n -> (Record, structure)
-        self.peaks = {}  # n -> the step's peak, as planned
-        self.overhead = 0  # the most reserved beyond allocated seen (a GPU's)
+        self.peaks = {}  # n -> the step's peak (allocated), as planned
+        self.last_excess = 0
+        self.overhead = 0  # the most reserved beyond allocated seen under the budget (a GPU's)
+        self.shortfall = 0  # the most a step that did not fit was below the budget (allocated)
         self.trusted = None  # whether made steps reproduced a traced one (None: not checked yet)
 
     def _trace(self, n):
         if n not in self.traced:
             record = self.job.record(self.method, *self.shape(n))
             self.traced[n] = (record, record.structure())
-            if self.job.setup["kind"] == "cuda":
-                free = self.job.figures(record)  # no budget: the allocator's own overhead
-                self.overhead = max(self.overhead, free.reserved - free.peak)
         return self.traced[n]
 
-    def fits(self, n):
-        return self.fits_and_peak(n)[0]
+    def peak(self, n):
+        return self.fits_and_peak(n)[1]
 
-    def fits_and_peak(self, n):
-        record = None if n in self.traced else self._made(n)
+    def probe(self, n):
+        """(fits, peak, by how much its first failing request passed the budget) at n."""
+        fit, peak = self.fits_and_peak(n)
+        return fit, peak, self.last_excess
+
+    def growth(self, n):
+        """The peak's growth per unit of n, from the two planned n nearest it."""
+        near = sorted(self.peaks, key=lambda k: abs(k - n))[:2]
+        if len(near) < 2 or near[0] == near[1]:
+            return 0
+        (a, b) = sorted(near)
+        return (self.peaks[b] - self.peaks[a]) / (b - a)
+
+    def fits(self, n, traced=False):
+        return self.fits_and_peak(n, traced)[0]
+
+    def can_make(self, n):
+        return n in self.traced or self._points(n) is not None
+
+    def uniform(self):
+        """Whether every traced step has the same events (only their sizes differ)."""
+        structures = [st for _, st in self.traced.values()]
+        return all(st == structures[0] for st in structures[1:])
+
+    def fits_and_peak(self, n, traced=False):
+        record = None if traced or n in self.traced else self._made(n)
         if record is None:
             record = self._trace(n)[0]
         f = self.job.figures(record, self.job.setup["budget"])
-        self.peaks[n] = f.peak
+        self.peaks[n], self.last_excess = f.peak, f.excess
+        if f.reserved is not None and f.fits:
+            self.overhead = max(self.overhead, f.reserved - f.peak)
+        if not f.fits:
+            self.shortfall = max(self.shortfall, self.job.setup["budget"] - f.peak)
         return bool(f.fits), f.peak
 
-    def anchor_below(self, k, margin):
-        """Before checking k one by one: a step traced where the band below k likely ends (from
-        the peaks' growth per unit), so that the steps between are made, not traced."""
-        if k in self.traced or any(j < k for j in self.traced) or len(self.peaks) < 2:
-            return
-        (a, pa), (b, pb) = sorted(self.peaks.items())[:2]
-        growth = (pb - pa) / (b - a) if b != a else 0
-        width = int(margin / growth) + 2 if growth > 0 else k
-        self._trace(max(1, k - width))
+    def _points(self, n):
+        """Three traced n with the same events to make n from (n among or beyond them once made
+        steps were checked), or None."""
+        if len(self.traced) < 3:
+            return None
+        near = sorted(self.traced, key=lambda k: abs(k - n))
+        structure = self.traced[near[0]][1]
+        points = [k for k in near if self.traced[k][1] == structure][:3]
+        if len(points) < 3:
+            return None
+        inside = min(points) < n < max(points)
+        if not inside and not (self.trusted is True and self.uniform()):  # beyond them: where nothing varied
+            return None
+        between = [k for k in self.traced if min(points) < k < max(points) and self.traced[k][1] != structure]
+        if between:
+            return None
+        return sorted(points)
 
     def _made(self, n):
-        """The record at n made from three traced ones with the same events around it, or None."""
-        below = [k for k in self.traced if k < n]
-        above = [k for k in self.traced if k > n]
-        if not below or not above:
-            return None
-        lo, hi = max(below), min(above)
-        others = sorted((k for k in self.traced if k not in (lo, hi)), key=lambda k: abs(k - n))
-        if not others:
-            return None
-        points = sorted((lo, hi, others[0]))
-        structure = self.traced[points[0]][1]
-        if any(self.traced[k][1] != structure for k in points[1:]):
+        """The record at n made from three traced ones with the same events, or None."""
+        points = self._points(n)
+        if points is None:
             return None
         if self.trusted is None:  # a fourth step traced, against the one made from the three
-            check = next((k for k in others[1:] if self.traced[k][1] == structure), None)
-            if check is None:
-                check = (points[0] + points[-1]) // 2
-                if check in points:
-                    return None
-                self._trace(check)
-                if self.traced[check][1] != structure:
-                    self.trusted = False
-                    return None
+            check = (points[0] + points[-1]) // 2
+            if check in points:
+                check = points[-1] + 1
             made = _interpolated([self.traced[k][0] for k in points], points, check)
-            self.trusted = made is not None and torch.equal(made.events, self.traced[check][0].events)
+            record, structure = self._trace(check)
+            self.trusted = made is not None and structure == self.traced[points[0]][1]
+            self.trusted = self.trusted and torch.equal(made.events, record.events)
+            points = self._points(n)
+            if not self.trusted or points is None:
+                return None
         if self.trusted is False:
             return None
         return _interpolated([self.traced[k][0] for k in points], points, n)
@@ -168,11 +237,13 @@ def _line(xs, ys, x):
     return int(y0 + (y1 - y0) * (Fraction(x) - x0) / (x1 - x0))
 
 
-def _bracketed(fits, guess, cap):
-    """The largest n in [1, cap] with fits(n), 0 if none, from a guess: steps out from it,
-    doubling, until a fitting and a failing n bracket the answer, then bisects."""
+def _bracketed(fits, guess, cap, stride=None):
+    """The largest n in [1, cap] with fits(n), 0 if none, from a guess: steps out from it (first
+    by `stride`, default 1/16 of the guess), doubling, until a fitting and a failing n bracket the
+    answer, then bisects."""
+    first = stride or max(1, guess // 16)
     if fits(guess):
-        lo, hi, stride = guess, None, 1
+        lo, hi, stride = guess, None, first
         while hi is None and lo < cap:
             probe = min(cap, lo + stride)
             if fits(probe):
@@ -183,7 +254,7 @@ def _bracketed(fits, guess, cap):
         if hi is None:
             return lo
     else:
-        lo, hi, stride = 0, guess, 1
+        lo, hi, stride = 0, guess, first
         while lo == 0:
             probe = hi - stride
             if probe < 1:

@@ -21,7 +21,7 @@ def is_compute_bound(op):
 def predict(job, row):
     """Fills row.time (seconds) and row.time_parts from the row's record."""
     s = job.setup
-    record = job.record(row.name, s["batch"], s["seq"])
+    record = job.record(row.name, s["batch"], s["seq"], traffic=True)
     gpu = s["kind"] == "cuda"
     matmul = s["matmul"] * (MATMUL_EFFICIENCY if gpu else 1.0)
     if gpu and s["precision"] == "fp32":

@@ -93,7 +93,8 @@ MIB = 1 << 20
 
 def replay(events, budget=0, expandable=False):
     """tempo::memory_plan_replay over (id, +bytes | -bytes) events: allocated and reserved bytes
-    after each, and [peak allocated, peak reserved, first event out of memory, reserved at the end]."""
+    after each, and [peak allocated, peak reserved, first event out of memory, reserved at the end,
+    by how much the first request out of memory passed the budget]."""
     e = torch.tensor(events, dtype=torch.long)
     allocated, reserved, stats = torch.ops.tempo.memory_plan_replay(e, 0, 0, budget, expandable)
     return allocated.tolist(), reserved.tolist(), stats.tolist()
@@ -116,7 +117,7 @@ def test_caching_allocator_rounds_pools_and_splits_as_cuda_does():
     # 4 and 3 freed merge into one free 20 MiB block, which takes 12 MiB (8 MiB remain: split)
     assert (allocated[6], reserved[6]) == (1536 + 12 * MIB, 22 * MIB)
     assert reserved[7] == 32 * MIB  # 10 MiB and more: a segment of its own, 10 MiB
-    assert stats == [1536 + 22 * MIB, 32 * MIB, -1, 32 * MIB]
+    assert stats == [1536 + 22 * MIB, 32 * MIB, -1, 32 * MIB, 0]
 
 
 def test_expandable_segments_map_pages_as_blocks_need_them():
@@ -142,8 +143,8 @@ def test_running_out_gives_back_cached_segments_first():
     # 30 MiB: the wholly free 12 MiB segment is released, and 14 MiB fits beside the other 12
     _, reserved, stats = replay(events, budget=30 * MIB)
     assert reserved[-1] == 26 * MIB and stats[2] == -1 and stats[1] == 26 * MIB
-    # 25 MiB: even then 12 + 14 > 25: out of memory at the fourth event
-    assert replay(events, budget=25 * MIB)[2][2] == 3
+    # 25 MiB: even then 12 + 14 > 25: out of memory at the fourth event, by 1 MiB
+    assert replay(events, budget=25 * MIB)[2][2:] == [3, 26 * MIB, 1 * MIB]
     # expandable: 12 MiB maps a 20 MiB page; the second 12 MiB takes the 8 left and maps one more
     # page; freed, the first leaves [0, 12) free and 14 MiB fits the 16 free at [24, 40)
     _, reserved, stats = replay(events, expandable=True)
@@ -189,6 +190,23 @@ def test_longest_sequence_fits_and_a_step_longer_does_not():
     over = tempo.plan(c, batch=1, seq=n + 128, device="cpu", precision="fp32", methods=["tempo"], workers=1)["tempo"]
     assert at.peak <= budget < over.peak
     assert measure_cpu(c, "tempo", 1, n) == at.peak
+
+
+@pytest.mark.parametrize("allocator", ["default", "expandable"])
+def test_every_length_up_to_the_longest_fits(allocator):
+    """max_seq is the longest length such that every multiple of seq_step up to it fits: against
+    the same plan at every multiple from seq_step to one step past the answer, each step replayed
+    whole under the budget (the caching allocator's segments can make a length fail where a
+    longer one fits; the answer is the first failure less a step)."""
+    c = FAMILIES["llama"]()
+    step = 32
+    for method, budget in (("sdpa", 28 << 20), ("tempo+ckpt", 24 << 20)):
+        kw = dict(batch=1, precision="fp32", methods=[method], budget=budget, device=1 << 31, workers=1)
+        p = tempo.plan(c, seq=step, seq_step=step, allocator=allocator, **kw)
+        n = p[method].max_seq // step
+        job = p._job
+        verdicts = [job.fits(method, 1, k * step) for k in range(1, n + 2)]
+        assert all(verdicts[:n]) and not verdicts[n], (method, allocator, n, verdicts)
 
 
 def test_a_gpu_plan_does_not_depend_on_what_the_process_planned_before():
