@@ -33,7 +33,10 @@ def made(small, blocks):
     backward, gradients' frees and optimizer work) repeated blocks - m + 1 times, the blocks after
     it renumbered. A copy frees what its block freed of another block d places away as that
     block's counterpart d places from the copy (the same place among the allocations of the same
-    tag); a block before the middle uses the first copy's tensors, one after it the last copy's."""
+    tag); a block before the middle uses the first copy's tensors, one after it the last copy's;
+    what an event of no block frees of the middle block's is every copy's where such events free
+    that tensor of every block (the head dropping what every block kept), else the copy's next to
+    it."""
     ev = small.events.tolist()
     layer_of_tag = [_layer(t) for t in small.tags]
     lay = [layer_of_tag[tag] for _, _, tag, _ in ev]
@@ -119,21 +122,62 @@ def made(small, blocks):
             return ident * (copies + 1)
         return entity(a, placed - (v - u))
 
+    # the tensors freed by events of no block, by the freeing event's tag
+    dropped = {}
+    for k, (ident, nbytes, tag, _) in enumerate(ev):
+        if nbytes < 0 and lay[k] is None and ident in born:
+            dropped.setdefault(tag, set()).add(ident)
+
+    def every(k, a):
+        """Whether events of no block under k's tag free this tensor of every block."""
+        try:
+            return all(counterpart(a, layer) in dropped.get(ev[k][2], ()) for layer in range(m))
+        except Unmade:
+            return False
+
     out = []
     starts = {b0: b1 for b0, b1 in chunks}
-    for k, (ident, nbytes, tag, op) in enumerate(ev):
+    # runs of frees of no block that drop the middle block's tensors, each dropping every block's
+    dropping = [
+        not inserted[k]
+        and lay[k] is None
+        and nb < 0
+        and born.get(i) is not None
+        and inserted[born[i]]
+        and every(k, born[i])
+        for k, (i, nb, _, _) in enumerate(ev)
+    ]
+    freed_at = {ident: k for k, (ident, nbytes, _, _) in enumerate(ev) if nbytes < 0}
+    k = 0
+    while k < len(ev):
+        ident, nbytes, tag, op = ev[k]
+        if dropping[k]:
+            end = k
+            while end < len(ev) and dropping[end]:
+                end += 1
+            # the copies in the order the small model drops its blocks' (the block after the
+            # middle's first: descending)
+            after = freed_at.get(counterpart(born[ident], c + 1), len(ev)) if c + 1 < m else len(ev)
+            order = range(copies - 1, -1, -1) if after < k else range(copies)
+            for j in order:
+                out.extend([new_id(ev[q][0], j), ev[q][1], ev[q][2], ev[q][3]] for q in range(k, end))
+            k = end
+            continue
         if not inserted[k]:
             v = lay[k]
             placed = None if v is None else (v if v < c else v + shift)
             out.append([ref(k, placed), nbytes, tag if v is None or v < c else tag_of(tag, placed), op])
+            k += 1
             continue
         if k not in starts:
+            k += 1
             continue
         end = starts[k]
         order = range(copies - 1, -1, -1) if "backward" in small.tags[ev[k][2]] else range(copies)
         for j in order:
             for q in range(k, end):
                 out.append([ref(q, c + j), ev[q][1], tag_of(ev[q][2], c + j), ev[q][3]])
+        k = end
     events = torch.tensor(out, dtype=torch.long).reshape(-1, 4)
     return _record_like(small, events, tags)
 
