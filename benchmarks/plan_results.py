@@ -47,37 +47,64 @@ FRONTIER_BUDGETS = ("320MiB", "400MiB")
 FRONTIER_METHODS = ("sdpa", "sdpa+torch-lce", "sdpa+ckpt", "tempo-sdpa", "tempo+recompute-gate_up", "tempo+ckpt")
 
 
+ALLOCATORS = ("expandable", "default")
+GPU_STEP = 512  # the longest sequence's granularity on this page
+FASTEST_SEQS = (16384, 32768, 65536, 131072)
+
+
 def gpu_methods():
     from tempo.plan import DEFAULT_METHODS
 
-    return list(DEFAULT_METHODS) + ["sdpa+ckpt+offload", "tempo+offload"]
+    return list(DEFAULT_METHODS) + [
+        "sdpa+trl-head",
+        "sdpa+ckpt",
+        "sdpa+torch-lce",
+        "tempo+recompute-up",
+        "tempo+offload",
+    ]
 
 
 def plan_gpu(model, setup):
-    """One model and setup: each method's step at GPU_SEQ and its longest context on each GPU."""
+    """One model and setup under each allocator: each method's step at GPU_SEQ (peak, FLOPs,
+    predicted time, host bytes) and its longest context on each GPU; for the first model's full
+    fine-tuning, the fastest methods that fit at FASTEST_SEQS on an H100."""
     import tempo
 
-    p = tempo.plan(model, seq=GPU_SEQ, methods=gpu_methods(), device="H100-80GB", workers=1, **SETUPS[setup])
-    out = {"model": model, "setup": setup, "positions": p.positions, "methods": {}}
-    for m in p:
-        row = p[m]
-        out["methods"][m] = {
-            "error": row.error,
-            "peak": row.peak,
-            "reserved": row.reserved,
-            "flops": row.flops,
-            "host": row.host,
-            "activations_per_layer": row.activations_per_layer[:1],
-            "where": row.where,
-            "max_seq": {},
-        }
-    for device in GPU_DEVICES:
-        q = p.on(device)
-        for m in q:
-            out["methods"][m]["max_seq"][device] = q[m].max_seq if q[m].error is None else None
-    if setup == "full" and model == GPU_MODELS[0]:
-        os.makedirs(os.path.join(RESULTS, "plan-gpu"), exist_ok=True)
-        p.plot(os.path.join(RESULTS, "plan-gpu", "llama-3.1-8b-full-h100.svg"))
+    out = {"model": model, "setup": setup, "methods": {}, "fastest": {}}
+    for allocator in ALLOCATORS:
+        p = tempo.plan(
+            model,
+            seq=GPU_SEQ,
+            methods=gpu_methods(),
+            device="H100-80GB",
+            workers=1,
+            allocator=allocator,
+            seq_step=GPU_STEP,
+            **SETUPS[setup],
+        )
+        out["positions"] = p.positions
+        for m in p:
+            row = p[m]
+            entry = out["methods"].setdefault(m, {"error": row.error, "max_seq": {}, "time": {}})
+            if row.error is None:
+                entry.update(peak=row.peak, flops=row.flops, host=row.host, traffic=row.traffic, time_h100=row.time)
+        for device in GPU_DEVICES:
+            q = p.on(device)
+            for m in q:
+                entry = out["methods"][m]
+                entry["max_seq"]["%s/%s" % (device, allocator)] = q[m].max_seq if q[m].error is None else None
+                entry["time"][device] = q[m].time
+                print(
+                    "%s %s %s %s %s: %s"
+                    % (model, setup, allocator, device, m, entry["max_seq"]["%s/%s" % (device, allocator)]),
+                    flush=True,
+                )
+        if setup == "full" and model == GPU_MODELS[0] and allocator == "expandable":
+            os.makedirs(os.path.join(RESULTS, "plan-gpu"), exist_ok=True)
+            p.plot(os.path.join(RESULTS, "plan-gpu", "llama-3.1-8b-full-h100.svg"))
+            for seq in FASTEST_SEQS:
+                f = tempo.plan(model, seq=seq, methods=gpu_methods(), device="H100-80GB", workers=1, **SETUPS[setup])
+                out["fastest"][seq] = [(m, f[m].time, f[m].flops) for m in f.ranked()]
     return out
 
 
@@ -85,61 +112,103 @@ def _tokens(n, positions):
     if n is None:
         return "-"
     if n == 0:
-        return "does not fit"
-    return "%d%s" % (n, " (all its positions)" if positions and n >= positions else "")
+        return "none"
+    return "%d%s" % (n, " (all)" if positions and n >= positions else "")
+
+
+def _is_peer(m):
+    from tempo import methods
+
+    return not methods.parse(m).tempo
 
 
 def gpu_page(results, when):
+    from tempo import methods
+    from tempo.plan import FIGURES
+
     lines = [
-        "# The longest context by method on 24-141 GB GPUs (planned)",
+        "# The longest context and the step's time by method on 24-141 GB GPUs (planned)",
         "",
-        "`tempo.plan` on this CPU (no GPU used): at batch 1, each method's longest sequence (a multiple",
-        "of 256 tokens) whose whole training step fits the GPU: its memory less 768 MiB for the CUDA",
-        "context, the caching allocator's reserved bytes counted (its rounding and pools modelled; cuBLAS",
-        "workspaces and fragmentation are not). The step: forward, backward, optimizer step; sdpa's",
-        "flash/efficient backends keep q, k, v, the output and the log-sum-exp. TFLOP: the step's matmul",
-        "FLOPs at %d tokens (forward, backward, recomputation included), and against sdpa's." % GPU_SEQ,
-        "%s, torch %s, transformers %s. Written by:" % (when, _version("torch"), _version("transformers")),
+        "`tempo.plan` on this CPU (no GPU used). At batch 1, each method's longest sequence such that every",
+        "multiple of %d tokens up to it fits the GPU (its memory less 768 MiB for the CUDA context, the" % GPU_STEP,
+        "caching allocator replayed under that budget: with expandable segments, and with PyTorch's default",
+        "allocator, whose split segments make some lengths fail below ones that fit), and its host memory",
+        "within the device's host share for the methods that offload. The step: forward, backward, optimizer",
+        "step. TFLOP: its matmul FLOPs at %d tokens (recomputation included); time: its predicted seconds on" % GPU_SEQ,
+        "the GPU at %d tokens (FLOPs at 65%% of the dense bf16 rate, memory-bound bytes at 80%% of the" % GPU_SEQ,
+        "bandwidth, host copies at the link's rate where they are not hidden; datasheet figures below, not",
+        "yet measured on a lent GPU). %s, torch %s, transformers %s. Written by:"
+        % (when, _version("torch"), _version("transformers")),
         "",
         "    python benchmarks/plan_results.py --part gpu",
         "",
-        "Methods: sdpa (transformers' sdpa attention); +ckpt (activation checkpointing of every layer);",
-        "+offload (every saved tensor of 1 KiB or more to host memory, as TRL's activation_offloading and",
-        "torch's save_on_cpu do; its host bytes at %d tokens beside it); +torch-lce (PyTorch's chunked" % GPU_SEQ,
-        "linear cross-entropy as the head); +trl-head (TRL's fused log-prob head its trainers install);",
-        "tempo (tempo.optimize); +recompute-up / -gate_up (the gated MLPs recompute up(x), or gate(x) and",
-        "up(x), in the backward). torch.compile and Liger-Kernel are not planned: compile's kept tensors",
-        "are chosen by its partitioner, which needs a device to run; Liger's kernels are Triton.",
-        "A dash: not even 256 tokens fit (full fine-tuning of a 7-8B model on a 24 or 48 GB GPU: the",
-        "weights, gradients and optimizer state alone take 6 bytes a parameter).",
+        "Methods (tempo.methods' spellings): the peers' recipes `trl` (TRL's trainers with",
+        "`gradient_checkpointing`: sdpa+ckpt+trl-head), `trl-offload` (+ TRL's `activation_offloading`),",
+        "`hf-offload` (transformers' `activation_checkpointing_enable(offload=True)`: sdpa+ckpt-offload),",
+        "sdpa alone and with TRL's or PyTorch's chunked head, sdpa+ckpt (the Trainer's checkpointing with",
+        "transformers' own head); tempo's: `tempo` (tempo.optimize), `+recompute-up` / `-gate_up` (the gated",
+        "MLPs recompute their projections), `+ckpt`, `+ckpt-offload` (checkpoints in host memory),",
+        "`+offload` (every saved tensor in host memory). torch.compile and Liger-Kernel are not planned",
+        "(compile's partitioner needs a device; Liger's kernels are Triton).",
+        "",
+        "Devices: " + "; ".join("%s: %s" % (n, d.source) for n, d in FIGURES.items() if n in GPU_DEVICES) + ".",
         "",
     ]
     for model in GPU_MODELS:
         for setup in SETUPS:
             r = results[(model, setup)]
             lines += ["## %s, %s" % (model, SETUP_TITLES[setup]), ""]
-            lines.append("| method | " + " | ".join(GPU_DEVICES) + " | TFLOP at %d | vs sdpa | host GiB |" % GPU_SEQ)
-            lines.append("|---" * (len(GPU_DEVICES) + 4) + "|")
-            base = r["methods"]["sdpa"]["flops"]
+            cols = ["%s (exp.) | %s (default)" % (d, d) for d in GPU_DEVICES]
+            lines.append(
+                "| method | " + " | ".join(cols) + " | TFLOP at %d | H100 s at %d | host GiB |" % (GPU_SEQ, GPU_SEQ)
+            )
+            lines.append("|---" * (2 * len(GPU_DEVICES) + 4) + "|")
             for m, row in r["methods"].items():
                 if row["error"]:
-                    lines.append("| %s | %s |" % (m, row["error"]) + " |" * (len(GPU_DEVICES) + 2))
+                    lines.append("| %s | %s |" % (m, row["error"]) + " |" * (2 * len(GPU_DEVICES) + 2))
                     continue
-                cells = [_tokens(row["max_seq"][d], r["positions"]) for d in GPU_DEVICES]
+                cells = [
+                    "%s | %s"
+                    % (
+                        _tokens(row["max_seq"].get("%s/expandable" % d), r["positions"]),
+                        _tokens(row["max_seq"].get("%s/default" % d), r["positions"]),
+                    )
+                    for d in GPU_DEVICES
+                ]
                 lines.append(
-                    "| %s | %s | %.1f | %.2fx | %s |"
+                    "| %s | %s | %.1f | %.2f | %s |"
                     % (
                         m,
                         " | ".join(cells),
                         row["flops"] / 1e12,
-                        row["flops"] / base,
+                        row["time_h100"],
                         "%.1f" % (row["host"] / 2**30) if row["host"] else "-",
                     )
                 )
             lines.append("")
+            if r.get("fastest"):
+                lines += [
+                    "The fastest methods that fit an H100-80GB (expandable segments), by predicted step time:",
+                    "",
+                    "| tokens | fastest of tempo's | fastest peer recipe | tempo / peer |",
+                    "|---|---|---|---|",
+                ]
+                for seq, ranked in sorted(r["fastest"].items(), key=lambda kv: int(kv[0])):
+                    ours = next(((m, t) for m, t, _ in ranked if methods.parse(m).tempo), None)
+                    peer = next(((m, t) for m, t, _ in ranked if not methods.parse(m).tempo), None)
+                    lines.append(
+                        "| %s | %s | %s | %s |"
+                        % (
+                            seq,
+                            "%s (%.2f s)" % ours if ours else "none fits",
+                            "%s (%.2f s)" % peer if peer else "none fits",
+                            "%.2fx" % (ours[1] / peer[1]) if ours and peer else "-",
+                        )
+                    )
+                lines.append("")
     lines += [
-        "Chart: Llama-3.1-8B, full fine-tuning, peak (reserved) against the sequence length on an",
-        "H100-80GB: [plan-gpu/llama-3.1-8b-full-h100.svg](plan-gpu/llama-3.1-8b-full-h100.svg).",
+        "Chart: Llama-3.1-8B, full fine-tuning, peak against the sequence length on an H100-80GB:",
+        "[plan-gpu/llama-3.1-8b-full-h100.svg](plan-gpu/llama-3.1-8b-full-h100.svg).",
         "",
     ]
     return "\n".join(lines)

@@ -46,7 +46,12 @@ def test_a_step_made_from_a_few_blocks_is_the_traced_whole_models(method, optimi
     assert job.made[method], job.made
     traced = job._traced(method, 1, 128, traffic=True)
     assert blocks.same(made, traced)
-    assert (made.flops, made.traffic, made.host, made.moved) == (traced.flops, traced.traffic, traced.host, traced.moved)
+    assert (made.flops, made.traffic, made.host, made.moved) == (
+        traced.flops,
+        traced.traffic,
+        traced.host,
+        traced.moved,
+    )
 
 
 @pytest.mark.parametrize("name", list(PRESETS))
@@ -92,8 +97,9 @@ def test_each_optimizer_is_the_cpus_count(optimizer):
     SGD and the fused AdamW against tempo.memory's count of torch's own optimizers on the CPU."""
     c = FAMILIES["qwen2"]()
     for method in ("sdpa", "tempo+recompute-gate_up"):
-        p = tempo.plan(c, batch=2, seq=64, device="cpu", precision="fp32", methods=[method], optimizer=optimizer,
-                       workers=1)[method]
+        p = tempo.plan(
+            c, batch=2, seq=64, device="cpu", precision="fp32", methods=[method], optimizer=optimizer, workers=1
+        )[method]
         real = measure_cpu(c, method, 2, 64, optimizer=optimizer)
         assert p.peak == real, (optimizer, method, p.peak, real)
         if optimizer == "adamw-foreach":
@@ -123,7 +129,13 @@ def test_the_fastest_method_that_fits_is_what_optimize_applies():
     c = _llama(2)
     budget = tempo.plan(c, batch=1, seq=256, device="cpu", precision="fp32", methods=["sdpa"], workers=1)["sdpa"].peak
     p = tempo.plan(
-        c, batch=1, seq=256, device="cpu", precision="fp32", methods=["sdpa", "tempo", "tempo+ckpt"], budget=budget - 1,
+        c,
+        batch=1,
+        seq=256,
+        device="cpu",
+        precision="fp32",
+        methods=["sdpa", "tempo", "tempo+ckpt"],
+        budget=budget - 1,
         workers=1,
     )
     assert not p["sdpa"].fits and p.best in ("tempo", "tempo+ckpt")
@@ -145,9 +157,28 @@ def test_the_command_line_plans_in_parallel_and_says_as_it_goes(tmp_path):
     _llama(2).save_pretrained(folder)
     env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(tempo.__file__)))
     r = subprocess.run(
-        [sys.executable, "-m", "tempo.plan", str(folder), "--seq", "256", "--device", str(GPU), "--precision", "fp32",
-         "--methods", "sdpa,tempo,trl", "--workers", "2", "--seq-step", "256"],
-        capture_output=True, text=True, env=env, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "tempo.plan",
+            str(folder),
+            "--seq",
+            "256",
+            "--device",
+            str(GPU),
+            "--precision",
+            "fp32",
+            "--methods",
+            "sdpa,tempo,trl",
+            "--workers",
+            "2",
+            "--seq-step",
+            "256",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
     )
     assert r.returncode == 0, r.stderr[-2000:]
     progress = [line for line in r.stderr.splitlines() if line.startswith("tempo.plan: planned")]
