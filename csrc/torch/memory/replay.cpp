@@ -284,8 +284,11 @@ class CachingModel {
 // by how many bytes the first request out of memory passed the budget])
 std::tuple<at::Tensor, at::Tensor, at::Tensor> replay(const at::Tensor& events, int64_t build_end, int64_t mark,
                                                       int64_t budget, bool expandable) {
+  TORCH_CHECK(events.device().is_cpu(), "tempo::memory_plan_replay: 'events' must be on the CPU, got ",
+              events.device());
   TORCH_CHECK(events.dim() == 2 && events.size(1) >= 2 && events.scalar_type() == at::kLong,
-              "tempo::memory_plan_replay: events must be [N, >= 2] int64 (id, bytes)");
+              "tempo::memory_plan_replay: 'events' must be [N, >= 2] int64 (id, bytes), got ", events.sizes(), " ",
+              events.scalar_type());
   const at::Tensor ev = events.narrow(1, 0, 2).contiguous();
   const int64_t n = ev.size(0);
   TORCH_CHECK(build_end >= 0 && build_end <= n && mark >= 0 && mark <= n, "tempo::memory_plan_replay: bad marks");

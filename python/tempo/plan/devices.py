@@ -6,6 +6,7 @@ import dataclasses
 import functools
 import time
 
+import numpy
 import torch
 
 GIB = 1 << 30
@@ -156,16 +157,20 @@ def device_setup(setup, device, budget=None, host=None):
 def cpu_rates():
     """This CPU's rates as a training step meets them, measured once per process: matmul FLOP/s
     (fp32 GEMMs of a decoder's shapes, at least 0.2 s of them) and memory bytes/s (a copy of 64
-    MiB, read and written)."""
-    a, b = torch.randn(512, 1024), torch.randn(1024, 1024)
-    torch.mm(a, b)
+    MiB, read and written). The buffers are numpy's, outside torch's allocator: the measurement
+    moves neither tempo.memory's count nor a CPU limit's (it may run inside tempo.auto's)."""
+
+    def buffer(*shape):
+        return torch.from_numpy(numpy.random.default_rng(0).standard_normal(shape, dtype=numpy.float32))
+
+    a, b, c = buffer(512, 1024), buffer(1024, 1024), buffer(512, 1024)
+    torch.mm(a, b, out=c)
     n, start = 0, time.perf_counter()
     while time.perf_counter() - start < 0.2:
-        torch.mm(a, b)
+        torch.mm(a, b, out=c)
         n += 1
     matmul = 2 * 512 * 1024 * 1024 * n / (time.perf_counter() - start)
-    x = torch.empty(16 << 20)
-    y = torch.empty_like(x)
+    x, y = buffer(16 << 20), buffer(16 << 20)
     y.copy_(x)
     n, start = 0, time.perf_counter()
     while time.perf_counter() - start < 0.2:

@@ -17,8 +17,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import opinfo
 
-# The counting allocator's controls and tempo.plan's recorder (memory_plan_*: start, tag, stop),
-# which take no tensors: nothing to validate.
+# The counting allocator's controls and tempo.plan's recorders (memory_plan_*: start, tag, stop;
+# memory_traffic_*: start, phase, stop), which take no tensors: nothing to validate.
 SKIP = {
     "build_info",
     "memory_stats",
@@ -29,6 +29,9 @@ SKIP = {
     "memory_plan_start",
     "memory_plan_tag",
     "memory_plan_stop",
+    "memory_traffic_start",
+    "memory_traffic_phase",
+    "memory_traffic_stop",
 }
 
 
@@ -118,6 +121,9 @@ def _valid_calls():
         {**lce, "lse": "shape"},
     )
     calls["linear_cross_entropy_stats"] = ((hid, wt, bt, labels, -100, 1.0, 1.0, None, 4), lce)
+    # tempo.plan's allocator replay: (storage id, +bytes allocated / -bytes freed) per event
+    events = torch.tensor([[1, 1024], [2, 4096], [1, -1024], [2, -4096]])
+    calls["memory_plan_replay"] = ((events, 0, 0, 1 << 30, False), {"events": "shape"})
     calls["qkv_split"] = ((r(2, 3, 12), r(12), 2), {"z": "shape", "bias": "shape"})
     calls["qkv_split_backward"] = (
         (r(2, 2, 3, 2), r(2, 2, 3, 2), r(2, 2, 3, 2), True),
