@@ -10,14 +10,16 @@
 #              ccache off; nlohmann-json from .deps, which the run carries: make deps, then the
 #              device tool's carry: [".deps"]); the dry run builds (or reuses) the CPU build in
 #              $BUILD (default build)
-#   2. bandwidth  each op's forward and backward beside torch's and Liger-Kernel's op, as time
+#   2. plan    tempo.plan's peak and reserved bytes against max_memory_allocated and
+#              max_memory_reserved (scripts/plan_check.py), under expandable segments and under
+#              PyTorch's default allocator, one process each
+#      bandwidth  each op's forward and backward beside torch's and Liger-Kernel's op, as time
 #              and a share of a device-to-device copy (benchmarks/op_bandwidth.py; 3 widths,
 #              bf16/fp32/fp16); heads: the LM head beside torch's chunked loss and Liger's
 #              (benchmarks/lm_head.py); layer: one bert-large encoder layer in bf16 per policy;
 #              frontier: python -m tempo.frontier, LLaMA-1B and gpt2-medium in bf16 autocast, each
 #              method's largest batch and tokens/s per budget beside sdpa, checkpointing,
 #              torch.compile (with its memory budget) and Liger-Kernel
-#              plan: tempo.plan's peaks against max_memory_allocated (scripts/plan_check.py)
 #   3. sanitize  compute-sanitizer memcheck and racecheck over one case of each op
 #              (scripts/sanitize_ops.py); sync: ops and a patched training step under
 #              torch.cuda.set_sync_debug_mode("error") (tests/python/suites/test_cuda_sync.py)
@@ -245,10 +247,20 @@ frontier() {
 
 # tempo.plan against the device (scripts/plan_check.py): each method's planned peak against
 # max_memory_allocated (and reserved) over a real step, Llama-3.2-1B and Llama-3.1-8B shapes with
-# random bf16 weights and SGD, two lengths each; passes within 3%. The dry run: a small LLaMA on the CPU.
+# random bf16 weights and SGD, two lengths each, under both allocator settings (expandable
+# segments, PyTorch's default; one process each); passes within 3%. The dry run: a small LLaMA on
+# the CPU (one setting: the CPU has no caching allocator).
 plan() {
-  TEMPO_LIBRARY="$BUILD/lib/libtempo_torch.so" PYTHONPATH="$PWD/python" \
-    "$PYTHON" scripts/plan_check.py --device $DEVICE --json "$OUT/plan.json"
+  local env=(TEMPO_LIBRARY="$BUILD/lib/libtempo_torch.so" PYTHONPATH="$PWD/python") rc=0
+  if [ $DRY = 1 ]; then
+    env "${env[@]}" "$PYTHON" scripts/plan_check.py --device cpu --json "$OUT/plan.json"
+    return
+  fi
+  for allocator in expandable default; do
+    env "${env[@]}" "$PYTHON" scripts/plan_check.py --device cuda --allocator $allocator \
+      --json "$OUT/plan_$allocator.json" || rc=1
+  done
+  return $rc
 }
 
 # compute-sanitizer memcheck and racecheck over one small case of each op (tempo's kernels only).
@@ -331,12 +343,13 @@ S1=128; S2=512; S3=1024
 
 step build 240 build
 if [ -x "$BUILD/tempo" ]; then
-  # The kernels' speed first (issue 43), then their correctness under the sanitizer, then the rest.
+  # The plan against the device first (both allocator settings), then the kernels' speed, then
+  # their correctness under the sanitizer, then the rest.
+  step plan 240 plan
   step bandwidth 150 bandwidth
   step heads 60 heads
   step layer 60 layer
   step frontier 200 frontier
-  step plan 120 plan
   step sanitize 90 sanitize
   step sync 60 sync
   step tests 150 tests
