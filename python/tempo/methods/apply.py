@@ -78,6 +78,8 @@ def _refuse(m, model, kind, planned):
         raise Unavailable("offloading to host memory is for a GPU (on the CPU it is the same memory)")
     if m.checkpoint and not getattr(model, "supports_gradient_checkpointing", False):
         raise Unavailable("%s does not support gradient checkpointing" % type(model).__name__)
+    if m.tiles:
+        parts.check_tiles(model)
     if m.head == "torch-lce":
         if not hasattr(torch.nn.functional, "linear_cross_entropy"):
             raise Unavailable("this torch (%s) has no F.linear_cross_entropy (2.13 and later)" % torch.__version__)
@@ -110,6 +112,8 @@ def _tempo(m, model, kind, implementation, planned, attention):
     from ..hf import optimize
     from ..hf.attention import ATTENTION
 
+    if attention is None and m.tiles:
+        attention = "keep"  # the tiles' own attention; the model's sdpa builds no mask without padding
     if attention is None:
         if m.base == "tempo-sdpa":
             attention = parts.sdpa_attention(model.config, kind, implementation)
@@ -127,7 +131,18 @@ def _checkpoint_and_offload(m, model, stack, planned):
     """Checkpointing (its inputs in host memory for ckpt-offload) and offloading; the planner's
     host count (planned) or None."""
     host = None
-    if m.checkpoint == "device":
+    if m.tiles:
+        from ..hf.tiles import tiled_checkpoint
+
+        if m.checkpoint == "host":
+            host = planned.host_hooks(model.parameters()) if planned is not None else None
+            hooks = (lambda: host) if host is not None else parts.pinned_host_hooks
+            function = functools.partial(parts.checkpoint_inside, hooks, checkpoint=tiled_checkpoint)
+        else:
+            function = tiled_checkpoint
+        parts.enable_checkpointing(model, function)
+        stack.callback(parts.disable_checkpointing, model)
+    elif m.checkpoint == "device":
         parts.enable_checkpointing(model)
         stack.callback(parts.disable_checkpointing, model)
     elif m.checkpoint == "host":

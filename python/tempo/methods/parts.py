@@ -190,12 +190,37 @@ def device_kind(model):
     return "cpu" if p is None else p.device.type
 
 
-def checkpoint_inside(hooks, function, *args, **kwargs):
-    """transformers' checkpoint with offload=True, its save_on_cpu replaced by `hooks()`."""
-    from torch.utils.checkpoint import checkpoint
+def checkpoint_inside(hooks, function, *args, checkpoint=None, **kwargs):
+    """transformers' checkpoint with offload=True, its save_on_cpu replaced by `hooks()`;
+    `checkpoint`: the checkpoint function (torch's non-reentrant one by default)."""
+    if checkpoint is None:
+        from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
+        checkpoint = functools.partial(torch_checkpoint, use_reentrant=False)
     with hooks():
-        return checkpoint(function, *args, use_reentrant=False, **kwargs)
+        return checkpoint(function, *args, **kwargs)
+
+
+def pinned_host_hooks():
+    """Saved tensors in pinned host memory (torch's save_on_cpu), as transformers' offloaded
+    checkpoints hold them."""
+    return torch.autograd.graph.save_on_cpu(pin_memory=True)
+
+
+def check_tiles(model):
+    """Unavailable where the tiles' attention cannot run the model's layers as they are."""
+    config = model.config.get_text_config()
+    layers = [m for m in model.modules() if hasattr(m, "self_attn") and hasattr(m, "gradient_checkpointing")]
+    if not layers:
+        raise Unavailable(
+            "tiles need transformers decoder layers with a self_attn (%s has none)" % type(model).__name__
+        )
+    if getattr(config, "attn_logit_softcapping", None):
+        raise Unavailable("tiles: soft-capped attention logits are not supported")
+    if _attention_dropout(config) > 0:
+        raise Unavailable("tiles: attention dropout is not supported")
+    if getattr(model.config, "is_encoder_decoder", False) or not is_causal_lm(model):
+        raise Unavailable("tiles are for causal language models (keys and values up to each tile's end)")
 
 
 def offloader(model):

@@ -50,6 +50,13 @@ TABLE = (
         "checkpointing of every layer, each layer's checkpointed input held in host memory",
         group="ckpt",
     ),
+    Entry(
+        "tiles",
+        "part",
+        "each checkpointed layer run and recomputed in tiles of query rows, its keys and values whole "
+        "(with ckpt or ckpt-offload)",
+        group="tiles",
+    ),
     Entry("offload", "part", "every saved tensor of 1 KiB or more held in host memory", group="offload"),
     Entry("trl-head", "part", "TRL's chunked log-prob head, which TRL's trainers install", group="head"),
     Entry("torch-lce", "part", "PyTorch's chunked F.linear_cross_entropy as the LM head and loss", group="head"),
@@ -140,6 +147,10 @@ class Method:
     @property
     def offload(self):
         return "offload" in self.parts
+
+    @property
+    def tiles(self):
+        return "tiles" in self.parts
 
     @property
     def head(self):
@@ -236,6 +247,7 @@ def parse(method):
 _WHAT = {
     "recompute": "gated MLP's recomputation",
     "ckpt": "checkpointing",
+    "tiles": "tiling",
     "offload": "offloading",
     "head": "LM head",
     "compile": "compiler",
@@ -252,6 +264,12 @@ def _check(m, spelled):
         why = (
             "a tempo base computes the loss without logits with its own head (tempo.linear_cross_entropy); "
             "trl-head and torch-lce are heads for the eager and sdpa bases"
+        )
+    elif m.tiles and m.checkpoint is None:
+        why = "tiles tile the checkpointed layers' recomputation; add ckpt or ckpt-offload"
+    elif m.tiles and (m.compile or m.liger):
+        why = "tiles run the layer through tempo's tile attention, which %s does not" % (
+            "torch.compile's graph" if m.compile else "Liger's patch"
         )
     elif m.offload and m.checkpoint == "host":
         why = "offload already holds every saved tensor, checkpoints included, in host memory; give one of the two"

@@ -92,8 +92,9 @@ def plan(
     (default: the device's memory less CUDA_CONTEXT; on the CPU none unless given). host: the host
     memory a method may fill (bytes; default: the device's, DEVICES' FIGURES; on the CPU none).
     allocator: "expandable" (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, what the plan
-    recommends: no split block stranded, and a length fits wherever a longer one does) or
-    "default" (PyTorch's default caching allocator).
+    recommends: only partial pages are stranded, so it fits longer contexts) or "default"
+    (PyTorch's default caching allocator). Under either, a length near the budget may fail where a
+    longer one fits; max_seq is such that every multiple of seq_step up to it fits.
     seq_step: the granularity of max_seq. workers: processes to plan in (default: one a core for
     three methods or more). search: also search each method's max_seq and max_batch now, in those
     processes (else on first read). progress: called with a line as each method is done.

@@ -162,6 +162,10 @@ class FakeDevice:
     def attention(self, stack, implementation):
         if self.kind == "cuda" and implementation == "sdpa":
             stack.enter_context(cuda_attention())
+        if self.kind == "cuda":  # the tiles' attention as on CUDA (the fake tensors are CPU tensors)
+            from ..hf.tiles import as_on_cuda
+
+            stack.enter_context(as_on_cuda())
 
     def host_hooks(self, params, stash=0):
         return HostOffload(params, stash)
