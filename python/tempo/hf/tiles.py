@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 
 TILE_BYTES = 256 << 20  # a tile's budget for its layer's activations, by default
+MAX_TILES = 32  # at most this many tiles a layer: longer sequences take longer tiles
 _IMPLEMENTATION = "tempo_tiles"
 _state = threading.local()
 
@@ -49,10 +50,13 @@ class _Stop(Exception):
 def tile_tokens(x, tile_bytes=None):
     """Query rows per tile: the budget over an estimate of a token's activation bytes in the
     layer (16 hidden-wide tensors' worth: the attention's q, output and norms, and the gated
-    MLP's intermediates, about 3.5 hidden wide each), at least 16."""
+    MLP's intermediates, about 3.5 hidden wide each), at least 16, and at least the sequence over
+    MAX_TILES (each tile re-runs the layer's small operators and re-reads its weights, so their
+    number is bounded: at 524,288 tokens a tile is 16,384 rows, 2 GiB of a Llama-3.1-8B layer's
+    activations in bf16 against the 18 GiB its whole-sequence tensors take then)."""
     budget = TILE_BYTES if tile_bytes is None else tile_bytes
     per_token = 16 * x.shape[-1] * x.element_size() * max(1, x.shape[0])
-    return max(16, int(budget // per_token))
+    return max(16, int(budget // per_token), -(-x.shape[1] // MAX_TILES))
 
 
 def register():

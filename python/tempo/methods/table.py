@@ -267,6 +267,11 @@ def _check(m, spelled):
         )
     elif m.tiles and m.checkpoint is None:
         why = "tiles tile the checkpointed layers' recomputation; add ckpt or ckpt-offload"
+    elif m.tiles and m.recompute != "product":
+        why = (
+            "tiles hold the gated MLPs' intermediates one tile at a time already; recompute-%s would only add "
+            "GEMMs" % m.recompute
+        )
     elif m.tiles and (m.compile or m.liger):
         why = "tiles run the layer through tempo's tile attention, which %s does not" % (
             "torch.compile's graph" if m.compile else "Liger's patch"
