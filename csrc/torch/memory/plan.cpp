@@ -10,6 +10,7 @@
 #include <c10/core/Allocator.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstdio>
@@ -154,7 +155,34 @@ double prod(const std::vector<int64_t>& s, size_t from, size_t to) {
 // GEMMs (mm, addmm, bmm, baddbmm; linear and matmul are counted as those), and the fused
 // attention kernels as two products each way (forward: q k^T and p v; backward: four, the
 // recomputed scores included for flash and memory-efficient), as torch.utils.flop_counter
-// counts them (a causal mask not discounted). 0 for everything else.
+// counts them, except that a causal call counts only the (query, key) pairs its mask lets
+// through, as the kernels skip the masked blocks: aligned bottom-right in CUDA's flash kernel
+// (query i of Sq sees keys up to Sk - Sq + i), top-left in the others. 0 for everything else.
+struct AttentionOp {
+  const char* name;
+  bool backward;
+  size_t causal;  // the index of its is_causal argument
+  bool bottom_right;
+};
+constexpr AttentionOp kAttentionOps[] = {
+    {"aten::_scaled_dot_product_flash_attention", false, 4, true},
+    {"aten::_scaled_dot_product_flash_attention_backward", true, 11, true},
+    {"aten::_scaled_dot_product_efficient_attention", false, 6, false},
+    {"aten::_scaled_dot_product_efficient_attention_backward", true, 11, false},
+    {"aten::_scaled_dot_product_flash_attention_for_cpu", false, 4, false},
+    {"aten::_scaled_dot_product_flash_attention_for_cpu_backward", true, 7, false},
+    {"aten::_scaled_dot_product_cudnn_attention", false, 6, false},
+    {"aten::_scaled_dot_product_cudnn_attention_backward", true, 14, false},
+};
+
+// The (query, key) pairs of one head an Sq x Sk attention computes.
+double attention_pairs(double sq, double sk, bool causal, bool bottom_right) {
+  if (!causal) return sq * sk;
+  if (bottom_right && sq <= sk) return sq * (sk - sq) + sq * (sq + 1) / 2;
+  const double rows = std::min(sq, sk);  // top-left: query i sees keys 0..i
+  return rows * (rows + 1) / 2 + (sq - rows) * sk;
+}
+
 double flops_of(const std::string& name, c10::ArrayRef<const c10::IValue> in) {
   auto arg = [&](size_t i) { return i < in.size() ? shape_of(in[i]) : std::vector<int64_t>{}; };
   if (name == "aten::mm") {
@@ -169,20 +197,17 @@ double flops_of(const std::string& name, c10::ArrayRef<const c10::IValue> in) {
     const auto a = arg(name == "aten::bmm" ? 0 : 1), b = arg(name == "aten::bmm" ? 1 : 2);
     return a.size() == 3 && b.size() == 3 ? 2.0 * a[0] * a[1] * a[2] * b[2] : 0.0;
   }
-  const bool forward = name == "aten::_scaled_dot_product_flash_attention" ||
-                       name == "aten::_scaled_dot_product_efficient_attention" ||
-                       name == "aten::_scaled_dot_product_flash_attention_for_cpu" ||
-                       name == "aten::_scaled_dot_product_cudnn_attention";
-  const bool backward = name == "aten::_scaled_dot_product_flash_attention_backward" ||
-                        name == "aten::_scaled_dot_product_efficient_attention_backward" ||
-                        name == "aten::_scaled_dot_product_flash_attention_for_cpu_backward" ||
-                        name == "aten::_scaled_dot_product_cudnn_attention_backward";
-  if (forward || backward) {  // q [B, H, Sq, D], k [B, Hk, Sk, D], v [B, Hk, Sk, Dv]
-    const auto q = arg(backward ? 1 : 0), k = arg(backward ? 2 : 1), v = arg(backward ? 3 : 2);
+  for (const AttentionOp& op : kAttentionOps) {
+    if (name != op.name) continue;
+    // q [B, H, Sq, D], k [B, Hk, Sk, D], v [B, Hk, Sk, Dv]
+    const auto q = arg(op.backward ? 1 : 0), k = arg(op.backward ? 2 : 1), v = arg(op.backward ? 3 : 2);
     if (q.size() != 4 || k.size() != 4 || v.size() != 4) return 0.0;
-    const double scores = prod(q, 0, 3) * static_cast<double>(k[2]);  // B H Sq Sk
+    const bool causal = op.causal < in.size() && in[op.causal].isBool() && in[op.causal].toBool();
+    const double pairs =
+        attention_pairs(static_cast<double>(q[2]), static_cast<double>(k[2]), causal, op.bottom_right);
+    const double scores = prod(q, 0, 2) * pairs;  // B H and the pairs
     const double one = 2.0 * scores * (static_cast<double>(q[3]) + static_cast<double>(v[3]));
-    return backward ? 2.0 * one : one;
+    return op.backward ? 2.0 * one : one;
   }
   return 0.0;
 }

@@ -61,7 +61,8 @@ def test_flops_count_each_matmul_once_and_recomputation_costs():
     """The step's matmul FLOPs against the model's shapes: sdpa's forward is 2 N P for the
     projections and the head plus attention's two products; the backward twice that; tempo's
     head recomputes its logits (one head GEMM more); checkpointing recomputes every block's
-    forward; recompute-gate_up two of the MLP's three projections."""
+    forward; recompute-gate_up two of the MLP's three projections. Causal attention counts the
+    (query, key) pairs its mask lets through: s (s + 1) / 2 a head."""
     c = FAMILIES["llama"]()
     b, s = 2, 64
     plan = tempo.plan(
@@ -76,7 +77,7 @@ def test_flops_count_each_matmul_once_and_recomputation_costs():
     n, h, i, v, layers = b * s, c.hidden_size, c.intermediate_size, c.vocab_size, c.num_hidden_layers
     kv = c.num_key_value_heads * (h // c.num_attention_heads)
     per_layer = 2 * n * (h * h + 2 * h * kv + h * h + 3 * h * i)
-    attention = 2 * 2 * b * c.num_attention_heads * s * s * (h // c.num_attention_heads)
+    attention = 2 * 2 * b * c.num_attention_heads * (s * (s + 1) // 2) * (h // c.num_attention_heads)
     head = 2 * n * h * v
     forward = layers * (per_layer + attention) + head
     assert plan["sdpa"].flops == 3 * forward
@@ -282,3 +283,22 @@ def test_a_method_that_does_not_apply_says_why():
 def test_a_config_transformers_cannot_build_is_refused():
     with pytest.raises(tempo.plan.PlanError, match="neither a masked nor a causal language model"):
         tempo.plan(T.CLIPVisionConfig(), batch=1, seq=16, device="cpu", methods=["sdpa"])
+
+
+def test_causal_attention_counts_the_pairs_its_mask_lets_through():
+    """CUDA's flash kernel aligns a causal mask bottom-right (a tile's queries against the keys up
+    to its end), the CPU's top-left; a call with a mask counts every pair."""
+    q, k = torch.empty(1, 2, 4, 8, device="meta"), torch.empty(1, 2, 10, 8, device="meta")
+    one_way = 2 * 2 * (8 + 8)  # B H, then 2 (D + Dv) per pair
+    cases = [
+        ("_scaled_dot_product_flash_attention", (q, k, k, 0.0, True), 4 * 6 + 4 * 5 // 2),
+        ("_scaled_dot_product_flash_attention_for_cpu", (q, k, k, 0.0, True), 4 * 5 // 2),
+        ("_scaled_dot_product_flash_attention_for_cpu", (q, k, k, 0.0, False), 4 * 10),
+    ]
+    for op, args, pairs in cases:
+        torch.ops.tempo.memory_plan_start("cpu", True)
+        try:
+            getattr(torch.ops.aten, op)(*args)
+        finally:
+            trace = torch.ops.tempo.memory_plan_stop()
+        assert sum(trace[-1].tolist()) == one_way * pairs, (op, args[-1], trace[-1].tolist())
