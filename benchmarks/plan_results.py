@@ -62,13 +62,16 @@ def gpu_methods():
     return list(DEFAULT_METHODS) + ["sdpa+ckpt", "tempo+offload"]
 
 
-def plan_gpu(model, setup):
+def plan_gpu(model, setup, lengths=None):
     """One model and setup under each allocator: each method's step at GPU_SEQ (peak, FLOPs,
     predicted time, host bytes) and its longest context on each GPU; for the first model's full
-    fine-tuning, the fastest methods that fit at FASTEST_SEQS on an H100."""
+    fine-tuning, the fastest methods that fit at FASTEST_SEQS on an H100. lengths: a previous
+    run's result whose longest contexts are kept (the steps and times planned again)."""
     import tempo
 
     out = {"model": model, "setup": setup, "methods": {}, "fastest": {}}
+    if lengths is not None:
+        return _steps_again(model, setup, lengths)
     for allocator in ALLOCATORS:
         p = tempo.plan(
             model,
@@ -103,6 +106,27 @@ def plan_gpu(model, setup):
             for seq in FASTEST_SEQS:
                 f = tempo.plan(model, seq=seq, methods=gpu_methods(), device="H100-80GB", workers=1, **SETUPS[setup])
                 out["fastest"][seq] = [(m, f[m].time, f[m].flops) for m in f.ranked()]
+    return out
+
+
+def _steps_again(model, setup, previous):
+    """The previous result with each method's step at GPU_SEQ and the fastest table planned
+    again (the longest contexts, which a change to the time model does not move, kept)."""
+    import tempo
+
+    out = dict(previous, fastest={})
+    p = tempo.plan(model, seq=GPU_SEQ, methods=gpu_methods(), device="H100-80GB", workers=1, **SETUPS[setup])
+    for m in p:
+        row = p[m]
+        if row.error is None:
+            entry = out["methods"][m]
+            entry.update(peak=row.peak, flops=row.flops, host=row.host, traffic=row.traffic, time_h100=row.time)
+            for device in SETUP_DEVICES[setup]:
+                entry["time"][device] = p.on(device)[m].time
+    if setup == "full" and model == GPU_MODELS[0]:
+        for seq in FASTEST_SEQS:
+            f = tempo.plan(model, seq=seq, methods=gpu_methods(), device="H100-80GB", workers=1, **SETUPS[setup])
+            out["fastest"][seq] = [(m, f[m].time, f[m].flops) for m in f.ranked()]
     return out
 
 
@@ -384,6 +408,11 @@ def main():
     ap.add_argument("--part", choices=("gpu", "cpu", "all"), default="all")
     ap.add_argument("--page-only", action="store_true", help="gpu: the page from docs/results/plan-gpu.json")
     ap.add_argument(
+        "--steps-only",
+        action="store_true",
+        help="gpu: the steps and times planned again, the longest contexts kept from docs/results/plan-gpu.json",
+    )
+    ap.add_argument(
         "--reuse-steps", action="store_true", help="cpu: the plan-vs-count rows from docs/results/plan-cpu.json"
     )
     args = ap.parse_args()
@@ -394,8 +423,13 @@ def main():
             with open(os.path.join(RESULTS, "plan-gpu.json")) as f:
                 done = {(r["model"], r["setup"]): r for r in json.load(f)}
         else:
+            previous = [None] * len(jobs)
+            if args.steps_only:
+                with open(os.path.join(RESULTS, "plan-gpu.json")) as f:
+                    kept = {(r["model"], r["setup"]): r for r in json.load(f)}
+                previous = [kept[j] for j in jobs]
             with concurrent.futures.ProcessPoolExecutor(max_workers=min(2, os.cpu_count() or 1)) as pool:
-                done = dict(zip(jobs, pool.map(plan_gpu, *zip(*jobs))))
+                done = dict(zip(jobs, pool.map(plan_gpu, *zip(*jobs), previous)))
         with open(os.path.join(RESULTS, "plan-gpu.json"), "w") as f:
             json.dump([done[j] for j in jobs], f, indent=1)
         with open(os.path.join(RESULTS, "plan-gpu.md"), "w") as f:
