@@ -25,7 +25,7 @@ MODEL = "Llama-3.1-8B"
 POSITIONS = 1 << 20
 SEQ = 65536  # where each method's step (FLOPs, time) is shown
 LENGTHS = (131072, 262144, 524288)
-PEERS = ("trl", "trl-offload", "hf-offload")
+PEERS = ("trl", "trl-offload", "hf-offload", "sdpa+tiled-mlp+ckpt-offload+torch-lce")
 OURS = ("tempo+ckpt", "tempo+ckpt-offload", "tempo+ckpt+tiles", "tempo+ckpt-offload+tiles")
 SETUP = dict(precision="bf16", optimizer="adamw8bit")
 
@@ -71,7 +71,10 @@ def page(results, step, when):
         "(FLOPs at 65% of dense bf16, memory-bound bytes at 80% of the bandwidth, host copies at 50 GB/s",
         "where not hidden; causal attention counts the pairs its mask passes). Methods: the peers' recipes",
         "`trl` (sdpa+ckpt+trl-head), `trl-offload` (+ TRL's activation offloading), `hf-offload`",
-        "(transformers' offloaded checkpoints); tempo's with checkpointing, checkpoints in host memory",
+        "(transformers' offloaded checkpoints), and ALST's parts with the state on the GPU (its tiled MLP,",
+        "offloaded checkpoints, a chunked loss: `sdpa+tiled-mlp+ckpt-offload+torch-lce`; ALST's published",
+        "500K on one H100 also moves the weights' master copy and the optimizer state to the host, which",
+        "the plan does not model yet); tempo's with checkpointing, checkpoints in host memory",
         "(`ckpt-offload`), and tiles (`+tiles`: each layer recomputed in query tiles, keys and values whole).",
         "",
     ]

@@ -203,8 +203,7 @@ double flops_of(const std::string& name, c10::ArrayRef<const c10::IValue> in) {
     const auto q = arg(op.backward ? 1 : 0), k = arg(op.backward ? 2 : 1), v = arg(op.backward ? 3 : 2);
     if (q.size() != 4 || k.size() != 4 || v.size() != 4) return 0.0;
     const bool causal = op.causal < in.size() && in[op.causal].isBool() && in[op.causal].toBool();
-    const double pairs =
-        attention_pairs(static_cast<double>(q[2]), static_cast<double>(k[2]), causal, op.bottom_right);
+    const double pairs = attention_pairs(static_cast<double>(q[2]), static_cast<double>(k[2]), causal, op.bottom_right);
     const double scores = prod(q, 0, 2) * pairs;  // B H and the pairs
     const double one = 2.0 * scores * (static_cast<double>(q[3]) + static_cast<double>(v[3]));
     return op.backward ? 2.0 * one : one;

@@ -9,7 +9,7 @@ import warnings
 
 import torch
 
-from . import parts
+from . import parts, tiled_mlp
 from .table import Method, Unavailable, parse
 
 
@@ -57,6 +57,8 @@ def apply(method, model, stack, *, planned=None, compile_backend="inductor", com
         stack.callback(lambda: restore(model) if "_tempo_undo" in model.__dict__ else None)
     if m.head == "trl":
         parts.trl_head(model, stack, planned)
+    if m.tiled_mlp and not tiled_mlp.apply(model, stack):
+        raise Unavailable("%s has no decoder layers with an mlp beside a self_attn to tile" % type(model).__name__)
     done.host = _checkpoint_and_offload(m, model, stack, planned)
     if m.compile:
         done.run = _compiled(m, model, stack, compile_backend, compiled)

@@ -57,6 +57,13 @@ TABLE = (
         "(with ckpt or ckpt-offload)",
         group="tiles",
     ),
+    Entry(
+        "tiled-mlp",
+        "part",
+        "the peers' tiled MLP (ALST's: DeepSpeed's TiledMLP, re-implemented): each layer's MLP run in "
+        "ceil(seq / hidden) sequence shards, only its input kept, recomputed shard by shard in the backward",
+        group="mlp",
+    ),
     Entry("offload", "part", "every saved tensor of 1 KiB or more held in host memory", group="offload"),
     Entry("trl-head", "part", "TRL's chunked log-prob head, which TRL's trainers install", group="head"),
     Entry("torch-lce", "part", "PyTorch's chunked F.linear_cross_entropy as the LM head and loss", group="head"),
@@ -151,6 +158,10 @@ class Method:
     @property
     def tiles(self):
         return "tiles" in self.parts
+
+    @property
+    def tiled_mlp(self):
+        return "tiled-mlp" in self.parts
 
     @property
     def head(self):
@@ -248,6 +259,7 @@ _WHAT = {
     "recompute": "gated MLP's recomputation",
     "ckpt": "checkpointing",
     "tiles": "tiling",
+    "mlp": "MLP's tiling",
     "offload": "offloading",
     "head": "LM head",
     "compile": "compiler",
@@ -267,6 +279,11 @@ def _check(m, spelled):
         )
     elif m.tiles and m.checkpoint is None:
         why = "tiles tile the checkpointed layers' recomputation; add ckpt or ckpt-offload"
+    elif m.tiled_mlp and (m.tempo or m.tiles):
+        why = (
+            "tiled-mlp is the peers' tiled MLP (ALST's); tempo's gated MLP runs in row blocks itself and its tiles "
+            "(+tiles) hold one tile's MLP at a time"
+        )
     elif m.tiles and m.recompute != "product":
         why = (
             "tiles hold the gated MLPs' intermediates one tile at a time already; recompute-%s would only add "

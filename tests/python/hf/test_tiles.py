@@ -162,3 +162,24 @@ def test_under_no_grad_the_layer_runs_whole():
     with torch.no_grad():
         ref = model(**data).logits
     assert torch.equal(out, ref)
+
+
+# ---- the peers' tiled MLP (ALST's) ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("family", ["llama", "phi3"])
+def test_the_peers_tiled_mlp_is_the_untiled_mlp(family):
+    """tiled-mlp (DeepSpeed's TiledMLP as its source describes it, re-implemented): the MLP in
+    ceil(seq / hidden) shards, against the untiled model, with and without checkpointing."""
+    model = model_of(family)
+    data = batch(model.config.vocab_size, seq=3 * model.config.hidden_size // 2)  # two shards, one short
+    ref = loss_and_grads("sdpa", model, data)
+    assert_same(ref, loss_and_grads("sdpa+tiled-mlp", model, data))
+    assert_same(ref, loss_and_grads("sdpa+tiled-mlp+ckpt+torch-lce", model, data))
+
+
+def test_the_tiled_mlp_is_the_peers_not_tempos():
+    with pytest.raises(ValueError, match="peers' tiled MLP"):
+        methods.parse("tempo+tiled-mlp")
+    with pytest.raises(ValueError, match="peers' tiled MLP"):
+        methods.parse("sdpa+ckpt+tiles+tiled-mlp")
