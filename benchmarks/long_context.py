@@ -104,10 +104,13 @@ def page(results, step, when):
         for seq, ranked in r["fastest"].items():
             ours = next((x for x in ranked if x[0] in OURS), None)
             peer = next((x for x in ranked if x[0] in PEERS), None)
-            cell = lambda x: "%s, %.1f s" % (x[0], x[1]) if x else "none fits"  # noqa: E731
-            lines.append("| %s | %s | %s |" % (format(int(seq), ","), cell(ours), cell(peer)))
+            lines.append("| %s | %s | %s |" % (format(int(seq), ","), _cell(ours), _cell(peer)))
         lines.append("")
     return "\n".join(lines)
+
+
+def _cell(fastest):
+    return "%s, %.1f s" % tuple(fastest[:2]) if fastest else "none fits"
 
 
 def main():

@@ -103,9 +103,18 @@ def plan_gpu(model, setup, lengths=None):
         if setup == "full" and model == GPU_MODELS[0] and allocator == "expandable":
             os.makedirs(os.path.join(RESULTS, "plan-gpu"), exist_ok=True)
             p.plot(os.path.join(RESULTS, "plan-gpu", "llama-3.1-8b-full-h100.svg"))
-            for seq in FASTEST_SEQS:
-                f = tempo.plan(model, seq=seq, methods=gpu_methods(), device="H100-80GB", workers=1, **SETUPS[setup])
-                out["fastest"][seq] = [(m, f[m].time, f[m].flops) for m in f.ranked()]
+            out["fastest"] = _fastest(model, setup)
+    return out
+
+
+def _fastest(model, setup):
+    """{seq: [(method, time, flops)] of the methods that fit an H100, fastest first} at FASTEST_SEQS."""
+    import tempo
+
+    out = {}
+    for seq in FASTEST_SEQS:
+        f = tempo.plan(model, seq=seq, methods=gpu_methods(), device="H100-80GB", workers=1, **SETUPS[setup])
+        out[seq] = [(m, f[m].time, f[m].flops) for m in f.ranked()]
     return out
 
 
@@ -124,9 +133,7 @@ def _steps_again(model, setup, previous):
             for device in SETUP_DEVICES[setup]:
                 entry["time"][device] = p.on(device)[m].time
     if setup == "full" and model == GPU_MODELS[0]:
-        for seq in FASTEST_SEQS:
-            f = tempo.plan(model, seq=seq, methods=gpu_methods(), device="H100-80GB", workers=1, **SETUPS[setup])
-            out["fastest"][seq] = [(m, f[m].time, f[m].flops) for m in f.ranked()]
+        out["fastest"] = _fastest(model, setup)
     return out
 
 

@@ -133,24 +133,22 @@ def _checkpoint_and_offload(m, model, stack, planned):
     """Checkpointing (its inputs in host memory for ckpt-offload) and offloading; the planner's
     host count (planned) or None."""
     host = None
+    tiled = None  # the checkpoint function of tiles (hf.tiles); None: torch's
     if m.tiles:
-        from ..hf.tiles import tiled_checkpoint
-
-        if m.checkpoint == "host":
-            host = planned.host_hooks(model.parameters()) if planned is not None else None
-            hooks = (lambda: host) if host is not None else parts.pinned_host_hooks
-            function = functools.partial(parts.checkpoint_inside, hooks, checkpoint=tiled_checkpoint)
-        else:
-            function = tiled_checkpoint
-        parts.enable_checkpointing(model, function)
-        stack.callback(parts.disable_checkpointing, model)
-    elif m.checkpoint == "device":
-        parts.enable_checkpointing(model)
+        from ..hf.tiles import tiled_checkpoint as tiled
+    if m.checkpoint == "device":
+        parts.enable_checkpointing(model, tiled)
         stack.callback(parts.disable_checkpointing, model)
     elif m.checkpoint == "host":
         if planned is not None:
             host = planned.host_hooks(model.parameters())
-            parts.enable_checkpointing(model, functools.partial(parts.checkpoint_inside, lambda: host))
+            parts.enable_checkpointing(
+                model, functools.partial(parts.checkpoint_inside, lambda: host, checkpoint=tiled)
+            )
+        elif tiled is not None:
+            parts.enable_checkpointing(
+                model, functools.partial(parts.checkpoint_inside, parts.pinned_host_hooks, checkpoint=tiled)
+            )
         elif hasattr(model, "activation_checkpointing_enable"):
             kwargs = {"use_reentrant": False}
             model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs, offload=True)

@@ -165,22 +165,30 @@ def _modeling_namespace_restored(model):
 def wrap_forward(model, stack, around):
     """model.forward runs inside around() (a context manager factory) from now until `stack`
     closes (an instance attribute, so that model(...) and everything wrapping it see it)."""
-    had = "forward" in model.__dict__
-    before = model.__dict__.get("forward")
-    inner = model.forward
 
-    @functools.wraps(inner)
-    def forward(*args, **kwargs):
-        with around():
-            return inner(*args, **kwargs)
+    def make(inner):
+        @functools.wraps(inner)
+        def forward(*args, **kwargs):
+            with around():
+                return inner(*args, **kwargs)
 
-    model.forward = forward
+        return forward
+
+    replace_forward(model, stack, make)
+
+
+def replace_forward(module, stack, make):
+    """module.forward is make(its forward) from now until `stack` closes, as an instance
+    attribute (a forward the instance had of its own is put back)."""
+    had = "forward" in module.__dict__
+    before = module.__dict__.get("forward")
+    module.forward = make(module.forward)
 
     def undo():
         if had:
-            model.forward = before
+            module.forward = before
         else:
-            model.__dict__.pop("forward", None)
+            module.__dict__.pop("forward", None)
 
     stack.callback(undo)
 

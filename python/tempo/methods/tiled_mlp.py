@@ -48,27 +48,20 @@ def apply(model, stack):
     """Every decoder layer's dense MLP (a module named `mlp` with a down_proj, beside a
     `self_attn`; mixture-of-experts blocks are left as they are, as DeepSpeed's example tiles the
     dense MLP) through the tiled MLP until `stack` closes; the number of MLPs wrapped."""
-    wrapped = 0
-    for layer in model.modules():
-        mlp = getattr(layer, "mlp", None)
-        if mlp is None or not hasattr(layer, "self_attn") or not hasattr(mlp, "down_proj"):
-            continue
-        inner = mlp.forward
-        had = "forward" in mlp.__dict__
+    from .parts import replace_forward
 
-        def forward(x, inner=inner):
+    def make(inner):
+        def forward(x):
             if not torch.is_grad_enabled():
                 return inner(x)
             return _TiledMLP.apply(inner, x, shards_of(x))
 
-        mlp.forward = forward
-        stack.callback(_restore, mlp, inner if had else None)
-        wrapped += 1
+        return forward
+
+    wrapped = 0
+    for layer in model.modules():
+        mlp = getattr(layer, "mlp", None)
+        if mlp is not None and hasattr(layer, "self_attn") and hasattr(mlp, "down_proj"):
+            replace_forward(mlp, stack, make)
+            wrapped += 1
     return wrapped
-
-
-def _restore(mlp, before):
-    if before is None:
-        mlp.__dict__.pop("forward", None)
-    else:
-        mlp.forward = before

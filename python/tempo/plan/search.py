@@ -118,7 +118,6 @@ class _Sizes:
         self.traced = {}  # n -> (Record, structure)
         self.peaks = {}  # n -> the step's peak (allocated), as planned
         self.last_excess = 0
-        self.overhead = 0  # the most reserved beyond allocated seen under the budget (a GPU's)
         self.shortfall = 0  # the most a step that did not fit was below the budget (allocated)
         self.trusted = None  # whether made steps reproduced a traced one (None: not checked yet)
 
@@ -147,9 +146,6 @@ class _Sizes:
     def fits(self, n, traced=False):
         return self.fits_and_peak(n, traced)[0]
 
-    def can_make(self, n):
-        return n in self.traced or self._points(n) is not None
-
     def uniform(self):
         """Whether every traced step has the same events (only their sizes differ)."""
         structures = [st for _, st in self.traced.values()]
@@ -161,8 +157,6 @@ class _Sizes:
             record = self._trace(n)[0]
         f = self.job.figures(record, self.job.setup["budget"])
         self.peaks[n], self.last_excess = f.peak, f.excess
-        if f.reserved is not None and f.fits:
-            self.overhead = max(self.overhead, f.reserved - f.peak)
         if not f.fits:
             self.shortfall = max(self.shortfall, self.job.setup["budget"] - f.peak)
         return bool(f.fits), f.peak
@@ -273,64 +267,3 @@ def _bracketed(fits, guess, cap, stride=None):
         else:
             hi = mid
     return lo
-
-
-def _largest(f, budget, cap, quadratic):
-    """The largest n in [1, cap] with f(n) <= budget (f increasing), 0 if none: candidates from a
-    fit of f's values (a line, or a quadratic), then bisection between a fitting and a failing n."""
-    seen = {}
-
-    def value(n):
-        if n not in seen:
-            seen[n] = f(n)
-        return seen[n]
-
-    if value(1) > budget:
-        return 0
-    lo, hi = 1, None
-    probe = min(cap, 4)
-    while hi is None and lo < cap:
-        if value(probe) <= budget:
-            lo = probe
-            xs = sorted(seen)
-            guess = _extrapolate(xs, [seen[x] for x in xs], budget, quadratic)
-            probe = min(cap, max(lo + 1, guess if guess else 2 * lo))
-            if lo == cap:
-                break
-        else:
-            hi = probe
-    if hi is None:
-        return lo
-    while hi - lo > 1:
-        xs = sorted(seen)
-        guess = _extrapolate(xs, [seen[x] for x in xs], budget, quadratic)
-        mid = guess if guess and lo < guess < hi else (lo + hi) // 2
-        if mid in (lo, hi):
-            mid = (lo + hi) // 2
-        if value(mid) <= budget:
-            lo = mid
-        else:
-            hi = mid
-    return lo
-
-
-def _extrapolate(xs, ys, budget, quadratic):
-    """The n where a fit through the last points reaches the budget (floor), or None."""
-    if len(xs) < 2:
-        return None
-    if quadratic and len(xs) >= 3:
-        (x1, x2, x3), (y1, y2, y3) = xs[-3:], ys[-3:]
-        d = (x1 - x2) * (x1 - x3) * (x2 - x3)
-        a = (x3 * (y2 - y1) + x2 * (y1 - y3) + x1 * (y3 - y2)) / d
-        b = (x3 * x3 * (y1 - y2) + x2 * x2 * (y3 - y1) + x1 * x1 * (y2 - y3)) / d
-        c = y1 - a * x1 * x1 - b * x1
-        if abs(a) > 1e-12:
-            disc = b * b - 4 * a * (c - budget)
-            if disc >= 0:
-                root = (-b + math.sqrt(disc)) / (2 * a)
-                if root > 0:
-                    return int(root)
-    (x1, x2), (y1, y2) = xs[-2:], ys[-2:]
-    if y2 <= y1:
-        return None
-    return int(x2 + (budget - y2) * (x2 - x1) / (y2 - y1))

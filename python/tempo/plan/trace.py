@@ -94,16 +94,7 @@ class Tracer:
             return False
         if method not in self.made:
             self.made[method] = False
-            for m, each in (
-                (3, False),
-                (3, True),
-                (5, False),
-                (5, True),
-                (7, False),
-                (9, False),
-                (11, False),
-                (13, False),
-            ):
+            for m in (3, 5, 7, 9, 11, 13):
                 if n <= m + 1:
                     break
                 try:
